@@ -1,0 +1,25 @@
+"""Errors that carry one clear line for the user."""
+
+from __future__ import annotations
+
+
+class UsageError(Exception):
+    """Bad input: the command line, a config file or the environment. Exit status 2.
+
+    The message is one line that names the key, the value and what would be right, so a
+    researcher reading a batch log can fix the job script without reading our code.
+    """
+
+    exit_status = 2
+
+
+class ConfigError(UsageError):
+    """A config value that fails validation."""
+
+    def __init__(self, key: str, value: object, expected: str, source: str = "") -> None:
+        self.key = key
+        self.value = value
+        self.expected = expected
+        self.source = source
+        where = f" (from {source})" if source else ""
+        super().__init__(f"{key} = {value!r}{where}: {expected}")
