@@ -1,0 +1,116 @@
+"""``supervise check``: the run's validation plus what supervise sees on this node.
+
+Nothing is started and nothing is created: the run directory is probed, not made. Exit
+status 0 when the run would start, 2 when something would stop it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+from supervisor.child import SpawnError, resolve_command
+from supervisor.config import Config
+
+OK, WARN, FAIL = "ok", "warn", "FAIL"
+
+
+def probe_run_dir(path: Path) -> tuple[str, str]:
+    """Writable, or creatable under a writable ancestor, without creating anything."""
+    if path.exists():
+        if not path.is_dir():
+            return FAIL, f"{path} exists and is not a directory"
+        if os.access(path, os.W_OK | os.X_OK):
+            return OK, f"{path} (exists, writable)"
+        return FAIL, f"{path} is not writable"
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if os.access(parent, os.W_OK | os.X_OK):
+        return OK, f"{path} (will be created under {parent})"
+    return FAIL, f"{path} cannot be created: {parent} is not writable"
+
+
+def _first_line(argv: list[str]) -> str:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    text = out.stdout or out.stderr
+    return text.splitlines()[0].strip() if text else ""
+
+
+def probe_rsync() -> tuple[str, str]:
+    path = shutil.which("rsync")
+    if path is None:
+        return WARN, "not on PATH: the pure-Python copy backend will be used"
+    return OK, f"{path} ({_first_line([path, '--version'])})"
+
+
+def probe_nvml() -> tuple[str, str]:
+    """Load NVML the way the sampler will; a missing driver is a note, not a failure."""
+    try:
+        import pynvml  # type: ignore[import-not-found]
+    except ImportError:
+        smi = shutil.which("nvidia-smi")
+        return WARN, "nvidia-ml-py not installed" + (f"; {smi} will be used" if smi else "; no GPU sampling")
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        smi = shutil.which("nvidia-smi")
+        return WARN, f"NVML: {e}" + (f"; {smi} will be used" if smi else "; no GPU sampling")
+    try:
+        n = pynvml.nvmlDeviceGetCount()
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        return OK, f"{n} GPU(s), driver {driver}"
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def probe_scheduler() -> tuple[str, str]:
+    try:
+        from supervisor.job import detect_job
+    except ImportError:
+        return WARN, "scheduler detection not available"
+    job = detect_job(os.environ)
+    if job.scheduler == "local":
+        return OK, "none (local run)"
+    return OK, f"{job.scheduler} job {job.job_id} (restart count {job.restart_count})"
+
+
+def probe_command(command: Sequence[str]) -> tuple[str, str]:
+    if not command:
+        return WARN, "none given (add -- COMMAND to check it)"
+    try:
+        return OK, resolve_command(command, os.environ)
+    except SpawnError as e:
+        return FAIL, str(e)
+
+
+def run_check(cfg: Config, command: Sequence[str]) -> int:
+    """Print one line per probe; 0 when the run would start, 2 otherwise."""
+    assert cfg.run_dir is not None
+    probes: list[tuple[str, Callable[[], tuple[str, str]]]] = [
+        ("config", lambda: (OK, str(cfg.config_file) if cfg.config_file else "flags and environment only")),
+        ("run dir", lambda: probe_run_dir(cfg.run_dir)),  # type: ignore[arg-type]
+        ("command", lambda: probe_command(command)),
+        ("scheduler", probe_scheduler),
+        ("rsync", probe_rsync),
+        ("gpu", probe_nvml),
+    ]
+    failed = False
+    for warning in cfg.warnings:
+        print(f"{WARN:4}  {'env':10} {warning}")
+    for name, probe in probes:
+        try:
+            status, text = probe()
+        except Exception as e:  # noqa: BLE001 - a probe's bug is a line, not a traceback
+            status, text = WARN, f"could not check: {type(e).__name__}: {e}"
+        failed |= status == FAIL
+        print(f"{status:4}  {name:10} {text}")
+    print("check: " + ("problems found; supervise would not start" if failed else "ready"), file=sys.stderr)
+    return 2 if failed else 0

@@ -1,0 +1,232 @@
+"""The supervised child: spawn, signal routing, stopping the whole tree, exit status.
+
+The child runs in its own session (so a terminal's or a scheduler's signal to our group
+does not reach it behind our back) with stdio passed through untouched. The supervisor
+is a child subreaper, so processes the launcher orphans are re-parented to us rather than
+to init: we can still find and stop them, and we reap them ourselves. We only ever reap
+those orphans by pid, never with ``waitpid(-1)``, so the event loop's child watcher keeps
+the launcher's own exit status (and the statuses of our helper processes such as rsync).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import anyio
+from anyio.abc import Process
+
+from supervisor import proctree
+from supervisor._units import signal_name
+
+log = logging.getLogger("supervise")
+
+PR_SET_CHILD_SUBREAPER = 36
+EXIT_NOT_FOUND = 127
+EXIT_NOT_EXECUTABLE = 126
+
+
+class SpawnError(Exception):
+    """The command could not be started; ``exit_status`` is 127 or 126 as a shell would say."""
+
+    def __init__(self, message: str, exit_status: int) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants ours (Linux ≥ 3.4). Returns False where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def resolve_command(argv: Sequence[str], env: Mapping[str, str]) -> str:
+    """The executable's path, or SpawnError with the shell's exit status and one clear line."""
+    name = argv[0]
+    if os.sep in name:
+        path = Path(name)
+        if not path.exists():
+            raise SpawnError(f"command not found: {name} (no such file)", EXIT_NOT_FOUND)
+        if path.is_dir():
+            raise SpawnError(f"cannot execute {name}: it is a directory", EXIT_NOT_EXECUTABLE)
+        if not os.access(path, os.X_OK):
+            raise SpawnError(f"cannot execute {name}: permission denied (chmod +x?)", EXIT_NOT_EXECUTABLE)
+        return str(path)
+    found = shutil.which(name, path=env.get("PATH", os.defpath))
+    if found is None:
+        raise SpawnError(f"command not found: {name} (not on PATH)", EXIT_NOT_FOUND)
+    return found
+
+
+def exit_status(returncode: int) -> int:
+    """A shell's convention: 128+N when signal N killed the process."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One signal sent: to whom and how long after ``since`` (for the journal)."""
+
+    signal: str
+    targets: list[int]
+    route: str
+    latency_ms: float | None = None
+
+
+class Child:
+    """One spawned training command and everything it starts.
+
+    Knows the training tree: the child, its process group, its descendants, and orphans
+    re-parented to us that are not in our own session (our helpers, such as rsync, are).
+    """
+
+    def __init__(self, process: Process, argv: Sequence[str]) -> None:
+        self._process = process
+        self.argv = tuple(argv)
+        self.pid: int = process.pid
+        self.pgid: int = process.pid  # start_new_session makes it a group leader
+        self._me = os.getpid()
+        self._my_sid = os.getsid(0)
+        self._members: set[int] = {self.pid}
+        self._returncode: int | None = None
+        self.exited = anyio.Event()
+
+    @classmethod
+    async def spawn(cls, argv: Sequence[str], env: Mapping[str, str], cwd: Path | None = None) -> "Child":
+        """Start ``argv`` in its own session, stdio inherited. Raises SpawnError (127/126)."""
+        executable = resolve_command(argv, env)
+        try:
+            process = await anyio.open_process(
+                [executable, *argv[1:]], stdin=None, stdout=None, stderr=None,
+                env=dict(env), cwd=cwd, start_new_session=True,
+            )
+        except FileNotFoundError:
+            raise SpawnError(f"command not found: {argv[0]}", EXIT_NOT_FOUND) from None
+        except PermissionError:
+            raise SpawnError(f"cannot execute {argv[0]}: permission denied", EXIT_NOT_EXECUTABLE) from None
+        except OSError as e:
+            if e.errno == errno.ENOEXEC:
+                raise SpawnError(f"cannot execute {argv[0]}: not an executable format (missing #! line?)", EXIT_NOT_EXECUTABLE) from None
+            raise
+        return cls(process, argv)
+
+    # --- status ---
+
+    @property
+    def returncode(self) -> int | None:
+        return self._returncode
+
+    async def wait(self) -> int:
+        """Wait for the launcher itself to exit; returns the shell-style exit status."""
+        rc = await self._process.wait()
+        self._returncode = rc
+        self.exited.set()
+        return exit_status(rc)
+
+    def tree(self) -> set[int]:
+        """Live processes of the training tree (refreshes the remembered members)."""
+        procs = proctree.all_processes()
+        by_pid = {p.pid: p for p in procs}
+        found = proctree.in_groups({self.pgid}, procs)
+        roots = {self.pid} | {p.pid for p in procs if p.ppid == self._me and p.sid != self._my_sid}
+        roots |= {pid for pid in self._members if pid in by_pid}
+        for root in roots:
+            found.add(root)
+            found |= proctree.descendants(root, procs)
+        live = {pid for pid in found if pid in by_pid and by_pid[pid].state != "Z" and pid != self._me}
+        self._members = (self._members | live) & set(by_pid)
+        return live
+
+    def reap_orphans(self) -> list[int]:
+        """Collect exited orphans re-parented to us, by pid (never ``waitpid(-1)``)."""
+        reaped = []
+        for p in proctree.all_processes():
+            if p.ppid != self._me or p.pid == self.pid or p.sid == self._my_sid or p.state != "Z":
+                continue
+            try:
+                pid, _ = os.waitpid(p.pid, os.WNOHANG)
+            except ChildProcessError:
+                continue
+            if pid:
+                reaped.append(pid)
+        return reaped
+
+    # --- signals ---
+
+    def send(self, sig: int, route: str = "launcher") -> Delivery:
+        """Send ``sig`` once: to the launcher pid, or to its whole process group."""
+        targets: list[int] = []
+        if self._returncode is None:
+            try:
+                if route == "group":
+                    os.killpg(self.pgid, sig)
+                else:
+                    os.kill(self.pid, sig)
+                targets.append(self.pid)
+            except ProcessLookupError:
+                pass
+        return Delivery(signal=signal_name(sig), targets=targets, route=route)
+
+    def send_to(self, pids: set[int], sig: int, route: str) -> Delivery:
+        """Send ``sig`` to each of ``pids`` (ranks found as descendants, orphans)."""
+        sent = []
+        for pid in sorted(pids):
+            try:
+                os.kill(pid, sig)
+                sent.append(pid)
+            except ProcessLookupError:
+                continue
+        return Delivery(signal=signal_name(sig), targets=sent, route=route)
+
+    async def stop(self, sig: int, grace: float, *, route: str = "launcher", already_signalled: bool = False) -> dict:
+        """Stop signal → up to ``grace`` s → SIGKILL to every process of the tree.
+
+        The launcher gets ``sig`` once (a second TERM makes mpiexec abandon its ranks);
+        if the launcher is already gone, leftover tree members get it instead. Returns
+        what happened, for the journal.
+        """
+        result: dict = {"signal": signal_name(sig), "grace_s": grace, "killed": []}
+        if not already_signalled:
+            if self._returncode is None:
+                result["sent_to"] = self.send(sig, route).targets
+            else:
+                leftovers = self.tree()
+                result["sent_to"] = self.send_to(leftovers, sig, "leftovers").targets
+        with anyio.move_on_after(grace):
+            while True:
+                self.reap_orphans()
+                if self._returncode is not None and not self.tree():
+                    break
+                await anyio.sleep(0.05)
+        result["graceful"] = self._returncode is not None and not self.tree()
+        if not result["graceful"]:
+            result["killed"] = await self.kill_all()
+        return result
+
+    async def kill_all(self, bound: float = 10.0) -> list[int]:
+        """SIGKILL the group and every member until none is left (bounded)."""
+        killed: set[int] = set()
+        with anyio.move_on_after(bound):
+            while True:
+                live = self.tree()
+                try:
+                    os.killpg(self.pgid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                killed.update(self.send_to(live, signal.SIGKILL, "kill").targets)
+                self.reap_orphans()
+                if not live and self._returncode is not None:
+                    break
+                await anyio.sleep(0.02)
+        return sorted(killed)

@@ -1,0 +1,243 @@
+"""The command line: ``supervise [run|check|env|report] [OPTIONS] -- COMMAND [ARGS…]``.
+
+Parsing only: options become a validated Config (``config.py``) and the work is handed
+to the agent, the checker, the environment view or the report. Every usage error is one
+line on stderr and exit status 2, before anything is started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from supervisor import __version__, logs
+from supervisor.errors import UsageError
+
+SUBCOMMANDS = ("run", "check", "env", "report")
+
+DESCRIPTION = """\
+Supervise one training run inside a batch job: mirror checkpoints and logs to persistent
+storage as they are written, sample the GPUs, take a checkpoint and flush it before the
+time limit or a preemption kills the job, requeue, and leave a run directory that
+`supervise report` explains.
+
+In a job script, exec it, so the scheduler's signals reach it:
+    exec supervise --config configs/ibex.toml -- horovodrun -np 8 python train.py
+"""
+
+EPILOG = """\
+subcommands:
+  run (default)   supervise COMMAND (everything after --)
+  check           validate the options and show what supervise sees here; starts nothing
+  env             the job as supervise sees it: scheduler, nodes, GPUs, launcher
+  report RUN_DIR  what happened in a run, and what to change
+
+durations: 90, 90s, 10m, 1h30m.  signals: TERM, INT, USR1, USR2, HUP (with or without SIG).
+precedence: --config file < SUPERVISE_* environment variables < flags.
+exit status: the command's own; 128+N if signal N killed it; 127 command not found;
+126 not executable; 2 for a usage or config error (nothing is started).
+
+examples:
+  supervise -- python train.py
+  supervise --checkpoints /tmp/ckpt $SCRATCH/run1/ckpt --logs /tmp/tb $SCRATCH/run1/tb \\
+            --time-limit 4h --warn-before 10m -- torchrun --nproc-per-node 4 train.py
+  supervise check --config configs/ibex.toml -- horovodrun -np 8 python train.py
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises one-line UsageErrors instead of printing usage and exiting."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+
+def _run_options(p: argparse.ArgumentParser) -> None:
+    S = argparse.SUPPRESS
+    g = p.add_argument_group("run")
+    g.add_argument("-c", "--config", metavar="FILE", default=S, help="TOML config file (see configs/example.toml)")
+    g.add_argument("--run-dir", metavar="DIR", default=S,
+                   help="where events.jsonl, gpu.csv, host.csv and supervise.log go; put it on persistent storage "
+                        "(default: ./supervise-$SLURM_JOB_ID, or a new timestamped directory)")
+    g.add_argument("-q", "--quiet", action="count", default=0, help="only warnings and errors on stderr")
+    g.add_argument("-v", "--verbose", action="count", default=0, help="more detail on stderr")
+    g.add_argument("-V", "--version", action="version", version=f"supervise {__version__}")
+
+    g = p.add_argument_group("child and signals")
+    g.add_argument("--grace", metavar="DURATION", default=S, help="stop signal → SIGKILL of every process the command started (default 30s)")
+    g.add_argument("--stop-signal", metavar="SIG", default=S, help="what stops the command politely (default TERM)")
+    g.add_argument("--forward", metavar="POLICY", default=S, help="launcher (default): signals go to the launcher process; group: to its whole process group")
+    g.add_argument("--launcher", metavar="NAME", default=S, help="override launcher detection (auto, horovodrun, mpiexec, srun, torchrun, deepspeed, csrun, python, generic)")
+
+    g = p.add_argument_group("mirroring to persistent storage")
+    g.add_argument("--checkpoints", nargs=2, metavar=("LOCAL", "PERSISTENT"), action="append", default=S,
+                   help="mirror checkpoints: complete ones only, never torn; repeatable")
+    g.add_argument("--logs", nargs=2, metavar=("LOCAL", "PERSISTENT"), action="append", default=S,
+                   help="mirror logs such as TensorBoard event files, growing in place; repeatable")
+    g.add_argument("--sync-every", metavar="DURATION", default=S, help="safety-net period; changes trigger a sync sooner (default 10m)")
+    g.add_argument("--sync-backend", metavar="NAME", default=S, help="auto (rsync if on PATH), rsync, or python")
+
+    g = p.add_argument_group("sampling")
+    g.add_argument("--gpu-every", metavar="DURATION", default=S, help="GPU and host sampling period; 0 disables (default 10s)")
+    g.add_argument("--gpu-backend", metavar="NAME", default=S, help="auto, nvml, dmon or none")
+
+    g = p.add_argument_group("time limit, preemption and requeue")
+    g.add_argument("--time-limit", metavar="DURATION", default=S, help="the job ends this long after supervise starts (overrides the scheduler)")
+    g.add_argument("--deadline", metavar="TIME", default=S, help="the job ends at this time, e.g. 2026-11-21T18:00:00 (overrides the scheduler)")
+    g.add_argument("--warn-before", metavar="DURATION|auto", default=S, help="start the stop sequence this long before the end (default auto: learned from earlier attempts)")
+    g.add_argument("--checkpoint-signal", metavar="SIG", default=S, help="what 'checkpoint now' sends to the training (default per launcher)")
+    g.add_argument("--checkpoint-timeout", metavar="DURATION", default=S, help="how long to wait for the requested checkpoint (default 10m)")
+    g.add_argument("--requeue", dest="requeue", action="store_const", const="true", default=S, help="requeue the job after a deadline or a preemption")
+    g.add_argument("--no-requeue", dest="requeue", action="store_const", const="false", default=S, help=argparse.SUPPRESS)
+    g.add_argument("--max-requeues", metavar="N", default=S, help="stop requeueing after N requeues (default 3)")
+    g.add_argument("--requeue-on-failure", action="store_const", const="true", default=S, help="also requeue after the training failed")
+    g.add_argument("--max-restarts", metavar="N", default=S, help="restart a crashed training in place up to N times (default 0)")
+    g.add_argument("--hang-after", metavar="DURATION", default=S, help="no checkpoint, no log growth (and idle GPUs) this long → hang")
+    g.add_argument("--hang-action", metavar="ACTION", default=S, help="report (default) or stop")
+
+    g = p.add_argument_group("notifications")
+    g.add_argument("--notify", metavar="URL", action="append", default=S, help="webhook to tell of start, warning, preemption, requeue, end; repeatable (never logged)")
+    g.add_argument("--notify-format", metavar="FORMAT", default=S, help="json (default), slack, teams or ntfy")
+
+
+def _parser(sub: str) -> _Parser:
+    prog = "supervise" if sub == "run" else f"supervise {sub}"
+    if sub == "report":
+        p = _Parser(prog=prog, allow_abbrev=False, description="What happened in a run directory, and what to change.")
+        p.add_argument("run_dir", metavar="RUN_DIR")
+        p.add_argument("--json", action="store_true", help="the same facts as JSON")
+        p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report with plots")
+        return p
+    if sub == "env":
+        p = _Parser(prog=prog, allow_abbrev=False, description="The job as supervise sees it: scheduler, job id, attempt, nodes, GPUs, launcher, and a suggested launch command.")
+        p.add_argument("--json", action="store_true", help="as JSON")
+        return p
+    p = _Parser(prog=f"{prog} [OPTIONS] -- COMMAND [ARGS…]", usage=f"{prog} [OPTIONS] -- COMMAND [ARGS…]",
+                allow_abbrev=False, description=DESCRIPTION, epilog=EPILOG,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    _run_options(p)
+    return p
+
+
+def _known_flags(p: argparse.ArgumentParser) -> list[str]:
+    return [s for a in p._actions for s in a.option_strings]  # noqa: SLF001 - argparse has no public accessor
+
+
+def _check_flags(p: argparse.ArgumentParser, opts: Sequence[str]) -> None:
+    """Unknown flags and stray words get a did-you-mean, not argparse's generic line."""
+    known = _known_flags(p)
+    for word in opts:
+        if word.startswith("-") and word != "-" and not word.lstrip("-")[:1].isdigit():
+            flag = word.split("=", 1)[0]
+            if flag not in known:
+                close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+                hint = f"; did you mean {close[0]}?" if close else "; see supervise --help"
+                raise UsageError(f"unknown option {flag}{hint}")
+
+
+def _split(argv: Sequence[str]) -> tuple[str, list[str], list[str]]:
+    args = list(argv)
+    sub = "run"
+    if args and args[0] in SUBCOMMANDS:
+        sub = args.pop(0)
+    if "--" in args:
+        i = args.index("--")
+        return sub, args[:i], args[i + 1 :]
+    return sub, args, []
+
+
+def parse(argv: Sequence[str]) -> tuple[str, argparse.Namespace, list[str]]:
+    """``(subcommand, options, command)``; raises UsageError."""
+    sub, opts, command = _split(argv)
+    p = _parser(sub)
+    if "-h" not in opts and "--help" not in opts:
+        _check_flags(p, opts)
+    ns, extra = p.parse_known_args(opts)
+    if extra:
+        word = extra[0]
+        if sub in ("run", "check") and not command:
+            raise UsageError(f"unexpected {word!r}: put the training command after --, e.g. supervise -- {' '.join(extra)}")
+        raise UsageError(f"unexpected argument {word!r}")
+    return sub, ns, command
+
+
+CONFIG_FLAGS = ("run_dir", "grace", "stop_signal", "forward", "launcher", "sync_every", "sync_backend",
+                "gpu_every", "gpu_backend", "time_limit", "deadline", "warn_before", "checkpoint_signal",
+                "checkpoint_timeout", "requeue", "max_requeues", "requeue_on_failure", "max_restarts",
+                "hang_after", "hang_action", "notify", "notify_format")
+
+
+def config_from(ns: argparse.Namespace, command: Sequence[str], *, for_check: bool = False):  # noqa: ANN201
+    """Build the validated Config from parsed options (file < env < flags)."""
+    from supervisor.config import build_config
+
+    given = vars(ns)
+    flags: dict[str, Any] = {k: given[k] for k in CONFIG_FLAGS if k in given}
+    pairs = [("checkpoint", a, b) for a, b in given.get("checkpoints", [])]
+    pairs += [("log", a, b) for a, b in given.get("logs", [])]
+    cfg_file = Path(given["config"]) if "config" in given else None
+    verbosity = given.get("verbose", 0) - given.get("quiet", 0)
+    cfg = build_config(flags=flags, flag_pairs=pairs, command=tuple(command), config_file=cfg_file,
+                       require_command=not for_check, create_run_dir=not for_check)
+    from dataclasses import replace
+
+    return replace(cfg, verbosity=verbosity)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    logs.setup(0)
+    try:
+        sub, ns, command = parse(argv)
+        if sub == "run":
+            return _run(ns, command)
+        if sub == "check":
+            from supervisor.check import run_check
+
+            return run_check(config_from(ns, command, for_check=True), command)
+        if sub == "env":
+            return _env(ns, command)
+        return _report(ns)
+    except UsageError as e:
+        print(f"supervise: {e}", file=sys.stderr)
+        return e.exit_status
+    except KeyboardInterrupt:
+        return 130
+
+
+def _run(ns: argparse.Namespace, command: list[str]) -> int:
+    import anyio
+
+    from supervisor.agent import supervise
+    from supervisor.child import become_subreaper
+
+    cfg = config_from(ns, command)
+    logs.setup(cfg.verbosity)
+    become_subreaper()
+    try:
+        return anyio.run(supervise, cfg)
+    finally:
+        logs.close()
+
+
+def _env(ns: argparse.Namespace, command: list[str]) -> int:
+    try:
+        from supervisor import envinfo
+    except ImportError:
+        raise UsageError("supervise env is not available in this build") from None
+    info = envinfo.gather(os.environ, command)
+    print(json.dumps(info, indent=2, sort_keys=True) if ns.json else envinfo.render_text(info))
+    return 0
+
+
+def _report(ns: argparse.Namespace) -> int:
+    try:
+        from supervisor import report
+    except ImportError:
+        raise UsageError("supervise report is not available in this build") from None
+    return report.main(Path(ns.run_dir), as_json=ns.json, html=Path(ns.html) if ns.html else None)

@@ -1,0 +1,83 @@
+"""Shared helpers: run the real `supervise` as a subprocess and poll for conditions."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+HELPERS = ROOT / "tests" / "helpers"
+RECORDER = HELPERS / "recorder.py"
+
+
+def wait_for(cond: Callable[[], object], timeout: float = 20.0, interval: float = 0.02, what: str = "condition") -> object:
+    """Poll ``cond`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def supervise_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "supervisor", *args]
+
+
+def start_supervise(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, **kw) -> subprocess.Popen:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SUPERVISE_", "SLURM_", "PBS_"))}
+    full_env.update(env or {})
+    return subprocess.Popen(supervise_argv(*args), env=full_env, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def run_supervise(*args: str, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+    p = start_supervise(*args, **kw)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        raise AssertionError(f"supervise did not finish in {timeout}s: {err}")
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def recorded(log: Path) -> list[str]:
+    """Signal names a recorder saw, in order."""
+    if not log.exists():
+        return []
+    return [line.split()[0] for line in log.read_text().splitlines() if line.strip()]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    return tmp_path / "run"
+
+
+@pytest.fixture
+def reaper():
+    """Kill any pid registered by a test, whatever the test's outcome."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

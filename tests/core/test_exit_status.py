@@ -1,0 +1,70 @@
+"""The exit status is the child's: 0, N, 128+signal, 127 not found, 126 not executable."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from supervisor.journal import read_journal
+from tests.conftest import run_supervise
+
+
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [
+        ("exit 0", 0),
+        ("exit 3", 3),
+        ("kill -KILL $$", 137),
+        ("kill -TERM $$", 143),
+    ],
+)
+def test_exit_status_is_the_childs(run_dir: Path, script: str, expected: int) -> None:
+    r = run_supervise("--run-dir", str(run_dir), "--", "sh", "-c", script)
+    assert r.returncode == expected, r.stderr
+    events = read_journal(run_dir).events
+    end = [e for e in events if e["kind"] == "end"]
+    assert len(end) == 1 and end[0]["exit_status"] == expected
+    assert end[0]["reason"] == ("child-exit" if expected == 0 else "child-failed")
+    assert "Traceback" not in r.stderr
+
+
+def test_command_not_found_is_127_with_one_clear_line(run_dir: Path) -> None:
+    r = run_supervise("--run-dir", str(run_dir), "--", "no-such-command-xyz", "--flag")
+    assert r.returncode == 127
+    lines = [l for l in r.stderr.splitlines() if "no-such-command-xyz" in l]
+    assert len(lines) == 1 and "command not found" in lines[0]
+    assert "Traceback" not in r.stderr
+    kinds = [e["kind"] for e in read_journal(run_dir).events]
+    assert "spawn-failed" in kinds and kinds[-1] == "end"
+
+
+def test_not_executable_is_126(run_dir: Path, tmp_path: Path) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/sh\necho never\n")
+    script.chmod(0o644)
+    r = run_supervise("--run-dir", str(run_dir), "--", str(script))
+    assert r.returncode == 126
+    assert "permission denied" in r.stderr and "never" not in r.stdout
+    r = run_supervise("--run-dir", str(run_dir), "--", str(tmp_path))
+    assert r.returncode == 126 and "directory" in r.stderr
+
+
+def test_stdio_passes_through_untouched(run_dir: Path) -> None:
+    r = run_supervise("--run-dir", str(run_dir), "-q", "--", sys.executable, "-c",
+                      "import sys; sys.stdout.write('out\\x00bytes\\n'); sys.stderr.write('err line\\n')")
+    assert r.returncode == 0
+    assert r.stdout == "out\x00bytes\n"
+    assert r.stderr == "err line\n"
+
+
+def test_child_gets_the_supervise_environment(run_dir: Path) -> None:
+    r = run_supervise("--run-dir", str(run_dir), "-q", "--", sys.executable, "-c",
+                      "import os; print(os.environ['SUPERVISE_RUN_DIR'], os.environ['SUPERVISE_ATTEMPT'], "
+                      "os.environ['SUPERVISE_CHECKPOINT_REQUEST'])")
+    run, attempt, request = r.stdout.split()
+    assert Path(run) == run_dir and attempt == "1" and Path(request).parent == run_dir
+    r = run_supervise("--run-dir", str(run_dir), "-q", "--", sys.executable, "-c",
+                      "import os; print(os.environ['SUPERVISE_ATTEMPT'])")
+    assert r.stdout.strip() == "2", "a second run into the same run directory is the next attempt"
