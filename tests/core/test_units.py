@@ -1,0 +1,35 @@
+"""Durations and signal names, as every room parses them."""
+
+import signal
+
+import pytest
+
+from supervisor._units import format_duration, parse_duration, parse_signal
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("90s", 90), ("10m", 600), ("1h30m", 5400),
+                                               ("1h", 3600), ("2m30s", 150), ("1.5s", 1.5), (45, 45), (0.25, 0.25)])
+def test_durations(text: object, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "5 minutes", "1m1h", "1h1h", "-5", "m", "10x", True])
+def test_bad_durations(text: object) -> None:
+    with pytest.raises(ValueError, match="90s"):
+        parse_duration(text)
+
+
+def test_format_round_trips() -> None:
+    for s in (5400, 150, 45, 0.25, 86400):
+        assert parse_duration(format_duration(s)) == s
+
+
+@pytest.mark.parametrize(("name", "sig"), [("TERM", signal.SIGTERM), ("sigusr1", signal.SIGUSR1), ("USR2", signal.SIGUSR2), ("10", signal.SIGUSR1)])
+def test_signals(name: str, sig: signal.Signals) -> None:
+    assert parse_signal(name) == sig
+
+
+@pytest.mark.parametrize("name", ["FOO", "KILL", "SIGSTOP", "999"])
+def test_bad_signals(name: str) -> None:
+    with pytest.raises(ValueError):
+        parse_signal(name)
