@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# slurm-down.sh ROOT — stop what slurm-up.sh ROOT started, newest first.
+#
+# Jobs are cancelled first (slurmstepd outlives slurmd, so its jobs would be orphaned),
+# then each daemon gets SIGTERM by pid file and up to 10 s to exit, then SIGKILL.
+ROOT=${1:?usage: slurm-down.sh ROOT}
+export SLURM_CONF="$ROOT/slurm.conf"
+if [ -f "$ROOT/slurmctld.pid" ] && kill -0 "$(cat "$ROOT/slurmctld.pid")" 2>/dev/null; then
+  scancel --user="$(id -un)" 2>/dev/null || true
+  for _ in $(seq 50); do
+    [ -z "$(squeue -h -t running,completing -o %i 2>/dev/null)" ] && break; sleep 0.2
+  done
+fi
+stop() {
+  local p=$1
+  kill -TERM "$p" 2>/dev/null || return 0
+  for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || return 0; sleep 0.2; done
+  kill -KILL "$p" 2>/dev/null || true
+}
+for f in slurmd.pid slurmctld.pid munge/munged.pid; do
+  [ -f "$ROOT/$f" ] && stop "$(cat "$ROOT/$f")"
+done
+[ -f "$ROOT/munge/munged.pid.bg" ] && stop "$(cat "$ROOT/munge/munged.pid.bg")"
+exit 0

@@ -1,0 +1,475 @@
+"""The scheduler we are in: Slurm, PBS or none ("local").
+
+One small interface in the style of submitit's JobEnvironment: ``detect_job(env)`` reads only
+the environment (cheap, pure, testable with recorded environments) and returns a frozen
+``Job``; the few facts that need the scheduler's own tools (the end time, requeue) are async
+functions that run argv lists through anyio with a timeout. They never raise into the
+caller: a scheduler that is slow, missing or answers nonsense must not take the supervision
+down (invariant 4), so failures come back as ``None`` / ``(False, why)`` and are reported
+through ``report`` (default: this module's logger).
+
+Facts relied on (docs/slurm.md, docs/pbs.md):
+* ``SLURM_JOB_END_TIME`` exists only from Slurm 23.02; on 22.05 the end time comes from
+  ``squeue -h -j ID -o %e`` (local time, no zone, ``NONE`` without a limit) or
+  ``scontrol show job`` (``EndTime=``).
+* ``SLURM_RESTART_COUNT`` is unset on a job's first run.
+* PBS has no end-time variable; ``qstat -f`` gives ``stime`` and ``Resource_List.walltime``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Protocol
+
+import anyio
+
+log = logging.getLogger(__name__)
+
+Report = Callable[[str], None]
+QUERY_TIMEOUT = 15.0     # squeue/scontrol/qstat answer in milliseconds when the controller is well
+REQUEUE_TIMEOUT = 60.0   # submitit's bound for scontrol requeue (#1713)
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the environment says about the job we run in. Scheduler tools are not consulted."""
+
+    scheduler: str                      # 'slurm' | 'pbs' | 'local'
+    job_id: str | None = None
+    job_name: str | None = None
+    restart_count: int = 0              # requeues before this run (0 on the first)
+    nodes: tuple[str, ...] = ()
+    gpus_per_node: int | None = None
+    ntasks: int | None = None           # world-size hint: SLURM_NTASKS, PBS nodefile lines
+    tasks_per_node: int | None = None
+    cpus_per_node: int | None = None
+    submit_dir: str | None = None
+    array_job_id: str | None = None
+    array_task_id: str | None = None
+    nodefile: str | None = None         # PBS_NODEFILE
+    env_end_time: float | None = None   # SLURM_JOB_END_TIME (Slurm >= 23.02), a launch snapshot
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def requeue_id(self) -> str | None:
+        """The id ``scontrol requeue`` wants: ``ARRAYID_TASKID`` for an array task."""
+        if self.scheduler == "slurm" and self.array_job_id and self.array_task_id:
+            return f"{self.array_job_id}_{self.array_task_id}"
+        return self.job_id
+
+
+# ---------------------------------------------------------------------------- parsing helpers
+
+def expand_hostlist(text: str) -> tuple[str, ...]:
+    """Expand a Slurm hostlist: ``gpu[01-04,07]``, ``a[1-2]-b[3-4]``, ``n1,gpu[1-2],x``.
+
+    Zero padding follows the range's lower bound (``01`` → width 2). Several bracket groups
+    in one name give their product, in the order Slurm prints them. Raises ValueError on
+    an unbalanced bracket or a malformed range, so callers can fall back.
+    """
+    out: list[str] = []
+    for name in _split_top_level(text.strip()):
+        if name:
+            out.extend(_expand_one(name))
+    return tuple(out)
+
+
+def _split_top_level(text: str) -> list[str]:
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"unbalanced ']' in hostlist {text!r}")
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    if depth:
+        raise ValueError(f"unbalanced '[' in hostlist {text!r}")
+    parts.append("".join(cur))
+    return [p.strip() for p in parts]
+
+
+def _expand_one(name: str) -> list[str]:
+    m = re.search(r"\[([^\]]*)\]", name)
+    if not m:
+        return [name]
+    head, tail = name[: m.start()], name[m.end():]
+    out = []
+    for piece in m.group(1).split(","):
+        lo, sep, hi = piece.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"bad range {piece!r} in hostlist {name!r}")
+        width = len(lo)
+        for i in range(int(lo), int(hi if sep else lo) + 1):
+            for rest in _expand_one(tail):
+                out.append(f"{head}{i:0{width}d}{rest}")
+    return out
+
+
+def expand_tasks_per_node(text: str) -> tuple[int, ...]:
+    """``2(x3),1`` (SLURM_TASKS_PER_NODE) → ``(2, 2, 2, 1)``."""
+    out: list[int] = []
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not m:
+            raise ValueError(f"bad tasks-per-node {text!r}")
+        out.extend([int(m.group(1))] * int(m.group(2) or 1))
+    return tuple(out)
+
+
+def count_devices(text: str | None) -> int | None:
+    """GPUs in a device list (``0,1,2,3``, ``GPU-uuid,…``: CUDA_VISIBLE_DEVICES, SLURM_JOB_GPUS).
+
+    None when unset or empty (unknown); 0 for ``NoDevFiles`` (Slurm's "none granted")."""
+    if text is None or not text.strip():
+        return None
+    if text.strip().lower() in ("nodevfiles", "none", "(null)"):
+        return 0
+    return len([x for x in text.split(",") if x.strip()])
+
+
+def gpu_count(text: str | None) -> int | None:
+    """A GPU count: ``4`` (SLURM_GPUS_ON_NODE), ``a100:4`` or ``gpu:a100:4(x2)`` (per node)."""
+    m = re.fullmatch(r"\s*(?:[\w.-]+:)*(\d+)(?:\(x\d+\))?\s*", text or "")
+    return int(m.group(1)) if m else None
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(str(text).strip()) if text not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def read_nodefile(path: str | os.PathLike[str]) -> list[str]:
+    """Lines of a PBS nodefile (one per MPI rank; hosts repeat). Missing file → []."""
+    try:
+        return [ln.strip() for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
+    except OSError:
+        return []
+
+
+def _unique(items: list[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(items))
+
+
+# ---------------------------------------------------------------------------- the interface
+
+class Scheduler(Protocol):
+    """One scheduler's knowledge. Implementations are stateless singletons."""
+
+    name: str
+
+    def active(self, env: Mapping[str, str]) -> bool: ...
+    def job(self, env: Mapping[str, str]) -> Job: ...
+    async def end_time(self, job: Job, report: Report) -> float | None: ...
+    def requeue_command(self, job: Job) -> list[str] | None: ...
+
+
+class Slurm:
+    name = "slurm"
+
+    def active(self, env: Mapping[str, str]) -> bool:
+        return bool(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"))
+
+    def job(self, env: Mapping[str, str]) -> Job:
+        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+        try:
+            nodes = expand_hostlist(nodelist) if nodelist else ()
+        except ValueError:
+            log.warning("cannot expand SLURM_JOB_NODELIST=%r; using it as one name", nodelist)
+            nodes = (nodelist,)
+        tpn: int | None = _int(env.get("SLURM_NTASKS_PER_NODE"))
+        if tpn is None and env.get("SLURM_TASKS_PER_NODE"):
+            try:
+                counts = expand_tasks_per_node(env["SLURM_TASKS_PER_NODE"])
+                tpn = counts[0] if len(set(counts)) == 1 else None
+            except ValueError:
+                pass
+        gpus = gpu_count(env.get("SLURM_GPUS_ON_NODE"))
+        if gpus is None:
+            gpus = gpu_count(env.get("SLURM_GPUS_PER_NODE"))
+        for key in ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "CUDA_VISIBLE_DEVICES"):
+            if gpus is None:
+                gpus = count_devices(env.get(key))
+        end = env.get("SLURM_JOB_END_TIME")
+        return Job(
+            scheduler="slurm",
+            job_id=env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"),
+            job_name=env.get("SLURM_JOB_NAME"),
+            restart_count=_int(env.get("SLURM_RESTART_COUNT")) or 0,
+            nodes=nodes,
+            gpus_per_node=gpus,
+            ntasks=_int(env.get("SLURM_NTASKS")) or _int(env.get("SLURM_NPROCS")),
+            tasks_per_node=tpn,
+            cpus_per_node=_int(env.get("SLURM_CPUS_ON_NODE")),
+            submit_dir=env.get("SLURM_SUBMIT_DIR"),
+            array_job_id=env.get("SLURM_ARRAY_JOB_ID"),
+            array_task_id=env.get("SLURM_ARRAY_TASK_ID"),
+            env_end_time=float(end) if end and end.strip().isdigit() and int(end) > 0 else None,
+        )
+
+    async def end_time(self, job: Job, report: Report) -> float | None:
+        if job.env_end_time is not None:
+            return job.env_end_time
+        if not job.job_id:
+            return None
+        rc, out = await _run(["squeue", "-h", "-j", job.job_id, "-o", "%e"], QUERY_TIMEOUT, report)
+        if rc == 0 and out.strip():
+            value = out.strip().splitlines()[0].strip()
+            if value.upper() in ("NONE", "UNLIMITED", "N/A", "UNKNOWN"):
+                return None
+            parsed = parse_slurm_time(value)
+            if parsed is not None:
+                return parsed
+            report(f"squeue printed an end time we cannot read: {value!r}")
+        rc, out = await _run(["scontrol", "show", "job", job.job_id], QUERY_TIMEOUT, report)
+        if rc == 0:
+            m = re.search(r"\bEndTime=(\S+)", out)
+            if m:
+                return parse_slurm_time(m.group(1))
+        return None
+
+    def requeue_command(self, job: Job) -> list[str] | None:
+        jid = job.requeue_id
+        return ["scontrol", "requeue", jid] if jid else None
+
+
+class Pbs:
+    name = "pbs"
+
+    def active(self, env: Mapping[str, str]) -> bool:
+        return bool(env.get("PBS_JOBID"))
+
+    def job(self, env: Mapping[str, str]) -> Job:
+        nodefile = env.get("PBS_NODEFILE")
+        lines = read_nodefile(nodefile) if nodefile else []
+        nodes = _unique(lines)
+        ncpus = _int(env.get("NCPUS"))
+        gpus = count_devices(env.get("CUDA_VISIBLE_DEVICES"))
+        if gpus is None:
+            gpus = gpu_count(env.get("NGPUS"))
+        tpn = len(lines) // len(nodes) if nodes and len(lines) % len(nodes) == 0 else None
+        array_index = env.get("PBS_ARRAY_INDEX")
+        return Job(
+            scheduler="pbs",
+            job_id=env.get("PBS_JOBID"),
+            job_name=env.get("PBS_JOBNAME"),
+            # PBS has no restart counter in the environment; the journal counts attempts.
+            restart_count=_int(env.get("PBS_RUN_COUNT")) or 0,
+            nodes=nodes,
+            gpus_per_node=gpus,
+            ntasks=len(lines) or None,
+            tasks_per_node=tpn,
+            cpus_per_node=ncpus,
+            submit_dir=env.get("PBS_O_WORKDIR"),
+            array_job_id=env.get("PBS_ARRAY_ID") if array_index else None,
+            array_task_id=array_index,
+            nodefile=nodefile,
+        )
+
+    async def end_time(self, job: Job, report: Report) -> float | None:
+        if not job.job_id:
+            return None
+        rc, out = await _run(["qstat", "-f", job.job_id], QUERY_TIMEOUT, report)
+        if rc != 0:
+            return None
+        jobs = parse_qstat_f(out)
+        attrs = jobs.get(job.job_id) or (next(iter(jobs.values())) if len(jobs) == 1 else None)
+        if attrs is None:
+            report(f"qstat -f {job.job_id} did not list the job")
+            return None
+        return pbs_end_time(attrs, now=time.time())
+
+    def requeue_command(self, job: Job) -> list[str] | None:
+        return ["qrerun", job.job_id] if job.job_id else None
+
+
+class Local:
+    name = "local"
+
+    def active(self, env: Mapping[str, str]) -> bool:
+        return True
+
+    def job(self, env: Mapping[str, str]) -> Job:
+        gpus = count_devices(env.get("CUDA_VISIBLE_DEVICES"))
+        return Job(scheduler="local", nodes=(os.uname().nodename.split(".")[0],), gpus_per_node=gpus,
+                   submit_dir=env.get("PWD"))
+
+    async def end_time(self, job: Job, report: Report) -> float | None:
+        return None
+
+    def requeue_command(self, job: Job) -> list[str] | None:
+        return None
+
+
+SCHEDULERS: dict[str, Scheduler] = {s.name: s for s in (Slurm(), Pbs(), Local())}
+
+
+# ---------------------------------------------------------------------------- public functions
+
+def detect_job(env: Mapping[str, str] | None = None) -> Job:
+    """The job we run in, from the environment only. Slurm first (a PBS-to-Slurm wrapper
+    site exports both), then PBS, else local."""
+    env = os.environ if env is None else env
+    for name in ("slurm", "pbs", "local"):
+        if SCHEDULERS[name].active(env):
+            return SCHEDULERS[name].job(env)
+    raise AssertionError("unreachable: Local is always active")
+
+
+async def end_time(job: Job, report: Report | None = None) -> float | None:
+    """Unix seconds when the scheduler ends the job; None without a limit or on any failure."""
+    report = report or log.warning
+    try:
+        return await SCHEDULERS[job.scheduler].end_time(job, report)
+    except Exception as exc:  # noqa: BLE001 - a scheduler query must never end the supervision
+        report(f"end time of {job.scheduler} job {job.job_id}: {exc!r}")
+        return None
+
+
+def requeue_command(job: Job) -> list[str] | None:
+    """The argv that puts this job back in the queue; None where there is no queue."""
+    return SCHEDULERS[job.scheduler].requeue_command(job)
+
+
+async def requeue(job: Job, timeout: float = REQUEUE_TIMEOUT, report: Report | None = None) -> tuple[bool, str]:
+    """Run the requeue command. Returns (ran, message): ran is True only on exit status 0.
+
+    On Slurm the requeue at once sends SIGTERM to the batch shell, i.e. to us when the job
+    script ``exec``s supervise: call this as the very last step of the stop sequence.
+    """
+    argv = requeue_command(job)
+    if argv is None:
+        return False, f"no requeue on a {job.scheduler} job"
+    rc, out = await _run(argv, timeout, report or log.warning)
+    text = " ".join(out.split())[:500]
+    if rc == 0:
+        return True, f"{' '.join(argv)}: ok" + (f" ({text})" if text else "")
+    return False, f"{' '.join(argv)}: " + (f"exit {rc}" if rc is not None else "did not run") + (f": {text}" if text else "")
+
+
+# ---------------------------------------------------------------------------- time parsing
+
+def parse_slurm_time(text: str) -> float | None:
+    """``2026-11-21T13:44:55`` (local time, Slurm prints no zone) → unix seconds."""
+    try:
+        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, OverflowError):
+        return None
+
+
+def parse_walltime(text: str) -> float | None:
+    """PBS ``HH:MM:SS`` (hours may exceed 24), ``MM:SS`` or plain seconds → seconds."""
+    parts = text.strip().split(":")
+    try:
+        nums = [float(p) for p in parts]
+    except ValueError:
+        return None
+    if not 1 <= len(nums) <= 3 or any(n < 0 for n in nums):
+        return None
+    total = 0.0
+    for n in nums:
+        total = total * 60 + n
+    return total
+
+
+def parse_pbs_time(text: str) -> float | None:
+    """``Thu Nov 20 10:15:32 2025`` (ctime, local time) or epoch seconds → unix seconds."""
+    s = " ".join(text.split())
+    if s.isdigit():
+        return float(s)
+    try:
+        return time.mktime(time.strptime(s, "%a %b %d %H:%M:%S %Y"))
+    except (ValueError, OverflowError):
+        return None
+
+
+def parse_qstat_f(text: str) -> dict[str, dict[str, str]]:
+    """``qstat -f`` output → {job id: {attribute: value}}.
+
+    Attribute lines are ``    name = value``; a long value goes on in lines that start with
+    a tab, which are glued to it without a separator (PBS breaks values anywhere, even inside
+    a word). Blank lines separate jobs.
+    """
+    jobs: dict[str, dict[str, str]] = {}
+    cur: dict[str, str] | None = None
+    last: str | None = None
+    for raw in text.splitlines():
+        line = raw.rstrip("\n")
+        if line.startswith("Job Id:"):
+            cur = jobs.setdefault(line.split(":", 1)[1].strip(), {})
+            last = None
+        elif cur is None or not line.strip():
+            last = None if not line.strip() else last
+        elif line.startswith("\t") and last is not None:
+            cur[last] += line[1:].rstrip()
+        else:
+            name, sep, value = line.strip().partition(" = ")
+            if sep:
+                last = name
+                cur[name] = value.rstrip()
+    return jobs
+
+
+def pbs_end_time(attrs: Mapping[str, str], now: float) -> float | None:
+    """End of a PBS job from its ``qstat -f`` attributes: start + walltime limit.
+
+    The start is ``stime`` (PBS Pro) or ``start_time`` (Torque-style); without one, the
+    walltime already used is taken off the limit. None when there is no walltime limit.
+    """
+    limit = attrs.get("Resource_List.walltime")
+    walltime = parse_walltime(limit) if limit else None
+    if walltime is None:
+        return None
+    for key in ("stime", "start_time"):
+        if attrs.get(key):
+            start = parse_pbs_time(attrs[key])
+            if start is not None:
+                return start + walltime
+    used = attrs.get("resources_used.walltime")
+    used_s = parse_walltime(used) if used else None
+    if used_s is not None:
+        return now + walltime - used_s
+    return None
+
+
+def pbs_gpus_per_node(attrs: Mapping[str, str]) -> int | None:
+    """``ngpus=N`` of the first chunk of ``Resource_List.select`` (``2:ncpus=64:ngpus=4``)."""
+    m = re.search(r"\bngpus=(\d+)", attrs.get("Resource_List.select", ""))
+    return int(m.group(1)) if m else None
+
+
+# ---------------------------------------------------------------------------- subprocess
+
+async def _run(argv: list[str], timeout: float, report: Report) -> tuple[int | None, str]:
+    """Run argv with a deadline, stdin closed: (exit status, stdout), or (status, stderr +
+    stdout) when it failed, or (None, why) when it did not run or answer in time."""
+    try:
+        with anyio.fail_after(timeout):
+            result = await anyio.run_process(argv, check=False, stdin=subprocess.DEVNULL)
+    except TimeoutError:
+        report(f"{argv[0]} did not answer within {timeout:g}s")
+        return None, f"timed out after {timeout:g}s"
+    except OSError as exc:
+        report(f"cannot run {argv[0]}: {exc.strerror or exc}")
+        return None, str(exc.strerror or exc)
+    out = result.stdout.decode(errors="replace")
+    if result.returncode != 0:
+        out = result.stderr.decode(errors="replace") + out
+        report(f"{' '.join(argv)} exited {result.returncode}: {' '.join(out.split())[:200]}")
+    return result.returncode, out
