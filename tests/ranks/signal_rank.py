@@ -1,0 +1,40 @@
+"""A rank for launcher tests: reports its pid, records every checkpoint request and stop.
+
+argv: OUT_DIR [--stop-handler]. Writes OUT_DIR/ready.<pid> (holding the rank number it was
+given), appends "checkpoint <monotonic>" to OUT_DIR/events.<pid> per request, exits 0 when
+OUT_DIR/stop exists, a stop signal arrived (with --stop-handler), or after 120 s (a leak guard).
+"""
+
+import os
+import sys
+import time
+
+from supervisor import training
+
+out = sys.argv[1]
+if "--stop-handler" in sys.argv:
+    training.install_stop_handler()
+pid = os.getpid()
+rank = next((os.environ[v] for v in ("OMPI_COMM_WORLD_RANK", "RANK", "HOROVOD_RANK", "PMI_RANK") if v in os.environ), "?")
+events = os.path.join(out, f"events.{pid}")
+
+
+def note(line: str) -> None:
+    with open(events, "a") as f:
+        f.write(f"{line} {time.monotonic():.3f}\n")
+
+
+tmp = os.path.join(out, f".ready.{pid}")
+with open(tmp, "w") as f:
+    f.write(rank)
+os.replace(tmp, os.path.join(out, f"ready.{pid}"))
+end = time.monotonic() + 120
+while time.monotonic() < end and not os.path.exists(os.path.join(out, "stop")):
+    if training.checkpoint_requested():
+        note("checkpoint")
+        training.acknowledge()
+    if training.stop_requested():
+        note("stop")
+        sys.exit(0)
+    time.sleep(0.02)
+note("exit")

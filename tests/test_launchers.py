@@ -1,0 +1,314 @@
+"""Launcher profiles: detection from argv, and the routes checked against real launchers.
+
+The mpi and torch tests start real ``mpiexec -n 2`` and ``torchrun --nproc-per-node 2``
+jobs running tests/ranks/*.py, send real signals by the profile's route, and read what each
+rank recorded.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from supervisor import proctree
+from supervisor.launchers import PROFILES, catches, detect, unwrap
+
+RANKS = Path(__file__).parent / "ranks"
+PY = sys.executable
+TORCHRUN = shutil.which("torchrun", path=str(Path(PY).parent)) or shutil.which("torchrun")
+MPIEXEC = shutil.which("mpiexec")
+
+try:
+    import importlib.util
+    HAVE_TORCH = importlib.util.find_spec("torch") is not None
+except ImportError:  # pragma: no cover
+    HAVE_TORCH = False
+
+needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason="OpenMPI mpiexec not on PATH (apt-get install openmpi-bin)")
+needs_torch = pytest.mark.skipif(not HAVE_TORCH or TORCHRUN is None,
+                                 reason="torch/torchrun not installed (pip install torch==2.13.0)")
+
+
+# --- detection ---
+
+@pytest.mark.parametrize("argv, name", [
+    (["mpiexec", "-n", "2", "python", "train.py"], "mpiexec-openmpi"),  # /usr/bin/mpiexec → orterun here
+    (["mpirun.openmpi", "-np", "4", "a.out"], "mpiexec-openmpi"),
+    (["orterun", "-np", "4", "a.out"], "mpiexec-openmpi"),
+    (["mpiexec.hydra", "-n", "2", "a.out"], "mpiexec-hydra"),
+    (["mpiexec.mpich", "-n", "2", "a.out"], "mpiexec-hydra"),
+    (["/opt/cray/pals/1.3.2/bin/mpiexec", "-n", "8", "--ppn", "4", "python", "t.py"], "mpiexec-pals"),
+    (["/nonexistent/mpiexec", "-n", "8", "--ppn", "4", "--depth", "8", "--cpu-bind", "depth", "./a"], "mpiexec-pals"),
+    (["/nonexistent/mpiexec", "--mca", "btl", "self", "-n", "2", "./a"], "mpiexec-openmpi"),
+    (["/nonexistent/mpiexec", "-n", "2", "./a"], "mpiexec"),
+    (["srun", "-n", "4", "python", "train.py"], "srun"),
+    (["torchrun", "--standalone", "--nproc-per-node", "2", "train.py"], "torchrun"),
+    (["python", "-m", "torch.distributed.run", "--nproc_per_node=2", "train.py"], "torchrun"),
+    (["python3", "-u", "-m", "torch.distributed.launch", "train.py"], "torchrun"),
+    (["/venv/bin/python3.11", "/venv/bin/torchrun", "train.py"], "torchrun"),
+    (["deepspeed", "--num_gpus", "4", "train.py"], "deepspeed"),
+    (["python", "-m", "deepspeed.launcher.runner", "train.py"], "deepspeed"),
+    (["horovodrun", "-np", "4", "--gloo", "python", "train.py"], "horovodrun-gloo"),
+    (["horovodrun", "--mpi", "-np", "4", "python", "train.py"], "horovodrun-mpi"),
+    (["horovodrun", "-np", "4", "-H", "localhost:4", "python", "train.py"], "horovodrun"),
+    (["csrun_wse", "python", "run.py", "--mode=train"], "csrun"),
+    (["csrun_cpu", "--alloc-node=True", "python", "run.py"], "csrun"),
+    (["python", "train.py"], "python"),
+    (["python3.11", "train.py"], "python"),
+    (["bash", "train.sh"], "generic"),
+    (["./train.sh"], "generic"),
+    ([], "generic"),
+    # wrappers
+    (["env", "NCCL_DEBUG=INFO", "-u", "FOO", "torchrun", "train.py"], "torchrun"),
+    (["/usr/bin/env", "A=1", "B=2", "mpiexec.hydra", "-n", "2", "x"], "mpiexec-hydra"),
+    (["singularity", "exec", "--nv", "-B", "/data:/data", "img.sif", "torchrun", "t.py"], "torchrun"),
+    (["apptainer", "exec", "--nv", "--bind=/a", "--env", "A=1", "img.sif", "python", "-m",
+      "torch.distributed.run", "t.py"], "torchrun"),
+    (["numactl", "--cpunodebind=0", "-m", "0", "python", "train.py"], "python"),
+    (["numactl", "-N", "0", "--localalloc", "horovodrun", "--gloo", "python", "t.py"], "horovodrun-gloo"),
+    (["env", "X=1", "numactl", "-C", "0-3", "apptainer", "exec", "img", "srun", "python", "t"], "srun"),
+    (["taskset", "-c", "0-3", "deepspeed", "t.py"], "deepspeed"),
+    (["nice", "-n", "5", "timeout", "-s", "INT", "1h", "python", "t.py"], "python"),
+    (["singularity", "shell", "img.sif"], "generic"),
+])
+def test_detect(argv: list[str], name: str) -> None:
+    if argv[:1] == ["mpiexec"] and (MPIEXEC is None or "orterun" not in os.path.realpath(MPIEXEC)):
+        pytest.skip("this row needs Debian's OpenMPI as /usr/bin/mpiexec")
+    assert detect(argv).name == name
+
+
+def test_unwrap_keeps_the_training_arguments() -> None:
+    assert unwrap(["env", "A=1", "apptainer", "exec", "--nv", "img", "python", "t.py", "--lr", "1"]) == \
+        ["python", "t.py", "--lr", "1"]
+
+
+@pytest.mark.parametrize("override, argv, name", [
+    ("auto", ["torchrun", "t.py"], "torchrun"),
+    ("torchrun", ["./my_launcher.sh"], "torchrun"),
+    ("mpiexec", ["mpiexec.hydra", "-n", "2", "x"], "mpiexec-hydra"),   # coarse name refined by argv
+    ("mpiexec", ["./wrapper.sh"], "mpiexec"),                          # no argv hint: the cautious one
+    ("horovodrun", ["horovodrun", "--gloo", "x"], "horovodrun-gloo"),
+    ("generic", ["python", "t.py"], "generic"),
+    ("mpiexec-pals", ["mpiexec", "x"], "mpiexec-pals"),                 # a profile name is taken as is
+])
+def test_override(override: str, argv: list[str], name: str) -> None:
+    assert detect(argv, override).name == name
+
+
+def test_unknown_override_is_an_error() -> None:
+    with pytest.raises(ValueError, match="unknown launcher"):
+        detect(["python"], "slurmy")
+
+
+def test_profile_table_is_consistent() -> None:
+    for p in PROFILES.values():
+        assert p.checkpoint_route in ("launcher", "ranks", "file"), p.name
+        assert p.stop_route in ("launcher", "ranks"), p.name
+    # the measured hazards
+    assert PROFILES["torchrun"].checkpoint_route == "ranks"          # dies on USR1
+    assert PROFILES["horovodrun-gloo"].checkpoint_route == "ranks"   # dies on USR1
+    assert PROFILES["mpiexec-openmpi"].stop_once                     # second TERM orphans ranks
+    assert PROFILES["mpiexec-openmpi"].checkpoint_route == "launcher"  # forwards USR1
+
+
+def test_child_env_fits_inside_our_grace() -> None:
+    env = PROFILES["mpiexec-openmpi"].child_env(30)
+    t = int(env["OMPI_MCA_odls_base_sigkill_timeout"])
+    assert 1 <= t and 2 * t < 30                 # ranks get TERM at t and KILL at 2t, before ours
+    assert PROFILES["mpiexec-openmpi"].child_env(0.5) == {"OMPI_MCA_odls_base_sigkill_timeout": "1"}
+    assert 1 <= int(PROFILES["torchrun"].child_env(30)["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]) < 30
+    assert PROFILES["python"].child_env(30) == {}
+
+
+# --- helpers for the real-process tests ---
+
+def wait_for(cond: Callable[[], object], timeout: float, what: str) -> object:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def ready_pids(out: Path) -> dict[int, str]:
+    return {int(p.name.split(".")[1]): p.read_text() for p in out.glob("ready.*")}
+
+
+def events(out: Path, pid: int) -> list[str]:
+    f = out / f"events.{pid}"
+    return [line.split()[0] for line in f.read_text().splitlines()] if f.exists() else []
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Start a launcher in its own session; afterwards stop it and everything below it."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(argv: list[str], **env: str) -> subprocess.Popen[bytes]:
+        full = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", **env)
+        p = subprocess.Popen(argv, env=full, start_new_session=True, stdout=open(tmp_path / "launcher.log", "ab"),
+                             stderr=subprocess.STDOUT)
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        (tmp_path / "out" / "stop").touch()
+        tree = proctree.descendants(p.pid) | {p.pid}
+        try:
+            p.wait(timeout=3)  # ranks that watch the stop file leave by themselves
+        except subprocess.TimeoutExpired:
+            pass
+        for pid in tree | proctree.descendants(p.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        p.wait(timeout=10)
+
+
+def start_ranks(launch: Callable[..., subprocess.Popen[bytes]], tmp_path: Path, argv: list[str], n: int = 2,
+                timeout: float = 60, **env: str) -> tuple[subprocess.Popen[bytes], Path, dict[int, str]]:
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    proc = launch(argv + [str(out)] if "{out}" not in argv else [a.replace("{out}", str(out)) for a in argv], **env)
+    pids = wait_for(lambda: len(ready_pids(out)) == n and ready_pids(out), timeout, f"{n} ranks ready")
+    assert proc.poll() is None, (tmp_path / "launcher.log").read_text()
+    return proc, out, pids  # type: ignore[return-value]
+
+
+def send(pids: frozenset[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        os.kill(pid, sig)
+
+
+# --- OpenMPI ---
+
+@pytest.mark.mpi
+@needs_mpi
+def test_mpiexec_ranks_and_checkpoint_through_the_launcher(launch, tmp_path: Path) -> None:
+    proc, out, pids = start_ranks(launch, tmp_path, [MPIEXEC, "--oversubscribe", "-n", "2", PY,
+                                                     str(RANKS / "signal_rank.py")])
+    prof = detect([MPIEXEC, "-n", "2", PY])
+    assert prof.name == "mpiexec-openmpi"
+    assert prof.ranks(proc.pid) == set(pids)
+    assert sorted(pids.values()) == ["0", "1"]
+    assert catches(proc.pid, signal.SIGUSR1)          # mpiexec handles USR1 (it forwards it)
+    t = prof.checkpoint_targets(proc.pid)
+    assert (t.route, t.pids, dict(t.skipped)) == ("launcher", frozenset({proc.pid}), {})
+    send(t.pids, prof.checkpoint_signal)
+    wait_for(lambda: all(events(out, p) == ["checkpoint"] for p in pids), 20, "both ranks to see the request")
+    time.sleep(0.5)  # both ranks and mpiexec keep running: "checkpoint now" is not "stop"
+    assert proc.poll() is None and all(proctree.alive(p) for p in pids)
+    # a second request is seen too (acknowledge() re-armed it)
+    send(t.pids, prof.checkpoint_signal)
+    wait_for(lambda: all(events(out, p) == ["checkpoint"] * 2 for p in pids), 20, "the second request")
+
+
+@pytest.mark.mpi
+@needs_mpi
+def test_mpiexec_ranks_route_reaches_each_rank(launch, tmp_path: Path) -> None:
+    proc, out, pids = start_ranks(launch, tmp_path, [MPIEXEC, "--oversubscribe", "-n", "2", PY,
+                                                     str(RANKS / "signal_rank.py")])
+    prof = PROFILES["mpiexec"]  # the cautious profile signals the ranks themselves
+    t = prof.checkpoint_targets(proc.pid)
+    assert (t.route, set(t.pids)) == ("ranks", set(pids))
+    send(t.pids, signal.SIGUSR1)
+    wait_for(lambda: all(events(out, p) == ["checkpoint"] for p in pids), 20, "both ranks to see the request")
+    assert proc.poll() is None and all(proctree.alive(p) for p in pids)
+
+
+@pytest.mark.mpi
+@needs_mpi
+def test_no_checkpoint_signal_to_ranks_that_would_die_of_it(launch, tmp_path: Path) -> None:
+    """Ranks without a USR1 handler: the launcher would forward USR1 and kill them."""
+    out = tmp_path / "out"
+    out.mkdir()
+    script = "import os,time; open(os.path.join(%r, 'ready.%%d' %% os.getpid()), 'w').write('x'); time.sleep(60)" % str(out)
+    proc = launch([MPIEXEC, "--oversubscribe", "-n", "2", PY, "-c", script])
+    pids = wait_for(lambda: len(ready_pids(out)) == 2 and ready_pids(out), 30, "ranks ready")
+    prof = PROFILES["mpiexec-openmpi"]
+    assert prof.ranks(proc.pid) == set(pids)
+    t = prof.checkpoint_targets(proc.pid)
+    assert t.pids == frozenset() and set(t.skipped) == set(pids)
+    t2 = PROFILES["mpiexec"].checkpoint_targets(proc.pid)
+    assert t2.pids == frozenset() and set(t2.skipped) == set(pids)
+
+
+@pytest.mark.mpi
+@needs_mpi
+def test_mpiexec_stop_once_with_our_grace(launch, tmp_path: Path) -> None:
+    """One TERM to mpiexec with child_env(grace): the ranks get TERM (not KILL) in time."""
+    prof = PROFILES["mpiexec-openmpi"]
+    grace = 6.0
+    proc, out, pids = start_ranks(launch, tmp_path, [MPIEXEC, "--oversubscribe", "-n", "2", PY,
+                                                     str(RANKS / "signal_rank.py"), "{out}", "--stop-handler"],
+                                  **prof.child_env(grace))
+    t = prof.stop_targets(proc.pid)
+    assert t.pids == frozenset({proc.pid})
+    t0 = time.monotonic()
+    send(t.pids, prof.stop_signal)
+    proc.wait(timeout=grace + 5)
+    took = time.monotonic() - t0
+    assert took < grace, took
+    assert all(events(out, p) == ["stop"] for p in pids), {p: events(out, p) for p in pids}
+
+
+# --- torchrun ---
+
+@pytest.mark.torch
+@needs_torch
+def test_torchrun_ranks_and_checkpoint_to_the_workers(launch, tmp_path: Path) -> None:
+    proc, out, pids = start_ranks(launch, tmp_path, [TORCHRUN, "--standalone", "--nproc-per-node", "2",
+                                                     str(RANKS / "signal_rank.py")])
+    prof = detect([TORCHRUN, "--standalone", "x.py"])
+    assert prof.name == "torchrun"
+    assert prof.ranks(proc.pid) == set(pids)
+    assert sorted(pids.values()) == ["0", "1"]
+    assert not catches(proc.pid, signal.SIGUSR1)      # torchrun would die of USR1: hence the route
+    t = prof.checkpoint_targets(proc.pid)
+    assert (t.route, set(t.pids)) == ("ranks", set(pids))
+    send(t.pids, prof.checkpoint_signal)
+    wait_for(lambda: all(events(out, p) == ["checkpoint"] for p in pids), 20, "both workers to see the request")
+    time.sleep(0.5)
+    assert proc.poll() is None and all(proctree.alive(p) for p in pids)
+
+
+@pytest.mark.torch
+@needs_torch
+def test_torchrun_through_env_and_python_m(launch, tmp_path: Path) -> None:
+    """Spawned as ``env … python -m torch.distributed.run``: the ranks are still found."""
+    argv = ["env", "SOMETHING=1", PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            str(RANKS / "signal_rank.py")]
+    proc, out, pids = start_ranks(launch, tmp_path, argv)
+    prof = detect(argv)
+    assert prof.name == "torchrun"
+    assert prof.ranks(proc.pid) == set(pids)
+
+
+@pytest.mark.torch
+@needs_torch
+def test_torchrun_gloo_ddp_agrees_on_the_checkpoint_step(launch, tmp_path: Path) -> None:
+    """USR1 to ONE worker only; the all_reduce(MAX) pattern makes both save at the same step."""
+    proc, out, pids = start_ranks(launch, tmp_path, [TORCHRUN, "--standalone", "--nproc-per-node", "2",
+                                                     str(RANKS / "ddp_rank.py")], timeout=90)
+    prof = PROFILES["torchrun"]
+    assert prof.ranks(proc.pid) == set(pids)
+    one = next(p for p, r in pids.items() if r == "1")
+    wait_for(lambda: catches(one, signal.SIGUSR1), 10, "the handler")
+    os.kill(one, signal.SIGUSR1)
+    wait_for(lambda: (out / "ckpt.0").exists() and (out / "ckpt.1").exists(), 30, "both ranks to checkpoint")
+    assert (out / "ckpt.0").read_text() == (out / "ckpt.1").read_text()
+    assert (out / "model.pt").exists()
+    (out / "stop").touch()
+    assert proc.wait(timeout=30) == 0
