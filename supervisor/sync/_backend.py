@@ -1,0 +1,240 @@
+"""How bytes move: rsync when it is on PATH, the pure-Python copier otherwise.
+
+One small interface, chosen once (as httpx chooses a transport). Both backends run the copy
+in a child process at lowered CPU and I/O priority, as an argv list (invariant 5), through
+``anyio.run_process``: a cancelled await kills the copier and waits for it, so a flush cut
+short by its deadline leaves nothing writing behind our back. Neither backend ever deletes.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import json
+import os
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, Sequence
+
+import anyio
+
+from supervisor._units import signal_name
+from supervisor.sync._complete import PARTIAL_DIR
+
+OK_CODES = (0, 24)  # 24: some source files vanished (rotation) — normal, not a failure
+PYCOPY = Path(__file__).with_name("_pycopy.py")
+
+
+class CopyError(Exception):
+    """A copy that did not finish; ``errno`` when the cause is known (ENOSPC, EROFS, ...)."""
+
+    def __init__(self, message: str, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno
+
+    @property
+    def code(self) -> str | None:
+        return _errno.errorcode.get(self.errno) if self.errno else None
+
+
+@dataclass
+class CopyResult:
+    files: int = 0
+    bytes: int = 0
+    vanished: bool = False
+
+    def __iadd__(self, other: "CopyResult") -> "CopyResult":
+        self.files += other.files
+        self.bytes += other.bytes
+        self.vanished = self.vanished or other.vanished
+        return self
+
+
+class Backend(Protocol):
+    """Copies that never delete. Paths are absolute; ``src``/``dst`` of trees are directories."""
+
+    name: str
+
+    async def copy_tree(self, src: Path, dst: Path, *, exclude: Sequence[str] = (),
+                        skip: Sequence[str] = (), fsync: bool = False) -> CopyResult:
+        """Contents of ``src`` into ``dst``, files through temp names, ``skip`` left out."""
+
+    async def copy_files(self, src: Path, dst: Path, files: Sequence[str], *, fsync: bool = False) -> CopyResult:
+        """Only the listed relative paths (markers, copied last)."""
+
+    async def copy_file(self, src: Path, dst: Path, *, fsync: bool = False) -> CopyResult:
+        """One file to one path, through a temp name."""
+
+    async def grow(self, src: Path, dst: Path, *, exclude: Sequence[str] = (), fsync: bool = False) -> CopyResult:
+        """Logs: grow destination files in place (same inode)."""
+
+
+def priority_prefix(nice: int, ionice: str) -> list[str]:
+    """``ionice -t -c3 nice -n10``: copies yield to the training's own I/O and CPU.
+
+    ``-t`` makes ionice run the command even where the class cannot be set (containers).
+    """
+    out: list[str] = []
+    if ionice != "none" and shutil.which("ionice"):
+        out += ["ionice", "-t", "-c", "3"] if ionice == "idle" else ["ionice", "-t", "-c", "2", "-n", "7"]
+    if nice > 0 and shutil.which("nice"):
+        out += ["nice", "-n", str(nice)]
+    return out
+
+
+def _failure(what: str, rc: int, stderr: str) -> CopyError:
+    if rc < 0:
+        return CopyError(f"{what} killed by {signal_name(-rc)}")
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip() and "vanished" not in ln]
+    errno = None
+    for ln in lines:
+        m = re.search(r"\((\d+)\)\s*$", ln)
+        if m:
+            errno = int(m.group(1))
+            break
+    if errno is None:
+        for code, needle in ((_errno.ENOSPC, "No space left"), (_errno.EROFS, "Read-only file system"),
+                             (_errno.EACCES, "Permission denied"), (_errno.ENOENT, "No such file or directory")):
+            if any(needle in ln for ln in lines):
+                errno = code
+                break
+    detail = next((ln for ln in lines if re.search(r"\(\d+\)\s*$", ln)), lines[0] if lines else "")
+    return CopyError(f"{what} exit {rc}: {detail}"[:500], errno)
+
+
+class RsyncBackend:
+    """rsync with argv lists, ``--`` before paths, exit 24 accepted, never ``--delete``.
+
+    Paths are always absolute, so a ``:`` in a name is never read as ``host:path``.
+    """
+
+    name = "rsync"
+
+    def __init__(self, rsync: str, nice: int = 10, ionice: str = "idle") -> None:
+        self.rsync = rsync
+        self.prefix = priority_prefix(nice, ionice)
+        self._has_fsync: bool | None = None
+
+    async def _fsync_flag(self, fsync: bool) -> list[str]:
+        if not fsync:
+            return []
+        if self._has_fsync is None:  # --fsync arrived in 3.2.4
+            r = await anyio.run_process([self.rsync, "--version"], check=False)
+            m = re.search(rb"version (\d+)\.(\d+)\.(\d+)", r.stdout)
+            self._has_fsync = bool(m) and tuple(int(x) for x in m.groups()) >= (3, 2, 4)
+        return ["--fsync"] if self._has_fsync else []
+
+    async def _run(self, args: list[str], stdin: bytes | None = None, fsync_tree: Path | None = None) -> CopyResult:
+        argv = [*self.prefix, self.rsync, "-a", "--stats", *args]
+        r = await anyio.run_process(argv, input=stdin, check=False, env={**os.environ, "LC_ALL": "C"})
+        err = r.stderr.decode("utf-8", "replace")
+        if r.returncode not in OK_CODES:
+            raise _failure("rsync", r.returncode, err)
+        out = r.stdout.decode("utf-8", "replace")
+        files = re.search(r"Number of regular files transferred:\s*([\d,]+)", out)
+        size = re.search(r"Total transferred file size:\s*([\d,]+)", out)
+        res = CopyResult(int(files.group(1).replace(",", "")) if files else 0,
+                         int(size.group(1).replace(",", "")) if size else 0,
+                         r.returncode == 24)
+        if fsync_tree is not None and self._has_fsync is False:
+            await anyio.to_thread.run_sync(fsync_all, fsync_tree)
+        return res
+
+    async def copy_tree(self, src, dst, *, exclude=(), skip=(), fsync=False):
+        args = [f"--partial-dir={PARTIAL_DIR}", *await self._fsync_flag(fsync)]
+        args += [f"--exclude={p}" for p in exclude]
+        args += [f"--exclude=/{_escape(s)}" for s in skip]
+        return await self._run([*args, "--", f"{src}/", f"{dst}/"], fsync_tree=dst if fsync else None)
+
+    async def copy_files(self, src, dst, files, *, fsync=False):
+        if not files:
+            return CopyResult()
+        args = ["--files-from=-", "--from0", *await self._fsync_flag(fsync)]
+        return await self._run([*args, "--", f"{src}/", f"{dst}/"], stdin=b"\0".join(f.encode() for f in files),
+                               fsync_tree=dst if fsync else None)
+
+    async def copy_file(self, src, dst, *, fsync=False):
+        args = [f"--partial-dir={PARTIAL_DIR}", *await self._fsync_flag(fsync)]
+        return await self._run([*args, "--", str(src), str(dst)], fsync_tree=dst if fsync else None)
+
+    async def grow(self, src, dst, *, exclude=(), fsync=False):
+        # --append-verify implies --inplace: same inode, so open readers see new data.
+        args = ["--append-verify", *await self._fsync_flag(fsync), *[f"--exclude={p}" for p in exclude]]
+        return await self._run([*args, "--", f"{src}/", f"{dst}/"], fsync_tree=dst if fsync else None)
+
+
+def _escape(rel: str) -> str:
+    """An exact path as an rsync filter pattern (wildcards escaped)."""
+    return re.sub(r"([*?\[\\])", r"\\\1", rel)
+
+
+class PythonBackend:
+    """The same operations through ``_pycopy.py`` in a child process (see its docstring)."""
+
+    name = "python"
+
+    def __init__(self, nice: int = 10, ionice: str = "idle") -> None:
+        self.prefix = priority_prefix(nice, ionice)
+
+    async def _run(self, req: dict) -> CopyResult:
+        argv = [*self.prefix, sys.executable, "-I", str(PYCOPY)]
+        r = await anyio.run_process(argv, input=json.dumps(req, default=str).encode(), check=False)
+        try:
+            out = json.loads(r.stdout or b"{}")
+        except ValueError:
+            out = {}
+        if r.returncode not in OK_CODES:
+            if r.returncode < 0 or not out:
+                raise _failure("python copy", r.returncode, r.stderr.decode("utf-8", "replace"))
+            raise CopyError(f"python copy: {out.get('error')}", out.get("errno"))
+        return CopyResult(out.get("files", 0), out.get("bytes", 0), r.returncode == 24)
+
+    async def copy_tree(self, src, dst, *, exclude=(), skip=(), fsync=False):
+        return await self._run({"mode": "tree", "src": src, "dst": dst, "exclude": list(exclude),
+                                "skip": list(skip), "fsync": fsync})
+
+    async def copy_files(self, src, dst, files, *, fsync=False):
+        if not files:
+            return CopyResult()
+        return await self._run({"mode": "files", "src": src, "dst": dst, "files": list(files), "fsync": fsync})
+
+    async def copy_file(self, src, dst, *, fsync=False):
+        return await self._run({"mode": "file", "src": src, "dst": dst, "fsync": fsync})
+
+    async def grow(self, src, dst, *, exclude=(), fsync=False):
+        return await self._run({"mode": "grow", "src": src, "dst": dst, "exclude": list(exclude), "fsync": fsync})
+
+
+def choose_backend(name: str = "auto", *, nice: int = 10, ionice: str = "idle") -> Backend:
+    """``auto``: rsync when on PATH; ``rsync`` insists on it (ConfigError-worthy if missing)."""
+    rsync = shutil.which("rsync")
+    if name == "python" or (name == "auto" and rsync is None):
+        return PythonBackend(nice, ionice)
+    if rsync is None:
+        raise FileNotFoundError("rsync is not on PATH")
+    return RsyncBackend(rsync, nice, ionice)
+
+
+def fsync_all(root: Path) -> None:
+    """fsync every file and directory under ``root`` (rsync < 3.2.4 has no --fsync)."""
+    if root.is_file():
+        _fsync(root)
+        return
+    for d, _dirs, files in os.walk(root):
+        for f in files:
+            _fsync(Path(d) / f)
+        _fsync(Path(d))
+
+
+def _fsync(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+

@@ -1,0 +1,93 @@
+"""Validation of sync pairs before anything starts: hard errors raise, doubts are warnings."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+from supervisor.config import SyncPair
+from supervisor.errors import ConfigError
+
+# Filesystems that are shared between nodes: anything else under a persistent side is suspect.
+SHARED_FS = frozenset({"nfs", "nfs4", "lustre", "gpfs", "beegfs", "cephfs", "ceph", "panfs", "wekafs",
+                       "cifs", "smb3", "glusterfs", "fuse.glusterfs", "fuse.sshfs", "fuse.s3fs",
+                       "fuse.gcsfuse", "fuse.juicefs", "fuse.ceph", "afs", "orangefs", "9p"})
+LOCAL_HINTS = ("/tmp", "/dev/shm", "/var/tmp", "/local", "/scratch/local", "/lscratch", "/run")
+
+
+def _existing(path: Path) -> Path:
+    p = path
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _mount_of(path: Path) -> tuple[str, str]:
+    """(mount point, filesystem type) holding ``path``, from /proc/self/mountinfo."""
+    real = os.path.realpath(_existing(path))
+    best, fstype = "/", "?"
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                parts = line.split()
+                if " - " not in line or len(parts) < 5:
+                    continue
+                mnt = parts[4].replace("\\040", " ")
+                typ = line.split(" - ", 1)[1].split()[0]
+                if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+                    best, fstype = mnt, typ
+    except OSError:
+        pass
+    return best, fstype
+
+
+def check_pairs(pairs: Sequence[SyncPair], env: dict[str, str] | None = None) -> list[str]:
+    env = dict(os.environ if env is None else env)
+    warnings: list[str] = []
+    names: set[str] = set()
+    local_dirs = [env[k] for k in ("TMPDIR", "SLURM_TMPDIR", "LOCAL_SCRATCH", "PBS_JOBFS") if env.get(k)]
+    for i, p in enumerate(pairs):
+        key = f"sync {p.name or i}"
+        if p.kind not in ("checkpoint", "log"):
+            raise ConfigError(f"{key}.kind", p.kind, "expected checkpoint or log")
+        if p.name in names:
+            raise ConfigError(key, p.name, "names of sync pairs must be unique")
+        names.add(p.name)
+        src, dst = Path(os.path.realpath(p.src)), Path(os.path.realpath(p.dst))
+        if src == dst:
+            raise ConfigError(key, f"{p.src} -> {p.dst}", "local and persistent sides are the same path")
+        if dst.is_relative_to(src) or src.is_relative_to(dst):
+            raise ConfigError(key, f"{p.src} -> {p.dst}", "one side is inside the other; mirror into a separate directory")
+        for other in pairs[:i]:
+            o = Path(os.path.realpath(other.dst))
+            if o == dst or o.is_relative_to(dst) or dst.is_relative_to(o):
+                raise ConfigError(key, str(p.dst), f"persistent side overlaps that of sync {other.name}")
+        if p.src.exists() and not p.src.is_dir():
+            raise ConfigError(f"{key}.from", str(p.src), "exists and is not a directory")
+        if p.dst.exists() and not p.dst.is_dir():
+            raise ConfigError(f"{key}.to", str(p.dst), "exists and is not a directory")
+        if p.keep_local is not None and p.kind != "checkpoint":
+            raise ConfigError(f"{key}.keep_local", p.keep_local, "only checkpoint pairs keep a number of local copies")
+        if not p.src.exists():
+            parent = _existing(p.src)
+            if os.access(parent, os.W_OK):
+                warnings.append(f"sync {p.name}: local side {p.src} does not exist yet; it will be created at start")
+            else:
+                warnings.append(f"sync {p.name}: local side {p.src} does not exist and cannot be created here; "
+                                "waiting for the training to create it")
+        anc = _existing(p.dst)
+        if not os.access(anc, os.W_OK):
+            warnings.append(f"sync {p.name}: persistent side {p.dst} is not writable ({anc}); syncs will fail and be retried")
+        mnt, fstype = _mount_of(p.dst)
+        sdst = str(dst)
+        if fstype in ("tmpfs", "ramfs") or any(sdst == h or sdst.startswith(h + "/") for h in (*LOCAL_HINTS, *local_dirs)):
+            warnings.append(f"sync {p.name}: persistent side {p.dst} looks node-local ({fstype} at {mnt}); "
+                            "it will not outlive the node")
+        elif p.src.exists() and p.dst.exists() and os.stat(p.src).st_dev == os.stat(p.dst).st_dev:
+            warnings.append(f"sync {p.name}: local and persistent sides are on the same filesystem ({fstype} at {mnt}); "
+                            "the copy protects against nothing if that disk goes")
+        elif fstype not in SHARED_FS and fstype != "?":
+            warnings.append(f"sync {p.name}: persistent side {p.dst} is on {fstype} at {mnt}, not a shared filesystem; "
+                            "check that it outlives the node")
+    return warnings

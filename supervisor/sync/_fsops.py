@@ -1,0 +1,136 @@
+"""Small blocking filesystem steps of publishing; called through ``anyio.to_thread``."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import shutil
+from pathlib import Path
+
+from supervisor.sync._complete import OURS_PREFIX, STAGING_PREFIX, Snap
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+try:
+    _libc = ctypes.CDLL(None, use_errno=True)
+    _renameat2 = _libc.renameat2
+except (OSError, AttributeError):  # pragma: no cover - very old glibc
+    _renameat2 = None
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2). False where the filesystem cannot."""
+    if _renameat2 is None:
+        return False
+    rc = _renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def swap_in(staging: Path, final: Path, *, is_dir: bool, fsync: bool) -> None:
+    """Make ``staging`` visible as ``final`` in one step.
+
+    A new checkpoint is one ``rename(2)``. A directory that replaces an older copy of the same
+    name (the local one changed after it was published) is swapped with ``RENAME_EXCHANGE``
+    so readers see old or new, never neither; only then is the old copy, now under the
+    staging name, removed — that is an update of one checkpoint, not a deletion of one.
+    """
+    if fsync:
+        fsync_dir(staging if is_dir else staging.parent)
+    if not is_dir:
+        os.replace(staging, final)
+    else:
+        try:
+            os.rename(staging, final)
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            if not _exchange(staging, final):
+                old = final.with_name(f"{OURS_PREFIX}old-{final.name}")
+                os.rename(final, old)
+                os.rename(staging, final)
+                staging = old
+            shutil.rmtree(staging, ignore_errors=True)
+    if fsync:
+        fsync_dir(final.parent)
+
+
+def write_atomic(path: Path, content: bytes, mtime_ns: int, *, fsync: bool) -> bool:
+    """A pointer file through temp + rename; False when ``path`` already holds ``content``."""
+    try:
+        if path.read_bytes() == content:
+            return False
+    except (FileNotFoundError, IsADirectoryError):
+        pass
+    tmp = path.with_name(f"{STAGING_PREFIX}{path.name}")
+    with open(tmp, "wb") as f:
+        f.write(content)
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.utime(tmp, ns=(mtime_ns, mtime_ns))
+    os.replace(tmp, path)
+    if fsync:
+        fsync_dir(path.parent)
+    return True
+
+
+def remove_ours(path: Path) -> None:
+    """Remove a staging entry of ours (never anything published)."""
+    assert path.name.startswith(OURS_PREFIX), path
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def prune_staging(staging: Path, source: Snap) -> None:
+    """Drop files from a staging directory that the source no longer has (renamed shards)."""
+    if not staging.is_dir():
+        return
+    for d, _dirs, files in os.walk(staging):
+        for f in files:
+            full = Path(d) / f
+            rel = full.relative_to(staging).as_posix()
+            if rel not in source.files and not rel.startswith(".supervise-partial"):
+                full.unlink(missing_ok=True)
+
+
+def stale_staging(root: Path) -> list[Path]:
+    """Our leftovers in ``root`` from a run that was killed mid-transfer."""
+    try:
+        return [root / n for n in os.listdir(root) if n.startswith(OURS_PREFIX)]
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return []
+
+
+def log_lag(src: Path, dst: Path, exclude: tuple[str, ...]) -> list[str]:
+    """Log files whose persistent copy is shorter than the local one."""
+    from supervisor.sync._complete import snapshot
+    s = snapshot(src, exclude)
+    if s is None:
+        return []
+    d = snapshot(dst, exclude)
+    have = dict(d.files) if d else {}
+    out = []
+    for rel, (size, _m) in sorted(s.files.items()):
+        got = have.get(rel, (-1, 0))[0]
+        if got < size:
+            out.append(f"{rel} ({size - max(got, 0)} bytes behind)")
+    return out

@@ -1,0 +1,358 @@
+"""One sync pair: its triggers, its passes, what it has published, what it still owes.
+
+A pass is the unit of work: scan (in a thread), copy what is complete through a staging
+name, check nothing changed while copying, rename into place, then pointers. One pass per
+pair at a time (``lock``); triggers that arrive meanwhile set one flag and so coalesce into
+exactly one more pass. Failures never leave this module: they are journaled and retried
+with capped exponential backoff (invariant 4).
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import os
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable
+
+import anyio
+from watchfiles import awatch
+
+from supervisor.config import SyncPair
+from supervisor.journal import Emit
+from supervisor.sync import _fsops
+from supervisor.sync._backend import Backend, CopyError, CopyResult
+from supervisor.sync._complete import (STAGING_PREFIX, Entry, Listing, classify, matches,
+                                       natural_key, newest_complete, snapshot)
+
+# Triggers that go ahead even while backing off after a failure.
+URGENT = ("start", "retry", "request", "flush", "appeared")
+RECOPY_TRIES = 3
+WATCH_GAP = {"checkpoint": 0.05, "log": 1.0}  # gather a burst of file events into one pass
+
+
+def _to_thread(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    return anyio.to_thread.run_sync(partial(fn, *args, **kw))
+
+
+class PairEngine:
+    def __init__(self, pair: SyncPair, backend: Backend, emit: Emit, *, every: float,
+                 retry_base: float, retry_cap: float, on_publish: Callable[[], None]) -> None:
+        self.pair = pair
+        self.backend = backend
+        self.emit = emit
+        self.every = pair.every or every
+        self.retry_base, self.retry_cap = retry_base, retry_cap
+        self.on_publish = on_publish
+        self.lock = anyio.Lock()
+        self._wake = anyio.Event()
+        self._reason: str | None = None
+        self._resched = anyio.Event()
+        self.next_periodic = time.monotonic() + self.every
+        self.recheck_at: float | None = None   # a settling checkpoint's quiescence is due
+        self.retry_at: float | None = None     # the ticker fires "retry" then
+        self.backoff_until: float | None = None
+        self.failures = 0
+        self.published: dict[str, Any] = {}    # checkpoint name → Snap of what was published
+        self.pointers_done: dict[str, bytes] = {}
+        self.marker_seen = False
+        self._newest_ns = 0
+        self.last_activity: float | None = None
+        self.pending: list[str] = [f"{pair.name}: not synced yet"]
+
+    # ---- triggers -------------------------------------------------------------------
+
+    def trigger(self, reason: str) -> None:
+        """Ask for a pass; never blocks. A watch event never displaces a weightier reason."""
+        if self._reason is None or self._reason == "watch":
+            self._reason = reason
+        self._wake.set()
+
+    def _poke_ticker(self) -> None:
+        self._resched.set()
+
+    async def loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            if self._reason == "watch":
+                await anyio.sleep(WATCH_GAP[self.pair.kind])
+            self._wake = anyio.Event()
+            reason, self._reason = self._reason or "periodic", None
+            if self.backoff_until is not None and time.monotonic() < self.backoff_until \
+                    and not reason.startswith(URGENT):
+                continue  # the ticker fires "retry" when the backoff ends
+            async with self.lock:
+                await self.run_pass(reason)
+
+    async def ticker(self) -> None:
+        """The safety net, settle re-checks and retries: whichever is due first."""
+        while True:
+            now = time.monotonic()
+            due = [(self.next_periodic, "periodic")]
+            if self.recheck_at is not None:
+                due.append((self.recheck_at, "settle"))
+            if self.retry_at is not None:
+                due.append((self.retry_at, "retry"))
+            when, why = min(due)
+            if when <= now:
+                if why == "periodic":
+                    self.next_periodic = now + self.every
+                elif why == "settle":
+                    self.recheck_at = None
+                else:
+                    self.retry_at = None
+                self.trigger(why)
+                continue
+            with anyio.move_on_after(when - now):
+                await self._resched.wait()
+            self._resched = anyio.Event()
+
+    async def watch(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """inotify on the local side (watchfiles); low latency, while the ticker stays the net.
+
+        A missing source is waited for (and a pass triggered when it appears); a watcher
+        that dies (directory removed, inotify limits) is journaled and restarted.
+        """
+        src = self.pair.src
+        started = False
+        quiet = 1.0
+        while True:
+            if not await _to_thread(src.is_dir):
+                if not started:
+                    task_status.started()
+                    started = True
+                while not await _to_thread(src.is_dir):
+                    await anyio.sleep(1.0)
+                self.emit("sync-source", pair=self.pair.name, path=src, action="appeared")
+                self.trigger("appeared")
+            if not started:
+                task_status.started()
+                started = True
+            try:
+                async for _changes in awatch(src, watch_filter=None, debounce=400, step=50,
+                                             recursive=True, ignore_permission_denied=True):
+                    self.last_activity = time.monotonic()
+                    self.trigger("watch")
+            except Exception as e:  # noqa: BLE001 - a watcher failure must not end supervision
+                self.emit("sync-watch-failed", pair=self.pair.name, error=f"{type(e).__name__}: {e}", retry_in=quiet)
+            await anyio.sleep(quiet)
+            quiet = min(quiet * 2, 60.0)
+
+    # ---- one pass -------------------------------------------------------------------
+
+    async def run_pass(self, trigger: str) -> dict[str, Any]:
+        """Sync this pair once; return what happened. Only cancellation escapes."""
+        t0 = time.monotonic()
+        stats = CopyResult()
+        published: list[str] = []
+        try:
+            if not await _to_thread(self.pair.src.is_dir):
+                self.pending = [f"{self.pair.name}: local side {self.pair.src} does not exist"]
+                return {"ok": True, "files": 0, "bytes": 0, "published": [], "seconds": 0.0}
+            await _to_thread(self.pair.dst.mkdir, parents=True, exist_ok=True)
+            if self.pair.kind == "checkpoint":
+                await self._checkpoint_pass(trigger, stats, published)
+            else:
+                await self._log_pass(stats)
+        except (OSError, CopyError) as e:
+            return self._failed(trigger, e, time.monotonic() - t0)
+        seconds = round(time.monotonic() - t0, 3)
+        if self.failures:
+            self.emit("sync-recovered", pair=self.pair.name, after_failures=self.failures)
+        self.failures, self.backoff_until, self.retry_at = 0, None, None
+        if stats.files or published or trigger.startswith("flush"):
+            self.emit("sync", pair=self.pair.name, trigger=trigger, files=stats.files, bytes=stats.bytes,
+                      seconds=seconds, published=published, backend=self.backend.name)
+        return {"ok": True, "files": stats.files, "bytes": stats.bytes, "published": published, "seconds": seconds}
+
+    def _failed(self, trigger: str, e: Exception, seconds: float) -> dict[str, Any]:
+        self.failures += 1
+        delay = min(self.retry_cap, self.retry_base * 2 ** (self.failures - 1))
+        now = time.monotonic()
+        self.backoff_until = self.retry_at = now + delay
+        self._poke_ticker()
+        code = getattr(e, "code", None) or (_errno.errorcode.get(e.errno) if isinstance(e, OSError) and e.errno else None)
+        self.emit("sync-failed", pair=self.pair.name, trigger=trigger, error=str(e), errno=code,
+                  failures=self.failures, retry_in=round(delay, 3), seconds=round(seconds, 3))
+        self.pending = [p for p in self.pending if "last sync failed" not in p] + [f"{self.pair.name}: last sync failed ({e})"]
+        return {"ok": False, "error": str(e), "errno": code, "files": 0, "bytes": 0, "published": [],
+                "seconds": round(seconds, 3)}
+
+    def _scan(self, *, root: Path | None = None, only: str | None = None, settle: float | None = None) -> Listing:
+        p = self.pair
+        return classify(root or p.src, markers=p.markers, exclude=p.exclude,
+                        settle=p.settle if settle is None else settle, now=time.time(),
+                        marker_seen=self.marker_seen if root is None else False, only=only)
+
+    async def _checkpoint_pass(self, trigger: str, stats: CopyResult, published: list[str]) -> None:
+        p = self.pair
+        listing: Listing = await _to_thread(self._scan)
+        self.marker_seen = listing.marker_seen
+        newest = max((e.snap.newest_ns for e in listing.entries.values()), default=0)
+        if newest != self._newest_ns:
+            self._newest_ns = newest
+            self.last_activity = time.monotonic()
+        todo: list[Entry] = []
+        for e in sorted(listing.entries.values(), key=lambda e: natural_key(e.name), reverse=True):
+            if not e.complete:
+                continue
+            prev = self.published.get(e.name)
+            if prev is not None and prev.same_content(e.snap):
+                continue
+            if prev is None:  # already there from an earlier attempt?
+                there = await _to_thread(snapshot, p.dst / e.name, p.exclude)
+                if matches(there, e.snap):
+                    self.published[e.name] = e.snap
+                    continue
+            todo.append(e)
+        self._note_pending(listing)
+        for e in todo:  # newest first: the one most at risk
+            if await self._publish(e, trigger, stats):
+                published.append(e.name)
+            await self._publish_pointers(listing)
+            self._note_pending(listing)
+        await self._publish_pointers(listing)
+        self._note_pending(listing)
+        ready = [e.ready_at for e in listing.entries.values() if e.ready_at is not None]
+        if ready:
+            self.recheck_at = time.monotonic() + max(0.05, min(ready) - time.time() + 0.05)
+            self._poke_ticker()
+        if p.keep_local:
+            await self._retain(listing)
+
+    async def _publish(self, e: Entry, trigger: str, stats: CopyResult) -> bool:
+        """Stage, verify, rename. False when the checkpoint vanished or stopped being complete."""
+        p = self.pair
+        src, final = p.src / e.name, p.dst / e.name
+        staging = p.dst / f"{STAGING_PREFIX}{e.name}"
+        for _ in range(RECOPY_TRIES):
+            if e.is_dir:
+                stats += await self.backend.copy_tree(src, staging, exclude=p.exclude, skip=e.markers, fsync=p.fsync)
+                stats += await self.backend.copy_files(src, staging, e.markers, fsync=p.fsync)
+            else:
+                stats += await self.backend.copy_file(src, staging, fsync=p.fsync)
+            again: Listing = await _to_thread(self._scan, only=e.name)
+            now = again.entries.get(e.name)
+            if now is None or not now.complete:  # rotated away, or not what we thought: not a failure
+                await _to_thread(_fsops.remove_ours, staging)
+                return False
+            if not now.snap.same_content(e.snap):  # changed while copied: copy again before it counts
+                e = now
+                continue
+            staged = await _to_thread(snapshot, staging, p.exclude)
+            if not matches(staged, e.snap):
+                await _to_thread(_fsops.prune_staging, staging, e.snap)
+                continue
+            await _to_thread(_fsops.swap_in, staging, final, is_dir=e.is_dir, fsync=p.fsync)
+            self.published[e.name] = e.snap
+            lag = round(time.time() - e.done_at, 3) if e.done_at else None
+            self.emit("publish", pair=p.name, checkpoint=e.name, trigger=trigger, files=len(e.snap.files),
+                      bytes=e.snap.bytes, why=e.why, lag_s=lag)
+            self.on_publish()
+            return True
+        self.emit("sync-deferred", pair=p.name, checkpoint=e.name,
+                  reason=f"changed while being copied, {RECOPY_TRIES} times; trying again on the next pass")
+        return False
+
+    async def _publish_pointers(self, listing: Listing) -> None:
+        """A pointer lands only once the checkpoint it names is published (invariant 1)."""
+        p = self.pair
+        for ptr in listing.pointers.values():
+            target = ptr.target
+            if target is None or target not in self.published or self.pointers_done.get(ptr.name) == ptr.content:
+                continue
+            cur = listing.entries.get(target)
+            if cur is not None and not self.published[target].same_content(cur.snap):
+                continue
+            wrote = await _to_thread(_fsops.write_atomic, p.dst / ptr.name, ptr.content, ptr.mtime_ns, fsync=p.fsync)
+            self.pointers_done[ptr.name] = ptr.content
+            if wrote:
+                self.emit("publish", pair=p.name, checkpoint=ptr.name, pointer=True, target=target,
+                          lag_s=round(time.time() - ptr.mtime_ns / 1e9, 3))
+
+    def _note_pending(self, listing: Listing) -> None:
+        out = []
+        for e in sorted(listing.entries.values(), key=lambda e: natural_key(e.name)):
+            prev = self.published.get(e.name)
+            if not e.complete:
+                out.append(f"{self.pair.name}: {e.name} (incomplete: {e.why})")
+            elif prev is None or not prev.same_content(e.snap):
+                out.append(f"{self.pair.name}: {e.name} (complete, not yet on persistent storage)")
+        for ptr in listing.pointers.values():
+            if self.pointers_done.get(ptr.name) != ptr.content:
+                out.append(f"{self.pair.name}: {ptr.name} (pointer to {ptr.target or 'a missing checkpoint'})")
+        self.pending = out
+
+    async def _retain(self, listing: Listing) -> None:
+        """keep_local = N: delete local checkpoints beyond the newest N, each only once its
+        persistent copy is verified against it. Never the one a pointer names."""
+        p = self.pair
+        assert p.keep_local
+        done = sorted((e for e in listing.entries.values() if e.complete), key=lambda e: natural_key(e.name), reverse=True)
+        named = {ptr.target for ptr in listing.pointers.values()}
+        removed = []
+        for e in done[p.keep_local:]:
+            if e.name in named or e.name not in self.published or not self.published[e.name].same_content(e.snap):
+                continue
+            there = await _to_thread(snapshot, p.dst / e.name, p.exclude)
+            if not matches(there, e.snap):
+                continue
+            await _to_thread(_remove_local, p.src / e.name)
+            self.published.pop(e.name, None)
+            removed.append(e.name)
+        if removed:
+            self.emit("retention", pair=p.name, removed=removed, kept=p.keep_local, where="local")
+
+    async def _log_pass(self, stats: CopyResult) -> None:
+        p = self.pair
+        r = await self.backend.grow(p.src, p.dst, exclude=p.exclude, fsync=p.fsync)
+        stats += r
+        if r.files:
+            self.last_activity = time.monotonic()
+        behind = await _to_thread(_fsops.log_lag, p.src, p.dst, p.exclude)
+        self.pending = [f"{p.name}: {b}" for b in behind]
+
+    # ---- restore --------------------------------------------------------------------
+
+    async def restore(self) -> Path | None:
+        """Newest complete checkpoint persistent → local, unless local already has it."""
+        p = self.pair
+        t0 = time.monotonic()
+        listing: Listing = await _to_thread(self._scan, root=p.dst, settle=0.0)
+        best = newest_complete(listing)
+        if best is None:
+            self.emit("restore", pair=p.name, checkpoint=None, reason="no complete checkpoint on persistent storage")
+            return None
+        local = p.src / best.name
+        have = await _to_thread(snapshot, local, p.exclude)
+        stats = CopyResult()
+        if not matches(have, best.snap):
+            await _to_thread(p.src.mkdir, parents=True, exist_ok=True)
+            staging = p.src / f"{STAGING_PREFIX}{best.name}"
+            await _to_thread(_fsops.remove_ours, staging)
+            if best.is_dir:
+                stats += await self.backend.copy_tree(p.dst / best.name, staging, exclude=p.exclude, skip=best.markers)
+                stats += await self.backend.copy_files(p.dst / best.name, staging, best.markers)
+            else:
+                stats += await self.backend.copy_file(p.dst / best.name, staging)
+            staged = await _to_thread(snapshot, staging, p.exclude)
+            if not matches(staged, best.snap):
+                await _to_thread(_fsops.remove_ours, staging)
+                raise CopyError(f"restored copy of {best.name} does not match the persistent one")
+            await _to_thread(_fsops.swap_in, staging, local, is_dir=best.is_dir, fsync=False)
+        for ptr in listing.pointers.values():
+            if ptr.target == best.name:
+                await _to_thread(_fsops.write_atomic, p.src / ptr.name, ptr.content, ptr.mtime_ns, fsync=False)
+        self.emit("restore", pair=p.name, checkpoint=best.name, source=p.dst / best.name, to=local,
+                  files=stats.files, bytes=stats.bytes, seconds=round(time.monotonic() - t0, 3),
+                  copied=bool(stats.files), why=best.why)
+        return local
+
+
+def _remove_local(path: Path) -> None:
+    import shutil
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)

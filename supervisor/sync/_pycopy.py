@@ -1,0 +1,277 @@
+"""The pure-Python copier: rsync's semantics for what the mirror asks of rsync.
+
+Run as a separate process (``python -I _pycopy.py`` with a JSON request on stdin), not in
+a thread, for the same reasons rsync is: ``nice``/``ionice`` apply to a whole process, a
+cancelled flush kills it and is done (no thread left writing), and a 2 GB copy does not
+compete with the supervisor for the GIL. Standard library only, so it starts in ~20 ms.
+
+Modes, mirroring the rsync invocations in ``_backend.py``:
+
+* ``tree``: copy ``src/`` into ``dst/`` (``rsync -a --partial-dir``): each file through a
+  temp name and ``os.replace``, mtime and mode preserved, skipped when size and mtime match;
+  ``skip`` names relative paths left out (markers, copied last by a ``files`` run).
+* ``files``: copy the listed relative paths only (``rsync --files-from``).
+* ``file``: one file to one path, through a temp name.
+* ``grow``: logs in place (``rsync --append-verify``): a longer source is appended to the
+  same inode after checking the tail already there; a mismatch rewrites it in place.
+
+Result on stdout: ``{"files", "bytes", "vanished", "error", "errno"}``; exit status as
+rsync's: 0 ok, 24 some sources vanished, 23 partial failure, 11 I/O error.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import shutil
+import stat
+import sys
+
+PARTIAL_DIR = ".supervise-partial"
+VERIFY_TAIL = 1 << 20  # bytes of an existing log prefix compared before appending
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.files = 0
+        self.bytes = 0
+        self.vanished = 0
+
+
+def _excluded(rel: str, patterns: list[str]) -> bool:
+    name = rel.rsplit("/", 1)[-1]
+    for p in patterns:
+        p = p.rstrip("/")
+        if "/" in p:
+            if fnmatch.fnmatchcase(rel, p.lstrip("/")):
+                return True
+        elif fnmatch.fnmatchcase(name, p) or any(fnmatch.fnmatchcase(x, p) for x in rel.split("/")[:-1]):
+            return True
+    return False
+
+
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _copy_one(src: str, dst: str, st: os.stat_result, fsync: bool, stats: Stats) -> None:
+    """src → temp in dst's directory → rename; a killed copy leaves only a temp name."""
+    d, base = os.path.split(dst)
+    tmp = os.path.join(d, f".{base.lstrip('.')}.supervise-tmp")
+    if stat.S_ISLNK(st.st_mode):
+        target = os.readlink(src)
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        os.symlink(target, tmp)
+        os.replace(tmp, dst)
+        stats.files += 1
+        return
+    try:
+        with open(src, "rb") as fi, open(tmp, "wb") as fo:
+            n = _copy_stream(fi, fo)
+            if fsync:
+                fo.flush()
+                os.fsync(fo.fileno())
+        os.chmod(tmp, stat.S_IMODE(st.st_mode))
+        os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
+        os.replace(tmp, dst)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    stats.files += 1
+    stats.bytes += n
+
+
+def _copy_stream(fi, fo) -> int:
+    """Kernel-side copy where possible (copy_file_range/sendfile), as shutil does."""
+    try:
+        size = os.fstat(fi.fileno()).st_size
+        total = 0
+        while True:
+            n = os.copy_file_range(fi.fileno(), fo.fileno(), 1 << 30) if hasattr(os, "copy_file_range") else 0
+            if n == 0:
+                break
+            total += n
+        if total or size == 0:
+            # copy_file_range stops at EOF; a file that grew meanwhile is caught by the caller's re-check
+            return total
+    except OSError:
+        fi.seek(0)
+        fo.seek(0)
+        fo.truncate()
+    shutil.copyfileobj(fi, fo, 1 << 20)
+    return fo.tell()
+
+
+def _same(st: os.stat_result, dst: str) -> bool:
+    try:
+        d = os.lstat(dst)
+    except FileNotFoundError:
+        return False
+    return d.st_size == st.st_size and d.st_mtime_ns == st.st_mtime_ns
+
+
+def _walk(src: str, exclude: list[str]):
+    """(relative path, stat) of every entry, parents before children."""
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        full = os.path.join(src, rel) if rel else src
+        try:
+            with os.scandir(full) as it:
+                items = sorted(it, key=lambda e: e.name)
+        except FileNotFoundError:
+            if not rel:
+                raise
+            continue
+        for e in items:
+            r = f"{rel}/{e.name}" if rel else e.name
+            if e.name == PARTIAL_DIR or _excluded(r, exclude):
+                continue
+            try:
+                st = e.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                yield r, None
+                continue
+            yield r, st
+            if stat.S_ISDIR(st.st_mode):
+                stack.append(r)
+
+
+def tree(req: dict, stats: Stats) -> None:
+    src, dst, fsync = req["src"], req["dst"], bool(req.get("fsync"))
+    skip = set(req.get("skip", ()))
+    os.makedirs(dst, exist_ok=True)
+    dirs: list[tuple[str, os.stat_result]] = []
+    for rel, st in _walk(src, list(req.get("exclude", ()))):
+        if st is None:
+            stats.vanished += 1
+            continue
+        target = os.path.join(dst, rel)
+        if stat.S_ISDIR(st.st_mode):
+            os.makedirs(target, exist_ok=True)
+            dirs.append((target, st))
+            continue
+        if rel in skip or _same(st, target):
+            continue
+        try:
+            _copy_one(os.path.join(src, rel), target, st, fsync, stats)
+        except FileNotFoundError:
+            if os.path.exists(os.path.join(src, rel)):
+                raise
+            stats.vanished += 1
+    for target, st in reversed(dirs):  # after the files, whose creation touched them
+        os.chmod(target, stat.S_IMODE(st.st_mode))
+        os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def files(req: dict, stats: Stats) -> None:
+    src, dst, fsync = req["src"], req["dst"], bool(req.get("fsync"))
+    for rel in req["files"]:
+        s = os.path.join(src, rel)
+        try:
+            st = os.lstat(s)
+        except FileNotFoundError:
+            stats.vanished += 1
+            continue
+        target = os.path.join(dst, rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if not _same(st, target):
+            _copy_one(s, target, st, fsync, stats)
+
+
+def one_file(req: dict, stats: Stats) -> None:
+    try:
+        st = os.lstat(req["src"])
+    except FileNotFoundError:
+        stats.vanished += 1
+        return
+    if not _same(st, req["dst"]):
+        _copy_one(req["src"], req["dst"], st, bool(req.get("fsync")), stats)
+
+
+def grow(req: dict, stats: Stats) -> None:
+    src, dst, fsync = req["src"], req["dst"], bool(req.get("fsync"))
+    os.makedirs(dst, exist_ok=True)
+    for rel, st in _walk(src, list(req.get("exclude", ()))):
+        if st is None:
+            stats.vanished += 1
+            continue
+        target = os.path.join(dst, rel)
+        if stat.S_ISDIR(st.st_mode):
+            os.makedirs(target, exist_ok=True)
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            if not os.path.lexists(target):
+                _copy_one(os.path.join(src, rel), target, st, fsync, stats)
+            continue
+        try:
+            _grow_one(os.path.join(src, rel), target, st, fsync, stats)
+        except FileNotFoundError:
+            if os.path.exists(os.path.join(src, rel)):
+                raise
+            stats.vanished += 1
+
+
+def _grow_one(src: str, dst: str, st: os.stat_result, fsync: bool, stats: Stats) -> None:
+    """Append to the same inode, so a TensorBoard reading ``dst`` sees new points."""
+    try:
+        have = os.lstat(dst).st_size
+    except FileNotFoundError:
+        have = -1
+    if have >= st.st_size:
+        return  # --append: a destination as long as the source is skipped
+    with open(src, "rb") as fi, open(dst, "r+b" if have >= 0 else "wb") as fo:
+        start = max(have, 0)
+        if have > 0:
+            n = min(VERIFY_TAIL, have)
+            fi.seek(have - n)
+            fo.seek(have - n)
+            if fi.read(n) != fo.read(n):
+                start = 0  # not a prefix after all: rewrite in place (--append-verify resends)
+        fi.seek(start)
+        fo.seek(start)
+        if start == 0:
+            fo.truncate()
+        shutil.copyfileobj(fi, fo, 1 << 20)
+        written = fo.tell() - start
+        fo.truncate()
+        if fsync:
+            fo.flush()
+            os.fsync(fo.fileno())
+    os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+    stats.files += 1
+    stats.bytes += written
+
+
+MODES = {"tree": tree, "files": files, "file": one_file, "grow": grow}
+
+
+def main() -> int:
+    req = json.loads(sys.stdin.read())
+    stats = Stats()
+    error, errno_ = None, None
+    try:
+        MODES[req["mode"]](req, stats)
+    except OSError as e:
+        error, errno_ = f"{e.strerror or e}: {e.filename or ''}".rstrip(": "), e.errno
+    out = {"files": stats.files, "bytes": stats.bytes, "vanished": stats.vanished, "error": error, "errno": errno_}
+    sys.stdout.write(json.dumps(out))
+    sys.stdout.flush()
+    if error:
+        return 11 if errno_ is not None else 23
+    return 24 if stats.vanished else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
