@@ -1,0 +1,363 @@
+"""The NVML backend, on NVIDIA's ``pynvml`` module (package nvidia-ml-py).
+
+Init once, cache handles, ask each GPU for a handful of cheap scalars per tick. Errors are
+sorted once: NotSupported / NoPermission / FunctionNotFound mean "this GPU will never
+answer this", so the (device, metric) pair is journaled once and never asked again;
+GpuIsLost retires the device with one event; anything else is journaled once per kind
+and retried next tick. The module is injected so tests can hand in a fake with the same
+surface (``supervisor.gpu.fake.FakeNvml``); by default ``pynvml`` is imported lazily.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from supervisor.gpu._select import select
+from supervisor.gpu._types import DeviceInfo, EnergyMeter, GpuSample, GpuUnavailable, Opened
+
+_NEVER_CODES = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_NO_PERMISSION", "NVML_ERROR_FUNCTION_NOT_FOUND")
+
+
+class _Lost(Exception):
+    pass
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+@dataclass
+class _Dev:
+    info: DeviceInfo
+    handle: Any
+    skip: set[str] = field(default_factory=set)  # metrics that will never answer
+    errors_seen: set[tuple[str, str]] = field(default_factory=set)
+    lost: bool = False
+    energy: EnergyMeter = field(default_factory=EnergyMeter)
+    start: dict[str, Any] = field(default_factory=dict)
+    samples: int = 0
+
+
+class NvmlBackend:
+    """Samples the job's GPUs through NVML. Thread-safe enough for one sampler thread
+    plus the XID waiter: per-device state is only appended to."""
+
+    name = "nvml"
+
+    def __init__(self, nvml: Any = None) -> None:
+        self._nvml = nvml
+        self._devs: list[_Dev] = []
+        self._notes: list[tuple[str, dict[str, Any]]] = []
+        self._notes_lock = threading.Lock()
+        self._event_set: Any = None
+        self._never: set[int] = set()
+        self._fallbacks: set[str] = set()
+        self._inflight = 0
+        self._inflight_lock = threading.Lock()
+
+    # -- errors -------------------------------------------------------------------------
+
+    def _note(self, kind: str, **fields: Any) -> None:
+        with self._notes_lock:
+            self._notes.append((kind, fields))
+
+    def drain_notes(self) -> list[tuple[str, dict[str, Any]]]:
+        with self._notes_lock:
+            out, self._notes = self._notes, []
+        return out
+
+    def _q(self, dev: _Dev, metric: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """One query; None when the GPU cannot answer. Raises _Lost for a lost GPU."""
+        if metric in dev.skip or dev.lost:
+            return None
+        nv = self._nvml
+        try:
+            return fn(dev.handle, *args)
+        except nv.NVMLError as e:
+            code = getattr(e, "value", None)
+            if code in self._never:
+                dev.skip.add(metric)
+                self._note("gpu-unsupported", device=dev.info.index, uuid=dev.info.uuid, metric=metric, error=str(e))
+                return None
+            if code == nv.NVML_ERROR_GPU_IS_LOST:
+                raise _Lost(str(e)) from None
+            if code == getattr(nv, "NVML_ERROR_NOT_FOUND", None):
+                return None  # e.g. no value yet; not worth an event
+            if (metric, str(e)) not in dev.errors_seen:
+                dev.errors_seen.add((metric, str(e)))
+                self._note("gpu-error", device=dev.info.index, uuid=dev.info.uuid, metric=metric, error=str(e))
+            return None
+        except Exception as e:
+            # pynvml's versioned wrappers raise NVMLLibraryMismatchError for a missing symbol.
+            if type(e).__name__ == "NVMLLibraryMismatchError":
+                dev.skip.add(metric)
+                self._note("gpu-unsupported", device=dev.info.index, uuid=dev.info.uuid, metric=metric, error=str(e))
+                return None
+            raise
+
+    def _either(self, new: str, old: str, *fixed: Any) -> Callable[..., Any]:
+        """``new`` where the driver has it, else the older call: drivers lag the bindings.
+
+        Once one device's driver lacks ``new``, every device uses ``old`` (one driver per node).
+        """
+        nv = self._nvml
+
+        def call(handle: Any) -> Any:
+            if old not in self._fallbacks:
+                try:
+                    return getattr(nv, new)(handle, *fixed)
+                except nv.NVMLError as e:
+                    if e.value != nv.NVML_ERROR_FUNCTION_NOT_FOUND:
+                        raise
+                except AttributeError:
+                    pass
+                except Exception as e:
+                    if type(e).__name__ != "NVMLLibraryMismatchError":
+                        raise
+                self._fallbacks.add(old)
+            return getattr(nv, old)(handle, *fixed)
+
+        return call
+
+    def _lose(self, dev: _Dev, error: str) -> None:
+        if not dev.lost:
+            dev.lost = True
+            self._note("gpu-lost", device=dev.info.index, uuid=dev.info.uuid, error=error)
+
+    # -- open ---------------------------------------------------------------------------
+
+    def open(self, env: Mapping[str, str]) -> Opened:
+        if self._nvml is None:
+            try:
+                import pynvml  # lazily: the agent must stay light to import
+            except ImportError as e:
+                raise GpuUnavailable(f"nvidia-ml-py is not installed ({e})") from None
+            self._nvml = pynvml
+        nv = self._nvml
+        self._never = {getattr(nv, name) for name in _NEVER_CODES if hasattr(nv, name)}
+        try:
+            nv.nvmlInit()
+        except nv.NVMLError as e:
+            raise GpuUnavailable(f"NVML: {e}") from None
+        except OSError as e:
+            raise GpuUnavailable(f"NVML: {e}") from None
+        try:
+            return self._open_devices(env)
+        except GpuUnavailable:
+            self._shutdown()
+            raise
+        except nv.NVMLError as e:
+            self._shutdown()
+            raise GpuUnavailable(f"NVML: {e}") from None
+
+    def _open_devices(self, env: Mapping[str, str]) -> Opened:
+        nv = self._nvml
+        try:
+            driver = _text(nv.nvmlSystemGetDriverVersion())
+        except nv.NVMLError:
+            driver = ""
+        count = nv.nvmlDeviceGetCount()
+        found: list[_Dev] = []
+        for i in range(count):
+            try:
+                h = nv.nvmlDeviceGetHandleByIndex(i)
+                uuid = _text(nv.nvmlDeviceGetUUID(h))
+            except nv.NVMLError as e:
+                # A GPU we may not open (another job's, or broken): not ours to sample.
+                self._note("gpu-error", device=i, metric="handle", error=str(e))
+                continue
+            dev = _Dev(DeviceInfo(index=i, uuid=uuid), h)
+            name = self._q(dev, "name", nv.nvmlDeviceGetName)
+            mem = self._q(dev, "memory", nv.nvmlDeviceGetMemoryInfo)
+            mig_mode = self._q(dev, "mig", nv.nvmlDeviceGetMigMode)
+            mig = bool(mig_mode) and mig_mode[0] == getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1)
+            dev.info = DeviceInfo(index=i, uuid=uuid, name=_text(name or ""), mig=mig,
+                                  mig_uuids=self._mig_uuids(dev) if mig else (),
+                                  memory_total=getattr(mem, "total", None))
+            found.append(dev)
+        if not found:
+            raise GpuUnavailable("NVML found no GPU on this node" if count == 0 else "NVML could open none of the GPUs")
+        chosen, source = select(env, [d.info for d in found])
+        if not chosen:
+            raise GpuUnavailable(f"{source}={env.get(source, '')!r} names none of this node's GPUs")
+        by_info = {d.info.uuid: d for d in found}
+        self._devs = [by_info[c.uuid] for c in chosen]  # in CUDA's order: CUDA device k is the k-th
+        for dev in self._devs:
+            dev.start = self._counters(dev)
+            self._energy(dev, time.time())
+        xid = self._open_xid()
+        return Opened(devices=[d.info for d in self._devs], source=source, driver=driver, xid=xid)
+
+    def _mig_uuids(self, dev: _Dev) -> tuple[str, ...]:
+        nv = self._nvml
+        n = self._q(dev, "mig", nv.nvmlDeviceGetMaxMigDeviceCount) or 0
+        out = []
+        for k in range(n):
+            try:
+                out.append(_text(nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetMigDeviceHandleByIndex(dev.handle, k))))
+            except nv.NVMLError:
+                continue  # empty slot
+        return tuple(out)
+
+    def _open_xid(self) -> bool:
+        nv = self._nvml
+        try:
+            self._event_set = nv.nvmlEventSetCreate()
+        except nv.NVMLError as e:
+            self._note("gpu-unsupported", metric="xid", error=str(e))
+            return False
+        registered = 0
+        for dev in self._devs:
+            try:
+                supported = self._q(dev, "xid", nv.nvmlDeviceGetSupportedEventTypes)
+                if supported is not None and supported & nv.nvmlEventTypeXidCriticalError:
+                    self._q(dev, "xid", nv.nvmlDeviceRegisterEvents, nv.nvmlEventTypeXidCriticalError, self._event_set)
+                    registered += "xid" not in dev.skip
+            except _Lost as e:
+                self._lose(dev, str(e))
+        if not registered:
+            self._free_event_set()
+        return bool(registered)
+
+    # -- per tick -----------------------------------------------------------------------
+
+    def sample(self, tree: set[int]) -> list[GpuSample]:
+        with self._inflight_lock:
+            self._inflight += 1
+        try:
+            out = []
+            for dev in self._devs:
+                if dev.lost:
+                    continue
+                try:
+                    out.append(self._sample_one(dev, tree))
+                except _Lost as e:
+                    self._lose(dev, str(e))
+            return out
+        finally:
+            with self._inflight_lock:
+                self._inflight -= 1
+
+    def _sample_one(self, dev: _Dev, tree: set[int]) -> GpuSample:
+        nv = self._nvml
+        q = self._q
+        util = q(dev, "util", nv.nvmlDeviceGetUtilizationRates)
+        mem = q(dev, "memory", nv.nvmlDeviceGetMemoryInfo)
+        power_mw = q(dev, "power", nv.nvmlDeviceGetPowerUsage)
+        temp = q(dev, "temperature", self._either("nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature", nv.NVML_TEMPERATURE_GPU))
+        sm = q(dev, "clocks", nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_SM)
+        memclk = q(dev, "clocks", nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_MEM)
+        events = q(dev, "clock_events", self._either("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"))
+        procs = q(dev, "processes", self._either("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"))
+        t = time.time()
+        power_w = power_mw / 1000 if power_mw is not None else None
+        energy = self._energy(dev, t, power_w)
+        dev.samples += 1
+        return GpuSample(
+            t=t, index=dev.info.index, uuid=dev.info.uuid,
+            util_gpu=getattr(util, "gpu", None), util_mem=getattr(util, "memory", None),
+            mem_used=getattr(mem, "used", None), mem_total=getattr(mem, "total", None),
+            power_w=power_w, energy_j=energy, temp_c=temp, sm_mhz=sm, mem_mhz=memclk,
+            clock_events=events, proc_mem=self._tree_memory(procs, tree),
+        )
+
+    def _energy(self, dev: _Dev, t: float, power_w: float | None = None) -> float | None:
+        counter = self._q(dev, "energy", self._nvml.nvmlDeviceGetTotalEnergyConsumption)
+        return dev.energy.update(t, counter, power_w)
+
+    @staticmethod
+    def _tree_memory(procs: Any, tree: set[int]) -> int | None:
+        """GPU memory of the training's processes only; other jobs' are not ours."""
+        if procs is None:
+            return None
+        return sum((p.usedGpuMemory or 0) for p in procs if p.pid in tree)
+
+    # -- XID ----------------------------------------------------------------------------
+
+    def wait_xid(self, timeout_s: float) -> list[tuple[DeviceInfo, int]]:
+        nv = self._nvml
+        if self._event_set is None:
+            time.sleep(timeout_s)
+            return []
+        with self._inflight_lock:
+            self._inflight += 1
+        try:
+            data = nv.nvmlEventSetWait_v2(self._event_set, int(timeout_s * 1000))
+        except nv.NVMLError as e:
+            if e.value != nv.NVML_ERROR_TIMEOUT:
+                if e.value == nv.NVML_ERROR_GPU_IS_LOST:
+                    pass  # the sampler's next call names the device
+                time.sleep(timeout_s)
+            return []
+        finally:
+            with self._inflight_lock:
+                self._inflight -= 1
+        if not data.eventType & nv.nvmlEventTypeXidCriticalError:
+            return []
+        try:
+            uuid = _text(nv.nvmlDeviceGetUUID(data.device))
+        except nv.NVMLError:
+            uuid = ""
+        dev = next((d for d in self._devs if d.info.uuid == uuid), None)
+        info = dev.info if dev else DeviceInfo(index=-1, uuid=uuid)
+        return [(info, int(data.eventData))]
+
+    # -- start and end counters ---------------------------------------------------------
+
+    def _counters(self, dev: _Dev) -> dict[str, Any]:
+        nv = self._nvml
+        out: dict[str, Any] = {}
+        try:
+            for key, etype in (("ecc_corrected", nv.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+                               ("ecc_uncorrected", nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)):
+                out[key] = self._q(dev, "ecc", nv.nvmlDeviceGetTotalEccErrors, etype, nv.NVML_VOLATILE_ECC)
+            rows = self._q(dev, "remapped_rows", nv.nvmlDeviceGetRemappedRows)
+        except _Lost as e:
+            self._lose(dev, str(e))
+            return out
+        if rows is not None:
+            out["remapped_rows"] = dict(zip(("correctable", "uncorrectable", "pending", "failure"), rows))
+        return out
+
+    def end_stats(self) -> list[dict[str, Any]]:
+        out = []
+        for dev in self._devs:
+            end = self._counters(dev) if not dev.lost else {}
+            energy, source = dev.energy.total()
+            row: dict[str, Any] = {"index": dev.info.index, "uuid": dev.info.uuid, "samples": dev.samples,
+                                   "lost": dev.lost, "energy_j": None if energy is None else round(energy, 1),
+                                   "energy_source": source}
+            for key in ("ecc_corrected", "ecc_uncorrected"):
+                a, b = dev.start.get(key), end.get(key)
+                row[key] = b
+                row[key + "_delta"] = b - a if a is not None and b is not None else None
+            row["remapped_rows"] = end.get("remapped_rows")
+            out.append(row)
+        return out
+
+    # -- close --------------------------------------------------------------------------
+
+    def _free_event_set(self) -> None:
+        if self._event_set is not None:
+            try:
+                self._nvml.nvmlEventSetFree(self._event_set)
+            except self._nvml.NVMLError:
+                pass
+            self._event_set = None
+
+    def _shutdown(self) -> None:
+        try:
+            self._nvml.nvmlShutdown()
+        except self._nvml.NVMLError:
+            pass
+
+    def close(self) -> None:
+        with self._inflight_lock:
+            busy = self._inflight
+        if busy:
+            return  # a call abandoned on cancel is still inside NVML; the process exit cleans up
+        self._free_event_set()
+        self._shutdown()
