@@ -10,12 +10,9 @@ learning) can tell exactly what happened and how long each step took.
 from __future__ import annotations
 
 import enum
-import getpass
 import logging
 import os
-import platform
 import signal
-import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -150,8 +147,9 @@ class Agent:
         """Reap orphans re-parented to us, so none lingers as a zombie."""
         assert self.child is not None
         while True:
-            for pid in await anyio.to_thread.run_sync(self.child.reap_orphans):
-                self.journal.emit("orphan-reaped", pid=pid)
+            if self.child.zombie_orphan_waiting():
+                for pid in await anyio.to_thread.run_sync(self.child.reap_orphans):
+                    self.journal.emit("orphan-reaped", pid=pid)
             await anyio.sleep(1.0)
 
     # --- signals ---
@@ -261,10 +259,10 @@ class Agent:
             argv=sys.argv,
             command=list(self.cfg.command),
             cwd=os.getcwd(),
-            host=socket.gethostname(),
+            host=os.uname().nodename,
             user=_user(),
             pid=os.getpid(),
-            python=platform.python_version(),
+            python=".".join(map(str, sys.version_info[:3])),
             config=public_view(self.cfg),
             scheduler_env=redact_env(self.env, SCHEDULER_ENV_PREFIXES),
         )
@@ -284,9 +282,14 @@ class Agent:
 
 
 def _user() -> str:
+    name = os.environ.get("USER") or os.environ.get("LOGNAME")
+    if name:
+        return name
+    import pwd  # only when the environment does not say
+
     try:
-        return getpass.getuser()
-    except (KeyError, OSError):
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
         return str(os.getuid())
 
 

@@ -34,6 +34,32 @@ EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
 
 
+_inherited_fds: tuple[int, ...] = ()
+
+
+def remember_inherited_fds() -> tuple[int, ...]:
+    """Note the descriptors we were started with (call first thing, before any of ours).
+
+    They are passed on to the child: launchers under srun or Hydra find their PMI
+    socket through an inherited descriptor (PMI_FD), and a wrapper must not close it.
+    """
+    global _inherited_fds
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        return ()
+    keep = []
+    for fd in fds:
+        if fd > 2:
+            try:
+                os.fstat(fd)
+            except OSError:
+                continue  # the descriptor listdir itself used
+            keep.append(fd)
+    _inherited_fds = tuple(sorted(keep))
+    return _inherited_fds
+
+
 class SpawnError(Exception):
     """The command could not be started; ``exit_status`` is 127 or 126 as a shell would say."""
 
@@ -109,7 +135,7 @@ class Child:
         try:
             process = await anyio.open_process(
                 [executable, *argv[1:]], stdin=None, stdout=None, stderr=None,
-                env=dict(env), cwd=cwd, start_new_session=True,
+                env=dict(env), cwd=cwd, start_new_session=True, pass_fds=_inherited_fds,
             )
         except FileNotFoundError:
             raise SpawnError(f"command not found: {argv[0]}", EXIT_NOT_FOUND) from None
@@ -147,6 +173,18 @@ class Child:
         live = {pid for pid in found if pid in by_pid and by_pid[pid].state != "Z" and pid != self._me}
         self._members = (self._members | live) & set(by_pid)
         return live
+
+    def zombie_orphan_waiting(self) -> bool:
+        """One cheap syscall: is any child of ours, other than the launcher, a zombie?
+
+        ``WNOWAIT`` peeks without reaping, so the event loop still collects the statuses
+        of the processes it started.
+        """
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return False
+        return info is not None and info.si_pid != self.pid
 
     def reap_orphans(self) -> list[int]:
         """Collect exited orphans re-parented to us, by pid (never ``waitpid(-1)``)."""
@@ -196,7 +234,10 @@ class Child:
         if the launcher is already gone, leftover tree members get it instead. Returns
         what happened, for the journal.
         """
-        result: dict = {"signal": signal_name(sig), "grace_s": grace, "killed": []}
+        result: dict = {"signal": signal_name(sig), "grace_s": grace, "killed": [], "sent_to": []}
+        if self._returncode is not None and not self.tree():
+            result["graceful"] = True  # it ended by itself and left nothing behind
+            return result
         if not already_signalled:
             if self._returncode is None:
                 result["sent_to"] = self.send(sig, route).targets

@@ -191,6 +191,9 @@ def config_from(ns: argparse.Namespace, command: Sequence[str], *, for_check: bo
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    from supervisor.child import remember_inherited_fds
+
+    remember_inherited_fds()
     logs.setup(0)
     try:
         sub, ns, command = parse(argv)

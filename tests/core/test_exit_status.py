@@ -68,3 +68,13 @@ def test_child_gets_the_supervise_environment(run_dir: Path) -> None:
     r = run_supervise("--run-dir", str(run_dir), "-q", "--", sys.executable, "-c",
                       "import os; print(os.environ['SUPERVISE_ATTEMPT'])")
     assert r.stdout.strip() == "2", "a second run into the same run directory is the next attempt"
+
+
+def test_orphans_are_reaped_without_stealing_the_launchers_status(run_dir: Path) -> None:
+    # The launcher's child backgrounds a short sleep and exits: the sleep is orphaned to
+    # us, exits while the launcher still runs, and must be reaped by us, by pid.
+    r = run_supervise("--run-dir", str(run_dir), "--", "sh", "-c", "sh -c 'sleep 0.5 & exit 0'; sleep 3; exit 5")
+    assert r.returncode == 5
+    events = read_journal(run_dir).events
+    assert sum(e["kind"] == "orphan-reaped" for e in events) == 1
+    assert next(e for e in events if e["kind"] == "child-exit")["exit_status"] == 5
