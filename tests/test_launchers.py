@@ -312,3 +312,40 @@ def test_torchrun_gloo_ddp_agrees_on_the_checkpoint_step(launch, tmp_path: Path)
     assert (out / "model.pt").exists()
     (out / "stop").touch()
     assert proc.wait(timeout=30) == 0
+
+
+# --- Horovod (not installable here in reasonable time: runs where horovodrun exists) ---
+
+@pytest.mark.skipif(shutil.which("horovodrun") is None, reason="horovodrun not on PATH (Horovod needs a patched build)")
+def test_horovodrun_gloo_ranks_and_checkpoint(launch, tmp_path: Path) -> None:
+    hvd = shutil.which("horovodrun")
+    argv = [hvd, "-np", "2", "-H", "localhost:2", "--gloo", PY, str(RANKS / "signal_rank.py")]
+    proc, out, pids = start_ranks(launch, tmp_path, argv, timeout=90)
+    prof = detect(argv)
+    assert prof.name == "horovodrun-gloo"
+    assert prof.ranks(proc.pid) == set(pids)
+    t = prof.checkpoint_targets(proc.pid)
+    assert (t.route, set(t.pids)) == ("ranks", set(pids))
+    send(t.pids, prof.checkpoint_signal)
+    wait_for(lambda: all(events(out, p) == ["checkpoint"] for p in pids), 20, "both ranks to see the request")
+    assert proc.poll() is None
+
+
+@pytest.mark.torch
+@needs_torch
+def test_torchrun_kill_timer_follows_our_grace(launch, tmp_path: Path) -> None:
+    """Workers that ignore TERM: torchrun's own SIGKILL comes before our grace ends
+    (its default is 30 s), because child_env set TORCH_ELASTIC_SHUTDOWN_TIMEOUT."""
+    prof = PROFILES["torchrun"]
+    grace = 6.0
+    proc, out, pids = start_ranks(launch, tmp_path, [TORCHRUN, "--standalone", "--nproc-per-node", "2",
+                                                     str(RANKS / "signal_rank.py"), "{out}", "--ignore-term"],
+                                  **prof.child_env(grace))
+    t = prof.stop_targets(proc.pid)
+    assert t.pids == frozenset({proc.pid})
+    t0 = time.monotonic()
+    send(t.pids, prof.stop_signal)
+    proc.wait(timeout=grace + 10)
+    took = time.monotonic() - t0
+    assert 3.0 <= took < grace, took
+    wait_for(lambda: not any(proctree.alive(p) for p in pids), 5, "workers gone")

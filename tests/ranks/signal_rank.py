@@ -1,6 +1,6 @@
 """A rank for launcher tests: reports its pid, records every checkpoint request and stop.
 
-argv: OUT_DIR [--stop-handler]. Writes OUT_DIR/ready.<pid> (holding the rank number it was
+argv: OUT_DIR [--stop-handler | --ignore-term]. Writes OUT_DIR/ready.<pid> (holding the rank number it was
 given), appends "checkpoint <monotonic>" to OUT_DIR/events.<pid> per request, exits 0 when
 OUT_DIR/stop exists, a stop signal arrived (with --stop-handler), or after 120 s (a leak guard).
 """
@@ -14,6 +14,9 @@ from supervisor import training
 out = sys.argv[1]
 if "--stop-handler" in sys.argv:
     training.install_stop_handler()
+if "--ignore-term" in sys.argv:  # a rank stuck in a collective: only SIGKILL ends it
+    import signal
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 pid = os.getpid()
 rank = next((os.environ[v] for v in ("OMPI_COMM_WORLD_RANK", "RANK", "HOROVOD_RANK", "PMI_RANK") if v in os.environ), "?")
 events = os.path.join(out, f"events.{pid}")
