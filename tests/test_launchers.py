@@ -349,3 +349,19 @@ def test_torchrun_kill_timer_follows_our_grace(launch, tmp_path: Path) -> None:
     took = time.monotonic() - t0
     assert 3.0 <= took < grace, took
     wait_for(lambda: not any(proctree.alive(p) for p in pids), 5, "workers gone")
+
+
+@pytest.mark.mpi
+@needs_mpi
+def test_mpi4py_ranks_agree_on_the_checkpoint_step(launch, tmp_path: Path) -> None:
+    """The docs/training.md mpi4py pattern: USR1 to one rank, both checkpoint at one step."""
+    pytest.importorskip("mpi4py", reason="mpi4py not installed")
+    proc, out, pids = start_ranks(launch, tmp_path, [MPIEXEC, "--oversubscribe", "-n", "2", PY,
+                                                     str(RANKS / "mpi4py_rank.py")], timeout=60)
+    one = next(p for p, r in pids.items() if r == "1")
+    os.kill(one, signal.SIGUSR1)
+    wait_for(lambda: (out / "ckpt.0").exists() and (out / "ckpt.1").exists(), 30, "both ranks to checkpoint")
+    time.sleep(0.3)
+    assert (out / "ckpt.0").read_text() == (out / "ckpt.1").read_text()
+    (out / "stop").touch()
+    assert proc.wait(timeout=30) == 0
