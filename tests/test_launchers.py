@@ -365,3 +365,31 @@ def test_mpi4py_ranks_agree_on_the_checkpoint_step(launch, tmp_path: Path) -> No
     assert (out / "ckpt.0").read_text() == (out / "ckpt.1").read_text()
     (out / "stop").touch()
     assert proc.wait(timeout=30) == 0
+
+
+def test_plain_python_gets_the_signal_only_once_it_handles_it(tmp_path: Path) -> None:
+    """The python profile signals the child itself, but never before it catches USR1."""
+    prof = detect(["env", "A=1", PY, "train.py"])
+    assert prof.name == "python"
+    code = ("import sys, time, pathlib; d = pathlib.Path(sys.argv[1]); (d / 'up').touch()\n"
+            "while not (d / 'go').exists(): time.sleep(0.01)\n"
+            "from supervisor import training\n(d / 'armed').touch()\n"
+            "end = time.monotonic() + 20\n"
+            "while not training.checkpoint_requested() and time.monotonic() < end: time.sleep(0.01)\n"
+            "print('requested', training.checkpoint_requested())")
+    p = subprocess.Popen([PY, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (tmp_path / "up").exists(), 20, "child up")
+        t = prof.checkpoint_targets(p.pid)
+        assert t.pids == frozenset() and p.pid in t.skipped      # USR1 would kill it now
+        (tmp_path / "go").touch()
+        wait_for(lambda: (tmp_path / "armed").exists(), 20, "helper imported")
+        t = prof.checkpoint_targets(p.pid)
+        assert (t.route, t.pids) == ("launcher", frozenset({p.pid}))
+        send(t.pids, prof.checkpoint_signal)
+        out, _ = p.communicate(timeout=20)
+        assert p.returncode == 0 and "requested True" in out
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
