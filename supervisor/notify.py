@@ -230,7 +230,8 @@ def _retry_after(r: httpx.Response) -> float | None:
 
 def _summary(event: str, facts: dict[str, Any], job: str, host: str) -> tuple[str, list[tuple[str, str]]]:
     title = f"{job}: {_TITLES[event]}" if job else _TITLES[event].capitalize()
-    pairs = [("host", host)] + [(str(k), _plain(v)) for k, v in facts.items()]
+    pairs = [] if "host" in facts else [("host", host)]
+    pairs += [(str(k), _plain(v)) for k, v in facts.items()]
     return title, pairs
 
 
@@ -250,7 +251,7 @@ def render(fmt: str, event: str, facts: dict[str, Any], *, job: str = "", host: 
     title, pairs = _summary(event, facts, job, host)
     text = "\n".join(f"{k}: {v}" for k, v in pairs)
     if fmt == "json":
-        obj = {"source": "supervise", "event": event, "job": job, "host": host, "time": when,
+        obj = {"source": "supervise", "event": event, "job": job, "host": str(facts.get("host", host)), "time": when,
                "title": title, "facts": {k: _jsonable(v) for k, v in facts.items()}}
         return _json(obj), {"content-type": "application/json"}
     if fmt == "slack":

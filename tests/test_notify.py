@@ -143,6 +143,11 @@ def test_ntfy_payload_is_text_with_headers(server: Server) -> None:
     assert "steps: 1000" in req["body"].decode()
 
 
+def test_a_host_fact_is_not_repeated() -> None:
+    body, _ = render("ntfy", "start", {"host": "node7"}, job="j", host="login1")
+    assert body.decode().count("host:") == 1 and "node7" in body.decode()
+
+
 @pytest.mark.parametrize("event", EVENTS)
 @pytest.mark.parametrize("fmt", ["json", "slack", "teams", "ntfy"])
 def test_every_event_renders_in_every_format(fmt: str, event: str) -> None:
