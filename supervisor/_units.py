@@ -39,7 +39,7 @@ def parse_duration(text: str | int | float) -> float:
 def format_duration(seconds: float) -> str:
     """The inverse of parse_duration for messages: ``1h30m``, ``45s``, ``0.25s``."""
     if seconds < 60:
-        return f"{seconds:g}s"
+        return f"{seconds:.3g}s"
     whole = int(round(seconds))
     h, rest = divmod(whole, 3600)
     m, s = divmod(rest, 60)

@@ -227,7 +227,8 @@ class Child:
                 continue
         return Delivery(signal=signal_name(sig), targets=sent, route=route)
 
-    async def stop(self, sig: int, grace: float, *, route: str = "launcher", already_signalled: bool = False) -> dict:
+    async def stop(self, sig: int, grace: float, *, targets: set[int] | None = None, route: str = "launcher",
+                   already_signalled: bool = False) -> dict:
         """Stop signal → up to ``grace`` s → SIGKILL to every process of the tree.
 
         The launcher gets ``sig`` once (a second TERM makes mpiexec abandon its ranks);
@@ -239,8 +240,12 @@ class Child:
             result["graceful"] = True  # it ended by itself and left nothing behind
             return result
         if not already_signalled:
-            if self._returncode is None:
+            if self._returncode is None and targets:
+                result["sent_to"] = self.send_to(targets, sig, route).targets
+                result["route"] = route
+            elif self._returncode is None:
                 result["sent_to"] = self.send(sig, route).targets
+                result["route"] = route
             else:
                 leftovers = self.tree()
                 result["sent_to"] = self.send_to(leftovers, sig, "leftovers").targets

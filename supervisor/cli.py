@@ -91,6 +91,7 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--deadline", metavar="TIME", default=S, help="the job ends at this time, e.g. 2026-11-21T18:00:00 (overrides the scheduler)")
     g.add_argument("--warn-before", metavar="DURATION|auto", default=S, help="start the stop sequence this long before the end (default auto: learned from earlier attempts)")
     g.add_argument("--checkpoint-signal", metavar="SIG", default=S, help="what 'checkpoint now' sends to the training (default per launcher)")
+    g.add_argument("--warn-signal", metavar="SIG", default=S, help="a signal that means 'the end is near' (default USR2, as sent by #SBATCH --signal=B:USR2@600); none to pass it on")
     g.add_argument("--checkpoint-timeout", metavar="DURATION", default=S, help="how long to wait for the requested checkpoint (default 10m)")
     g.add_argument("--requeue", dest="requeue", action="store_const", const="true", default=S, help="requeue the job after a deadline or a preemption")
     g.add_argument("--no-requeue", dest="requeue", action="store_const", const="false", default=S, help=argparse.SUPPRESS)
@@ -167,7 +168,7 @@ def parse(argv: Sequence[str]) -> tuple[str, argparse.Namespace, list[str]]:
 
 
 CONFIG_FLAGS = ("run_dir", "grace", "stop_signal", "forward", "launcher", "sync_every", "sync_backend",
-                "gpu_every", "gpu_backend", "time_limit", "deadline", "warn_before", "checkpoint_signal",
+                "gpu_every", "gpu_backend", "time_limit", "deadline", "warn_before", "checkpoint_signal", "warn_signal",
                 "checkpoint_timeout", "requeue", "max_requeues", "requeue_on_failure", "max_restarts",
                 "hang_after", "hang_action", "notify", "notify_format")
 

@@ -77,6 +77,7 @@ class Config:
     deadline: float | None = None
     warn_before: float | None = None  # None means "auto"
     checkpoint_signal: signal.Signals | None = None  # None: the launcher's default
+    warn_signal: signal.Signals | None = signal.SIGUSR2  # "the end is near", e.g. --signal=B:USR2@600
     checkpoint_timeout: float = 600.0
     # requeue and restarts
     requeue: bool = False
@@ -121,7 +122,7 @@ def _signal(v: Any) -> signal.Signals:
 
 
 def _opt_signal(v: Any) -> signal.Signals | None:
-    if isinstance(v, str) and v.strip().lower() in ("", "auto", "default"):
+    if isinstance(v, str) and v.strip().lower() in ("", "auto", "default", "none", "off"):
         return None
     return parse_signal(v)
 
@@ -220,6 +221,7 @@ SCALAR_KEYS: dict[str, Callable[[Any], Any]] = {
     "deadline": _deadline,
     "warn_before": _warn_before,
     "checkpoint_signal": _opt_signal,
+    "warn_signal": _opt_signal,
     "checkpoint_timeout": _duration,
     "requeue": _bool,
     "max_requeues": _count,

@@ -21,17 +21,23 @@ def _start(run_dir: Path, log: Path, *recorder_args: str, grace: str = "10s"):
     return p
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_stop_signals_are_forwarded_once_and_the_child_exits(run_dir: Path, tmp_path: Path, sig: signal.Signals) -> None:
+@pytest.mark.parametrize(("sig", "reason", "seen"), [
+    # TERM before any deadline is a preemption: "checkpoint now" first, then the stop signal.
+    (signal.SIGTERM, "preempted", ["ready", "SIGUSR1", "SIGTERM"]),
+    # INT is a person cancelling: no checkpoint request, just the stop.
+    (signal.SIGINT, "cancelled", ["ready", "SIGINT"]),
+])
+def test_stop_signals_are_forwarded_once_and_the_child_exits(run_dir: Path, tmp_path: Path, sig: signal.Signals,
+                                                            reason: str, seen: list[str]) -> None:
     log = tmp_path / "signals.log"
     p = _start(run_dir, log)
     p.send_signal(sig)
     p.communicate(timeout=30)
     assert p.returncode == 0, "the child exited 0 from its handler; that is the status"
-    assert recorded(log) == ["ready", sig.name]
+    assert recorded(log) == seen
     events = read_journal(run_dir).events
     stop = next(e for e in events if e["kind"] == "stop")
-    assert stop["reason"] == "signal" and stop["signal"] == sig.name
+    assert stop["reason"] == reason and stop["signal"] == sig.name
     step = next(e for e in events if e["kind"] == "stop-step" and e["step"] == "stop-child")
     assert step["graceful"] is True and step["killed"] == []
 
@@ -45,9 +51,10 @@ def test_usr1_is_forwarded_and_the_child_keeps_running(run_dir: Path, tmp_path: 
     assert p.poll() is None, "USR1 must not stop the run"
     p.send_signal(signal.SIGTERM)
     p.communicate(timeout=30)
-    assert recorded(log) == ["ready", "SIGUSR1", "SIGUSR1", "SIGUSR1", "SIGTERM"]
-    forwarded = [e for e in read_journal(run_dir).events if e["kind"] == "signal" and e["action"] == "forwarded"]
-    assert len(forwarded) == 3 and all(e["signal"] == "SIGUSR1" and e["latency_ms"] < 1000 for e in forwarded)
+    assert recorded(log) == ["ready", "SIGUSR1", "SIGUSR1", "SIGUSR1", "SIGUSR1", "SIGTERM"]
+    requests = [e for e in read_journal(run_dir).events if e["kind"] == "checkpoint-request"]
+    assert len(requests) == 4 and all(e["signal"] == "SIGUSR1" and e["to"] for e in requests)
+    assert all(e["latency_ms"] < 1000 for e in requests[:3]), "the three USR1 we sent were passed on at once"
 
 
 def test_forward_to_group_reaches_every_process_in_the_group(run_dir: Path, tmp_path: Path) -> None:
@@ -57,12 +64,12 @@ def test_forward_to_group_reaches_every_process_in_the_group(run_dir: Path, tmp_
     p = start_supervise("--run-dir", str(run_dir), "--forward", "group", "--grace", "5s", "--", "sh", "-c", script)
     for l in logs:
         wait_for(lambda l=l: "ready" in recorded(l), what="both recorders")
-    p.send_signal(signal.SIGUSR2)
+    p.send_signal(signal.SIGHUP)
     for l in logs:
-        wait_for(lambda l=l: "SIGUSR2" in recorded(l), what="USR2 in both recorders")
-    p.send_signal(signal.SIGTERM)
+        wait_for(lambda l=l: "SIGHUP" in recorded(l), what="HUP in both recorders")
+    p.send_signal(signal.SIGINT)
     p.communicate(timeout=30)
-    assert all(recorded(l).count("SIGUSR2") == 1 for l in logs)
+    assert all(recorded(l).count("SIGHUP") == 1 for l in logs)
 
 
 def test_second_term_during_grace_does_not_reach_the_launcher_twice(run_dir: Path, tmp_path: Path) -> None:
@@ -74,7 +81,7 @@ def test_second_term_during_grace_does_not_reach_the_launcher_twice(run_dir: Pat
     p.send_signal(signal.SIGINT)
     wait_for(lambda: sum(e["kind"] == "signal" for e in read_journal(run_dir).events) >= 3, what="all three signals journaled")
     p.communicate(timeout=30)
-    assert recorded(log) == ["ready", "SIGTERM"], "only the first stop signal may reach the launcher"
+    assert recorded(log) == ["ready", "SIGUSR1", "SIGTERM"], "only the first stop signal may reach the launcher"
     assert p.returncode == 137
     ignored = [e for e in read_journal(run_dir).events if e["kind"] == "signal" and e["action"] == "ignored"]
     assert [e["signal"] for e in ignored] == ["SIGTERM", "SIGINT"]

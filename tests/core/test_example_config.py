@@ -1,0 +1,26 @@
+"""configs/*.toml are valid, and example.toml documents every key the config accepts."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from supervisor.config import SCALAR_KEYS, SYNC_KEYS, build_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_example_documents_every_key() -> None:
+    text = (ROOT / "configs" / "example.toml").read_text()
+    for key in SCALAR_KEYS:
+        assert re.search(rf"^#? ?{key} = ", text, re.M), f"configs/example.toml does not document {key}"
+    for key in SYNC_KEYS:
+        assert re.search(rf"^# {key} = ", text, re.M), f"configs/example.toml does not document sync.{key}"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.toml")), ids=lambda p: p.name)
+def test_shipped_configs_validate(path: Path, tmp_path: Path) -> None:
+    cfg = build_config(flags={"run_dir": str(tmp_path / "run")}, command=("true",), config_file=path, env={})
+    assert cfg.run_dir == tmp_path / "run"
