@@ -277,9 +277,9 @@ class Agent:
         with anyio.open_signal_receiver(*STOP_SIGNALS, *PASS_SIGNALS) as signals:
             task_status.started()
             async for sig in signals:
-                self._on_signal(signal.Signals(sig), time.monotonic())
+                await self._on_signal(signal.Signals(sig), time.monotonic())
 
-    def _on_signal(self, sig: signal.Signals, received: float) -> None:
+    async def _on_signal(self, sig: signal.Signals, received: float) -> None:
         """Route one delivered signal; each delivery is passed on at most once."""
         name = sig.name
         if sig in STOP_SIGNALS or sig == self.cfg.warn_signal:
@@ -297,7 +297,7 @@ class Agent:
             self.journal.emit("signal", signal=name, action="dropped", why="no running child")
             return
         if sig == self.checkpoint_signal:
-            self._request_checkpoint(f"received {name}", received)
+            await self._request_checkpoint(f"received {name}", received)
             return
         delivery = self.child.send(sig, self.cfg.forward)
         self.journal.emit("signal", signal=name, action="forwarded", route=delivery.route, to=delivery.targets,
@@ -315,11 +315,13 @@ class Agent:
             return Reason.DEADLINE
         return Reason.PREEMPTED
 
-    def _request_checkpoint(self, why: str, received: float | None = None) -> dict[str, Any]:
+    async def _request_checkpoint(self, why: str, received: float | None = None) -> dict[str, Any]:
         """"Checkpoint now": a fresh request file, plus the checkpoint signal where it is safe."""
         assert self.child is not None
-        _write_request(self.request_path, why)
-        targets = self.profile.checkpoint_targets(self.child.pid, self.checkpoint_signal)
+        child = self.child
+        await anyio.to_thread.run_sync(_write_request, self.request_path, why)
+        # Finding ranks reads /proc for every descendant: off the event loop (invariant 6).
+        targets = await anyio.to_thread.run_sync(self.profile.checkpoint_targets, child.pid, self.checkpoint_signal)
         delivery = self.child.send_to(set(targets.pids), self.checkpoint_signal, targets.route)
         fields = {"signal": self.checkpoint_signal.name, "route": targets.route, "to": delivery.targets,
                   "skipped": {str(k): v for k, v in targets.skipped.items()}, "request_file": str(self.request_path)}
@@ -451,7 +453,7 @@ class Agent:
         if child is None or child.returncode is not None:
             return {"skipped": "the training is not running"}
         before = self.mirror.published if self.mirror is not None else 0
-        request = self._request_checkpoint(trigger.detail or trigger.reason.value)
+        request = await self._request_checkpoint(trigger.detail or trigger.reason.value)
         watching = self.mirror is not None and any(p.kind == "checkpoint" for p in self.cfg.sync)
         left = self._time_left()
         bound = min(self.cfg.checkpoint_timeout, left - min(self.cfg.grace, 0.25 * left))  # keep time to stop
@@ -502,9 +504,15 @@ class Agent:
         if child is None:
             return {"skipped": "no child was started"}
         trigger = self._trigger
-        sig = trigger.signal if trigger and trigger.signal in STOP_SIGNALS else self.profile.stop_signal
+        # A plain process gets the signal the person sent (INT stays INT); a launcher gets the
+        # one its profile says stops it cleanly (srun only prints its status on a single INT).
+        sig = self.profile.stop_signal
+        if trigger and trigger.signal in STOP_SIGNALS and self.profile.name in ("python", "generic"):
+            sig = trigger.signal
         grace = round(min(self.cfg.grace, max(1.0, self._time_left())), 3)
-        targets = self.profile.stop_targets(child.pid) if child.returncode is None else None
+        targets = None
+        if child.returncode is None:
+            targets = await anyio.to_thread.run_sync(self.profile.stop_targets, child.pid)
         result = await child.stop(sig, grace, targets=set(targets.pids) if targets else None,
                                   route=targets.route if targets else self.cfg.forward)
         with anyio.move_on_after(grace + 5):

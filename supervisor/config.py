@@ -175,8 +175,8 @@ def _urls(v: Any) -> tuple[str, ...]:
     if not isinstance(items, (list, tuple)) or not all(isinstance(u, str) for u in items):
         raise ValueError("a list of http(s) URLs")
     for u in items:
-        if not u.startswith(("http://", "https://")):
-            raise ValueError("http:// or https:// URLs (the URL itself is not shown: it may hold a token)")
+        if not u.startswith(("http://", "https://", "@")):
+            raise ValueError("http:// or https:// URLs, or @FILE with one a line (the URL itself is not shown: it may hold a token)")
     return tuple(items)
 
 
