@@ -118,6 +118,10 @@ class HostSampler:
         return row
 
     async def run(self, *, tree_pids: Callable[[], set[int]], task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Sample until cancelled; the last batch is flushed within 5 s of the cancel.
+
+        ``tree_pids`` is called in a worker thread once per tick.
+        """
         if self.every <= 0:
             task_status.started()
             return

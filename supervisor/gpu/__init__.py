@@ -33,7 +33,8 @@ BUSY_PCT = 5.0  # a GPU above this utilisation counts as busy for the hang watch
 OPEN_TIMEOUT = 60.0  # nvmlInit without persistence mode can take seconds per GPU
 END_TIMEOUT = 2.0  # end-of-job counters must not hold up the stop
 FLUSH_TIMEOUT = 5.0
-XID_WAIT = 0.5  # seconds per blocking event-set wait
+XID_WAIT = 2.0  # seconds per blocking event-set wait: each wait costs a thread hop (~0.7 ms CPU), and an
+# abandoned wait can hold interpreter exit this long (anyio worker threads are not daemons)
 
 # NVML clocks-event reason bits (nvmlClocksEventReason*), named for the CSV.
 CLOCK_EVENT_NAMES = {
@@ -117,6 +118,7 @@ class GpuSampler:
         self._last_busy: float | None = None
         self.samples = 0
         self.devices: list[DeviceInfo] = []
+        self._csv: CsvWriter | None = None
 
     def last_busy(self) -> float | None:
         """``time.monotonic()`` of the last sample with any GPU above 5 % utilisation."""
@@ -131,6 +133,13 @@ class GpuSampler:
         self.emit("gpu-none", reason=reason, backend=self.backend_kind)
 
     async def run(self, *, tree_pids: Callable[[], set[int]], task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Open, journal ``gpu-start`` or ``gpu-none``, sample until cancelled, then ``gpu-end``.
+
+        Returns at once (after ``gpu-none``) when there is nothing to sample, so the caller
+        needs no special case. ``tree_pids`` is called in a worker thread once per tick.
+        ``task_status.started()`` comes after the backend is open (NVML init can take
+        seconds without persistence mode): use ``start_soon`` unless you need that order.
+        """
         if self.every <= 0 or (self.backend_kind == "none" and self._override is None):
             self._none("GPU sampling is off (--gpu-every 0)" if self.every <= 0 else "GPU sampling is off (gpu_backend = none)")
             task_status.started()
@@ -151,7 +160,7 @@ class GpuSampler:
                   selector=self.env.get(opened.source) if opened.source != "all" else None,
                   every=self.every, xid=opened.xid, devices=[d.public() for d in opened.devices])
         self._emit_notes(backend)
-        csv = CsvWriter(self.run_dir / GPU_FILE, GPU_COLUMNS)
+        csv = self._csv = CsvWriter(self.run_dir / GPU_FILE, GPU_COLUMNS)
         log = BatchWriter(self.run_dir / DMON_LOG_FILE, DMON_HEADER, rewrite_header_on_open=True) if self.dmon_log else None
         task_status.started()
         try:

@@ -257,6 +257,10 @@ class FakeNvml:
         g = self._enter(h, "energy")
         now = self.elapsed()
         with h.lock:  # integrate power exactly enough (trapezoid on 10 ms steps)
+            if not callable(g.power_w):
+                h.energy_mj += g.power_w * (now - h.energy_t) * 1000
+                h.energy_t = now
+                return int(h.energy_mj)
             t = h.energy_t
             while t < now:
                 step = min(0.01, now - t)
@@ -316,19 +320,24 @@ class FakeNvml:
         event_set.handles.append(h)
 
     def nvmlEventSetWait_v2(self, event_set: Any, timeout_ms: int) -> Any:
+        # Blocks like the driver does (no polling), until the next scheduled XID or the timeout.
         end = time.monotonic() + timeout_ms / 1000
         while True:
             now = self.elapsed()
+            upcoming = []
             for h in event_set.handles:
                 for when, xid in h.gpu.xids:
-                    if now >= when and (h.index, xid) not in self._xid_sent:
+                    if (h.index, xid) in self._xid_sent:
+                        continue
+                    if now >= when:
                         self._xid_sent.add((h.index, xid))
                         return SimpleNamespace(device=h, eventType=self.nvmlEventTypeXidCriticalError,
                                                eventData=xid, gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
+                    upcoming.append(when - now)
             left = end - time.monotonic()
             if left <= 0:
                 raise NVMLError_Timeout()
-            time.sleep(min(left, 0.02))
+            time.sleep(min([left, *upcoming]))
 
     nvmlEventSetWait = nvmlEventSetWait_v2
 
