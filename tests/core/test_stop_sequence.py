@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from supervisor.journal import read_journal
+from supervisor.launchers import catches
 from tests.conftest import HELPERS, run_supervise, start_supervise, wait_for
 
 TRAINER = [sys.executable, str(HELPERS / "trainer.py")]
@@ -56,6 +57,8 @@ def test_warn_signal_means_the_end_is_near(tmp_path: Path) -> None:
                         "--gpu-every", "0", "--", *TRAINER, str(local))
     wait_for(lambda: _events(run, "spawn") and local.exists(), what="the training to start")
     wait_for(lambda: _events(run, "sync"), what="the first sync pass")
+    pid = _events(run, "spawn")[0]["pid"]
+    wait_for(lambda: catches(pid, signal.SIGUSR1), what="the trainer's USR1 handler (installed on import)")
     p.send_signal(signal.SIGUSR2)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 0, err
