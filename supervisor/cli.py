@@ -212,6 +212,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.exit_status
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `supervise env --json | head`: the reader left, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _run(ns: argparse.Namespace, command: list[str]) -> int:
