@@ -224,7 +224,7 @@ async def test_gpu_last_busy_follows_utilisation(tmp_path: Path, events: Events)
         return fake.elapsed() > 1.2 and s.samples >= 10
 
     sampler = await run_sampler(tmp_path, events, fake, until=until)
-    assert seen[0] is None or seen[0] > 0
+    assert any(b is not None for b in seen)
     busy = sampler.last_busy()
     assert busy is not None
     # The GPU went idle at ~0.4 s: the last busy stamp is well before the end.
