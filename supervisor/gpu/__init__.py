@@ -119,6 +119,7 @@ class GpuSampler:
         self.samples = 0
         self.devices: list[DeviceInfo] = []
         self._csv: CsvWriter | None = None
+        self._peaks: dict[str, dict[str, float]] = {}  # uuid -> peak memory, for gpu-end
 
     def last_busy(self) -> float | None:
         """``time.monotonic()`` of the last sample with any GPU above 5 % utilisation."""
@@ -212,6 +213,10 @@ class GpuSampler:
         if any(s.util_gpu is not None and s.util_gpu > BUSY_PCT for s in samples):
             self._last_busy = time.monotonic()
         for s in samples:
+            peak = self._peaks.setdefault(s.uuid, {})
+            for key, value in (("peak_mem_used_mib", s.mem_used), ("peak_proc_mem_mib", s.proc_mem)):
+                if value is not None:
+                    peak[key] = max(peak.get(key, 0.0), round(value / 2**20, 1))
             csv.add_row(sample_row(s))
             if log is not None:
                 log.add(dmon_line(s))
@@ -246,7 +251,10 @@ class GpuSampler:
             except Exception as e:
                 self.emit("gpu-error", error=f"end counters: {type(e).__name__}: {e}")
         self._emit_notes(backend)
-        self.emit("gpu-end", complete=end is not None, samples=self.samples, devices=end or [])
+        devices = end if end is not None else [{"index": d.index, "uuid": d.uuid} for d in self.devices]
+        for row in devices:
+            row.update(self._peaks.get(row["uuid"], {}))
+        self.emit("gpu-end", complete=end is not None, samples=self.samples, devices=devices)
         with anyio.CancelScope(shield=True, deadline=anyio.current_time() + FLUSH_TIMEOUT):
             for w in (csv, log):
                 if w is not None:

@@ -36,6 +36,7 @@ class _Dev:
     skip: set[str] = field(default_factory=set)  # metrics that will never answer
     errors_seen: set[tuple[str, str]] = field(default_factory=set)
     lost: bool = False
+    lost_at_open: str | None = None
     energy: EnergyMeter = field(default_factory=EnergyMeter)
     start: dict[str, Any] = field(default_factory=dict)
     samples: int = 0
@@ -170,13 +171,16 @@ class NvmlBackend:
                 self._note("gpu-error", device=i, metric="handle", error=str(e))
                 continue
             dev = _Dev(DeviceInfo(index=i, uuid=uuid), h)
-            name = self._q(dev, "name", nv.nvmlDeviceGetName)
-            mem = self._q(dev, "memory", nv.nvmlDeviceGetMemoryInfo)
-            mig_mode = self._q(dev, "mig", nv.nvmlDeviceGetMigMode)
-            mig = bool(mig_mode) and mig_mode[0] == getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1)
-            dev.info = DeviceInfo(index=i, uuid=uuid, name=_text(name or ""), mig=mig,
-                                  mig_uuids=self._mig_uuids(dev) if mig else (),
-                                  memory_total=getattr(mem, "total", None))
+            try:
+                name = self._q(dev, "name", nv.nvmlDeviceGetName)
+                mem = self._q(dev, "memory", nv.nvmlDeviceGetMemoryInfo)
+                mig_mode = self._q(dev, "mig", nv.nvmlDeviceGetMigMode)
+                mig = bool(mig_mode) and mig_mode[0] == getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1)
+                dev.info = DeviceInfo(index=i, uuid=uuid, name=_text(name or ""), mig=mig,
+                                      mig_uuids=self._mig_uuids(dev) if mig else (),
+                                      memory_total=getattr(mem, "total", None))
+            except _Lost as e:
+                dev.lost_at_open = str(e)  # journaled below, if the GPU turns out to be ours
             found.append(dev)
         if not found:
             raise GpuUnavailable("NVML found no GPU on this node" if count == 0 else "NVML could open none of the GPUs")
@@ -186,8 +190,14 @@ class NvmlBackend:
         by_info = {d.info.uuid: d for d in found}
         self._devs = [by_info[c.uuid] for c in chosen]  # in CUDA's order: CUDA device k is the k-th
         for dev in self._devs:
+            if dev.lost_at_open is not None:
+                self._lose(dev, dev.lost_at_open)
+                continue
             dev.start = self._counters(dev)
-            self._energy(dev, time.time())
+            try:
+                self._energy(dev, time.time())
+            except _Lost as e:
+                self._lose(dev, str(e))
         xid = self._open_xid()
         return Opened(devices=[d.info for d in self._devs], source=source, driver=driver, xid=xid)
 

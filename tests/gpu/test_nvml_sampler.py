@@ -128,6 +128,8 @@ async def test_nvml_process_memory_counts_only_the_training_tree(tmp_path: Path,
                       tree=lambda: {shell.pid} | descendants(shell.pid))
     rows = read_csv(tmp_path / "gpu.csv")
     assert {r["proc_mem_mib"] for r in rows} == {"1024"}
+    (end,) = events.of("gpu-end")[0]["devices"]
+    assert end["peak_proc_mem_mib"] == 1024 and end["peak_mem_used_mib"] == 30 * 1024
 
 
 @pytest.mark.asyncio
@@ -169,6 +171,7 @@ async def test_gpu_end_stats_are_bounded_when_nvml_hangs(tmp_path: Path, events:
     assert took < 4.0, took
     end = events.of("gpu-end")[0]
     assert end["complete"] is False and end["samples"] >= 2
+    assert end["devices"] == [{"index": 0, "uuid": fake_uuid(0), "peak_mem_used_mib": 30 * 1024, "peak_proc_mem_mib": 0}]
     assert read_csv(tmp_path / "gpu.csv")  # samples were still flushed
 
 
