@@ -2,7 +2,7 @@
 
 One small interface, chosen once (as httpx chooses a transport). Both backends run the copy
 in a child process at lowered CPU and I/O priority, as an argv list (invariant 5), through
-``anyio.run_process``: a cancelled await kills the copier and waits for it, so a flush cut
+``run_copier``: a cancelled await kills the copier's process group, so a flush cut
 short by its deadline leaves nothing writing behind our back. Neither backend ever deletes.
 """
 
@@ -13,6 +13,8 @@ import json
 import os
 import re
 import shutil
+import signal
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +86,69 @@ def priority_prefix(nice: int, ionice: str) -> list[str]:
     return out
 
 
+@dataclass
+class _Done:
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+
+async def run_copier(argv: list[str], *, stdin: bytes | None = None, env: dict[str, str] | None = None) -> _Done:
+    """Run one copier in its own process group and collect its output.
+
+    On cancellation the whole group is SIGKILLed (rsync forks a receiver and a generator;
+    killing only the parent leaves them writing for a while) and reaped, shielded and bounded,
+    so a flush cut short by its deadline returns with nothing of ours still writing.
+    """
+    proc = await anyio.open_process(argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                    start_new_session=True)
+    out: list[bytes] = []
+    err: list[bytes] = []
+
+    async def drain(stream, into: list[bytes]) -> None:
+        async for chunk in stream:
+            into.append(chunk)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(drain, proc.stdout, out)
+            tg.start_soon(drain, proc.stderr, err)
+            if proc.stdin is not None:
+                if stdin:
+                    await proc.stdin.send(stdin)
+                await proc.stdin.aclose()
+        rc = await proc.wait()
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            _killpg(proc.pid)
+            with anyio.move_on_after(2):
+                await proc.wait()
+            with anyio.move_on_after(0.5):  # the group's other members, reaped by init
+                while _group_alive(proc.pid):
+                    await anyio.sleep(0.01)
+        raise
+    finally:
+        with anyio.CancelScope(shield=True):
+            await proc.aclose()
+    return _Done(rc, b"".join(out), b"".join(err))
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 def _failure(what: str, rc: int, stderr: str) -> CopyError:
     if rc < 0:
         return CopyError(f"{what} killed by {signal_name(-rc)}")
@@ -128,7 +193,7 @@ class RsyncBackend:
 
     async def _run(self, args: list[str], stdin: bytes | None = None, fsync_tree: Path | None = None) -> CopyResult:
         argv = [*self.prefix, self.rsync, "-a", "--stats", *args]
-        r = await anyio.run_process(argv, input=stdin, check=False, env={**os.environ, "LC_ALL": "C"})
+        r = await run_copier(argv, stdin=stdin, env={**os.environ, "LC_ALL": "C"})
         err = r.stderr.decode("utf-8", "replace")
         if r.returncode not in OK_CODES:
             raise _failure("rsync", r.returncode, err)
@@ -180,7 +245,7 @@ class PythonBackend:
 
     async def _run(self, req: dict) -> CopyResult:
         argv = [*self.prefix, sys.executable, "-I", str(PYCOPY)]
-        r = await anyio.run_process(argv, input=json.dumps(req, default=str).encode(), check=False)
+        r = await run_copier(argv, stdin=json.dumps(req, default=str).encode())
         try:
             out = json.loads(r.stdout or b"{}")
         except ValueError:

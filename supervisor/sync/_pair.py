@@ -130,14 +130,40 @@ class PairEngine:
                 task_status.started()
                 started = True
             try:
-                async for _changes in awatch(src, watch_filter=None, debounce=400, step=50,
-                                             recursive=True, ignore_permission_denied=True):
-                    self.last_activity = time.monotonic()
-                    self.trigger("watch")
+                await self._watch_once(src)
             except Exception as e:  # noqa: BLE001 - a watcher failure must not end supervision
                 self.emit("sync-watch-failed", pair=self.pair.name, error=f"{type(e).__name__}: {e}", retry_in=quiet)
             await anyio.sleep(quiet)
             quiet = min(quiet * 2, 60.0)
+
+    async def _watch_once(self, src: Path) -> None:
+        """One watchfiles session. awatch's worker thread only notices cancellation through
+        its stop event, so a sibling sets it on cancel; otherwise cancelling run() would
+        wait out watchfiles' 5 s Rust timeout."""
+        stop = anyio.Event()
+        error: BaseException | None = None
+
+        async def consume() -> None:
+            nonlocal error
+            try:
+                async for _changes in awatch(src, watch_filter=None, debounce=400, step=50, stop_event=stop,
+                                             recursive=True, ignore_permission_denied=True):
+                    self.last_activity = time.monotonic()
+                    self.trigger("watch")
+                error = RuntimeError(f"watching {src} stopped")
+            except Exception as e:  # noqa: BLE001 - reported by the caller
+                error = e
+            finally:
+                tg.cancel_scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(consume)
+            try:
+                await anyio.sleep_forever()
+            finally:
+                stop.set()
+        if error is not None:
+            raise error
 
     # ---- one pass -------------------------------------------------------------------
 
@@ -161,7 +187,7 @@ class PairEngine:
         if self.failures:
             self.emit("sync-recovered", pair=self.pair.name, after_failures=self.failures)
         self.failures, self.backoff_until, self.retry_at = 0, None, None
-        if stats.files or published or trigger.startswith("flush"):
+        if stats.files or published or not trigger.startswith(("watch", "periodic", "settle")):
             self.emit("sync", pair=self.pair.name, trigger=trigger, files=stats.files, bytes=stats.bytes,
                       seconds=seconds, published=published, backend=self.backend.name)
         return {"ok": True, "files": stats.files, "bytes": stats.bytes, "published": published, "seconds": seconds}
@@ -208,7 +234,15 @@ class PairEngine:
             todo.append(e)
         self._note_pending(listing)
         for e in todo:  # newest first: the one most at risk
-            if await self._publish(e, trigger, stats):
+            staging = p.dst / f"{STAGING_PREFIX}{e.name}"
+            try:
+                ok = await self._publish(e, trigger, stats)
+            except (OSError, CopyError):
+                # Never published, so ours to drop: a full disk gets its space back for the retry.
+                with anyio.CancelScope(shield=True):
+                    await _to_thread(_fsops.remove_ours, staging)
+                raise
+            if ok:
                 published.append(e.name)
             await self._publish_pointers(listing)
             self._note_pending(listing)
@@ -227,11 +261,18 @@ class PairEngine:
         src, final = p.src / e.name, p.dst / e.name
         staging = p.dst / f"{STAGING_PREFIX}{e.name}"
         for _ in range(RECOPY_TRIES):
-            if e.is_dir:
-                stats += await self.backend.copy_tree(src, staging, exclude=p.exclude, skip=e.markers, fsync=p.fsync)
-                stats += await self.backend.copy_files(src, staging, e.markers, fsync=p.fsync)
-            else:
-                stats += await self.backend.copy_file(src, staging, fsync=p.fsync)
+            try:
+                if e.is_dir:
+                    stats += await self.backend.copy_tree(src, staging, exclude=p.exclude, skip=e.markers, fsync=p.fsync)
+                    stats += await self.backend.copy_files(src, staging, e.markers, fsync=p.fsync)
+                else:
+                    stats += await self.backend.copy_file(src, staging, fsync=p.fsync)
+            except CopyError:
+                if await _to_thread(os.path.lexists, src):
+                    raise
+                # the whole checkpoint was rotated away under the copier: not a failure
+                await _to_thread(_fsops.remove_ours, staging)
+                return False
             again: Listing = await _to_thread(self._scan, only=e.name)
             now = again.entries.get(e.name)
             if now is None or not now.complete:  # rotated away, or not what we thought: not a failure

@@ -1,0 +1,101 @@
+"""What counts as a complete checkpoint: the rules of docs/sync.md, on real directories."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from supervisor.sync._complete import classify, natural_key, newest_complete
+
+from ._util import write_checkpoint
+
+
+def judge(root: Path, **kw):
+    kw.setdefault("settle", 5.0)
+    return classify(root, now=time.time(), **kw)
+
+
+def test_natural_order_puts_step_10_after_step_9():
+    assert sorted(["step_10", "step_9", "step_100"], key=natural_key) == ["step_9", "step_10", "step_100"]
+
+
+def test_dcp_metadata_marks_complete_and_lands_last(tmp_path):
+    write_checkpoint(tmp_path, "step_001", style="dcp", size=10)
+    (tmp_path / "step_002").mkdir()
+    (tmp_path / "step_002" / "shard_0.bin").write_bytes(b"half")
+    got = judge(tmp_path)
+    assert got.entries["step_001"].complete and got.entries["step_001"].markers == (".metadata",)
+    # a sibling showed a marker: a quiet directory without one is not complete, however old
+    assert not got.entries["step_002"].complete
+    assert got.entries["step_002"].why == "waiting for marker"
+
+
+def test_orbax_commit_file_and_renamed_directory(tmp_path):
+    (tmp_path / "100").mkdir()
+    (tmp_path / "100" / "commit_success.txt").write_text("ok")
+    (tmp_path / "200.orbax-checkpoint-tmp-17").mkdir()
+    (tmp_path / "200.orbax-checkpoint-tmp-17" / "_CHECKPOINT_METADATA").write_text("{}")
+    (tmp_path / "300").mkdir()
+    (tmp_path / "300" / "_CHECKPOINT_METADATA").write_text("{}")
+    got = judge(tmp_path)
+    assert got.entries["100"].complete
+    assert "200.orbax-checkpoint-tmp-17" not in got.entries  # work in progress is never a checkpoint
+    assert got.entries["300"].complete and "Orbax" in got.entries["300"].why
+
+
+def test_deepspeed_latest_governs_its_series(tmp_path):
+    for k in (1, 2, 3):
+        write_checkpoint(tmp_path, f"global_step{k}", style="quiet", size=10)
+    (tmp_path / "latest").write_text("global_step2\n")
+    got = judge(tmp_path, settle=0.0)
+    assert got.entries["global_step1"].complete  # older than the pointer
+    assert got.entries["global_step2"].complete and got.entries["global_step2"].why == "pointer latest"
+    assert not got.entries["global_step3"].complete  # newer: being written
+    assert got.pointers["latest"].target == "global_step2"
+    assert "latest" not in got.entries
+    assert newest_complete(got).name == "global_step2"
+
+
+def test_megatron_tracker_names_iter_dir(tmp_path):
+    write_checkpoint(tmp_path, "iter_0000100", style="quiet", size=10)
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("100")
+    got = judge(tmp_path)
+    assert got.pointers["latest_checkpointed_iteration.txt"].target == "iter_0000100"
+    assert got.entries["iter_0000100"].complete
+
+
+def test_user_marker_glob(tmp_path):
+    write_checkpoint(tmp_path, "step_001", style="user", size=10)
+    write_checkpoint(tmp_path, "step_002", style="quiet", size=10)
+    got = judge(tmp_path, markers=(".complete",), settle=0.0)
+    assert got.entries["step_001"].complete
+    assert not got.entries["step_002"].complete  # markers configured: quiescence never applies
+
+
+def test_quiescence_without_any_marker(tmp_path):
+    write_checkpoint(tmp_path, "step_001", style="quiet", size=10)
+    fresh = judge(tmp_path, settle=60.0)
+    assert not fresh.entries["step_001"].complete and fresh.entries["step_001"].ready_at is not None
+    later = classify(tmp_path, settle=60.0, now=time.time() + 61)
+    assert later.entries["step_001"].complete and later.entries["step_001"].why == "settled"
+
+
+def test_single_file_renamed_into_place_is_complete_at_once(tmp_path):
+    (tmp_path / "model_1.pt.tmp").write_bytes(b"w" * 100)
+    time.sleep(0.02)  # the rename must come in a later clock tick than the last write
+    os.replace(tmp_path / "model_1.pt.tmp", tmp_path / "model_1.pt")
+    (tmp_path / "model_2.pt").write_bytes(b"w" * 100)  # being written in place
+    got = judge(tmp_path, settle=60.0)
+    assert got.entries["model_1.pt"].complete and got.entries["model_1.pt"].why == "renamed into place"
+    assert not got.entries["model_2.pt"].complete
+    assert "model_1.pt.tmp" not in got.entries
+
+
+def test_hidden_and_excluded_names_are_not_checkpoints(tmp_path):
+    write_checkpoint(tmp_path, "step_001", style="dcp", size=10)
+    (tmp_path / ".supervise-staging-step_002").mkdir()
+    (tmp_path / "notes.lock").write_text("x")
+    (tmp_path / "scratch").mkdir()
+    got = judge(tmp_path, exclude=("scratch",))
+    assert set(got.entries) == {"step_001"}

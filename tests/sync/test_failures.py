@@ -1,0 +1,189 @@
+"""Destinations that fail (read-only, full), a supervisor killed mid-transfer, sources that
+vanish under the copy, and flushes cut short: the destination only ever holds complete
+checkpoints, failures are journaled and retried, and the mirror keeps running."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from supervisor.config import SyncPair
+from supervisor.sync import Mirror
+
+from ._util import many_files, poll, problems, running, visible, write_checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def _training(src: Path) -> subprocess.Popen:
+    """A stand-in for the training: a child process that keeps running and writing."""
+    code = ("import time,sys,pathlib\n"
+            "p=pathlib.Path(sys.argv[1])/'train.log'\n"
+            "while True:\n  p.open('a').write('step\\n'); time.sleep(0.1)\n")
+    return subprocess.Popen([sys.executable, "-c", code, str(src)])
+
+
+@pytest.mark.asyncio
+async def test_read_only_destination_is_retried_and_recovers(tmp_path, backend, events, tmpfs):
+    mnt = tmpfs("16m")
+    src, dst = tmp_path / "local", mnt / "ckpt"
+    dst.mkdir()
+    tmpfs.remount(mnt, "ro")
+    src.mkdir()
+    train = await _training(tmp_path)
+    try:
+        mirror = Mirror([SyncPair("c", "checkpoint", src, dst)], emit=events, sync_every=3600, backend=backend,
+                        retry_base=0.2, retry_cap=0.8)
+        async with running(mirror):
+            write_checkpoint(src, "step_001", style="dcp", shards=2, size=100_000)
+            await poll(lambda: len(events.of("sync-failed")) >= 3, 20, what="three failed attempts")
+            fails = events.of("sync-failed")
+            assert {f["errno"] for f in fails} == {"EROFS"}
+            assert [f["retry_in"] for f in fails[:3]] == [0.2, 0.4, 0.8]  # capped exponential backoff
+            assert any("step_001 (complete, not yet on persistent storage)" in p for p in mirror.pending())
+            assert train.poll() is None, "the training must keep running"
+            tmpfs.remount(mnt, "rw")
+            await poll(lambda: mirror.published >= 1, 20, what="publish after the destination came back")
+        assert events.of("sync-recovered")
+        assert problems(dst, style="dcp", shards=2, size=100_000) == []
+        assert visible(dst) == ["step_001"]
+        assert train.poll() is None
+    finally:
+        train.kill()
+        train.wait()
+
+
+@pytest.mark.asyncio
+async def test_full_destination_is_retried_and_recovers(tmp_path, backend, events, tmpfs):
+    mnt = tmpfs("4m")
+    src, dst = tmp_path / "local", mnt / "ckpt"
+    mirror = Mirror([SyncPair("c", "checkpoint", src, dst)], emit=events, sync_every=3600, backend=backend,
+                    retry_base=0.2, retry_cap=0.5)
+    src.mkdir()
+    async with running(mirror):
+        write_checkpoint(src, "step_001", style="dcp", shards=3, size=2 << 20)  # 6 MB into 4 MB
+        await poll(lambda: len(events.of("sync-failed")) >= 2, 30, what="two failed attempts")
+        assert {f["errno"] for f in events.of("sync-failed")} == {"ENOSPC"}
+        assert visible(dst) == []  # nothing torn became visible
+        await poll(lambda: not any(n.startswith(".supervise-staging") for n in os.listdir(dst)), 10,
+                   what="failed staging removed, its space given back")
+        tmpfs.remount(mnt, "size=32m")
+        await poll(lambda: mirror.published >= 1, 30, what="publish once there is room")
+    assert problems(dst, style="dcp", shards=3, size=2 << 20) == []
+    assert events.of("sync-recovered")
+
+
+def test_sigkill_mid_transfer_leaves_only_complete_checkpoints(tmp_path, backend, events):
+    src, dst = tmp_path / "local", tmp_path / "persistent"
+    for k in (1, 2, 3):
+        d = src / f"step_{k:03d}"
+        many_files(d, 1500, size=4096)
+        (d / ".metadata").write_bytes(b"m")
+    proc = subprocess.Popen([sys.executable, "-m", "tests.sync._runner", str(src), str(dst), backend],
+                            cwd=REPO, stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        seen_staging = False
+        for _ in range(200_000):
+            if dst.exists() and any(n.startswith(".supervise-staging-") for n in os.listdir(dst)):
+                seen_staging = True
+                break
+        assert seen_staging, "never caught a transfer in progress"
+        os.kill(proc.pid, signal.SIGKILL)  # the supervisor only; its copier may run on orphaned
+        proc.wait(10)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    staged = [n for n in os.listdir(dst) if n.startswith(".")]
+    assert staged and all(n.startswith(".supervise-") for n in staged)
+    for name in visible(dst):  # whatever was published is whole
+        assert sorted(os.listdir(dst / name)) == sorted(os.listdir(src / name)), name
+        assert all((dst / name / f).stat().st_size == (src / name / f).stat().st_size for f in os.listdir(src / name))
+    assert len(visible(dst)) < 3, "the kill came after everything was published: the test proved nothing"
+
+    async def next_run() -> None:
+        mirror = Mirror([SyncPair("c", "checkpoint", src, dst)], emit=events, sync_every=3600, backend=backend)
+        async with running(mirror):
+            await poll(lambda: visible(dst) == ["step_001", "step_002", "step_003"], 60, what="all published")
+            await poll(lambda: not [n for n in os.listdir(dst) if n.startswith(".")], 10, what="staging cleaned")
+
+    anyio.run(next_run)
+    assert events.of("sync-cleanup")
+
+
+@pytest.mark.asyncio
+async def test_checkpoint_rotated_away_during_copy_is_not_a_failure(tmp_path, backend, events):
+    src, dst = tmp_path / "local", tmp_path / "persistent"
+    d = src / "step_001"
+    many_files(d, 3000)
+    (d / ".metadata").write_bytes(b"m")
+    mirror = Mirror([SyncPair("c", "checkpoint", src, dst)], emit=events, backend=backend)
+    result: dict = {}
+
+    async def flush() -> None:
+        result.update(await mirror.flush("test"))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(flush)
+        await poll(lambda: (dst / ".supervise-staging-step_001").exists(), 10, 0.001, "copy under way")
+        await anyio.to_thread.run_sync(shutil.rmtree, d)
+    assert not events.of("sync-failed"), events.of("sync-failed")
+    assert result["pairs"]["c"]["ok"]
+    assert visible(dst) == [] and mirror.published == 0
+    assert not (dst / ".supervise-staging-step_001").exists()
+
+
+@pytest.mark.asyncio
+async def test_rotated_log_files_are_not_a_failure(tmp_path, backend, events):
+    src, dst = tmp_path / "logs", tmp_path / "plogs"
+    many_files(src, 3000, size=512)
+    mirror = Mirror([SyncPair("l", "log", src, dst)], emit=events, backend=backend)
+    result: dict = {}
+
+    async def flush() -> None:
+        result.update(await mirror.flush("test"))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(flush)
+        await poll(lambda: dst.exists() and len(os.listdir(dst)) > 10, 10, 0.001, "copy under way")
+        for i in range(1500, 3000):
+            (src / f"f{i:05d}").unlink()
+    assert not events.of("sync-failed"), events.of("sync-failed")
+    assert result["pairs"]["l"]["ok"]
+
+
+@pytest.mark.asyncio
+async def test_flush_cut_short_leaves_the_destination_consistent(tmp_path, backend, events):
+    src, dst = tmp_path / "local", tmp_path / "persistent"
+    d = src / "step_001"
+    many_files(d, 3000)
+    (d / ".metadata").write_bytes(b"m")
+    mirror = Mirror([SyncPair("c", "checkpoint", src, dst)], emit=events, backend=backend)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(mirror.flush, "deadline")
+        await poll(lambda: (dst / ".supervise-staging-step_001").exists(), 10, 0.001, "copy under way")
+        tg.cancel_scope.cancel()
+    assert visible(dst) == []
+    assert any("step_001" in p for p in mirror.pending())
+    staging = str(dst / ".supervise-staging-step_001")
+    alive = [p for p in os.listdir("/proc") if p.isdigit() and _cmdline_has(p, staging)]
+    assert alive == [], "a copier is still writing after the flush was cancelled"
+    result = await mirror.flush("again")
+    assert result["ok"] and visible(dst) == ["step_001"] and mirror.pending() == []
+
+
+def _cmdline_has(pid: str, needle: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return needle.encode() in f.read()
+    except OSError:
+        return False

@@ -1,0 +1,135 @@
+"""A slow writer never shows a torn checkpoint or an early marker on the destination.
+
+A thread watches the destination continuously while a writer produces multi-file
+checkpoints slowly and the mirror syncs on every file event and on a short timer.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from supervisor.config import SyncPair
+from supervisor.sync import Mirror
+
+from ._util import ckpt_name, pattern, poll, problems, running, write_checkpoint
+
+N, SHARDS, SIZE = 4, 3, 256 << 10
+
+
+class Watcher:
+    """Checks the destination as fast as it can, from another thread, until stopped."""
+
+    def __init__(self, dst: Path, style: str) -> None:
+        self.dst, self.style = dst, style
+        self.seen: list[str] = []
+        self.rounds = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.seen += problems(self.dst, style=self.style, shards=SHARDS, size=SIZE)
+            self.rounds += 1
+            time.sleep(0.002)  # leave the GIL to the writer and the mirror
+
+    def __enter__(self) -> "Watcher":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def test_the_watcher_can_see_a_torn_checkpoint(tmp_path):
+    """The checker is not vacuous: a copy made mid-write is reported."""
+    write_checkpoint(tmp_path / "dst", "step_001", style="dcp", shards=SHARDS, size=SIZE)
+    shard = tmp_path / "dst" / "step_001" / "shard_1.bin"
+    shard.write_bytes(pattern("step_001", 1, SIZE)[: SIZE // 2])
+    assert problems(tmp_path / "dst", style="dcp", shards=SHARDS, size=SIZE) == [
+        f"step_001: shard_1.bin torn ({SIZE // 2} of {SIZE} bytes)"]
+    (tmp_path / "dst2" / "step_002").mkdir(parents=True)
+    (tmp_path / "dst2" / "latest").write_text("step_002")
+    assert problems(tmp_path / "dst2", style="deepspeed", shards=1, size=1)
+
+
+@pytest.mark.parametrize("style", ["dcp", "user", "deepspeed", "megatron", "quiet"])
+@pytest.mark.asyncio
+async def test_slow_writer_never_shows_partial_checkpoint(tmp_path, backend, events, style):
+    src, dst = tmp_path / "local", tmp_path / "persistent"
+    src.mkdir()
+    pair = SyncPair("ckpt", "checkpoint", src, dst, markers=(".complete",) if style == "user" else (),
+                    settle=1.0)
+    mirror = Mirror([pair], emit=events, sync_every=0.3, backend=backend)
+    names = [ckpt_name(style, k) for k in range(1, N + 1)]
+
+    def writer() -> None:
+        for name in names:
+            # pauses between shards stay under the settle time, as a live writer's would
+            write_checkpoint(src, name, style=style, shards=SHARDS, size=SIZE, delay=0.01, pause=0.2)
+
+    with Watcher(dst, style) as w:
+        async with running(mirror):
+            await anyio.to_thread.run_sync(writer)
+            await poll(lambda: mirror.published >= N, 30, what="every checkpoint published")
+            if style in ("deepspeed", "megatron"):
+                ptr = "latest" if style == "deepspeed" else "latest_checkpointed_iteration.txt"
+                await poll(lambda: (dst / ptr).exists() and (dst / ptr).read_text() == (src / ptr).read_text(),
+                           10, what="pointer published")
+    assert w.rounds > 50, "the watcher did not get to look"
+    assert w.seen == []
+    assert problems(dst, style=style, shards=SHARDS, size=SIZE) == []
+    assert sorted(n for n in (p.name for p in dst.iterdir()) if not n.startswith(".") and "latest" not in n) == names
+    assert {e["checkpoint"] for e in events.of("publish") if not e.get("pointer")} == set(names)
+    assert not events.of("sync-failed")
+    assert all(e["lag_s"] is not None and e["lag_s"] < 20 for e in events.of("publish"))
+    assert mirror.pending() == []
+
+
+@pytest.mark.asyncio
+async def test_pointer_lands_after_its_checkpoint(tmp_path, backend, events):
+    """DeepSpeed writes ``latest`` in place; on the destination it appears only after its target."""
+    src, dst = tmp_path / "local", tmp_path / "persistent"
+    write_checkpoint(src, "global_step1", style="deepspeed", shards=2, size=1 << 20)
+    mirror = Mirror([SyncPair("ds", "checkpoint", src, dst)], emit=events, backend=backend)
+    await mirror.flush("test")
+    kinds = [(e["kind"], e.get("checkpoint")) for e in events if e["kind"] == "publish"]
+    assert kinds == [("publish", "global_step1"), ("publish", "latest")]
+    assert (dst / "latest").read_text() == "global_step1"
+
+
+@pytest.mark.asyncio
+async def test_settled_checkpoint_is_published_by_the_timer(tmp_path, backend, events):
+    """No marker: published once quiet for ``settle``, with no file event to wake us."""
+    src, dst = tmp_path / "local", tmp_path / "persistent"
+    src.mkdir()
+    mirror = Mirror([SyncPair("q", "checkpoint", src, dst, settle=0.5)], emit=events, sync_every=3600, backend=backend)
+    async with running(mirror):
+        await anyio.to_thread.run_sync(lambda: write_checkpoint(src, "step_001", style="quiet", shards=2, size=1000))
+        await poll(lambda: mirror.published >= 1, 10, what="settled checkpoint published")
+    (pub,) = events.of("publish")
+    assert pub["why"] == "settled" and pub["trigger"] == "settle"
+    assert problems(dst, style="quiet", shards=2, size=1000) == []
+
+
+@pytest.mark.asyncio
+async def test_file_changed_while_copied_is_copied_again(tmp_path, backend, events):
+    src, dst = tmp_path / "local", tmp_path / "persistent"
+    d = src / "step_001"
+    from ._util import many_files
+    many_files(d, 2000)
+    (d / "a.bin").write_bytes(b"old")
+    (d / ".metadata").write_bytes(b"m")
+    mirror = Mirror([SyncPair("c", "checkpoint", src, dst)], emit=events, backend=backend)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(mirror.flush, "test")
+        await poll(lambda: (dst / ".supervise-staging-step_001").exists(), 10, 0.001, "copy under way")
+        with open(d / "a.bin", "ab") as f:
+            f.write(b"+new")
+    assert (dst / "step_001" / "a.bin").read_bytes() == b"old+new"
+    assert mirror.published == 1
