@@ -92,8 +92,9 @@ class NvmlBackend:
                 self._note("gpu-error", device=dev.info.index, uuid=dev.info.uuid, metric=metric, error=str(e))
             return None
         except Exception as e:
-            # pynvml's versioned wrappers raise NVMLLibraryMismatchError for a missing symbol.
-            if type(e).__name__ == "NVMLLibraryMismatchError":
+            # pynvml's versioned wrappers raise NVMLLibraryMismatchError for a missing symbol;
+            # an older nvidia-ml-py may lack the Python function altogether.
+            if type(e).__name__ == "NVMLLibraryMismatchError" or isinstance(e, AttributeError):
                 dev.skip.add(metric)
                 self._note("gpu-unsupported", device=dev.info.index, uuid=dev.info.uuid, metric=metric, error=str(e))
                 return None
@@ -162,13 +163,14 @@ class NvmlBackend:
             driver = ""
         count = nv.nvmlDeviceGetCount()
         found: list[_Dev] = []
+        refused: list[str] = []
         for i in range(count):
             try:
                 h = nv.nvmlDeviceGetHandleByIndex(i)
                 uuid = _text(nv.nvmlDeviceGetUUID(h))
             except nv.NVMLError as e:
-                # A GPU we may not open (another job's, or broken): not ours to sample.
-                self._note("gpu-error", device=i, metric="handle", error=str(e))
+                # A GPU we may not open is another job's (device cgroups) or broken: not ours.
+                refused.append(f"GPU {i}: {e}")
                 continue
             dev = _Dev(DeviceInfo(index=i, uuid=uuid), h)
             try:
@@ -183,7 +185,8 @@ class NvmlBackend:
                 dev.lost_at_open = str(e)  # journaled below, if the GPU turns out to be ours
             found.append(dev)
         if not found:
-            raise GpuUnavailable("NVML found no GPU on this node" if count == 0 else "NVML could open none of the GPUs")
+            raise GpuUnavailable("NVML found no GPU on this node" if count == 0
+                                 else "NVML could open none of the GPUs (" + "; ".join(refused[:4]) + ")")
         chosen, source = select(env, [d.info for d in found])
         if not chosen:
             raise GpuUnavailable(f"{source}={env.get(source, '')!r} names none of this node's GPUs")
@@ -298,9 +301,7 @@ class NvmlBackend:
             data = nv.nvmlEventSetWait_v2(self._event_set, int(timeout_s * 1000))
         except nv.NVMLError as e:
             if e.value != nv.NVML_ERROR_TIMEOUT:
-                if e.value == nv.NVML_ERROR_GPU_IS_LOST:
-                    pass  # the sampler's next call names the device
-                time.sleep(timeout_s)
+                time.sleep(timeout_s)  # e.g. GPU lost: the sampler's next call journals which one
             return []
         finally:
             with self._inflight_lock:

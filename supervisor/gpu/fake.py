@@ -71,7 +71,7 @@ Value = float | Callable[[float], float]  # a constant, or a function of seconds
 @dataclass
 class FakeGpu:
     """One fake GPU. Metric names: util, memory, power, energy, temperature, clocks,
-    clock_events, ecc, remapped_rows, processes, xid, mig, name."""
+    clock_events, ecc, remapped_rows, processes, xid, mig, name, handle."""
 
     uuid: str
     name: str = "NVIDIA A100-SXM4-80GB"
@@ -216,6 +216,9 @@ class FakeNvml:
         self._cost()
         if not 0 <= index < len(self._handles):
             raise NVMLError(2)
+        code = self._handles[index].gpu.errors.get("handle")
+        if code is not None:  # e.g. NoPermission: another job's GPU behind device cgroups
+            raise NVMLError(code)
         return self._handles[index]
 
     def nvmlDeviceGetUUID(self, h: _Handle) -> str:

@@ -315,3 +315,23 @@ async def test_gpu_dmon_log_round_trips_through_the_dmon_parser(tmp_path: Path, 
     r0 = next(r for r in rows if r["gpu"] == "0")
     assert (r0["pwr"], r0["sm"], r0["mem"], r0["pclk"], r0["fb"]) == ("300", "90", "40", "1410", "30720")
     assert r3["pwr"] == "-"
+
+
+@pytest.mark.asyncio
+async def test_nvml_gpus_we_may_not_open_are_not_ours(tmp_path: Path, events: Events) -> None:
+    refused = {"errors": {"handle": NVML_ERROR_NO_PERMISSION}}
+    fake = FakeNvml(eight_gpus({i: refused for i in range(2, 8)}))
+    await run_sampler(tmp_path, events, fake, until=lambda s: s.samples >= 2)
+    assert [d["index"] for d in events.of("gpu-start")[0]["devices"]] == [0, 1]
+    assert not events.of("gpu-error") and not events.of("gpu-unsupported")
+    assert {r["gpu"] for r in read_csv(tmp_path / "gpu.csv")} == {"0", "1"}
+
+
+@pytest.mark.asyncio
+async def test_nvml_no_gpu_we_may_open_journals_gpu_none(tmp_path: Path, events: Events) -> None:
+    fake = FakeNvml(eight_gpus({i: {"errors": {"handle": NVML_ERROR_NO_PERMISSION}} for i in range(8)}))
+    sampler = GpuSampler(run_dir=tmp_path, emit=events, every=1.0, env={}, _backend_override=NvmlBackend(fake))
+    with anyio.fail_after(10):
+        await sampler.run(tree_pids=set)
+    (none,) = events.of("gpu-none")
+    assert none["reason"].startswith("NVML could open none of the GPUs (GPU 0: Insufficient Permissions;")
