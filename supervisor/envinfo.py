@@ -9,6 +9,7 @@ it already fetched, since asking the scheduler is the slow part.
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import time
 from typing import Any, Mapping, Sequence
@@ -79,7 +80,7 @@ def gather(
     """
     job = detect_job(env)
     if job.gpus_per_node is None and qstat:
-        job = Job(**{**job.__dict__, "gpus_per_node": pbs_gpus_per_node(qstat)})
+        job = dataclasses.replace(job, gpus_per_node=pbs_gpus_per_node(qstat))
     now = time.time() if now is None else now
     end = end_time if end_time is not None else job.env_end_time
     world, ppn = world_layout(job)

@@ -269,8 +269,9 @@ class Pbs:
             scheduler="pbs",
             job_id=env.get("PBS_JOBID"),
             job_name=env.get("PBS_JOBNAME"),
-            # PBS has no restart counter in the environment; the journal counts attempts.
-            restart_count=_int(env.get("PBS_RUN_COUNT")) or 0,
+            # PBS has no restart counter in the environment (qstat's run_count is the
+            # server's); the journal counts attempts (journal.next_attempt).
+            restart_count=0,
             nodes=nodes,
             gpus_per_node=gpus,
             ntasks=len(lines) or None,
@@ -449,9 +450,21 @@ def pbs_end_time(attrs: Mapping[str, str], now: float) -> float | None:
 
 
 def pbs_gpus_per_node(attrs: Mapping[str, str]) -> int | None:
-    """``ngpus=N`` of the first chunk of ``Resource_List.select`` (``2:ncpus=64:ngpus=4``)."""
-    m = re.search(r"\bngpus=(\d+)", attrs.get("Resource_List.select", ""))
-    return int(m.group(1)) if m else None
+    """GPUs per node from ``qstat -f`` attributes.
+
+    ``ngpus=N`` in the first chunk of ``Resource_List.select`` (``2:ncpus=64:ngpus=4``), else
+    in the first vnode of ``exec_vnode`` (Polaris' select names only ``system=polaris``),
+    else ``Resource_List.ngpus`` (a job total) over ``Resource_List.nodect``.
+    """
+    for key in ("Resource_List.select", "exec_vnode"):
+        first_chunk = attrs.get(key, "").split("+")[0]
+        m = re.search(r"\bngpus=(\d+)", first_chunk)
+        if m:
+            return int(m.group(1))
+    total, nodes = _int(attrs.get("Resource_List.ngpus")), _int(attrs.get("Resource_List.nodect"))
+    if total is not None and nodes:
+        return total // nodes
+    return None
 
 
 # ---------------------------------------------------------------------------- subprocess

@@ -79,6 +79,7 @@ class Scancel:
     run: Run
     jobid: str
     state_after_batch_signals: str | None
+    full_sent_at: float
     plain_sent_at: float
     final_state: str
     output: str
@@ -103,11 +104,16 @@ def scancel_run(slurm: Slurm, tmp_path_factory: pytest.TempPathFactory) -> Scanc
     slurm.cancel(jobid, "--signal=HUP", "--batch")
     slurm.wait_for(lambda: run.has("batch", "SIGHUP"), 30, "HUP at the batch process")
     state = slurm.state(jobid)
+    full_sent = time.time()
+    slurm.cancel(jobid, "--signal=ALRM", "--full")
+    slurm.wait_for(lambda: run.has("batch", "SIGALRM"), 30, "ALRM at the batch process")
+    slurm.cancel(jobid, "--signal=QUIT", "--batch")  # a fence after --full, as HUP above
+    slurm.wait_for(lambda: run.has("batch", "SIGQUIT"), 30, "QUIT at the batch process")
     sent = time.time()
     slurm.cancel(jobid)
     final = slurm.wait_gone(jobid, timeout=120)
     slurm.wait_for(lambda: (d / "out.txt").exists(), 10, "job output")
-    return Scancel(run, jobid, state, sent, final, (d / "out.txt").read_text())
+    return Scancel(run, jobid, state, full_sent, sent, final, (d / "out.txt").read_text())
 
 
 def test_batch_flag_signals_reach_only_the_batch_process(scancel_run: Scancel) -> None:
@@ -115,6 +121,14 @@ def test_batch_flag_signals_reach_only_the_batch_process(scancel_run: Scancel) -
     before_plain = [n for t, n in run.signals("child") if t < scancel_run.plain_sent_at]
     assert before_plain == [], "scancel --batch must not reach the child (own session)"
     assert {"SIGUSR1", "SIGTERM", "SIGHUP"} <= set(run.names("batch"))
+
+
+def test_full_flag_misses_a_child_in_its_own_session(scancel_run: Scancel) -> None:
+    """--full signals the batch script's process group (and steps), not a setsid child:
+    supervise must forward "checkpoint now" to the training itself."""
+    run = scancel_run.run
+    assert run.has("batch", "SIGALRM")
+    assert [n for t, n in run.signals("child") if t < scancel_run.plain_sent_at] == []
 
 
 def test_signal_without_batch_reaches_nobody_when_there_are_no_steps(scancel_run: Scancel) -> None:
@@ -211,3 +225,32 @@ def test_time_limit_warns_batch_only_then_terms_all_then_kills(slurm: Slurm, tmp
         term = run.first(role, "SIGTERM")
         assert end - 1 <= term <= end + 65, (role, term - end)
         assert slurm.kill_wait - 1.5 <= run.last_alive(role) - term <= slurm.kill_wait + 3
+
+
+# ------------------------------------------------------------------------- normal end
+
+def test_slurm_leaves_a_detached_child_running_when_the_batch_process_exits(slurm: Slurm, tmp_path: Path) -> None:
+    """With proctrack/linuxproc a child in its own session outlives a job whose batch process
+    exited: Slurm does not clean up after us (proctrack/cgroup sites SIGKILL the cgroup), so
+    supervise itself must leave no orphans (invariant 7)."""
+    import os
+    import signal
+
+    run = Run(tmp_path / "sig.log")
+    script = (f"#!/bin/bash\n{sys.executable} {SIGLOG} {run.log} --child &\n"
+              f"until [ \"$(grep -c ' start ' {run.log} 2>/dev/null)\" -ge 2 ] 2>/dev/null; do sleep 0.1; done\n"
+              "kill -9 $!\n")
+    jobid = slurm.submit(script, "-o", str(tmp_path / "out.txt"))
+    assert slurm.wait_gone(jobid, timeout=120) == "COMPLETED"
+    child = [ln for ln in run.starts() if ln.role == "child"]
+    assert child, run.log.read_text()
+    pid = int(child[0].rest.split()[0].removeprefix("pid="))
+    try:
+        # Alive well after the job ended: its heartbeat keeps moving.
+        first = run.last_alive("child")
+        slurm.wait_for(lambda: run.last_alive("child") > first + 0.5, 10, "the orphan's heartbeat")
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

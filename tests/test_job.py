@@ -1,0 +1,225 @@
+"""supervisor.job without a scheduler: environment detection, hostlists, qstat -f parsing,
+and the subprocess path (real processes: missing tools, slow tools, failing tools)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from datetime import datetime
+from pathlib import Path
+
+import anyio
+import pytest
+
+from supervisor.job import (
+    Job, count_devices, detect_job, end_time, expand_hostlist, expand_tasks_per_node, gpu_count,
+    parse_qstat_f, parse_slurm_time, parse_walltime, pbs_end_time, pbs_gpus_per_node, requeue,
+    requeue_command,
+)
+
+PBS = Path(__file__).parent / "fixtures" / "pbs"
+
+
+@pytest.mark.parametrize("text, hosts", [
+    ("gpu[01-04,07]", ["gpu01", "gpu02", "gpu03", "gpu04", "gpu07"]),
+    ("a[1-2]-b[3-4]", ["a1-b3", "a1-b4", "a2-b3", "a2-b4"]),
+    ("n1,gpu[09-11],x", ["n1", "gpu09", "gpu10", "gpu11", "x"]),
+    ("cn[098-101]", ["cn098", "cn099", "cn100", "cn101"]),
+    ("vm", ["vm"]),
+    ("r1n[1,3],r2n[5-6]", ["r1n1", "r1n3", "r2n5", "r2n6"]),
+    ("", []),
+])
+def test_expand_hostlist(text: str, hosts: list[str]) -> None:
+    assert list(expand_hostlist(text)) == hosts
+
+
+@pytest.mark.parametrize("bad", ["gpu[01-04", "gpu]01[", "gpu[a-b]", "gpu[1-]"])
+def test_expand_hostlist_rejects_malformed(bad: str) -> None:
+    with pytest.raises(ValueError):
+        expand_hostlist(bad)
+
+
+def test_malformed_nodelist_does_not_break_detection() -> None:
+    job = detect_job({"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "gpu[01-"})
+    assert job.nodes == ("gpu[01-",)
+
+
+def test_counts() -> None:
+    assert expand_tasks_per_node("2(x3),1") == (2, 2, 2, 1)
+    assert count_devices("0,1,2,3") == 4 and count_devices("GPU-a,GPU-b") == 2
+    assert count_devices("NoDevFiles") == 0 and count_devices("") is None and count_devices(None) is None
+    assert gpu_count("4") == 4 and gpu_count("a100:4") == 4 and gpu_count("gpu:a100:8(x2)") == 8
+    assert gpu_count("") is None
+
+
+def test_slurm_first_run_has_restart_count_zero() -> None:
+    job = detect_job({"SLURM_JOB_ID": "12", "SLURM_JOB_NODELIST": "vm", "SLURM_JOB_NAME": "t"})
+    assert (job.scheduler, job.job_id, job.restart_count, job.nodes) == ("slurm", "12", 0, ("vm",))
+    assert job.gpus_per_node is None and job.env_end_time is None
+
+
+def test_slurm_requeued_array_task() -> None:
+    job = detect_job({"SLURM_JOB_ID": "7702", "SLURM_ARRAY_JOB_ID": "7690", "SLURM_ARRAY_TASK_ID": "12",
+                      "SLURM_RESTART_COUNT": "3", "SLURM_JOB_END_TIME": "1795270846"})
+    assert job.restart_count == 3 and job.requeue_id == "7690_12"
+    assert requeue_command(job) == ["scontrol", "requeue", "7690_12"]
+    assert job.env_end_time == 1795270846.0
+
+
+def test_pbs_detection_reads_the_nodefile(tmp_path: Path) -> None:
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("n1\nn1\nn2\nn2\n")
+    job = detect_job({"PBS_JOBID": "5.srv", "PBS_JOBNAME": "j", "PBS_NODEFILE": str(nodefile),
+                      "PBS_O_WORKDIR": "/w"})
+    assert (job.scheduler, job.nodes, job.ntasks, job.tasks_per_node) == ("pbs", ("n1", "n2"), 4, 2)
+    assert requeue_command(job) == ["qrerun", "5.srv"] and job.submit_dir == "/w"
+
+
+def test_local_job_cannot_be_requeued() -> None:
+    job = detect_job({"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert job.scheduler == "local" and job.gpus_per_node == 2 and requeue_command(job) is None
+    assert anyio.run(requeue, job)[0] is False
+    assert anyio.run(end_time, job) is None
+
+
+def test_slurm_time_is_local_time() -> None:
+    assert parse_slurm_time("2026-11-21T13:44:55") == datetime(2026, 11, 21, 13, 44, 55).timestamp()
+    assert parse_slurm_time("NONE") is None and parse_slurm_time("Unknown") is None
+
+
+def test_walltime() -> None:
+    assert parse_walltime("01:00:00") == 3600 and parse_walltime("36:00:00") == 129600
+    assert parse_walltime("10:30") == 630 and parse_walltime("90") == 90
+    assert parse_walltime("1:2:3:4") is None and parse_walltime("x") is None
+
+
+def test_qstat_f_polaris_continuation_lines() -> None:
+    jobs = parse_qstat_f((PBS / "polaris_running.txt").read_text())
+    [(jid, attrs)] = jobs.items()
+    assert jid == "1234567.polaris-pbs-01.hsn.cm.polaris.alcf.anl.gov"
+    # Values broken mid-word by qstat are glued back without a separator.
+    assert attrs["Error_Path"].endswith("/home/jdoe/proj/train_llm.e1234567")
+    assert attrs["exec_vnode"] == "(x3005c0s13b0n0:ngpus=4:ncpus=64)+(x3005c0s13b1n0:ngpus=4:ncpus=64)"
+    assert "PBS_O_WORKDIR=/home/jdoe/proj,PBS_O_SYSTEM=Linux" in attrs["Variable_List"]
+    assert attrs["Variable_List"].endswith("PBS_O_HOST=polaris-login-02.hsn.cm.polaris.alcf.anl.gov")
+    assert attrs["Resource_List.walltime"] == "01:00:00" and attrs["job_state"] == "R"
+    assert pbs_gpus_per_node(attrs) == 4  # from exec_vnode: Polaris' select names no ngpus
+    end = pbs_end_time(attrs, now=0)
+    assert end == datetime(2025, 11, 20, 11, 15, 32).timestamp()
+
+
+def test_qstat_f_array_subjob_and_queued_job() -> None:
+    jobs = parse_qstat_f((PBS / "openpbs_array_and_queued.txt").read_text())
+    assert list(jobs) == ["2045[3].pbs-server", "2046.pbs-server"]
+    sub, queued = jobs["2045[3].pbs-server"], jobs["2046.pbs-server"]
+    assert sub["array_index"] == "3" and pbs_gpus_per_node(sub) == 2
+    assert pbs_end_time(sub, now=0) == datetime(2025, 11, 16, 8, 0, 0).timestamp() + 36 * 3600
+    assert queued["comment"].startswith("Not Running") and pbs_end_time(queued, now=0) is None
+
+
+def test_pbs_end_time_without_a_start_uses_walltime_used() -> None:
+    attrs = {"Resource_List.walltime": "02:00:00", "resources_used.walltime": "00:30:00"}
+    assert pbs_end_time(attrs, now=1000.0) == 1000.0 + 5400
+    assert pbs_end_time({"stime": "Thu Nov 20 10:15:32 2025"}, now=0) is None  # no limit
+
+
+# ---------------------------------------------------------------------------- real subprocesses
+
+def _fake_tool(bindir: Path, name: str, body: str) -> None:
+    path = bindir / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+@pytest.fixture
+def fake_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A PATH holding only our stand-ins for squeue/scontrol/qstat (real executables)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+    return bindir
+
+
+def test_end_time_from_squeue(fake_bin: Path) -> None:
+    _fake_tool(fake_bin, "squeue", 'echo "2026-11-21T13:44:55"\n')
+    job = Job(scheduler="slurm", job_id="4")
+    assert anyio.run(end_time, job) == datetime(2026, 11, 21, 13, 44, 55).timestamp()
+
+
+def test_end_time_none_for_no_limit(fake_bin: Path) -> None:
+    _fake_tool(fake_bin, "squeue", 'echo NONE\n')
+    _fake_tool(fake_bin, "scontrol", 'echo "should not be asked" >&2; exit 1\n')
+    problems: list[str] = []
+    assert anyio.run(lambda: end_time(Job(scheduler="slurm", job_id="4"), problems.append)) is None
+    assert problems == []
+
+
+def test_end_time_falls_back_to_scontrol(fake_bin: Path) -> None:
+    _fake_tool(fake_bin, "squeue", 'echo "slurm_load_jobs error: Socket timed out" >&2; exit 1\n')
+    _fake_tool(fake_bin, "scontrol", 'echo "JobId=4 JobName=x"; echo "   StartTime=2026-11-21T13:00:00 EndTime=2026-11-21T15:00:00 Deadline=N/A"\n')
+    problems: list[str] = []
+    got = anyio.run(lambda: end_time(Job(scheduler="slurm", job_id="4"), problems.append))
+    assert got == datetime(2026, 11, 21, 15, 0, 0).timestamp()
+    assert any("squeue" in p and "exited 1" in p for p in problems)
+
+
+def test_env_end_time_is_a_fast_path(fake_bin: Path) -> None:
+    _fake_tool(fake_bin, "squeue", 'exit 99\n')
+    job = detect_job({"SLURM_JOB_ID": "4", "SLURM_JOB_END_TIME": "1795270846"})
+    assert anyio.run(end_time, job) == 1795270846.0
+
+
+def test_missing_tools_report_and_return_none(fake_bin: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(fake_bin))
+    problems: list[str] = []
+    assert anyio.run(lambda: end_time(Job(scheduler="slurm", job_id="4"), problems.append)) is None
+    assert anyio.run(lambda: end_time(Job(scheduler="pbs", job_id="4.s"), problems.append)) is None
+    assert any("cannot run squeue" in p for p in problems) and any("cannot run qstat" in p for p in problems)
+    ran, message = anyio.run(lambda: requeue(Job(scheduler="slurm", job_id="4"), report=problems.append))
+    assert ran is False and "did not run" in message
+
+
+def test_a_hung_scheduler_is_bounded(fake_bin: Path) -> None:
+    _fake_tool(fake_bin, "scontrol", "exec sleep 30\n")
+    problems: list[str] = []
+    t0 = time.monotonic()
+    ran, message = anyio.run(lambda: requeue(Job(scheduler="slurm", job_id="4"), timeout=0.5, report=problems.append))
+    assert time.monotonic() - t0 < 5
+    assert ran is False and "timed out" in message and problems
+
+
+def test_requeue_passes_the_id_and_reports_success(fake_bin: Path, tmp_path: Path) -> None:
+    args = tmp_path / "args"
+    _fake_tool(fake_bin, "scontrol", f'echo "$@" > {args}\n')
+    _fake_tool(fake_bin, "qrerun", f'echo "$@" > {args}.pbs\n')
+    ran, message = anyio.run(requeue, Job(scheduler="slurm", job_id="7702", array_job_id="7690", array_task_id="12"))
+    assert ran and args.read_text().split() == ["requeue", "7690_12"]
+    ran, _ = anyio.run(requeue, Job(scheduler="pbs", job_id="2045[3].pbs-server"))
+    assert ran and Path(f"{args}.pbs").read_text().split() == ["2045[3].pbs-server"]
+
+
+def test_pbs_end_time_via_qstat(fake_bin: Path) -> None:
+    _fake_tool(fake_bin, "qstat", f'[ "$1" = -f ] || exit 2\ncat {PBS / "polaris_running.txt"}\n')
+    job = Job(scheduler="pbs", job_id="1234567.polaris-pbs-01.hsn.cm.polaris.alcf.anl.gov")
+    assert anyio.run(end_time, job) == datetime(2025, 11, 20, 11, 15, 32).timestamp()
+
+
+def test_the_loop_is_not_blocked_while_asking(fake_bin: Path) -> None:
+    _fake_tool(fake_bin, "squeue", "sleep 1; echo NONE\n")
+    ticks = 0
+
+    async def main() -> None:
+        nonlocal ticks
+        async with anyio.create_task_group() as tg:
+            async def tick() -> None:
+                nonlocal ticks
+                while True:
+                    ticks += 1
+                    await anyio.sleep(0.05)
+            tg.start_soon(tick)
+            await end_time(Job(scheduler="slurm", job_id="4"))
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    assert ticks >= 10
