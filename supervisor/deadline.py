@@ -1,12 +1,12 @@
 """When to warn before the time limit. Pure logic, no I/O: the agent feeds it numbers.
 
 The warning must come early enough for the stop sequence to finish before the scheduler's
-SIGKILL: "checkpoint now", wait for the checkpoint to be written, final flush of every sync
-pair. How long those take is known best from earlier attempts of the same run (the journal
-records each step's duration as ``stop-step`` events), so ``--warn-before auto`` learns the
-lead from them:
+SIGKILL: "checkpoint now" and wait for the checkpoint to be written (step ``checkpoint``),
+flush every sync pair (``flush``), stop the child, flush again (``final-flush``). How long
+those take is known best from earlier attempts of the same run (the agent journals each
+step's duration as a ``stop-step`` event), so ``--warn-before auto`` learns the lead:
 
-    need = p95(checkpoint seconds) + p95(flush seconds)          (a missing kind counts 0)
+    need = p95(checkpoint) + p95(flush) + p95(final-flush)   (seconds; a step never seen counts 0)
     lead = clamp(margin * need + extra, floor, cap)
 
 p95 is the nearest-rank percentile (the ceil(0.95·n)-th smallest), so with fewer than 20
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 STOP_STEP = "stop-step"
-LEARNED_STEPS = ("checkpoint", "flush")
+LEARNED_STEPS = ("checkpoint", "flush", "final-flush")
 
 
 def warning_time(end: float, lead: float) -> float:
@@ -77,6 +77,8 @@ def learn_lead(
     before_attempt: int | None = None,
 ) -> float:
     """Seconds of warning before the end, learned from earlier attempts (formula above).
+
+    The steps are summed because the stop sequence runs them one after the other.
 
     ``before_attempt`` limits learning to attempts before it (the current attempt's own
     events, if any, are not "earlier"). Returns ``default`` when no duration was recorded.

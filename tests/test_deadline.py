@@ -20,6 +20,11 @@ def test_slow_checkpoints_warn_earlier_than_fast_ones() -> None:
     assert fast == 60.0                                     # 1.25*12+30 = 45 → floor
 
 
+def test_the_steps_of_one_stop_add_up() -> None:
+    events = [ev("checkpoint", 100), ev("flush", 40), ev("final-flush", 20), ev("stop-child", 999)]
+    assert learn_lead(events) == pytest.approx(1.25 * 160 + 30)
+
+
 def test_nothing_learned_gives_the_default() -> None:
     assert learn_lead([]) == 300.0
     assert learn_lead([ev("stop-child", 3), {"kind": "end"}, ev("checkpoint", "x"), ev("flush", -1)]) == 300.0
