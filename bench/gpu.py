@@ -14,6 +14,9 @@ seconds used (user + system, this process and its children) per wall second, in 
 3. ``smi-per-sample``: the seed's way, one ``nvidia-smi --query-gpu`` process per sample,
    played by a stand-in script that costs what nvidia-smi costs (~15 ms of CPU per call,
    It4innovations/hyperqueue#564: 10-20 ms) and prints 8 GPUs' CSV, parsed by the loop.
+
+``--only nvml-real`` runs the real NVML backend on this node's GPUs instead (the job's
+GPUs by CUDA_VISIBLE_DEVICES etc.), to check the model against real hardware.
 """
 
 from __future__ import annotations
@@ -55,18 +58,28 @@ def cpu_self_children() -> float:
     return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
 
-async def nvml_loop(seconds: float, every: float, call_cost: float, spin: bool) -> dict[str, float]:
+async def nvml_loop(seconds: float, every: float, call_cost: float, spin: bool, real: bool = False) -> dict[str, float]:
     fake = FakeNvml(eight_gpus(), call_cost=call_cost, spin=spin)
+    none: list[str] = []
+
+    def emit(kind: str, durable: bool = False, **f: object) -> dict[str, object]:
+        if kind == "gpu-none":
+            none.append(str(f.get("reason")))
+        return f
+
     with tempfile.TemporaryDirectory() as tmp:
-        sampler = GpuSampler(run_dir=Path(tmp), emit=lambda kind, durable=False, **f: f, every=every, env={},
-                             _backend_override=NvmlBackend(fake))
+        sampler = GpuSampler(run_dir=Path(tmp), emit=emit, every=every, backend="nvml", env=dict(os.environ) if real else {},
+                             _backend_override=None if real else NvmlBackend(fake))
         async with anyio.create_task_group() as tg:
             await tg.start(lambda task_status: sampler.run(tree_pids=lambda: {os.getpid()}, task_status=task_status))
             c0, w0, calls0 = cpu_self_children(), time.monotonic(), fake.calls
             await anyio.sleep(seconds)
             c1, w1, calls1 = cpu_self_children(), time.monotonic(), fake.calls
             tg.cancel_scope.cancel()
-    return {"cpu_s": c1 - c0, "wall_s": w1 - w0, "samples": sampler.samples, "calls": calls1 - calls0}
+    if none:
+        raise SystemExit(f"no GPU to sample: {none[0]}")
+    return {"cpu_s": c1 - c0, "wall_s": w1 - w0, "samples": sampler.samples,
+            "calls": 0 if real else calls1 - calls0, "gpus": len(sampler.devices)}
 
 
 def smi_loop(seconds: float, every: float, smi_cost: float) -> dict[str, float]:
@@ -92,7 +105,8 @@ def main() -> None:
     ap.add_argument("--every", type=float, default=1.0)
     ap.add_argument("--call-cost", type=float, default=0.00036, help="seconds per NVML call (default 0.36 ms)")
     ap.add_argument("--smi-cost", type=float, default=0.015, help="CPU seconds per nvidia-smi run (default 15 ms)")
-    ap.add_argument("--only", choices=["nvml-sleep", "nvml-spin", "smi-per-sample"], action="append")
+    ap.add_argument("--only", choices=["nvml-sleep", "nvml-spin", "smi-per-sample", "nvml-real"], action="append",
+                    help="nvml-real: the real NVML backend on this node's GPUs (not in the default set)")
     a = ap.parse_args()
     modes = a.only or ["nvml-sleep", "nvml-spin", "smi-per-sample"]
     print(f"# 8 GPUs, one sample every {a.every:g}s for {a.seconds:g}s; NVML call {a.call_cost * 1e3:g} ms; "
@@ -103,7 +117,7 @@ def main() -> None:
         if mode == "smi-per-sample":
             r = smi_loop(a.seconds, a.every, a.smi_cost)
         else:
-            r = anyio.run(nvml_loop, a.seconds, a.every, a.call_cost, mode == "nvml-spin")
+            r = anyio.run(nvml_loop, a.seconds, a.every, a.call_cost, mode == "nvml-spin", mode == "nvml-real")
         pct = 100 * r["cpu_s"] / r["wall_s"]
         per = 1000 * r["cpu_s"] / max(1, r["samples"])
         print(f"| {mode} | {r['samples']:.0f} | {r.get('calls', 0):.0f} | {r['cpu_s']:.3f} | {r['wall_s']:.1f} | "
