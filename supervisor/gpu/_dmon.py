@@ -110,16 +110,27 @@ class DmonBackend:
         if smi is None:
             raise GpuUnavailable("nvidia-smi not found on PATH")
         self._smi = smi
-        try:
-            rows = _query(smi, "gpu", "index,uuid,name,memory.total,mig.mode.current")
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise GpuUnavailable(f"nvidia-smi failed: {e}") from None
+        rows: list[list[str]] = []
+        # Older drivers reject unknown field names (mig.mode.* came with R450): ask less then.
+        for fields in ("index,uuid,name,memory.total,driver_version,mig.mode.current",
+                       "index,uuid,name,memory.total,driver_version"):
+            try:
+                rows = _query(smi, "gpu", fields)
+                break
+            except GpuUnavailable as e:
+                error = str(e)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                raise GpuUnavailable(f"nvidia-smi failed: {e}") from None
+        else:
+            raise GpuUnavailable(error)
         found = []
+        driver = ""
         for r in rows:
-            if len(r) < 4 or not r[0].isdigit():
+            if len(r) < 5 or not r[0].isdigit():
                 continue
             total = _num(r[3])
-            found.append(DeviceInfo(index=int(r[0]), uuid=r[1], name=r[2], mig=len(r) > 4 and r[4] == "Enabled",
+            driver = r[4]
+            found.append(DeviceInfo(index=int(r[0]), uuid=r[1], name=r[2], mig=len(r) > 5 and r[5] == "Enabled",
                                     memory_total=int(total * 2**20) if total is not None else None))
         if not found:
             raise GpuUnavailable("nvidia-smi lists no GPU")
@@ -131,7 +142,7 @@ class DmonBackend:
         self._samples = {i: 0 for i in self._devs}
         self._start = self._counters()
         self._spawn()
-        return Opened(devices=chosen, source=source, driver="", xid=False)
+        return Opened(devices=chosen, source=source, driver=driver, xid=False)
 
     def _spawn(self) -> None:
         assert self._smi is not None

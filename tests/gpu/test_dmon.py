@@ -71,9 +71,12 @@ args = sys.argv[1:]
 uuids = ["GPU-aaaaaaaa-0000-0000-0000-000000000000", "GPU-bbbbbbbb-0000-0000-0000-000000000001"]
 if args and args[0].startswith("--query-gpu="):
     fields = args[0].split("=", 1)[1].split(",")
+    if "mig.mode.current" in fields:  # an R440 driver: no MIG fields yet
+        print('Field "mig.mode.current" is not a valid field to query.', file=sys.stderr)
+        sys.exit(2)
     for i, u in enumerate(uuids):
         vals = {{"index": str(i), "uuid": u, "name": "NVIDIA A100-SXM4-80GB", "memory.total": "81920",
-                "mig.mode.current": "Disabled"}}
+                "driver_version": "440.118.02"}}
         print(", ".join(vals.get(f, "3") for f in fields))
     sys.exit(0)
 if args and args[0] == "dmon":
@@ -114,6 +117,7 @@ async def test_dmon_backend_with_stand_in_nvidia_smi(tmp_path: Path, events: Eve
         tg.cancel_scope.cancel()
     start = events.of("gpu-start")[0]
     assert start["backend"] == "dmon" and [d["index"] for d in start["devices"]] == [1]
+    assert start["driver"] == "440.118.02" and start["devices"][0]["uuid"].startswith("GPU-bbbbbbbb")
     assert "-i 1" in (bindir / "nvidia-smi.args").read_text()
     rows = read_csv(run_dir / "gpu.csv")
     assert {r["gpu"] for r in rows} == {"1"}
