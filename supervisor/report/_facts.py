@@ -1,0 +1,357 @@
+"""Turn what was read into the facts a researcher asks for after the job.
+
+Did it finish, how often was it requeued and why, is every checkpoint safe, did the GPUs
+work. Everything here is plain data (dataclasses), rendered as text, JSON or HTML by
+the other modules, so the three outputs can never disagree.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from supervisor.report._load import GpuAcc, RunData
+
+FAILED = {"child-failed", "spawn-failed", "supervisor-error", "hang"}
+EARLY = {"deadline", "preempted"}  # the work is not done; a next attempt resumes it
+LEARNED_STEPS = ("checkpoint", "flush")  # the steps --warn-before must leave time for
+THROTTLE_REASONS = ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
+
+
+@dataclass
+class StopStep:
+    step: str
+    seconds: float
+    outcome: str | None  # published, done, timeout, … or the reason a step was skipped
+    graceful: bool | None = None
+    killed: list[int] = field(default_factory=list)
+
+
+@dataclass
+class StopSequence:
+    attempt: int
+    t: float
+    reason: str
+    detail: str | None
+    signal: str | None
+    time_left_s: float | None  # before the job's end, when the stop began
+    steps: list[StopStep]
+    seconds: float  # from the stop's start to the last step's end
+    margin_s: float | None  # left before the hard kill when the sequence was done
+
+
+@dataclass
+class Attempt:
+    number: int
+    start: float | None
+    end: float | None
+    seconds: float | None
+    host: str | None
+    job_id: str | None
+    scheduler: str | None
+    reason: str | None  # the end's reason; None while running (or killed before `end`)
+    detail: str | None
+    exit_status: int | None
+    restarts: int  # in-place restarts of a crashed training
+    requeued: bool | None  # the supervisor asked the scheduler to requeue
+    restored_from: str | None
+    time_limit_s: float | None
+    warn_lead_s: float | None
+    signals: list[str]
+    gpu_none: str | None
+
+
+@dataclass
+class Verdict:
+    status: str  # finished, failed, cancelled, stopped, requeued, running
+    headline: str
+    attempts: int
+    requeues: int
+    reasons: list[str]  # each attempt's end reason, in order
+
+
+@dataclass
+class LastCheckpoint:
+    pair: str
+    name: str
+    t: float
+    attempt: int
+
+
+@dataclass
+class Checkpoints:
+    pairs: list[str]
+    published: int  # distinct checkpoints made durable
+    lag_p50_s: float | None
+    lag_p95_s: float | None
+    interval_s: float | None  # median time between two new checkpoints
+    last: LastCheckpoint | None
+    not_durable: list[str]  # what the last attempt could not make durable
+    sync_failures: int
+    restores: list[str]
+
+
+@dataclass
+class Gpu:
+    index: int
+    uuid: str
+    name: str | None
+    samples: int
+    util_mean_pct: float | None
+    util_p95_pct: float | None
+    mem_peak_mib: float | None
+    mem_total_mib: float | None
+    mem_peak_pct: float | None
+    proc_mem_peak_mib: float | None
+    power_mean_w: float | None
+    power_max_w: float | None
+    energy_kwh: float | None
+    temp_max_c: float | None
+    sampled_s: float
+    throttled_s: dict[str, float]  # clock-event reason → seconds
+    xids: list[int]
+    ecc_corrected: int | None
+    ecc_uncorrected: int | None
+    lost: bool
+
+
+@dataclass
+class Host:
+    samples: int
+    cpu_mean_pct: float | None  # % of one core
+    cpu_max_pct: float | None
+    rss_peak_mib: float | None
+    nprocs_max: int
+    node_mem_total_mib: float | None
+    node_mem_min_available_mib: float | None
+    mem_requested_mib: float | None  # from the scheduler's environment, when it says
+
+
+@dataclass
+class Note:
+    level: str  # bad, warn, info
+    text: str  # what was seen, and the concrete fix
+
+
+@dataclass
+class Facts:
+    run_dir: str
+    job: dict[str, Any]
+    verdict: Verdict
+    attempts: list[Attempt]
+    stops: list[StopSequence]
+    checkpoints: Checkpoints
+    gpus: list[Gpu]
+    gpu_none: list[str]
+    host: Host | None
+    journal: dict[str, Any]
+    notes: list[Note] = field(default_factory=list)
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def pct(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile of a small list."""
+    if not values:
+        return None
+    s = sorted(values)
+    return s[max(0, min(len(s) - 1, -(-int(q * 100) * len(s) // 100) - 1))]
+
+
+def build(data: RunData) -> Facts:
+    events = data.journal.events
+    by_attempt: dict[int, list[dict[str, Any]]] = {}
+    for e in events:
+        by_attempt.setdefault(int(e.get("attempt") or 0), []).append(e)
+    attempts = [_attempt(n, evs) for n, evs in sorted(by_attempt.items())]
+    stops = [s for n, evs in sorted(by_attempt.items()) for s in _stops(n, evs)]
+    first_start = next((e for e in events if e.get("kind") == "start"), {})
+    return Facts(
+        run_dir=str(data.run_dir),
+        job={k: first_start.get(k) for k in ("job_id", "job_name", "scheduler", "user", "host", "command", "cwd", "version")},
+        verdict=_verdict(attempts),
+        attempts=attempts,
+        stops=stops,
+        checkpoints=_checkpoints(events, attempts),
+        gpus=[_gpu(g, events) for g in data.gpus],
+        gpu_none=sorted({f"attempt {a.number}: {a.gpu_none}" for a in attempts if a.gpu_none}),
+        host=_host(data, first_start),
+        journal={"events": len(events), "torn_last_line": data.journal.torn_last_line is not None,
+                 "bad_lines": data.journal.bad_lines, "gpu_bad_rows": data.gpu_bad_rows,
+                 "host_bad_rows": data.host_bad_rows},
+    )
+
+
+def _attempt(n: int, evs: list[dict[str, Any]]) -> Attempt:
+    def first(kind: str) -> dict[str, Any]:
+        return next((e for e in evs if e.get("kind") == kind), {})
+
+    start, end = first("start"), first("end")
+    deadlines = [e for e in evs if e.get("kind") == "deadline"]
+    last_deadline = deadlines[-1] if deadlines else {}
+    t_start = _num(start.get("t")) or _num(evs[0].get("t"))
+    limit = None
+    if _num(last_deadline.get("end")) and t_start is not None and last_deadline.get("source") != "none":
+        limit = last_deadline["end"] - t_start
+    requeue = next((e for e in evs if e.get("kind") == "stop-step" and e.get("step") == "requeue"), {})
+    restore = next((e for e in evs if e.get("kind") == "restore" and e.get("checkpoint")), {})
+    gpu_none = first("gpu-none").get("reason") if not first("gpu-start") else None
+    return Attempt(
+        number=n, start=t_start, end=_num(end.get("t")),
+        seconds=_num(end.get("seconds")) or (evs[-1]["t"] - t_start if t_start is not None else None),
+        host=start.get("host"), job_id=start.get("job_id"), scheduler=start.get("scheduler"),
+        reason=end.get("reason"), detail=end.get("detail"), exit_status=end.get("exit_status"),
+        restarts=sum(1 for e in evs if e.get("kind") == "restart"),
+        requeued=requeue.get("requeued") if "requeued" in requeue else None,
+        restored_from=restore.get("checkpoint"), time_limit_s=limit, warn_lead_s=_num(last_deadline.get("lead_s")),
+        signals=[str(e.get("signal")) for e in evs if e.get("kind") == "signal"],
+        gpu_none=gpu_none,
+    )
+
+
+def _stops(n: int, evs: list[dict[str, Any]]) -> list[StopSequence]:
+    out: list[StopSequence] = []
+    current: dict[str, Any] | None = None
+    steps: list[StopStep] = []
+    last_t = None
+
+    def close() -> None:
+        if current is None:
+            return
+        seconds = (last_t or current["t"]) - current["t"]
+        left = _num(current.get("time_left_s"))
+        out.append(StopSequence(n, current["t"], str(current.get("reason")), current.get("detail"),
+                                current.get("signal"), left, list(steps), round(seconds, 3),
+                                round(left - seconds, 3) if left is not None else None))
+
+    for e in evs:
+        kind = e.get("kind")
+        if kind == "stop":
+            close()
+            current, steps, last_t = e, [], e["t"]
+        elif kind == "stop-step" and current is not None:
+            steps.append(StopStep(str(e.get("step")), float(e.get("seconds") or 0.0),
+                                  e.get("outcome") or (f"skipped: {e['skipped']}" if e.get("skipped") else
+                                                       ("graceful" if e.get("graceful") else
+                                                        ("killed" if e.get("killed") else None))),
+                                  e.get("graceful"), list(e.get("killed") or [])))
+            if e.get("step") != "requeue":  # the margin is to the hard kill: the requeue call may come after
+                last_t = e["t"]
+    close()
+    return out
+
+
+def _verdict(attempts: list[Attempt]) -> Verdict:
+    reasons = [a.reason or "no end recorded" for a in attempts]
+    requeues = max(0, len(attempts) - 1)
+    last = attempts[-1] if attempts else None
+    times = f"{requeues} time{'s' if requeues != 1 else ''}"
+    if last is None:
+        return Verdict("running", "NO EVENTS: the journal is empty", 0, 0, [])
+    if last.reason is None:
+        status, head = "running", f"RUNNING (or killed before it could record its end) in attempt {last.number}"
+    elif last.reason == "child-exit":
+        status, head = "finished", "FINISHED"
+    elif last.reason in FAILED:
+        status, head = "failed", f"FAILED: {last.reason}" + (f", exit status {last.exit_status}" if last.exit_status is not None else "")
+    elif last.reason == "cancelled":
+        status, head = "cancelled", "CANCELLED"
+    elif last.requeued:
+        status, head = "requeued", f"REQUEUED after {last.reason}: waiting for attempt {last.number + 1}"
+    else:
+        status, head = "stopped", f"STOPPED by {last.reason}, not requeued: the work is not done"
+    if requeues:
+        head += f" · requeued {times}"
+    if len(attempts) > 1 or status != "finished":
+        head += f" · {len(attempts)} attempt{'s' if len(attempts) != 1 else ''}"
+    return Verdict(status, head, len(attempts), requeues, reasons)
+
+
+def _checkpoints(events: list[dict[str, Any]], attempts: list[Attempt]) -> Checkpoints:
+    first_seen: dict[tuple[str, str], dict[str, Any]] = {}
+    for e in events:
+        if e.get("kind") == "publish" and not e.get("pointer"):
+            first_seen.setdefault((str(e.get("pair")), str(e.get("checkpoint"))), e)
+    pubs = sorted(first_seen.values(), key=lambda e: e["t"])
+    lags = [float(e["lag_s"]) for e in pubs if _num(e.get("lag_s")) is not None]
+    gaps: list[float] = []
+    by_pair: dict[str, list[float]] = {}
+    for e in pubs:
+        by_pair.setdefault(str(e.get("pair")), []).append(e["t"])
+    for ts in by_pair.values():
+        gaps += [b - a for a, b in zip(ts, ts[1:])]
+    pairs = sorted({p["name"] for e in events if e.get("kind") == "sync-start" for p in e.get("pairs") or []
+                    if p.get("kind") == "checkpoint"})
+    last = pubs[-1] if pubs else None
+    ends = [e for e in events if e.get("kind") == "end"]
+    last_attempt = attempts[-1].number if attempts else None
+    not_durable = [str(x) for x in (ends[-1].get("not_durable") or [])] if ends and ends[-1].get("attempt") == last_attempt else []
+    return Checkpoints(
+        pairs=pairs, published=len(pubs), lag_p50_s=pct(lags, 0.50), lag_p95_s=pct(lags, 0.95),
+        interval_s=round(statistics.median(gaps), 3) if gaps else None,
+        last=LastCheckpoint(str(last.get("pair")), str(last.get("checkpoint")), last["t"], int(last.get("attempt") or 0)) if last else None,
+        not_durable=not_durable,
+        sync_failures=sum(1 for e in events if e.get("kind") == "sync-failed"),
+        restores=[f"attempt {e.get('attempt')}: {e.get('checkpoint')}" for e in events
+                  if e.get("kind") == "restore" and e.get("checkpoint")],
+    )
+
+
+def _gpu(g: GpuAcc, events: list[dict[str, Any]]) -> Gpu:
+    name = None
+    for e in events:
+        if e.get("kind") == "gpu-start":
+            for d in e.get("devices") or []:
+                if d.get("uuid") == g.uuid:
+                    name = d.get("name")
+    mine = [e for e in events if e.get("uuid") == g.uuid]
+    ecc_c = ecc_u = None
+    for e in events:
+        if e.get("kind") == "gpu-end":
+            for d in e.get("devices") or []:
+                if d.get("uuid") == g.uuid:
+                    if _num(d.get("ecc_corrected_delta")) is not None:
+                        ecc_c = (ecc_c or 0) + int(d["ecc_corrected_delta"])
+                    if _num(d.get("ecc_uncorrected_delta")) is not None:
+                        ecc_u = (ecc_u or 0) + int(d["ecc_uncorrected_delta"])
+    energy = g.energy_j
+    return Gpu(
+        index=g.index, uuid=g.uuid, name=name, samples=g.samples,
+        util_mean_pct=round(g.util_sum / g.util_n, 1) if g.util_n else None,
+        util_p95_pct=g.util_hist.quantile(0.95),
+        mem_peak_mib=g.mem_peak, mem_total_mib=g.mem_total,
+        mem_peak_pct=round(100 * g.mem_peak / g.mem_total, 1) if g.mem_peak is not None and g.mem_total else None,
+        proc_mem_peak_mib=g.proc_mem_peak,
+        power_mean_w=round(g.power_sum / g.power_n, 1) if g.power_n else None, power_max_w=g.power_max,
+        energy_kwh=round(energy / 3.6e6, 4) if energy is not None else None, temp_max_c=g.temp_max,
+        sampled_s=round(g.sampled_s, 1),
+        throttled_s={k: round(v, 1) for k, v in sorted(g.throttle_s.items())},
+        xids=[int(e["xid"]) for e in mine if e.get("kind") == "gpu-xid" and _num(e.get("xid")) is not None],
+        ecc_corrected=ecc_c, ecc_uncorrected=ecc_u,
+        lost=any(e.get("kind") == "gpu-lost" for e in mine),
+    )
+
+
+def _host(data: RunData, start: dict[str, Any]) -> Host | None:
+    h = data.host
+    if h is None:
+        return None
+    env = start.get("scheduler_env") or {}
+    requested = None
+    mem = str(env.get("SLURM_MEM_PER_NODE", ""))
+    if mem.isdigit():
+        requested = float(mem)  # Slurm gives MiB
+    return Host(
+        samples=h.samples, cpu_mean_pct=round(h.cpu_sum / h.cpu_n, 1) if h.cpu_n else None, cpu_max_pct=h.cpu_max,
+        rss_peak_mib=h.rss_peak, nprocs_max=h.nprocs_max, node_mem_total_mib=h.node_mem_total,
+        node_mem_min_available_mib=h.node_avail_min, mem_requested_mib=requested,
+    )
+
+
+def throttled(g: Gpu) -> dict[str, float]:
+    """The clock-event reasons that slow a busy GPU (idle and app clocks are not a slowdown)."""
+    return {k: v for k, v in g.throttled_s.items() if k in THROTTLE_REASONS or k.startswith("0x")}

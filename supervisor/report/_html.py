@@ -1,0 +1,264 @@
+"""``--html FILE``: one self-contained page, the same facts as the text plus time series.
+
+plotly.js is inlined (from the ``plotly`` package, the ``report`` extra), so the file opens
+offline on a login node or a laptop and nothing is fetched at view time. The figures are
+built as plain JSON (no plotly Python figure objects): that keeps a week-long, eight-GPU
+run quick, since the series are already downsampled to a bounded number of points.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from supervisor.report._facts import Facts, throttled
+from supervisor.report._load import RunData, Series
+from supervisor.report._text import dur, utc
+
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+           "#bcbd22", "#17becf"]
+STEP_COLOUR = {"checkpoint": "rgba(44,160,44,0.25)", "flush": "rgba(31,119,180,0.25)",
+               "stop-child": "rgba(214,39,40,0.25)", "final-flush": "rgba(148,103,189,0.25)"}
+STATUS_COLOUR = {"finished": "#1a7f37", "failed": "#cf222e", "cancelled": "#9a6700", "stopped": "#cf222e",
+                 "requeued": "#9a6700", "running": "#0969da"}
+
+
+def iso(t: float) -> str:
+    """UTC time as plotly reads it (no zone: the axis is labelled UTC)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1000):03d}"
+
+
+def _xy(times: list[str], s: Series) -> tuple[list[str], list[float | None]]:
+    """Drop the empty buckets before the first and after the last value; keep inner gaps."""
+    vals = s.values()
+    idx = [i for i, v in enumerate(vals) if v is not None]
+    if not idx:
+        return [], []
+    lo, hi = idx[0], idx[-1] + 1
+    return times[lo:hi], vals[lo:hi]
+
+
+def _markers(f: Facts, data: RunData) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Shapes (attempt spans, stop steps, signals) and hoverable marker traces for them."""
+    ev = data.journal.events
+    shapes: list[dict[str, Any]] = []
+    traces: list[dict[str, Any]] = []
+    for k, a in enumerate(f.attempts):
+        if a.start is None:
+            continue
+        end = a.end or max((e["t"] for e in ev if e.get("attempt") == a.number), default=a.start)
+        shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": iso(a.start), "x1": iso(end), "y0": 0, "y1": 1,
+                       "fillcolor": "rgba(120,120,120,0.06)" if k % 2 else "rgba(120,120,120,0.0)",
+                       "line": {"width": 1, "color": "rgba(90,90,90,0.5)", "dash": "dot"}, "layer": "below"})
+    step_x, step_y, step_text = [], [], []
+    for s in f.stops:
+        for e in (e for e in ev if e.get("kind") == "stop-step" and e.get("attempt") == s.attempt and e["t"] >= s.t):
+            secs = float(e.get("seconds") or 0.0)
+            colour = STEP_COLOUR.get(str(e.get("step")))
+            if colour and secs > 0:
+                shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": iso(e["t"] - secs), "x1": iso(e["t"]),
+                               "y0": 0, "y1": 1, "fillcolor": colour, "line": {"width": 0}, "layer": "below"})
+            step_x.append(iso(e["t"]))
+            step_y.append(0)
+            step_text.append(f"attempt {s.attempt} stop ({s.reason}): {e.get('step')} {secs:.1f}s "
+                             f"{e.get('outcome') or e.get('skipped') or ''}")
+    sig_x, sig_text = [], []
+    for e in ev:
+        if e.get("kind") in ("signal", "warning", "stop"):
+            shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": iso(e["t"]), "x1": iso(e["t"]), "y0": 0, "y1": 1,
+                           "line": {"color": "#cf222e", "width": 1.5, "dash": "dash"}})
+            sig_x.append(iso(e["t"]))
+            label = e.get("signal") if e.get("kind") == "signal" else e.get("kind")
+            sig_text.append(f"attempt {e.get('attempt')}: {label} {e.get('action') or e.get('reason') or ''}".strip())
+    ck_x, ck_text = [], []
+    seen = set()
+    for e in ev:
+        key = (e.get("pair"), e.get("checkpoint"))
+        if e.get("kind") == "publish" and not e.get("pointer") and key not in seen:
+            seen.add(key)
+            ck_x.append(iso(e["t"]))
+            ck_text.append(f"{e.get('checkpoint')} durable ({e.get('pair')}), lag {e.get('lag_s')}s")
+    traces.append({"type": "scatter", "mode": "markers", "name": "checkpoint published", "x": ck_x, "y": [100] * len(ck_x),
+                   "text": ck_text, "hoverinfo": "text+x", "marker": {"symbol": "triangle-down", "size": 9, "color": "#1a7f37"},
+                   "xaxis": "x", "yaxis": "y"})
+    traces.append({"type": "scatter", "mode": "markers", "name": "signal / warning / stop", "x": sig_x, "y": [95] * len(sig_x),
+                   "text": sig_text, "hoverinfo": "text+x", "marker": {"symbol": "x", "size": 9, "color": "#cf222e"},
+                   "xaxis": "x", "yaxis": "y"})
+    traces.append({"type": "scatter", "mode": "markers", "name": "stop step", "x": step_x, "y": step_y, "text": step_text,
+                   "hoverinfo": "text+x", "marker": {"symbol": "square", "size": 7, "color": "#9a6700"},
+                   "xaxis": "x", "yaxis": "y"})
+    for a in f.attempts:
+        if a.start is not None:
+            shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": iso(a.start), "x1": iso(a.start),
+                           "y0": 0, "y1": 1, "line": {"color": "#57606a", "width": 1}})
+    return shapes, traces
+
+
+def gpu_figure(f: Facts, data: RunData) -> dict[str, Any]:
+    times = [iso(t) for t in data.grid.times()]
+    traces: list[dict[str, Any]] = []
+    for k, g in enumerate(data.gpus):
+        colour = PALETTE[k % len(PALETTE)]
+        for series, axis, what in ((g.s_util, "y", "util %"), (g.s_mem, "y2", "memory % (peak)"), (g.s_power, "y3", "power W")):
+            x, y = _xy(times, series)
+            traces.append({"type": "scattergl" if len(x) > 2000 else "scatter", "mode": "lines", "name": f"GPU {g.index}",
+                           "legendgroup": f"gpu{g.index}{g.uuid}", "showlegend": axis == "y", "x": x, "y": y,
+                           "line": {"color": colour, "width": 1.3}, "connectgaps": False, "xaxis": "x", "yaxis": axis,
+                           "hovertemplate": f"GPU {g.index} {what}: %{{y}}<extra></extra>"})
+    shapes, marks = _markers(f, data)
+    annotations = [{"xref": "x", "yref": "paper", "x": iso(a.start), "y": 1.0, "yanchor": "bottom", "showarrow": False,
+                    "text": f"attempt {a.number}", "font": {"size": 11, "color": "#57606a"}, "xanchor": "left"}
+                   for a in f.attempts if a.start is not None]
+    layout = {
+        "title": {"text": "GPUs over time (UTC): utilisation, memory, power", "x": 0},
+        "height": 720, "margin": {"l": 60, "r": 20, "t": 70, "b": 40}, "hovermode": "x unified",
+        "legend": {"orientation": "h", "y": -0.08},
+        "xaxis": {"type": "date", "anchor": "y3", "showgrid": True},
+        "yaxis": {"title": {"text": "util %"}, "range": [-3, 105], "domain": [0.68, 1.0]},
+        "yaxis2": {"title": {"text": "memory %"}, "range": [0, 105], "domain": [0.35, 0.64]},
+        "yaxis3": {"title": {"text": "power W"}, "rangemode": "tozero", "domain": [0.0, 0.31]},
+        "shapes": shapes, "annotations": annotations, "plot_bgcolor": "white",
+    }
+    return {"data": traces + marks, "layout": layout}
+
+
+def sync_figure(f: Facts, data: RunData) -> dict[str, Any]:
+    pairs: dict[str, tuple[list[str], list[float], list[str]]] = {}
+    for e in data.journal.events:
+        if e.get("kind") == "publish" and not e.get("pointer") and isinstance(e.get("lag_s"), (int, float)):
+            x, y, text = pairs.setdefault(str(e.get("pair")), ([], [], []))
+            x.append(iso(e["t"]))
+            y.append(e["lag_s"])
+            text.append(f"{e.get('checkpoint')} ({e.get('trigger')}), attempt {e.get('attempt')}")
+    traces = [{"type": "scatter", "mode": "lines+markers", "name": f"lag, {name}", "x": x, "y": y, "text": t,
+               "hovertemplate": "%{text}: %{y}s<extra></extra>", "line": {"color": PALETTE[k % len(PALETTE)]}}
+              for k, (name, (x, y, t)) in enumerate(sorted(pairs.items()))]
+    failed = [e for e in data.journal.events if e.get("kind") == "sync-failed"]
+    if failed:
+        traces.append({"type": "scatter", "mode": "markers", "name": "sync failed", "x": [iso(e["t"]) for e in failed],
+                       "y": [0] * len(failed), "text": [str(e.get("error")) for e in failed],
+                       "marker": {"symbol": "x", "color": "#cf222e", "size": 9}})
+    return {"data": traces, "layout": {
+        "title": {"text": "Checkpoint sync lag: written locally → durable on persistent storage", "x": 0},
+        "height": 300, "margin": {"l": 60, "r": 20, "t": 50, "b": 40}, "xaxis": {"type": "date"},
+        "yaxis": {"title": {"text": "seconds"}, "rangemode": "tozero"}, "plot_bgcolor": "white", "showlegend": True}}
+
+
+def host_figure(data: RunData) -> dict[str, Any] | None:
+    h = data.host
+    if h is None:
+        return None
+    times = [iso(t) for t in data.grid.times()]
+    cx, cy = _xy(times, h.s_cpu)
+    rx, ry = _xy(times, h.s_rss)
+    return {"data": [
+        {"type": "scatter", "mode": "lines", "name": "CPU % of a core", "x": cx, "y": cy, "yaxis": "y", "connectgaps": False},
+        {"type": "scatter", "mode": "lines", "name": "RSS MiB (peak)", "x": rx, "y": ry, "yaxis": "y2", "connectgaps": False},
+    ], "layout": {
+        "title": {"text": "Training processes: CPU and memory", "x": 0}, "height": 300,
+        "margin": {"l": 60, "r": 60, "t": 50, "b": 40}, "xaxis": {"type": "date"}, "plot_bgcolor": "white",
+        "yaxis": {"title": {"text": "CPU %"}, "rangemode": "tozero"},
+        "yaxis2": {"title": {"text": "RSS MiB"}, "overlaying": "y", "side": "right", "rangemode": "tozero"}}}
+
+
+def _table(head: list[str], rows: list[list[Any]]) -> str:
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape('' if c is None else str(c))}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _fmt(v: float | None, unit: str = "", nd: int = 0) -> str:
+    return "n/a" if v is None else f"{v:.{nd}f}{unit}"
+
+
+def body(f: Facts) -> str:
+    e = html.escape
+    v = f.verdict
+    parts = [f'<h1 style="color:{STATUS_COLOUR.get(v.status, "#24292f")}">{e(v.headline)}</h1>',
+             f"<p class=sub>run dir <code>{e(f.run_dir)}</code>" + (f" · job {e(str(f.job['job_id']))}" if f.job.get("job_id") else "")
+             + (f" · {e(str(f.job['scheduler']))}" if f.job.get("scheduler") else "") + "</p>"]
+    if f.notes:
+        items = "".join(f'<li class="{e(n.level)}">{e(n.text)}</li>' for n in f.notes)
+        parts.append(f"<h2>Notes</h2><ul class=notes>{items}</ul>")
+    parts.append("<h2>Attempts</h2>" + _table(
+        ["#", "start (UTC)", "ran", "host", "ended", "detail", "exit", "requeued", "resumed from"],
+        [[a.number, utc(a.start), dur(a.seconds), a.host, a.reason or "running?", a.detail, a.exit_status,
+          {True: "yes", False: "no", None: ""}[a.requeued], a.restored_from] for a in f.attempts]))
+    if f.stops:
+        rows = []
+        for s in f.stops:
+            steps = ", ".join(f"{st.step} {dur(st.seconds)} {st.outcome or ''}".strip() for st in s.steps)
+            rows.append([s.attempt, utc(s.t), s.reason, dur(s.time_left_s) if s.time_left_s is not None else "no known end",
+                         steps, dur(s.seconds), dur(s.margin_s) if s.margin_s is not None else "n/a"])
+        parts.append("<h2>Stop sequences</h2>" + _table(
+            ["attempt", "start (UTC)", "reason", "time left", "steps", "total", "margin before the hard kill"], rows))
+    c = f.checkpoints
+    last = f"{c.last.name} ({c.last.pair}) at {utc(c.last.t)} UTC, attempt {c.last.attempt}" if c.last else "none"
+    local = "unknown until the attempt ends" if f.verdict.status == "running" else ("; ".join(c.not_durable) or "nothing")
+    parts.append("<h2>Checkpoints</h2>" + _table(["published", "lag p50", "lag p95", "interval (median)", "last durable",
+                                                   "only on local disk", "failed syncs"],
+                                                  [[c.published, dur(c.lag_p50_s) if c.lag_p50_s is not None else "n/a",
+                                                    dur(c.lag_p95_s) if c.lag_p95_s is not None else "n/a",
+                                                    dur(c.interval_s) if c.interval_s else "n/a", last, local, c.sync_failures]]))
+    if f.gpus:
+        rows = []
+        for g in f.gpus:
+            slow = throttled(g)
+            thr = ", ".join(f"{k} {100 * t / g.sampled_s:.0f}%" for k, t in slow.items()) if slow and g.sampled_s else "none"
+            errs = ", ".join(filter(None, ["XID " + ",".join(map(str, g.xids)) if g.xids else "",
+                                           f"ECC unc. {g.ecc_uncorrected}" if g.ecc_uncorrected else "",
+                                           "lost" if g.lost else ""])) or "none"
+            rows.append([g.index, g.name or "", _fmt(g.util_mean_pct, " %"), _fmt(g.util_p95_pct, " %"),
+                         f"{_fmt(g.mem_peak_mib and g.mem_peak_mib / 1024, '', 1)} / {_fmt(g.mem_total_mib and g.mem_total_mib / 1024, ' GiB', 0)}"
+                         f" ({_fmt(g.mem_peak_pct, ' %')})", _fmt(g.power_mean_w, " W"), _fmt(g.energy_kwh, " kWh", 3), thr, errs])
+        parts.append("<h2>GPUs</h2>" + _table(["GPU", "model", "util mean", "util p95", "memory peak", "power mean",
+                                               "energy", "throttled", "errors"], rows))
+    else:
+        parts.append("<h2>GPUs</h2><p>No GPU data" + (": " + e("; ".join(f.gpu_none)) if f.gpu_none else "") + ".</p>")
+    if f.host:
+        h = f.host
+        parts.append("<h2>Training processes</h2>" + _table(
+            ["CPU mean (% of a core)", "CPU max", "RSS peak", "processes", "node memory lowest available"],
+            [[_fmt(h.cpu_mean_pct, " %"), _fmt(h.cpu_max_pct, " %"), _fmt(h.rss_peak_mib, " MiB"), h.nprocs_max,
+              f"{_fmt(h.node_mem_min_available_mib, ' MiB')} of {_fmt(h.node_mem_total_mib, ' MiB')}"]]))
+    return "\n".join(parts)
+
+
+CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px auto;max-width:1200px;color:#24292f;padding:0 16px}
+h1{font-size:24px;margin:0 0 4px} h2{font-size:17px;margin:22px 0 6px;border-bottom:1px solid #d0d7de}
+.sub{color:#57606a;margin:0 0 10px} code{font-size:90%}
+table{border-collapse:collapse;font-size:13px;width:100%} th,td{border:1px solid #d0d7de;padding:3px 7px;text-align:left}
+th{background:#f6f8fa} ul.notes{padding-left:20px} ul.notes li{margin:4px 0}
+li.bad{color:#cf222e} li.warn{color:#9a6700} li.info{color:#24292f} .plot{margin-top:14px}
+"""
+
+
+def page(f: Facts, data: RunData, plotly_js: str) -> str:
+    figures = {"gpu": gpu_figure(f, data) if data.gpus else None, "sync": sync_figure(f, data), "host": host_figure(data)}
+    divs, calls = [], []
+    for name, fig in figures.items():
+        if fig is None:
+            continue
+        divs.append(f'<div class=plot id="plot-{name}"></div>')
+        calls.append(f"Plotly.newPlot('plot-{name}',{json.dumps(fig['data'], allow_nan=False)},"
+                     f"{json.dumps(fig['layout'], allow_nan=False)},{{responsive:true,displaylogo:false}});")
+    if not data.gpus:
+        divs.insert(0, "<p class=sub>No GPU samples in this run directory: no GPU plots.</p>")
+    return ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
+            f"<title>supervise report: {html.escape(f.verdict.headline)}</title><style>{CSS}</style>"
+            f"<script>{plotly_js}</script></head><body>{body(f)}<h2>Time series</h2>{''.join(divs)}"
+            f"<script>{''.join(calls)}</script></body></html>\n")
+
+
+def write_html(f: Facts, data: RunData, path: Path) -> None:
+    """Write the page; raises ImportError when the ``report`` extra (plotly) is missing."""
+    from plotly.offline import get_plotlyjs
+
+    text = page(f, data, get_plotlyjs())
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)

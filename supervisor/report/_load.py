@@ -1,0 +1,322 @@
+"""Read a run directory in one pass and in bounded memory.
+
+The journal is small (events, not samples) and is read whole with the tolerant reader.
+``gpu.csv`` and ``host.csv`` can hold millions of rows after a week on eight GPUs, so they
+are streamed once: every GPU keeps running sums, a 1 %-bin histogram for percentiles and a
+fixed number of time buckets for the plots. Memory does not grow with the run's length.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from supervisor.journal import EVENTS_FILE, JournalRead, read_journal
+
+GPU_FILE = "gpu.csv"
+HOST_FILE = "host.csv"
+BUCKETS = 720  # plot points per series: one per ~14 min over a week, one per sample on short runs
+MIN_BUCKET_S = 1.0
+
+
+class Histogram:
+    """Counts of 0–100 % in 1 % bins: percentiles exact to 1 %, in constant memory."""
+
+    def __init__(self) -> None:
+        self.bins = [0] * 101
+        self.n = 0
+
+    def add(self, pct: float) -> None:
+        self.bins[min(100, max(0, int(pct + 0.5)))] += 1
+        self.n += 1
+
+    def quantile(self, q: float) -> float | None:
+        if not self.n:
+            return None
+        rank = math.ceil(q * self.n)  # nearest-rank, as for a sorted list
+        seen = 0
+        for pct, count in enumerate(self.bins):
+            seen += count
+            if seen >= rank:
+                return float(pct)
+        return 100.0
+
+
+class Grid:
+    """A shared time axis of at most ``BUCKETS`` buckets that coarsens as rows arrive.
+
+    The run's length is not known before the CSV is read (a run in progress writes rows
+    after its last journal event), so when a row falls past the last bucket every series
+    on the grid merges neighbouring buckets pairwise and the bucket width doubles.
+    """
+
+    def __init__(self, origin: float, width: float, n: int = BUCKETS) -> None:
+        self.origin = origin
+        self.width = max(MIN_BUCKET_S, width)
+        self.n = n
+        self.series: list[Series] = []
+
+    def index(self, t: float) -> int:
+        i = int((t - self.origin) // self.width)
+        while i >= self.n:
+            for s in self.series:
+                s.coarsen()
+            self.width *= 2
+            i = int((t - self.origin) // self.width)
+        return max(0, i)
+
+    def times(self) -> list[float]:
+        return [self.origin + (i + 0.5) * self.width for i in range(self.n)]
+
+
+class Series:
+    """One downsampled metric: per bucket the mean (``mode="mean"``) or the maximum."""
+
+    def __init__(self, grid: Grid, mode: str = "mean") -> None:
+        self.mode = mode
+        self.sum = [0.0] * grid.n
+        self.cnt = [0] * grid.n
+        grid.series.append(self)
+
+    def add(self, i: int, v: float) -> None:
+        if self.mode == "max":
+            if not self.cnt[i] or v > self.sum[i]:
+                self.sum[i] = v
+        else:
+            self.sum[i] += v
+        self.cnt[i] += 1
+
+    def coarsen(self) -> None:
+        n = len(self.sum)
+        s, c = [0.0] * n, [0] * n
+        for j in range(n // 2):
+            a, b = 2 * j, 2 * j + 1
+            c[j] = self.cnt[a] + self.cnt[b]
+            if self.mode == "max":
+                vals = [self.sum[k] for k in (a, b) if self.cnt[k]]
+                s[j] = max(vals) if vals else 0.0
+            else:
+                s[j] = self.sum[a] + self.sum[b]
+        self.sum, self.cnt = s, c
+
+    def values(self) -> list[float | None]:
+        """Per bucket, None where no row fell: the plot shows a gap (e.g. between attempts)."""
+        if self.mode == "max":
+            return [round(v, 2) if c else None for v, c in zip(self.sum, self.cnt)]
+        return [round(v / c, 2) if c else None for v, c in zip(self.sum, self.cnt)]
+
+
+@dataclass
+class GpuAcc:
+    """Running aggregates of one GPU (by UUID: index 0 of another node is another GPU)."""
+
+    index: int
+    uuid: str
+    grid: Grid
+    samples: int = 0
+    util_n: int = 0
+    util_sum: float = 0.0
+    util_hist: Histogram = field(default_factory=Histogram)
+    mem_peak: float | None = None
+    mem_total: float | None = None
+    proc_mem_peak: float | None = None
+    power_n: int = 0
+    power_sum: float = 0.0
+    power_max: float | None = None
+    temp_max: float | None = None
+    energy_done: float = 0.0  # J of earlier attempts (the counter restarts with each sampler)
+    energy_last: float | None = None
+    throttle_s: dict[str, float] = field(default_factory=dict)
+    sampled_s: float = 0.0
+    last_t: float | None = None
+    first_t: float | None = None
+
+    def __post_init__(self) -> None:
+        self.s_util = Series(self.grid)
+        self.s_mem = Series(self.grid, "max")
+        self.s_power = Series(self.grid)
+
+    @property
+    def energy_j(self) -> float | None:
+        if self.energy_last is None and not self.energy_done:
+            return None
+        return self.energy_done + (self.energy_last or 0.0)
+
+
+@dataclass
+class HostAcc:
+    grid: Grid
+    samples: int = 0
+    cpu_n: int = 0
+    cpu_sum: float = 0.0
+    cpu_max: float | None = None
+    rss_peak: float | None = None
+    nprocs_max: int = 0
+    node_mem_total: float | None = None
+    node_avail_min: float | None = None
+
+    def __post_init__(self) -> None:
+        self.s_cpu = Series(self.grid)
+        self.s_rss = Series(self.grid, "max")
+
+
+@dataclass
+class RunData:
+    """Everything the report knows, read from the run directory."""
+
+    run_dir: Path
+    journal: JournalRead
+    grid: Grid
+    gpus: list[GpuAcc]
+    host: HostAcc | None
+    gpu_bad_rows: int = 0
+    host_bad_rows: int = 0
+
+
+def _f(cell: str) -> float | None:
+    if not cell:
+        return None
+    try:
+        v = float(cell)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _rows(path: Path) -> Iterator[tuple[dict[str, int], list[str]]]:
+    """Rows of a CSV with the column positions by name; a repeated header row is skipped."""
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if not header:
+            return
+        cols = {name: i for i, name in enumerate(header)}
+        for row in reader:
+            if row and row[0] == header[0]:
+                continue
+            yield cols, row
+
+
+def load(run_dir: Path, *, buckets: int = BUCKETS) -> RunData:
+    """Read the journal and stream the sample files of ``run_dir``."""
+    journal = read_journal(run_dir / EVENTS_FILE)
+    times = [e["t"] for e in journal.events if isinstance(e.get("t"), (int, float))]
+    t0, t1 = (min(times), max(times)) if times else (0.0, 0.0)
+    every = max((float(e.get("every") or 0) for e in journal.events if e.get("kind") == "gpu-start"), default=0.0)
+    grid = Grid(t0, (t1 - t0) / buckets, buckets)
+    data = RunData(run_dir, journal, grid, [], None)
+    if (run_dir / GPU_FILE).exists():
+        _scan_gpu(run_dir / GPU_FILE, data, every or 10.0, times_known=bool(times))
+    if (run_dir / HOST_FILE).exists():
+        _scan_host(run_dir / HOST_FILE, data, times_known=bool(times))
+    return data
+
+
+def _scan_gpu(path: Path, data: RunData, every: float, *, times_known: bool) -> None:
+    accs: dict[str, GpuAcc] = {}
+    gap = 2.5 * every  # a longer silence is a gap (another attempt), not time spent in a state
+    for cols, row in _rows(path):
+        try:
+            t = float(row[cols["time"]])
+            uuid = row[cols["uuid"]] or row[cols["gpu"]]
+            index = int(row[cols["gpu"]])
+        except (KeyError, ValueError, IndexError):
+            data.gpu_bad_rows += 1
+            continue
+        if not times_known and not accs:
+            data.grid.origin = t
+        g = accs.get(uuid)
+        if g is None:
+            g = accs[uuid] = GpuAcc(index, uuid, data.grid)
+        _add_gpu_row(g, cols, row, t, gap, every)
+    data.gpus = sorted(accs.values(), key=lambda g: (g.index, g.uuid))
+
+
+def _add_gpu_row(g: GpuAcc, cols: dict[str, int], row: list[str], t: float, gap: float, every: float) -> None:
+    def cell(name: str) -> str:
+        i = cols.get(name)
+        return row[i] if i is not None and i < len(row) else ""
+
+    dt = every if g.last_t is None or not 0 <= t - g.last_t <= gap else t - g.last_t
+    g.first_t = t if g.first_t is None else g.first_t
+    g.last_t = t
+    g.samples += 1
+    g.sampled_s += dt
+    i = g.grid.index(t)
+    util = _f(cell("util_gpu_pct"))
+    if util is not None:
+        g.util_n += 1
+        g.util_sum += util
+        g.util_hist.add(util)
+        g.s_util.add(i, util)
+    used, total = _f(cell("mem_used_mib")), _f(cell("mem_total_mib"))
+    if used is not None:
+        g.mem_peak = used if g.mem_peak is None else max(g.mem_peak, used)
+        if total:
+            g.s_mem.add(i, 100.0 * used / total)
+    if total is not None:
+        g.mem_total = total if g.mem_total is None else max(g.mem_total, total)
+    proc = _f(cell("proc_mem_mib"))
+    if proc is not None:
+        g.proc_mem_peak = proc if g.proc_mem_peak is None else max(g.proc_mem_peak, proc)
+    power = _f(cell("power_w"))
+    if power is not None:
+        g.power_n += 1
+        g.power_sum += power
+        g.power_max = power if g.power_max is None else max(g.power_max, power)
+        g.s_power.add(i, power)
+    temp = _f(cell("temp_c"))
+    if temp is not None:
+        g.temp_max = temp if g.temp_max is None else max(g.temp_max, temp)
+    energy = _f(cell("energy_j"))
+    if energy is not None:
+        if g.energy_last is not None and energy < g.energy_last:  # a new sampler: the counter restarted
+            g.energy_done += g.energy_last
+        g.energy_last = energy
+    events = cell("clock_events")
+    if events:
+        for name in events.split("|"):
+            g.throttle_s[name] = g.throttle_s.get(name, 0.0) + dt
+
+
+def _scan_host(path: Path, data: RunData, *, times_known: bool) -> None:
+    h = HostAcc(data.grid)
+    for cols, row in _rows(path):
+        try:
+            t = float(row[cols["time"]])
+        except (KeyError, ValueError, IndexError):
+            data.host_bad_rows += 1
+            continue
+        if not times_known and not h.samples and not data.gpus:
+            data.grid.origin = t
+
+        def cell(name: str) -> float | None:
+            i = cols.get(name)
+            return _f(row[i]) if i is not None and i < len(row) else None
+
+        h.samples += 1
+        i = data.grid.index(t)
+        cpu, rss, nprocs = cell("cpu_pct"), cell("rss_mib"), cell("nprocs")
+        total, avail = cell("node_mem_total_mib"), cell("node_mem_available_mib")
+        if cpu is not None:
+            h.cpu_n += 1
+            h.cpu_sum += cpu
+            h.cpu_max = cpu if h.cpu_max is None else max(h.cpu_max, cpu)
+            h.s_cpu.add(i, cpu)
+        if rss is not None:
+            h.rss_peak = rss if h.rss_peak is None else max(h.rss_peak, rss)
+            h.s_rss.add(i, rss)
+        if nprocs is not None:
+            h.nprocs_max = max(h.nprocs_max, int(nprocs))
+        if total is not None:
+            h.node_mem_total = total
+        if avail is not None:
+            h.node_avail_min = avail if h.node_avail_min is None else min(h.node_avail_min, avail)
+    data.host = h if h.samples else None
+
+
+def event_kinds(events: list[dict[str, Any]], *kinds: str) -> list[dict[str, Any]]:
+    return [e for e in events if e.get("kind") in kinds]

@@ -1,0 +1,198 @@
+"""Plain-language notes, each with the concrete change to make (Princeton jobstats style).
+
+Every rule is a small function of the facts that returns notes or nothing; the thresholds
+are named constants here so a site can see (and change) what triggers what.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from supervisor.report._facts import LEARNED_STEPS, Facts, Note, pct, throttled
+
+GPU_UNUSED_PCT = 5.0  # mean utilisation: the GPU did essentially nothing
+GPU_LOW_PCT = 25.0  # jobstats' "GPU_UTIL_BLACK": idle most of the time
+GPU_MEM_LOW_PCT = 50.0  # peak memory of capacity
+HOST_MEM_LOW_PCT = 50.0  # peak RSS of what the job asked for
+NODE_MEM_TIGHT_PCT = 5.0  # available node memory at its lowest
+THROTTLE_PCT = 10.0  # share of sampled time slowed by power or heat
+TIME_USED_LOW = 0.5  # a finished run that used less than this share of its time limit
+MIN_SAMPLES = 6  # fewer GPU samples say nothing about utilisation
+
+
+def _dur(s: float) -> str:
+    s = max(0, int(math.ceil(s)))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return (f"{h}h" if h else "") + (f"{m}m" if m else "") + (f"{sec}s" if sec or not (h or m) else "")
+
+
+def _gpus(idx: list[int]) -> str:
+    return ("GPU " if len(idx) == 1 else "GPUs ") + ", ".join(str(i) for i in idx)
+
+
+def _slurm_time(seconds: float) -> str:
+    """A Slurm --time value rounded up to 10 minutes: D-HH:MM:SS."""
+    minutes = int(math.ceil(seconds / 600.0)) * 10
+    d, rem = divmod(minutes, 24 * 60)
+    h, m = divmod(rem, 60)
+    return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:00"
+
+
+def gpu_use(f: Facts) -> list[Note]:
+    sampled = [g for g in f.gpus if g.util_mean_pct is not None and g.samples >= MIN_SAMPLES]
+    unused = [g.index for g in sampled if g.util_mean_pct < GPU_UNUSED_PCT]
+    low = [g for g in sampled if GPU_UNUSED_PCT <= g.util_mean_pct < GPU_LOW_PCT]
+    notes = []
+    if unused:
+        n = len(unused)
+        notes.append(Note("bad", f"{_gpus(unused)} did almost no work (mean utilisation under {GPU_UNUSED_PCT:g} %). "
+                                 f"Check that every rank uses its own GPU (LOCAL_RANK → cuda:N), or ask for "
+                                 f"{len(f.gpus) - n} GPU{'s' if len(f.gpus) - n != 1 else ''} instead of {len(f.gpus)} "
+                                 f"(--gpus={len(f.gpus) - n})."))
+    if low:
+        desc = ", ".join(f"GPU {g.index} {g.util_mean_pct:.0f} %" for g in low)
+        notes.append(Note("warn", f"{_gpus([g.index for g in low])} were idle most of the time (mean utilisation {desc}; "
+                                  f"under {GPU_LOW_PCT:g} % is low). Usually the input pipeline starves them: raise "
+                                  f"DataLoader num_workers, use pin_memory and prefetching, or a larger batch."))
+    return notes
+
+
+def gpu_memory(f: Facts) -> list[Note]:
+    with_mem = [g for g in f.gpus if g.mem_peak_pct is not None]
+    if not with_mem or any(g.mem_peak_pct >= GPU_MEM_LOW_PCT for g in with_mem):
+        return []
+    peak = max(g.mem_peak_pct for g in with_mem)
+    peak_gib = max(g.mem_peak_mib or 0 for g in with_mem) / 1024
+    total_gib = max(g.mem_total_mib or 0 for g in with_mem) / 1024
+    return [Note("info", f"GPU memory peaked at {peak:.0f} % of capacity ({peak_gib:.1f} of {total_gib:.0f} GiB). "
+                         f"A larger batch would use the GPUs better, or ask for a smaller GPU or a MIG slice "
+                         f"(e.g. --gres=gpu:<smaller type>) and start sooner.")]
+
+
+def host_memory(f: Facts) -> list[Note]:
+    h = f.host
+    notes = []
+    if h and h.mem_requested_mib and h.rss_peak_mib is not None and h.rss_peak_mib < h.mem_requested_mib * HOST_MEM_LOW_PCT / 100:
+        ask = int(math.ceil(h.rss_peak_mib * 1.25 / 1024))
+        notes.append(Note("info", f"The training used at most {h.rss_peak_mib / 1024:.1f} GiB of the "
+                                  f"{h.mem_requested_mib / 1024:.0f} GiB of memory asked for: ask for --mem={max(1, ask)}G."))
+    if h and h.node_mem_total_mib and h.node_mem_min_available_mib is not None and \
+            h.node_mem_min_available_mib < h.node_mem_total_mib * NODE_MEM_TIGHT_PCT / 100:
+        notes.append(Note("warn", f"The node's available memory fell to {h.node_mem_min_available_mib:.0f} MiB "
+                                  f"(under {NODE_MEM_TIGHT_PCT:g} % of {h.node_mem_total_mib:.0f} MiB): close to an OOM kill. "
+                                  f"Ask for more memory (--mem) or fewer DataLoader workers."))
+    return notes
+
+
+def warn_lead(f: Facts) -> list[Note]:
+    """The warning must leave time for the checkpoint and the flush, as measured."""
+    needs = [sum(s.seconds for s in st.steps if s.step in LEARNED_STEPS) for st in f.stops if st.steps]
+    outcomes = [s.outcome for st in f.stops for s in st.steps if s.step == "checkpoint"]
+    leads = [a.warn_lead_s for a in f.attempts if a.warn_lead_s is not None]
+    if not needs or not leads:
+        return []
+    need = pct(needs, 0.95) or 0.0
+    lead = leads[-1]
+    cut_short = [o for o in outcomes if o in ("timeout", "no-time")]
+    killed = [st for st in f.stops if st.margin_s is not None and st.margin_s < 0]
+    if need <= lead and not cut_short and not killed:
+        return []
+    suggest = _dur(max(need * 1.25 + 30, lead * 2 if cut_short else 0))
+    why = []
+    if need > lead:
+        why.append(f"checkpoint + flush took up to {need:.1f}s but the warning came {lead:.1f}s before the end")
+    if cut_short:
+        why.append(f"{len(cut_short)} stop checkpoint{'s' if len(cut_short) > 1 else ''} ran out of time ({', '.join(cut_short)})")
+    if killed:
+        why.append(f"{len(killed)} stop sequence{'s' if len(killed) > 1 else ''} ended after the job's end")
+    return [Note("bad", "The warning before the time limit is too short: " + "; ".join(why) +
+                 f". Raise --warn-before to {suggest} (or use --warn-before auto, which learns it).")]
+
+
+def checkpoint_pace(f: Facts) -> list[Note]:
+    c = f.checkpoints
+    notes = []
+    if c.interval_s and c.lag_p95_s is not None and c.lag_p95_s > c.interval_s:
+        notes.append(Note("warn", f"Checkpoints come every {_dur(c.interval_s)} but take {c.lag_p95_s:.1f}s (p95) to reach "
+                                  f"persistent storage: they pile up on local disk. Checkpoint less often "
+                                  f"(every ≥ {_dur(c.lag_p95_s * 2)}) or write smaller ones."))
+    writes = [s.seconds for st in f.stops for s in st.steps if s.step == "checkpoint" and s.outcome == "published"]
+    if c.interval_s and writes and max(writes) > c.interval_s:
+        notes.append(Note("warn", f"Writing a checkpoint took {max(writes):.1f}s, longer than the {_dur(c.interval_s)} "
+                                  f"between checkpoints: the training spends most of its time checkpointing. "
+                                  f"Checkpoint every ≥ {_dur(max(writes) * 5)}."))
+    if c.not_durable:
+        notes.append(Note("bad", "Left only on local disk at the end (not on persistent storage): "
+                                 + "; ".join(c.not_durable) + ". Copy it by hand before the node is cleaned, "
+                                 "and raise --warn-before so the final flush has time."))
+    if c.sync_failures:
+        notes.append(Note("warn", f"{c.sync_failures} sync pass{'es' if c.sync_failures != 1 else ''} failed "
+                                  f"(see sync-failed in events.jsonl); check quota and the persistent path."))
+    return notes
+
+
+def time_limit(f: Facts) -> list[Note]:
+    if f.verdict.status != "finished" or not f.attempts:
+        return []
+    last = f.attempts[-1]
+    if not last.time_limit_s or last.seconds is None or last.seconds >= last.time_limit_s * TIME_USED_LOW:
+        return []
+    return [Note("info", f"The last attempt ran {_dur(last.seconds)} of its {_dur(last.time_limit_s)} time limit "
+                         f"({100 * last.seconds / last.time_limit_s:.0f} %). Ask for --time={_slurm_time(last.seconds * 1.25)} "
+                         f"(run time + 25 %): shorter jobs start sooner (backfill).")]
+
+
+def gpu_health(f: Facts) -> list[Note]:
+    notes = []
+    for g in f.gpus:
+        slow = throttled(g)
+        if slow and g.sampled_s:
+            share = 100 * max(slow.values()) / g.sampled_s
+            if share >= THROTTLE_PCT:
+                worst = max(slow, key=slow.get)  # type: ignore[arg-type]
+                notes.append(Note("warn", f"GPU {g.index} was slowed by {worst} {share:.0f} % of the time: "
+                                          f"the node's power or cooling limits it; tell the site's admins (node {_host_of(f)})."))
+        trouble = []
+        if g.xids:
+            trouble.append("XID " + ", ".join(str(x) for x in sorted(set(g.xids))))
+        if g.ecc_uncorrected:
+            trouble.append(f"{g.ecc_uncorrected} uncorrected ECC error{'s' if g.ecc_uncorrected > 1 else ''}")
+        if g.lost:
+            trouble.append("fell off the bus (lost)")
+        if trouble:
+            notes.append(Note("bad", f"GPU {g.index} ({g.uuid}) reported {', '.join(trouble)}: a hardware fault. "
+                                     f"Tell the admins and keep off the node until fixed (--exclude={_host_of(f)})."))
+    return notes
+
+
+def _host_of(f: Facts) -> str:
+    return str(f.attempts[-1].host if f.attempts and f.attempts[-1].host else "<node>")
+
+
+def run_shape(f: Facts) -> list[Note]:
+    notes = []
+    restarts = sum(a.restarts for a in f.attempts)
+    if restarts:
+        notes.append(Note("warn", f"The training crashed and was restarted in place {restarts} time"
+                                  f"{'s' if restarts > 1 else ''}: see supervise.log for its last lines."))
+    if f.verdict.status == "stopped":
+        notes.append(Note("bad", "The run stopped before its work was done and was not requeued: resubmit with the same "
+                                 "--run-dir (it resumes from the last durable checkpoint), or add --requeue."))
+    if not f.gpus and f.gpu_none:
+        notes.append(Note("info", "No GPU data: " + "; ".join(f.gpu_none) + "."))
+    if f.journal["torn_last_line"]:
+        notes.append(Note("info", "The journal's last line is torn: the supervisor was killed while writing it "
+                                  "(SIGKILL or a full disk). Everything before it is reported."))
+    return notes
+
+
+RULES: list[Callable[[Facts], list[Note]]] = [run_shape, warn_lead, checkpoint_pace, gpu_health, gpu_use,
+                                              gpu_memory, host_memory, time_limit]
+
+
+def notes(f: Facts) -> list[Note]:
+    order = {"bad": 0, "warn": 1, "info": 2}
+    out = [n for rule in RULES for n in rule(f)]
+    return sorted(out, key=lambda n: order.get(n.level, 3))

@@ -1,0 +1,200 @@
+"""The one-screen text report: verdict first, then the story, then what to change."""
+
+from __future__ import annotations
+
+import textwrap
+import time
+
+from supervisor.report._facts import Facts, Gpu, throttled
+
+WIDTH = 100
+STATUS_COLOUR = {"finished": "32", "failed": "31", "cancelled": "33", "stopped": "31", "requeued": "33", "running": "36"}
+NOTE_MARK = {"bad": ("✗", "31"), "warn": ("!", "33"), "info": ("·", "36")}
+
+
+class Style:
+    """ANSI colour only when asked (a terminal, and no NO_COLOR)."""
+
+    def __init__(self, colour: bool) -> None:
+        self.colour = colour
+
+    def __call__(self, code: str, s: str) -> str:
+        return f"\033[{code}m{s}\033[0m" if self.colour else s
+
+    def head(self, s: str) -> str:
+        return self("1", s)
+
+
+def utc(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) if t is not None else "?"
+
+
+def dur(s: float | None) -> str:
+    if s is None:
+        return "?"
+    if abs(s) < 60:
+        return f"{s:.1f}s"
+    s = int(round(s))
+    sign = "-" if s < 0 else ""
+    h, rem = divmod(abs(s), 3600)
+    m, sec = divmod(rem, 60)
+    d, h = divmod(h, 24)
+    return sign + (f"{d}d" if d else "") + (f"{h}h" if h or d else "") + f"{m:02d}m" + (f"{sec:02d}s" if not d else "")
+
+
+def _gib(mib: float | None) -> str:
+    return "?" if mib is None else f"{mib / 1024:.1f}"
+
+
+def meter(p: float | None, width: int = 20) -> str:
+    if p is None:
+        return "[" + " " * width + "]   n/a"
+    n = int(round(width * min(100.0, max(0.0, p)) / 100))
+    return "[" + "|" * n + " " * (width - n) + f"] {p:3.0f}%"
+
+
+def render(f: Facts, *, colour: bool = False) -> str:
+    st = Style(colour)
+    out: list[str] = []
+    v = f.verdict
+    out.append(st(STATUS_COLOUR.get(v.status, "1") + ";1", v.headline))
+    for a in f.attempts:
+        how = a.reason or "no end recorded"
+        extra = f" ({a.detail})" if a.detail and a.detail != a.reason else ""
+        status = f", exit status {a.exit_status}" if a.exit_status is not None else ""
+        req = ", requeued" if a.requeued else ""
+        out.append(f"  attempt {a.number}: {how}{extra}{status}{req}")
+    job = f.job
+    out.append(f"run dir {f.run_dir}" + (f" · job {job['job_id']}" if job.get("job_id") else "")
+               + (f" ({job['job_name']})" if job.get("job_name") else "") + (f" · {job['scheduler']}" if job.get("scheduler") else ""))
+    out += _timeline(f, st) + _stops(f, st) + _checkpoints(f, st) + _gpus(f, st) + _host(f, st) + _notes(f, st)
+    j = f.journal
+    if j["torn_last_line"] or j["bad_lines"]:
+        out.append(st("2", f"journal: {j['events']} events; torn last line: {'yes' if j['torn_last_line'] else 'no'}; "
+                           f"unreadable lines: {j['bad_lines'] or 'none'}"))
+    return "\n".join(out) + "\n"
+
+
+def _timeline(f: Facts, st: Style) -> list[str]:
+    out = ["", st.head("Attempts"), f"  {'#':>2}  {'start (UTC)':19}  {'ran':>9}  {'host':14}  {'ended':14}  {'exit':>4}  what else"]
+    for a in f.attempts:
+        what = []
+        if a.restored_from:
+            what.append(f"resumed from {a.restored_from}")
+        if a.restarts:
+            what.append(f"{a.restarts} in-place restart{'s' if a.restarts > 1 else ''}")
+        if a.signals:
+            what.append("signals " + " ".join(a.signals))
+        if a.time_limit_s:
+            what.append(f"limit {dur(a.time_limit_s)}")
+        out.append(f"  {a.number:>2}  {utc(a.start):19}  {dur(a.seconds):>9}  {str(a.host or '?')[:14]:14}  "
+                   f"{str(a.reason or 'running?')[:14]:14}  {'' if a.exit_status is None else a.exit_status:>4}  {'; '.join(what)}")
+    return out
+
+
+def _stops(f: Facts, st: Style) -> list[str]:
+    if not f.stops:
+        return []
+    out = ["", st.head("Stop sequences")]
+    for s in f.stops:
+        left = f", {dur(s.time_left_s)} before the job's end" if s.time_left_s is not None else ", no known end"
+        out.append(f"  attempt {s.attempt} at {utc(s.t)[11:]}: {s.reason}" + (f" ({s.detail})" if s.detail else "") + left)
+        for step in s.steps:
+            outcome = step.outcome or ""
+            if step.killed:
+                outcome += f" (SIGKILLed {len(step.killed)})"
+            bad = outcome.startswith(("timeout", "no-time")) or bool(step.killed)
+            out.append(f"    {step.step:12} {dur(step.seconds):>7}  " + (st("31", outcome) if bad else outcome))
+        margin = ""
+        if s.margin_s is not None:
+            text = f"{dur(s.margin_s)} left before the hard kill"
+            margin = " · " + (st("31", text) if s.margin_s < 0 else text)
+        out.append(f"    {'total':12} {dur(s.seconds):>7}{margin}")
+    return out
+
+
+def _checkpoints(f: Facts, st: Style) -> list[str]:
+    c = f.checkpoints
+    out = ["", st.head("Checkpoints")]
+    if not c.pairs and not c.published:
+        return out + ["  no checkpoint mirroring configured (--checkpoints LOCAL PERSISTENT)"]
+    lag = f" · lag to persistent storage p50 {dur(c.lag_p50_s)} p95 {dur(c.lag_p95_s)}" if c.lag_p50_s is not None else ""
+    every = f" · one every {dur(c.interval_s)} (median)" if c.interval_s else ""
+    out.append(f"  {c.published} published ({', '.join(c.pairs) or '?'}){lag}{every}")
+    if c.last:
+        out.append(f"  last durable: {st('1', c.last.name)} ({c.last.pair}) at {utc(c.last.t)} UTC, attempt {c.last.attempt}")
+    else:
+        out.append("  " + st("31", "no checkpoint reached persistent storage"))
+    if f.verdict.status == "running":
+        out.append("  only on local disk: unknown until the attempt ends")
+    elif c.not_durable:
+        out.append("  " + st("31", "only on local disk: " + "; ".join(c.not_durable)))
+    else:
+        out.append("  only on local disk: nothing")
+    if c.sync_failures:
+        out.append("  " + st("33", f"{c.sync_failures} failed sync passes"))
+    if c.restores:
+        out.append("  restored: " + "; ".join(c.restores))
+    return out
+
+
+def _gpu_line(g: Gpu) -> list[str]:
+    name = f" {g.name}" if g.name else ""
+    mem = f"mem peak {_gib(g.mem_peak_mib)}/{_gib(g.mem_total_mib)} GiB" + (f" ({g.mem_peak_pct:.0f}%)" if g.mem_peak_pct is not None else "")
+    power = f"{g.power_mean_w:.0f} W avg, {g.power_max_w:.0f} max" if g.power_mean_w is not None and g.power_max_w is not None else "power n/a"
+    energy = f"{g.energy_kwh:.3f} kWh" if g.energy_kwh is not None else "energy n/a"
+    slow = throttled(g)
+    thr = ", ".join(f"{k} {100 * v / g.sampled_s:.0f}%" for k, v in slow.items()) if slow and g.sampled_s else "none"
+    errs = []
+    if g.xids:
+        errs.append("XID " + ",".join(str(x) for x in g.xids))
+    if g.ecc_uncorrected or g.ecc_corrected:
+        errs.append(f"ECC {g.ecc_corrected or 0} corrected / {g.ecc_uncorrected or 0} uncorrected")
+    if g.lost:
+        errs.append("LOST")
+    p95 = f" p95 {g.util_p95_pct:.0f}%" if g.util_p95_pct is not None else ""
+    return [f"  GPU {g.index}{name} ({g.uuid})",
+            f"    util {meter(g.util_mean_pct)} mean{p95} · {mem}",
+            f"    {power} · {energy} · throttled: {thr} · errors: {', '.join(errs) or 'none'}"]
+
+
+def _gpus(f: Facts, st: Style) -> list[str]:
+    out = ["", st.head("GPUs")]
+    if not f.gpus:
+        return out + ["  no GPU data" + (": " + "; ".join(f.gpu_none) if f.gpu_none else "")]
+    for g in f.gpus:
+        lines = _gpu_line(g)
+        if g.util_mean_pct is not None and g.util_mean_pct < 25:
+            lines[1] = st("33", lines[1])
+        if g.xids or g.ecc_uncorrected or g.lost:
+            lines[2] = st("31", lines[2])
+        out += lines
+    total = [g.energy_kwh for g in f.gpus if g.energy_kwh is not None]
+    if total:
+        out.append(f"  all GPUs: {sum(total):.3f} kWh")
+    return out
+
+
+def _host(f: Facts, st: Style) -> list[str]:
+    h = f.host
+    if h is None:
+        return []
+    cpu = f"CPU mean {h.cpu_mean_pct:.0f}% of a core, max {h.cpu_max_pct:.0f}%" if h.cpu_mean_pct is not None and h.cpu_max_pct is not None else "CPU n/a"
+    asked = f" of {_gib(h.mem_requested_mib)} GiB asked" if h.mem_requested_mib else ""
+    node = ""
+    if h.node_mem_total_mib and h.node_mem_min_available_mib is not None:
+        node = f" · node memory available at least {_gib(h.node_mem_min_available_mib)} of {_gib(h.node_mem_total_mib)} GiB"
+    return ["", st.head("Training processes (host)"),
+            f"  {cpu} · RSS peak {_gib(h.rss_peak_mib)} GiB{asked} · up to {h.nprocs_max} processes{node}"]
+
+
+def _notes(f: Facts, st: Style) -> list[str]:
+    out = ["", st.head("Notes")]
+    if not f.notes:
+        return out + ["  nothing to change"]
+    for n in f.notes:
+        mark, code = NOTE_MARK.get(n.level, ("·", "0"))
+        wrapped = textwrap.wrap(n.text, WIDTH - 4) or [""]
+        out.append(f"  {st(code, mark)} " + wrapped[0])
+        out += ["    " + w for w in wrapped[1:]]
+    return out
