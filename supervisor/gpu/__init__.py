@@ -156,6 +156,10 @@ class GpuSampler:
             self._none(f"the GPU library did not answer within {OPEN_TIMEOUT:g}s")
             task_status.started()
             return
+        except Exception as e:  # invariant 4: an odd driver/binding must not take the run down
+            self._none(f"opening the GPU backend failed: {type(e).__name__}: {e}")
+            task_status.started()
+            return
         self.devices = opened.devices
         self.emit("gpu-start", backend=backend.name, driver=opened.driver, source=opened.source,
                   selector=self.env.get(opened.source) if opened.source != "all" else None,

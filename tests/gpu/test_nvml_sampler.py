@@ -335,3 +335,34 @@ async def test_nvml_no_gpu_we_may_open_journals_gpu_none(tmp_path: Path, events:
         await sampler.run(tree_pids=set)
     (none,) = events.of("gpu-none")
     assert none["reason"].startswith("NVML could open none of the GPUs (GPU 0: Insufficient Permissions;")
+
+
+@pytest.mark.asyncio
+async def test_gpu_backend_crashing_on_open_or_tick_is_journaled_not_raised(tmp_path: Path, events: Events) -> None:
+    class Broken(FakeNvml):
+        def nvmlDeviceGetCount(self) -> int:
+            raise RuntimeError("binding bug")
+
+    sampler = GpuSampler(run_dir=tmp_path, emit=events, every=1.0, env={}, _backend_override=NvmlBackend(Broken([])))
+    with anyio.fail_after(10):
+        await sampler.run(tree_pids=set)
+    assert [e["reason"] for e in events.of("gpu-none")] == ["opening the GPU backend failed: RuntimeError: binding bug"]
+
+    ticks: list[float] = []
+
+    class TickBug(NvmlBackend):
+        def sample(self, tree: set[int]):  # type: ignore[override]
+            ticks.append(time.monotonic())
+            raise ValueError("tick bug")
+
+    events2 = Events()
+    backend = TickBug(FakeNvml(eight_gpus()))
+    sampler = GpuSampler(run_dir=tmp_path, emit=events2, every=0.02, env={}, _backend_override=backend)
+    async with anyio.create_task_group() as tg:
+        await tg.start(lambda task_status: sampler.run(tree_pids=set, task_status=task_status))
+        await wait_for(lambda: len(ticks) >= 4)  # the error is journaled once, then backed off
+        tg.cancel_scope.cancel()
+    gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+    assert gaps[-1] > gaps[0] * 1.5  # backing off
+    assert [e["error"] for e in events2.of("gpu-error")] == ["ValueError: tick bug"]
+    assert events2.of("gpu-end")[0]["samples"] == 0
