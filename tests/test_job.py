@@ -3,7 +3,6 @@ and the subprocess path (real processes: missing tools, slow tools, failing tool
 
 from __future__ import annotations
 
-import os
 import stat
 import time
 from datetime import datetime
