@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 import time
@@ -137,3 +138,5 @@ def slurm() -> Iterator[Slurm]:
         yield Slurm(root, Path(m.group(1)))
     finally:
         subprocess.run(["bash", str(DOWN), str(root)], capture_output=True, timeout=120)
+        if not os.environ.get("SUPERVISE_KEEP_SLURM"):  # set it to keep the daemons' logs
+            shutil.rmtree(root, ignore_errors=True)
