@@ -173,6 +173,8 @@ class RsyncBackend:
     """rsync with argv lists, ``--`` before paths, exit 24 accepted, never ``--delete``.
 
     Paths are always absolute, so a ``:`` in a name is never read as ``host:path``.
+    Checkpoint copies use ``--modify-window=-1`` (nanosecond quick check): on a recopy, a
+    shard rewritten within the same second at the same size is not skipped as unchanged.
     """
 
     name = "rsync"
@@ -208,7 +210,7 @@ class RsyncBackend:
         return res
 
     async def copy_tree(self, src, dst, *, exclude=(), skip=(), fsync=False):
-        args = [f"--partial-dir={PARTIAL_DIR}", *await self._fsync_flag(fsync)]
+        args = [f"--partial-dir={PARTIAL_DIR}", "--modify-window=-1", *await self._fsync_flag(fsync)]
         args += [f"--exclude={p}" for p in exclude]
         args += [f"--exclude=/{_escape(s)}" for s in skip]
         return await self._run([*args, "--", f"{src}/", f"{dst}/"], fsync_tree=dst if fsync else None)
@@ -216,12 +218,12 @@ class RsyncBackend:
     async def copy_files(self, src, dst, files, *, fsync=False):
         if not files:
             return CopyResult()
-        args = ["--files-from=-", "--from0", *await self._fsync_flag(fsync)]
+        args = ["--files-from=-", "--from0", "--modify-window=-1", *await self._fsync_flag(fsync)]
         return await self._run([*args, "--", f"{src}/", f"{dst}/"], stdin=b"\0".join(f.encode() for f in files),
                                fsync_tree=dst if fsync else None)
 
     async def copy_file(self, src, dst, *, fsync=False):
-        args = [f"--partial-dir={PARTIAL_DIR}", *await self._fsync_flag(fsync)]
+        args = [f"--partial-dir={PARTIAL_DIR}", "--modify-window=-1", *await self._fsync_flag(fsync)]
         return await self._run([*args, "--", str(src), str(dst)], fsync_tree=dst if fsync else None)
 
     async def grow(self, src, dst, *, exclude=(), fsync=False):

@@ -260,19 +260,21 @@ class PairEngine:
         p = self.pair
         src, final = p.src / e.name, p.dst / e.name
         staging = p.dst / f"{STAGING_PREFIX}{e.name}"
-        for _ in range(RECOPY_TRIES):
+        for attempt in range(RECOPY_TRIES):
+            got = CopyResult()
             try:
                 if e.is_dir:
-                    stats += await self.backend.copy_tree(src, staging, exclude=p.exclude, skip=e.markers, fsync=p.fsync)
-                    stats += await self.backend.copy_files(src, staging, e.markers, fsync=p.fsync)
+                    got += await self.backend.copy_tree(src, staging, exclude=p.exclude, skip=e.markers, fsync=p.fsync)
+                    got += await self.backend.copy_files(src, staging, e.markers, fsync=p.fsync)
                 else:
-                    stats += await self.backend.copy_file(src, staging, fsync=p.fsync)
+                    got += await self.backend.copy_file(src, staging, fsync=p.fsync)
             except CopyError:
                 if await _to_thread(os.path.lexists, src):
                     raise
                 # the whole checkpoint was rotated away under the copier: not a failure
                 await _to_thread(_fsops.remove_ours, staging)
                 return False
+            stats += got
             again: Listing = await _to_thread(self._scan, only=e.name)
             now = again.entries.get(e.name)
             if now is None or not now.complete:  # rotated away, or not what we thought: not a failure
@@ -281,10 +283,13 @@ class PairEngine:
             if not now.snap.same_content(e.snap):  # changed while copied: copy again before it counts
                 e = now
                 continue
-            staged = await _to_thread(snapshot, staging, p.exclude)
-            if not matches(staged, e.snap):
-                await _to_thread(_fsops.prune_staging, staging, e.snap)
-                continue
+            # A clean first copy of an unchanged source is whole (the copier exits non-zero
+            # otherwise); a retry into a used staging area, or files that vanished, get checked.
+            if attempt or got.vanished:
+                staged = await _to_thread(snapshot, staging, p.exclude)
+                if not matches(staged, e.snap):
+                    await _to_thread(_fsops.prune_staging, staging, e.snap)
+                    continue
             await _to_thread(_fsops.swap_in, staging, final, is_dir=e.is_dir, fsync=p.fsync)
             self.published[e.name] = e.snap
             lag = round(time.time() - e.done_at, 3) if e.done_at else None
