@@ -173,7 +173,7 @@ def build(data: RunData) -> Facts:
     return Facts(
         run_dir=str(data.run_dir),
         job={k: first_start.get(k) for k in ("job_id", "job_name", "scheduler", "user", "host", "command", "cwd", "version")},
-        verdict=_verdict(attempts),
+        verdict=_verdict(attempts, torn=data.journal.torn_last_line is not None),
         attempts=attempts,
         stops=stops,
         checkpoints=_checkpoints(events, attempts),
@@ -234,10 +234,7 @@ def _stops(n: int, evs: list[dict[str, Any]]) -> list[StopSequence]:
             close()
             current, steps, last_t = e, [], e["t"]
         elif kind == "stop-step" and current is not None:
-            steps.append(StopStep(str(e.get("step")), float(e.get("seconds") or 0.0),
-                                  e.get("outcome") or (f"skipped: {e['skipped']}" if e.get("skipped") else
-                                                       ("graceful" if e.get("graceful") else
-                                                        ("killed" if e.get("killed") else None))),
+            steps.append(StopStep(str(e.get("step")), float(e.get("seconds") or 0.0), _outcome(e),
                                   e.get("graceful"), list(e.get("killed") or [])))
             if e.get("step") != "requeue":  # the margin is to the hard kill: the requeue call may come after
                 last_t = e["t"]
@@ -245,14 +242,29 @@ def _stops(n: int, evs: list[dict[str, Any]]) -> list[StopSequence]:
     return out
 
 
-def _verdict(attempts: list[Attempt]) -> Verdict:
+def _outcome(e: dict[str, Any]) -> str | None:
+    """One word or phrase for a stop step: its outcome, why it was skipped, or how the child ended."""
+    if e.get("outcome"):
+        return str(e["outcome"])
+    if e.get("skipped"):
+        return f"skipped: {e['skipped']}"
+    if e.get("killed"):
+        return f"SIGKILLed {len(e['killed'])} after the grace"
+    if e.get("step") == "requeue" and "requeued" in e:
+        return "requeued" if e["requeued"] else f"not requeued: {e.get('why') or e.get('message') or '?'}"
+    return "graceful" if e.get("graceful") else None
+
+
+def _verdict(attempts: list[Attempt], *, torn: bool = False) -> Verdict:
     reasons = [a.reason or "no end recorded" for a in attempts]
     requeues = max(0, len(attempts) - 1)
     last = attempts[-1] if attempts else None
     times = f"{requeues} time{'s' if requeues != 1 else ''}"
     if last is None:
         return Verdict("running", "NO EVENTS: the journal is empty", 0, 0, [])
-    if last.reason is None:
+    if last.reason is None and torn:
+        status, head = "killed", f"NO END RECORDED in attempt {last.number}: the journal's last line is torn (killed mid-write)"
+    elif last.reason is None:
         status, head = "running", f"RUNNING (or killed before it could record its end) in attempt {last.number}"
     elif last.reason == "child-exit":
         status, head = "finished", "FINISHED"

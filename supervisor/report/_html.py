@@ -23,7 +23,7 @@ PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 STEP_COLOUR = {"checkpoint": "rgba(44,160,44,0.25)", "flush": "rgba(31,119,180,0.25)",
                "stop-child": "rgba(214,39,40,0.25)", "final-flush": "rgba(148,103,189,0.25)"}
 STATUS_COLOUR = {"finished": "#1a7f37", "failed": "#cf222e", "cancelled": "#9a6700", "stopped": "#cf222e",
-                 "requeued": "#9a6700", "running": "#0969da"}
+                 "requeued": "#9a6700", "running": "#0969da", "killed": "#cf222e"}
 
 
 def iso(t: float) -> str:
@@ -67,11 +67,12 @@ def _markers(f: Facts, data: RunData) -> tuple[list[dict[str, Any]], list[dict[s
                              f"{e.get('outcome') or e.get('skipped') or ''}")
     sig_x, sig_text = [], []
     for e in ev:
-        if e.get("kind") in ("signal", "warning", "stop"):
+        if e.get("kind") in ("signal", "warning", "stop", "gpu-xid", "gpu-lost"):
             shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": iso(e["t"]), "x1": iso(e["t"]), "y0": 0, "y1": 1,
                            "line": {"color": "#cf222e", "width": 1.5, "dash": "dash"}})
             sig_x.append(iso(e["t"]))
-            label = e.get("signal") if e.get("kind") == "signal" else e.get("kind")
+            label = {"signal": e.get("signal"), "gpu-xid": f"GPU {e.get('device')} XID {e.get('xid')}",
+                     "gpu-lost": f"GPU {e.get('device')} lost"}.get(str(e.get("kind")), e.get("kind"))
             sig_text.append(f"attempt {e.get('attempt')}: {label} {e.get('action') or e.get('reason') or ''}".strip())
     ck_x, ck_text = [], []
     seen = set()
@@ -84,7 +85,7 @@ def _markers(f: Facts, data: RunData) -> tuple[list[dict[str, Any]], list[dict[s
     traces.append({"type": "scatter", "mode": "markers", "name": "checkpoint published", "x": ck_x, "y": [100] * len(ck_x),
                    "text": ck_text, "hoverinfo": "text+x", "marker": {"symbol": "triangle-down", "size": 9, "color": "#1a7f37"},
                    "xaxis": "x", "yaxis": "y"})
-    traces.append({"type": "scatter", "mode": "markers", "name": "signal / warning / stop", "x": sig_x, "y": [95] * len(sig_x),
+    traces.append({"type": "scatter", "mode": "markers", "name": "signal, warning, stop, XID", "x": sig_x, "y": [95] * len(sig_x),
                    "text": sig_text, "hoverinfo": "text+x", "marker": {"symbol": "x", "size": 9, "color": "#cf222e"},
                    "xaxis": "x", "yaxis": "y"})
     traces.append({"type": "scatter", "mode": "markers", "name": "stop step", "x": step_x, "y": step_y, "text": step_text,
@@ -197,7 +198,7 @@ def body(f: Facts) -> str:
             ["attempt", "start (UTC)", "reason", "time left", "steps", "total", "margin before the hard kill"], rows))
     c = f.checkpoints
     last = f"{c.last.name} ({c.last.pair}) at {utc(c.last.t)} UTC, attempt {c.last.attempt}" if c.last else "none"
-    local = "unknown until the attempt ends" if f.verdict.status == "running" else ("; ".join(c.not_durable) or "nothing")
+    local = "unknown until the attempt ends" if f.verdict.status in ("running", "killed") else ("; ".join(c.not_durable) or "nothing")
     parts.append("<h2>Checkpoints</h2>" + _table(["published", "lag p50", "lag p95", "interval (median)", "last durable",
                                                    "only on local disk", "failed syncs"],
                                                   [[c.published, dur(c.lag_p50_s) if c.lag_p50_s is not None else "n/a",

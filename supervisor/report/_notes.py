@@ -52,8 +52,9 @@ def gpu_use(f: Facts) -> list[Note]:
                                  f"{len(f.gpus) - n} GPU{'s' if len(f.gpus) - n != 1 else ''} instead of {len(f.gpus)} "
                                  f"(--gpus={len(f.gpus) - n})."))
     if low:
-        desc = ", ".join(f"GPU {g.index} {g.util_mean_pct:.0f} %" for g in low)
-        notes.append(Note("warn", f"{_gpus([g.index for g in low])} were idle most of the time (mean utilisation {desc}; "
+        desc = ", ".join(f"GPU {g.index}: {g.util_mean_pct:.0f} %" for g in low)
+        were = "was" if len(low) == 1 else "were"
+        notes.append(Note("warn", f"{_gpus([g.index for g in low])} {were} idle most of the time (mean utilisation {desc}; "
                                   f"under {GPU_LOW_PCT:g} % is low). Usually the input pipeline starves them: raise "
                                   f"DataLoader num_workers, use pin_memory and prefetching, or a larger batch."))
     return notes
@@ -87,28 +88,36 @@ def host_memory(f: Facts) -> list[Note]:
 
 
 def warn_lead(f: Facts) -> list[Note]:
-    """The warning must leave time for the checkpoint and the flush, as measured."""
+    """The warning must leave time for the checkpoint and the flush, as measured.
+
+    Checked on the stops at the time limit, against the lead their attempt had; the time
+    the steps take is a property of the training, so every stop's measurement counts.
+    """
     needs = [sum(s.seconds for s in st.steps if s.step in LEARNED_STEPS) for st in f.stops if st.steps]
-    outcomes = [s.outcome for st in f.stops for s in st.steps if s.step == "checkpoint"]
-    leads = [a.warn_lead_s for a in f.attempts if a.warn_lead_s is not None]
-    if not needs or not leads:
-        return []
+    lead_of = {a.number: a.warn_lead_s for a in f.attempts}
     need = pct(needs, 0.95) or 0.0
-    lead = leads[-1]
-    cut_short = [o for o in outcomes if o in ("timeout", "no-time")]
-    killed = [st for st in f.stops if st.margin_s is not None and st.margin_s < 0]
-    if need <= lead and not cut_short and not killed:
+    why: list[str] = []
+    suggest = need * 1.25 + 30  # the rule --warn-before auto learns by (docs/journal.md)
+    for st in (s for s in f.stops if s.reason == "deadline"):
+        lead = lead_of.get(st.attempt)
+        if lead is None:
+            continue
+        short = [s.outcome for s in st.steps if s.step in LEARNED_STEPS and s.outcome in ("timeout", "no-time")]
+        if need > lead:
+            why.append(f"attempt {st.attempt}: checkpoint + flush take up to {need:.1f}s but the warning came "
+                       f"{lead:.1f}s before the end")
+        elif short:
+            why.append(f"attempt {st.attempt}: with a {lead:.1f}s warning the stop ran out of time "
+                       f"({', '.join(str(o) for o in short)})")
+            suggest = max(suggest, 2 * lead)
+        elif st.margin_s is not None and st.margin_s < 0:
+            why.append(f"attempt {st.attempt}: the stop sequence ended {-st.margin_s:.1f}s after the job's end")
+        else:
+            continue
+    if not why:
         return []
-    suggest = _dur(max(need * 1.25 + 30, lead * 2 if cut_short else 0))
-    why = []
-    if need > lead:
-        why.append(f"checkpoint + flush took up to {need:.1f}s but the warning came {lead:.1f}s before the end")
-    if cut_short:
-        why.append(f"{len(cut_short)} stop checkpoint{'s' if len(cut_short) > 1 else ''} ran out of time ({', '.join(cut_short)})")
-    if killed:
-        why.append(f"{len(killed)} stop sequence{'s' if len(killed) > 1 else ''} ended after the job's end")
-    return [Note("bad", "The warning before the time limit is too short: " + "; ".join(why) +
-                 f". Raise --warn-before to {suggest} (or use --warn-before auto, which learns it).")]
+    return [Note("bad", "The warning before the time limit is too short (" + "; ".join(why) +
+                 f"). Raise --warn-before to {_dur(suggest)}, or use --warn-before auto, which learns it.")]
 
 
 def checkpoint_pace(f: Facts) -> list[Note]:
@@ -139,6 +148,8 @@ def time_limit(f: Facts) -> list[Note]:
     last = f.attempts[-1]
     if not last.time_limit_s or last.seconds is None or last.seconds >= last.time_limit_s * TIME_USED_LOW:
         return []
+    if math.ceil(last.seconds * 1.25 / 600.0) * 600 >= last.time_limit_s:
+        return []  # nothing shorter to suggest at 10-minute steps
     return [Note("info", f"The last attempt ran {_dur(last.seconds)} of its {_dur(last.time_limit_s)} time limit "
                          f"({100 * last.seconds / last.time_limit_s:.0f} %). Ask for --time={_slurm_time(last.seconds * 1.25)} "
                          f"(run time + 25 %): shorter jobs start sooner (backfill).")]

@@ -8,7 +8,7 @@ import time
 from supervisor.report._facts import Facts, Gpu, throttled
 
 WIDTH = 100
-STATUS_COLOUR = {"finished": "32", "failed": "31", "cancelled": "33", "stopped": "31", "requeued": "33", "running": "36"}
+STATUS_COLOUR = {"finished": "32", "failed": "31", "cancelled": "33", "stopped": "31", "requeued": "33", "running": "36", "killed": "31"}
 NOTE_MARK = {"bad": ("✗", "31"), "warn": ("!", "33"), "info": ("·", "36")}
 
 
@@ -46,6 +46,12 @@ def _gib(mib: float | None) -> str:
     return "?" if mib is None else f"{mib / 1024:.1f}"
 
 
+def mem(mib: float | None) -> str:
+    if mib is None:
+        return "?"
+    return f"{mib:.0f} MiB" if mib < 1024 else f"{mib / 1024:.1f} GiB"
+
+
 def meter(p: float | None, width: int = 20) -> str:
     if p is None:
         return "[" + " " * width + "]   n/a"
@@ -61,7 +67,7 @@ def render(f: Facts, *, colour: bool = False) -> str:
     for a in f.attempts:
         how = a.reason or "no end recorded"
         extra = f" ({a.detail})" if a.detail and a.detail != a.reason else ""
-        status = f", exit status {a.exit_status}" if a.exit_status is not None else ""
+        status = f", exit status {a.exit_status}" if a.exit_status is not None and "exit status" not in extra else ""
         req = ", requeued" if a.requeued else ""
         out.append(f"  attempt {a.number}: {how}{extra}{status}{req}")
     job = f.job
@@ -101,8 +107,6 @@ def _stops(f: Facts, st: Style) -> list[str]:
         out.append(f"  attempt {s.attempt} at {utc(s.t)[11:]}: {s.reason}" + (f" ({s.detail})" if s.detail else "") + left)
         for step in s.steps:
             outcome = step.outcome or ""
-            if step.killed:
-                outcome += f" (SIGKILLed {len(step.killed)})"
             bad = outcome.startswith(("timeout", "no-time")) or bool(step.killed)
             out.append(f"    {step.step:12} {dur(step.seconds):>7}  " + (st("31", outcome) if bad else outcome))
         margin = ""
@@ -125,7 +129,7 @@ def _checkpoints(f: Facts, st: Style) -> list[str]:
         out.append(f"  last durable: {st('1', c.last.name)} ({c.last.pair}) at {utc(c.last.t)} UTC, attempt {c.last.attempt}")
     else:
         out.append("  " + st("31", "no checkpoint reached persistent storage"))
-    if f.verdict.status == "running":
+    if f.verdict.status in ("running", "killed"):
         out.append("  only on local disk: unknown until the attempt ends")
     elif c.not_durable:
         out.append("  " + st("31", "only on local disk: " + "; ".join(c.not_durable)))
@@ -140,7 +144,7 @@ def _checkpoints(f: Facts, st: Style) -> list[str]:
 
 def _gpu_line(g: Gpu) -> list[str]:
     name = f" {g.name}" if g.name else ""
-    mem = f"mem peak {_gib(g.mem_peak_mib)}/{_gib(g.mem_total_mib)} GiB" + (f" ({g.mem_peak_pct:.0f}%)" if g.mem_peak_pct is not None else "")
+    memory = f"mem peak {_gib(g.mem_peak_mib)}/{_gib(g.mem_total_mib)} GiB" + (f" ({g.mem_peak_pct:.0f}%)" if g.mem_peak_pct is not None else "")
     power = f"{g.power_mean_w:.0f} W avg, {g.power_max_w:.0f} max" if g.power_mean_w is not None and g.power_max_w is not None else "power n/a"
     energy = f"{g.energy_kwh:.3f} kWh" if g.energy_kwh is not None else "energy n/a"
     slow = throttled(g)
@@ -154,7 +158,7 @@ def _gpu_line(g: Gpu) -> list[str]:
         errs.append("LOST")
     p95 = f" p95 {g.util_p95_pct:.0f}%" if g.util_p95_pct is not None else ""
     return [f"  GPU {g.index}{name} ({g.uuid})",
-            f"    util {meter(g.util_mean_pct)} mean{p95} · {mem}",
+            f"    util {meter(g.util_mean_pct)} mean{p95} · {memory}",
             f"    {power} · {energy} · throttled: {thr} · errors: {', '.join(errs) or 'none'}"]
 
 
@@ -180,12 +184,12 @@ def _host(f: Facts, st: Style) -> list[str]:
     if h is None:
         return []
     cpu = f"CPU mean {h.cpu_mean_pct:.0f}% of a core, max {h.cpu_max_pct:.0f}%" if h.cpu_mean_pct is not None and h.cpu_max_pct is not None else "CPU n/a"
-    asked = f" of {_gib(h.mem_requested_mib)} GiB asked" if h.mem_requested_mib else ""
+    asked = f" of {mem(h.mem_requested_mib)} asked for" if h.mem_requested_mib else ""
     node = ""
     if h.node_mem_total_mib and h.node_mem_min_available_mib is not None:
-        node = f" · node memory available at least {_gib(h.node_mem_min_available_mib)} of {_gib(h.node_mem_total_mib)} GiB"
+        node = f" · node memory available at least {mem(h.node_mem_min_available_mib)} of {mem(h.node_mem_total_mib)}"
     return ["", st.head("Training processes (host)"),
-            f"  {cpu} · RSS peak {_gib(h.rss_peak_mib)} GiB{asked} · up to {h.nprocs_max} processes{node}"]
+            f"  {cpu} · RSS peak {mem(h.rss_peak_mib)}{asked} · up to {h.nprocs_max} processes{node}"]
 
 
 def _notes(f: Facts, st: Style) -> list[str]:
