@@ -1,0 +1,90 @@
+"""``--html``: one self-contained file that renders in a real browser without JS errors.
+
+The browser test runs Debian's headless ``chromium`` on the page written from the golden
+``attempts`` run directory, fails on any console message (the page logs nothing when all
+is well; an uncaught error is logged as ``CONSOLE``), checks in the rendered DOM that every
+plot was drawn, and saves the screenshot shown in docs/report.md (docs/img/report.png).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).resolve().parent / "golden"
+SCREENSHOT = ROOT / "docs" / "img" / "report.png"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+pytest.importorskip("plotly", reason="the report extra (plotly) is not installed")
+
+
+def write_html(case: str, out: Path) -> str:
+    r = subprocess.run([sys.executable, "-m", "supervisor", "report", f"tests/report/golden/{case}", "--html", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return out.read_text(encoding="utf-8")
+
+
+def test_html_is_self_contained_and_carries_the_facts(tmp_path: Path) -> None:
+    page = write_html("attempts", tmp_path / "r.html")
+    # Nothing is fetched at view time: no external script, stylesheet, image or font.
+    assert not re.search(r"<(script|link|img|iframe)[^>]+(src|href)=", page, re.I)
+    assert "@import" not in page and "url(http" not in page
+    assert page.count("Plotly.newPlot(") == 3  # GPUs, sync lag, training processes
+    assert "FINISHED · requeued 2 times · 3 attempts" in page
+    assert "XID 79" in page and "Raise --warn-before to" in page
+    for i in range(4):
+        assert f'"name": "GPU {i}"' in page
+    assert '"name": "checkpoint published"' in page and '"name": "stop step"' in page
+
+
+def test_html_without_gpu_data_has_no_gpu_plot(tmp_path: Path) -> None:
+    page = write_html("failed", tmp_path / "r.html")
+    assert "plot-gpu" not in page and "No GPU samples" in page
+    assert page.count("Plotly.newPlot(") == 2
+
+
+def _chromium(url: str, profile: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                           f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", "--log-level=0",
+                           "--virtual-time-budget=10000", *extra, url],
+                          capture_output=True, text=True, timeout=120)
+
+
+def console_messages(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+def test_the_console_check_catches_a_js_error(tmp_path: Path) -> None:
+    """The check below must be able to fail: a page with an error is caught."""
+    bad = tmp_path / "bad.html"
+    bad.write_text("<html><body><script>notDefinedAnywhere();</script></body></html>")
+    r = _chromium(bad.as_uri(), tmp_path / "profile", "--dump-dom")
+    assert any("notDefinedAnywhere" in m for m in console_messages(r.stderr)), r.stderr[-2000:]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+def test_html_renders_in_chromium_without_console_errors(tmp_path: Path) -> None:
+    html = tmp_path / "report.html"
+    write_html("attempts", html)
+    dom = _chromium(html.as_uri(), tmp_path / "profile", "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert console_messages(dom.stderr) == []
+    for name in ("gpu", "sync", "host"):
+        m = re.search(rf'<div class="plot[^"]*" id="plot-{name}".*?</div>', dom.stdout, re.S)
+        assert m and "main-svg" in m.group(0), f"plot {name} was not drawn"
+    shot = tmp_path / "report.png"
+    r = _chromium(html.as_uri(), tmp_path / "profile2", f"--screenshot={shot}", "--window-size=1280,2000",
+                  "--hide-scrollbars")
+    assert r.returncode == 0 and shot.exists() and shot.stat().st_size > 50_000, r.stderr[-2000:]
+    assert console_messages(r.stderr) == []
+    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(shot, SCREENSHOT)
