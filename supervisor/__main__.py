@@ -1,5 +1,5 @@
 """``python -m supervisor`` is the same as the ``supervise`` command."""
 
-from supervisor.cli import main
+from supervisor.cli import entry
 
-raise SystemExit(main())
+entry()

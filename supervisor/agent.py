@@ -36,6 +36,7 @@ from supervisor.journal import Journal, next_attempt, read_journal, redact_env
 log = logging.getLogger("supervise")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
+JOB_WIDE = 2.0  # a SIGCONT this close to a TERM means the scheduler signalled every process
 PASS_SIGNALS = (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 SCHEDULER_ENV_PREFIXES = ("SLURM_", "PBS_", "SUPERVISE_", "CUDA_VISIBLE_DEVICES", "OMPI_COMM_WORLD", "PMI_", "CS_")
 REQUEST_FILE = "checkpoint.request"
@@ -109,6 +110,8 @@ class Agent:
         self._started_wall = time.time()
         self._started = time.monotonic()
         self._restarts = 0
+        self._last_cont: float | None = None
+        self._requeued_by_scheduler = False
         self.lead = cfg.warn_before if cfg.warn_before is not None else deadline.learn_lead(self.previous_events)
 
     # ------------------------------------------------------------------ the run
@@ -274,9 +277,13 @@ class Agent:
     # ------------------------------------------------------------------ signals
 
     async def _signal_intake(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        with anyio.open_signal_receiver(*STOP_SIGNALS, *PASS_SIGNALS) as signals:
+        with anyio.open_signal_receiver(*STOP_SIGNALS, *PASS_SIGNALS, signal.SIGCONT) as signals:
             task_status.started()
             async for sig in signals:
+                if sig == signal.SIGCONT:
+                    # slurmstepd sends SIGCONT with the SIGTERM it sends to every process of the job.
+                    self._last_cont = time.monotonic()
+                    continue
                 await self._on_signal(signal.Signals(sig), time.monotonic())
 
     async def _on_signal(self, sig: signal.Signals, received: float) -> None:
@@ -426,6 +433,8 @@ class Agent:
         await self._step("stop-child", self._stop_child)
         await self._no_orphans()
         await self._step("final-flush", lambda: self._flush("final"))
+        with anyio.move_on_after(10):
+            await self._refine_reason()
         await self._step("requeue", self._requeue)
         self._set_state(State.STOPPED)
 
@@ -513,13 +522,40 @@ class Agent:
         targets = None
         if child.returncode is None:
             targets = await anyio.to_thread.run_sync(self.profile.stop_targets, child.pid)
+        already = self._scheduler_signalled_all()
         result = await child.stop(sig, grace, targets=set(targets.pids) if targets else None,
-                                  route=targets.route if targets else self.cfg.forward)
+                                  route=targets.route if targets else self.cfg.forward, already_signalled=already)
+        if already:
+            result["already_signalled"] = "the scheduler sent SIGTERM to every process of the job; not sent twice"
         with anyio.move_on_after(grace + 5):
             await child.exited.wait()
         if child.returncode is not None:
             self._exit_status = exit_status(child.returncode)
         return result
+
+    def _scheduler_signalled_all(self) -> bool:
+        """Did Slurm's SIGCONT+SIGTERM to every process (scancel, time limit, requeue) also
+        reach the launcher? Then a TERM of ours would be its second (mpiexec abandons its
+        ranks on a second TERM), so we only wait and kill."""
+        trigger = self._trigger
+        if trigger is None or trigger.signal != signal.SIGTERM or self.job.scheduler != "slurm":
+            return False
+        return self._last_cont is not None and abs(self._last_cont - trigger.at) <= JOB_WIDE
+
+    async def _refine_reason(self) -> None:
+        """After a SIGTERM under Slurm, the scheduler's state says cancel, requeue or timeout."""
+        trigger = self._trigger
+        if trigger is None or trigger.signal != signal.SIGTERM or self.job.scheduler != "slurm":
+            return
+        state = await jobs.job_state(self.job, report=log.warning)
+        reason = {"CANCELLED": Reason.CANCELLED, "TIMEOUT": Reason.DEADLINE, "DEADLINE": Reason.DEADLINE,
+                  "PREEMPTED": Reason.PREEMPTED}.get((state or "").split("+")[0], trigger.reason)
+        requeued = bool(state and state.startswith("REQUEUE"))
+        self._requeued_by_scheduler = requeued
+        self.journal.emit("reason", state=state, reason=reason.value, was=trigger.reason.value,
+                          requeued_by_scheduler=requeued)
+        if reason != trigger.reason:
+            self._trigger = Trigger(reason, f"{trigger.detail}; scheduler state {state}", trigger.signal, trigger.at)
 
     async def _no_orphans(self) -> None:
         """Invariant 7, checked whatever the steps did: nothing of the tree survives us."""
@@ -541,6 +577,8 @@ class Agent:
             return {"skipped": "requeue is off" if not cfg.requeue else f"not after {trigger.reason.value}"}
         if self.job.scheduler == "local":
             return {"skipped": "no scheduler to requeue with"}
+        if self._requeued_by_scheduler:
+            return {"skipped": "the scheduler already requeued the job"}
         if self.job.restart_count >= cfg.max_requeues:
             self.journal.emit("requeue-refused", restart_count=self.job.restart_count, max_requeues=cfg.max_requeues)
             log.warning("not requeueing: %d requeues already (max %d)", self.job.restart_count, cfg.max_requeues)

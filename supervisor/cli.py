@@ -237,7 +237,12 @@ def _env(ns: argparse.Namespace, command: list[str]) -> int:
         from supervisor import envinfo
     except ImportError:
         raise UsageError("supervise env is not available in this build") from None
-    info = envinfo.gather(os.environ, command)
+    import anyio
+
+    from supervisor import job as jobs
+
+    end = anyio.run(jobs.end_time, jobs.detect_job(os.environ), lambda message: None)
+    info = envinfo.gather(os.environ, command, end_time=end)
     print(json.dumps(info, indent=2, sort_keys=True) if ns.json else envinfo.render_text(info))
     return 0
 
@@ -248,3 +253,18 @@ def _report(ns: argparse.Namespace) -> int:
     except ImportError:
         raise UsageError("supervise report is not available in this build") from None
     return report.main(Path(ns.run_dir), as_json=ns.json, html=Path(ns.html) if ns.html else None)
+
+
+def entry() -> None:
+    """The console script: ``main`` then a hard exit.
+
+    A worker thread stuck for good in a driver call (NVML on a wedged GPU) would keep the
+    interpreter from exiting after the journal's last line; nothing is left to do by then.
+    """
+    status = main()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)

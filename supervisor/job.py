@@ -343,6 +343,21 @@ async def end_time(job: Job, report: Report | None = None) -> float | None:
         return None
 
 
+async def job_state(job: Job, report: Report | None = None, timeout: float = 5.0) -> str | None:
+    """The scheduler's word for the job now (``RUNNING``, ``COMPLETING``, ``CANCELLED``,
+    ``REQUEUED``, ``PREEMPTED``, ``TIMEOUT`` …), or None. Slurm only: it tells a cancel from
+    a preemption after both sent the same SIGTERM. Never raises."""
+    if job.scheduler != "slurm" or not job.job_id:
+        return None
+    report = report or log.warning
+    rc, out = await _run(["scontrol", "show", "job", "-o", job.job_id], timeout, report)
+    if rc == 0:
+        m = re.search(r"\bJobState=(\S+)", out)
+        if m:
+            return m.group(1).upper()
+    return None
+
+
 def requeue_command(job: Job) -> list[str] | None:
     """The argv that puts this job back in the queue; None where there is no queue."""
     return SCHEDULERS[job.scheduler].requeue_command(job)
