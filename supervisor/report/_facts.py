@@ -147,6 +147,7 @@ class Facts:
     gpu_none: list[str]
     host: Host | None
     journal: dict[str, Any]
+    requeue_refused: list[dict[str, Any]] = field(default_factory=list)
     notes: list[Note] = field(default_factory=list)
 
 
@@ -183,6 +184,8 @@ def build(data: RunData) -> Facts:
         journal={"events": len(events), "torn_last_line": data.journal.torn_last_line is not None,
                  "bad_lines": data.journal.bad_lines, "gpu_bad_rows": data.gpu_bad_rows,
                  "host_bad_rows": data.host_bad_rows},
+        requeue_refused=[{k: e.get(k) for k in ("attempt", "restart_count", "max_requeues")}
+                         for e in events if e.get("kind") == "requeue-refused"],
     )
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from supervisor.report._facts import Facts, throttled
 from supervisor.report._load import RunData, Series
-from supervisor.report._text import dur, utc
+from supervisor.report._text import dur, summary, utc
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf"]
@@ -181,6 +181,7 @@ def body(f: Facts) -> str:
     parts = [f'<h1 style="color:{STATUS_COLOUR.get(v.status, "#24292f")}">{e(v.headline)}</h1>',
              f"<p class=sub>run dir <code>{e(f.run_dir)}</code>" + (f" · job {e(str(f.job['job_id']))}" if f.job.get("job_id") else "")
              + (f" · {e(str(f.job['scheduler']))}" if f.job.get("scheduler") else "") + "</p>"]
+    parts.append("<pre class=summary>" + e("\n".join(summary(f))) + "</pre>")
     if f.notes:
         items = "".join(f'<li class="{e(n.level)}">{e(n.text)}</li>' for n in f.notes)
         parts.append(f"<h2>Notes</h2><ul class=notes>{items}</ul>")
@@ -234,7 +235,7 @@ h1{font-size:24px;margin:0 0 4px} h2{font-size:17px;margin:22px 0 6px;border-bot
 .sub{color:#57606a;margin:0 0 10px} code{font-size:90%}
 table{border-collapse:collapse;font-size:13px;width:100%} th,td{border:1px solid #d0d7de;padding:3px 7px;text-align:left}
 th{background:#f6f8fa} ul.notes{padding-left:20px} ul.notes li{margin:4px 0}
-li.bad{color:#cf222e} li.warn{color:#9a6700} li.info{color:#24292f} .plot{margin-top:14px}
+pre.summary{margin:6px 0;font-size:14px} li.bad{color:#cf222e} li.warn{color:#9a6700} li.info{color:#24292f} .plot{margin-top:14px}
 """
 
 

@@ -183,7 +183,7 @@ def _f(cell: str) -> float | None:
         v = float(cell)
     except ValueError:
         return None
-    return v if math.isfinite(v) else None
+    return v if v - v == 0 else None  # finite: inf - inf and nan - nan are nan
 
 
 def _rows(path: Path) -> Iterator[tuple[dict[str, int], list[str]]]:
@@ -215,68 +215,80 @@ def load(run_dir: Path, *, buckets: int = BUCKETS) -> RunData:
     return data
 
 
+GPU_FIELDS = ("time", "gpu", "uuid", "util_gpu_pct", "mem_used_mib", "mem_total_mib", "proc_mem_mib", "power_w",
+              "temp_c", "energy_j", "clock_events")
+
+
 def _scan_gpu(path: Path, data: RunData, every: float, *, times_known: bool) -> None:
     accs: dict[str, GpuAcc] = {}
     gap = 2.5 * every  # a longer silence is a gap (another attempt), not time spent in a state
+    header: dict[str, int] | None = None
     for cols, row in _rows(path):
+        if cols is not header:  # positions by name, once per header: this loop runs millions of times
+            header = cols
+            width = len(cols)
+            ix = [cols.get(name, width) for name in GPU_FIELDS]  # a missing column reads as an empty cell
+        if len(row) <= width:
+            row = row + [""] * (width + 1 - len(row))
         try:
-            t = float(row[cols["time"]])
-            uuid = row[cols["uuid"]] or row[cols["gpu"]]
-            index = int(row[cols["gpu"]])
-        except (KeyError, ValueError, IndexError):
+            t = float(row[ix[0]])
+            index = int(row[ix[1]])
+        except ValueError:
             data.gpu_bad_rows += 1
             continue
+        uuid = row[ix[2]] or str(index)
         if not times_known and not accs:
             data.grid.origin = t
         g = accs.get(uuid)
         if g is None:
             g = accs[uuid] = GpuAcc(index, uuid, data.grid)
-        _add_gpu_row(g, cols, row, t, gap, every)
+        _add_gpu_row(g, [row[i] for i in ix[3:]], t, gap, every)
     data.gpus = sorted(accs.values(), key=lambda g: (g.index, g.uuid))
 
 
-def _add_gpu_row(g: GpuAcc, cols: dict[str, int], row: list[str], t: float, gap: float, every: float) -> None:
-    def cell(name: str) -> str:
-        i = cols.get(name)
-        return row[i] if i is not None and i < len(row) else ""
-
+def _add_gpu_row(g: GpuAcc, cells: list[str], t: float, gap: float, every: float) -> None:
+    """One row into the running aggregates; ``cells`` in the order of ``GPU_FIELDS[3:]``."""
+    util_s, used_s, total_s, proc_s, power_s, temp_s, energy_s, events = cells
     dt = every if g.last_t is None or not 0 <= t - g.last_t <= gap else t - g.last_t
-    g.first_t = t if g.first_t is None else g.first_t
+    if g.first_t is None:
+        g.first_t = t
     g.last_t = t
     g.samples += 1
     g.sampled_s += dt
     i = g.grid.index(t)
-    util = _f(cell("util_gpu_pct"))
+    util = _f(util_s)
     if util is not None:
         g.util_n += 1
         g.util_sum += util
         g.util_hist.add(util)
         g.s_util.add(i, util)
-    used, total = _f(cell("mem_used_mib")), _f(cell("mem_total_mib"))
+    used, total = _f(used_s), _f(total_s)
     if used is not None:
-        g.mem_peak = used if g.mem_peak is None else max(g.mem_peak, used)
+        if g.mem_peak is None or used > g.mem_peak:
+            g.mem_peak = used
         if total:
             g.s_mem.add(i, 100.0 * used / total)
-    if total is not None:
-        g.mem_total = total if g.mem_total is None else max(g.mem_total, total)
-    proc = _f(cell("proc_mem_mib"))
-    if proc is not None:
-        g.proc_mem_peak = proc if g.proc_mem_peak is None else max(g.proc_mem_peak, proc)
-    power = _f(cell("power_w"))
+    if total is not None and (g.mem_total is None or total > g.mem_total):
+        g.mem_total = total
+    if proc_s:
+        proc = _f(proc_s)
+        if proc is not None and (g.proc_mem_peak is None or proc > g.proc_mem_peak):
+            g.proc_mem_peak = proc
+    power = _f(power_s)
     if power is not None:
         g.power_n += 1
         g.power_sum += power
-        g.power_max = power if g.power_max is None else max(g.power_max, power)
+        if g.power_max is None or power > g.power_max:
+            g.power_max = power
         g.s_power.add(i, power)
-    temp = _f(cell("temp_c"))
-    if temp is not None:
-        g.temp_max = temp if g.temp_max is None else max(g.temp_max, temp)
-    energy = _f(cell("energy_j"))
+    temp = _f(temp_s)
+    if temp is not None and (g.temp_max is None or temp > g.temp_max):
+        g.temp_max = temp
+    energy = _f(energy_s)
     if energy is not None:
         if g.energy_last is not None and energy < g.energy_last:  # a new sampler: the counter restarted
             g.energy_done += g.energy_last
         g.energy_last = energy
-    events = cell("clock_events")
     if events:
         for name in events.split("|"):
             g.throttle_s[name] = g.throttle_s.get(name, 0.0) + dt

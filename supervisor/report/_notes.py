@@ -191,6 +191,11 @@ def run_shape(f: Facts) -> list[Note]:
     if f.verdict.status == "stopped":
         notes.append(Note("bad", "The run stopped before its work was done and was not requeued: resubmit with the same "
                                  "--run-dir (it resumes from the last durable checkpoint), or add --requeue."))
+    refused = [e for e in f.requeue_refused]
+    if refused:
+        r = refused[-1]
+        notes.append(Note("bad", f"A requeue was refused: {r.get('restart_count')} requeues already, --max-requeues "
+                                 f"{r.get('max_requeues')}. Raise --max-requeues, or resubmit with the same --run-dir."))
     if not f.gpus and f.gpu_none:
         notes.append(Note("info", "No GPU data: " + "; ".join(f.gpu_none) + "."))
     if f.journal["torn_last_line"]:

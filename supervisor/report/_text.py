@@ -70,6 +70,7 @@ def render(f: Facts, *, colour: bool = False) -> str:
         status = f", exit status {a.exit_status}" if a.exit_status is not None and "exit status" not in extra else ""
         req = ", requeued" if a.requeued else ""
         out.append(f"  attempt {a.number}: {how}{extra}{status}{req}")
+    out += [f"  {line}" for line in summary(f)]
     job = f.job
     out.append(f"run dir {f.run_dir}" + (f" · job {job['job_id']}" if job.get("job_id") else "")
                + (f" ({job['job_name']})" if job.get("job_name") else "") + (f" · {job['scheduler']}" if job.get("scheduler") else ""))
@@ -79,6 +80,25 @@ def render(f: Facts, *, colour: bool = False) -> str:
         out.append(st("2", f"journal: {j['events']} events; torn last line: {'yes' if j['torn_last_line'] else 'no'}; "
                            f"unreadable lines: {j['bad_lines'] or 'none'}"))
     return "\n".join(out) + "\n"
+
+
+def summary(f: Facts) -> list[str]:
+    """The overall meters under the verdict: are the checkpoints safe, did the GPUs work."""
+    c = f.checkpoints
+    if c.last:
+        ck = f"checkpoints: {c.published} durable, last {c.last.name} (attempt {c.last.attempt})"
+    else:
+        ck = "checkpoints: none durable" if c.pairs else "checkpoints: not mirrored"
+    if c.not_durable:
+        ck += f"; {len(c.not_durable)} left only on local disk"
+    lines = [ck]
+    utils = [g.util_mean_pct for g in f.gpus if g.util_mean_pct is not None]
+    if utils:
+        energy = sum(g.energy_kwh for g in f.gpus if g.energy_kwh is not None)
+        lines.append(f"GPUs: {len(f.gpus)}, utilisation {meter(sum(utils) / len(utils))} mean of all, {energy:.3f} kWh")
+    elif not f.gpus:
+        lines.append("GPUs: no data")
+    return lines
 
 
 def _timeline(f: Facts, st: Style) -> list[str]:
