@@ -294,7 +294,7 @@ def _is_python(arg: str) -> bool:
 def _launcher_grace(grace: float) -> int:
     """Whole seconds, a little short of ours, so the launcher's SIGKILL comes before our
     own SIGKILL of the whole tree and the launcher can report and clean up."""
-    margin = min(5.0, max(1.0, 0.1 * grace))
+    margin = min(5.0, max(2.0, 0.2 * grace))
     return max(1, int(grace - margin))
 
 
