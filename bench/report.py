@@ -43,6 +43,7 @@ def make_run(run: Path, *, days: float, gpus: int, every: float) -> dict[str, in
 
     attempts = max(1, int(round(days)))
     ticks = int(days * DAY / every)
+    step = 0  # the training's step goes on across attempts (it resumes from its checkpoint)
     for a in range(1, attempts + 1):
         start = T0 + (a - 1) * DAY
         end = min(T0 + days * DAY, start + DAY) - 60
@@ -55,7 +56,6 @@ def make_run(run: Path, *, days: float, gpus: int, every: float) -> dict[str, in
              xid=True, devices=[{"index": i, "uuid": f"GPU-{a}-{i}", "name": "NVIDIA H100 80GB HBM3",
                                  "memory_total_mib": 81559} for i in range(gpus)])
         t = start + 1800
-        step = 0
         while t < end - 400:
             step += 1000
             emit(t, a, "publish", pair="ckpt", checkpoint=f"step_{step:07d}", trigger="watch", files=9,

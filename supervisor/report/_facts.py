@@ -95,8 +95,8 @@ class Checkpoints:
 
 @dataclass
 class Gpu:
-    index: int
-    uuid: str
+    index: int  # the job's GPU (NVML index), over all attempts
+    uuids: list[str]  # the devices it was, attempt after attempt (one, unless a requeue moved nodes)
     name: str | None
     samples: int
     util_mean_pct: float | None
@@ -115,6 +115,7 @@ class Gpu:
     ecc_corrected: int | None
     ecc_uncorrected: int | None
     lost: bool
+    faulty: list[str]  # "<uuid> on <host>" of each device with an XID, uncorrected ECC or loss
 
 
 @dataclass
@@ -178,7 +179,7 @@ def build(data: RunData) -> Facts:
         attempts=attempts,
         stops=stops,
         checkpoints=_checkpoints(events, attempts),
-        gpus=[_gpu(g, events) for g in data.gpus],
+        gpus=[_gpu(g, events, {a.number: a.host for a in attempts}) for g in data.gpus],
         gpu_none=sorted({f"attempt {a.number}: {a.gpu_none}" for a in attempts if a.gpu_none}),
         host=_host(data, first_start),
         journal={"events": len(events), "torn_last_line": data.journal.torn_last_line is not None,
@@ -301,7 +302,7 @@ def _checkpoints(events: list[dict[str, Any]], attempts: list[Attempt]) -> Check
         gaps += [b - a for a, b in zip(ts, ts[1:])]
     pairs = sorted({p["name"] for e in events if e.get("kind") == "sync-start" for p in e.get("pairs") or []
                     if p.get("kind") == "checkpoint"})
-    last = pubs[-1] if pubs else None
+    last = max((e for e in events if e.get("kind") == "publish" and not e.get("pointer")), key=lambda e: e["t"], default=None)
     ends = [e for e in events if e.get("kind") == "end"]
     last_attempt = attempts[-1].number if attempts else None
     not_durable = [str(x) for x in (ends[-1].get("not_durable") or [])] if ends and ends[-1].get("attempt") == last_attempt else []
@@ -316,26 +317,38 @@ def _checkpoints(events: list[dict[str, Any]], attempts: list[Attempt]) -> Check
     )
 
 
-def _gpu(g: GpuAcc, events: list[dict[str, Any]]) -> Gpu:
+def _gpu(g: GpuAcc, events: list[dict[str, Any]], hosts: dict[int, str | None]) -> Gpu:
+    mine = set(g.uuids)
     name = None
-    for e in events:
-        if e.get("kind") == "gpu-start":
-            for d in e.get("devices") or []:
-                if d.get("uuid") == g.uuid:
-                    name = d.get("name")
-    mine = [e for e in events if e.get("uuid") == g.uuid]
     ecc_c = ecc_u = None
+    faulty: list[str] = []
+
+    def fault(uuid: Any, attempt: Any) -> None:
+        where = f"{uuid} on {hosts.get(int(attempt or 0)) or '?'}"
+        if where not in faulty:
+            faulty.append(where)
+
     for e in events:
-        if e.get("kind") == "gpu-end":
+        kind = e.get("kind")
+        if kind == "gpu-start":
+            name = next((d.get("name") for d in e.get("devices") or [] if d.get("uuid") in mine), name)
+        elif kind == "gpu-end":
             for d in e.get("devices") or []:
-                if d.get("uuid") == g.uuid:
-                    if _num(d.get("ecc_corrected_delta")) is not None:
-                        ecc_c = (ecc_c or 0) + int(d["ecc_corrected_delta"])
-                    if _num(d.get("ecc_uncorrected_delta")) is not None:
-                        ecc_u = (ecc_u or 0) + int(d["ecc_uncorrected_delta"])
+                if d.get("uuid") not in mine:
+                    continue
+                if _num(d.get("ecc_corrected_delta")) is not None:
+                    ecc_c = (ecc_c or 0) + int(d["ecc_corrected_delta"])
+                if _num(d.get("ecc_uncorrected_delta")) is not None:
+                    ecc_u = (ecc_u or 0) + int(d["ecc_uncorrected_delta"])
+                    if d["ecc_uncorrected_delta"]:
+                        fault(d.get("uuid"), e.get("attempt"))
+        elif kind in ("gpu-xid", "gpu-lost") and e.get("uuid") in mine:
+            fault(e.get("uuid"), e.get("attempt"))
+    xids = [int(e["xid"]) for e in events if e.get("kind") == "gpu-xid" and e.get("uuid") in mine
+            and _num(e.get("xid")) is not None]
     energy = g.energy_j
     return Gpu(
-        index=g.index, uuid=g.uuid, name=name, samples=g.samples,
+        index=g.index, uuids=list(g.uuids), name=name, samples=g.samples,
         util_mean_pct=round(g.util_sum / g.util_n, 1) if g.util_n else None,
         util_p95_pct=g.util_hist.quantile(0.95),
         mem_peak_mib=g.mem_peak, mem_total_mib=g.mem_total,
@@ -345,9 +358,9 @@ def _gpu(g: GpuAcc, events: list[dict[str, Any]]) -> Gpu:
         energy_kwh=round(energy / 3.6e6, 4) if energy is not None else None, temp_max_c=g.temp_max,
         sampled_s=round(g.sampled_s, 1),
         throttled_s={k: round(v, 1) for k, v in sorted(g.throttle_s.items())},
-        xids=[int(e["xid"]) for e in mine if e.get("kind") == "gpu-xid" and _num(e.get("xid")) is not None],
-        ecc_corrected=ecc_c, ecc_uncorrected=ecc_u,
-        lost=any(e.get("kind") == "gpu-lost" for e in mine),
+        xids=xids, ecc_corrected=ecc_c, ecc_uncorrected=ecc_u,
+        lost=any(e.get("kind") == "gpu-lost" and e.get("uuid") in mine for e in events),
+        faulty=faulty,
     )
 
 

@@ -106,7 +106,7 @@ def gpu_figure(f: Facts, data: RunData) -> dict[str, Any]:
         for series, axis, what in ((g.s_util, "y", "util %"), (g.s_mem, "y2", "memory % (peak)"), (g.s_power, "y3", "power W")):
             x, y = _xy(times, series)
             traces.append({"type": "scattergl" if len(x) > 2000 else "scatter", "mode": "lines", "name": f"GPU {g.index}",
-                           "legendgroup": f"gpu{g.index}{g.uuid}", "showlegend": axis == "y", "x": x, "y": y,
+                           "legendgroup": f"gpu{g.index}", "showlegend": axis == "y", "x": x, "y": y,
                            "line": {"color": colour, "width": 1.3}, "connectgaps": False, "xaxis": "x", "yaxis": axis,
                            "hovertemplate": f"GPU {g.index} {what}: %{{y}}<extra></extra>"})
     shapes, marks = _markers(f, data)

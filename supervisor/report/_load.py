@@ -111,11 +111,17 @@ class Series:
 
 @dataclass
 class GpuAcc:
-    """Running aggregates of one GPU (by UUID: index 0 of another node is another GPU)."""
+    """Running aggregates of the job's GPU ``index`` over all attempts.
+
+    A requeued job may land on another node: its GPU 0 is then another device (another
+    UUID), but it is still the job's GPU 0, which is what the researcher asks about. The
+    UUIDs are kept, in order, for the hardware faults.
+    """
 
     index: int
-    uuid: str
+    uuid: str  # the last one seen
     grid: Grid
+    uuids: list[str] = field(default_factory=list)
     samples: int = 0
     util_n: int = 0
     util_sum: float = 0.0
@@ -138,6 +144,11 @@ class GpuAcc:
         self.s_util = Series(self.grid)
         self.s_mem = Series(self.grid, "max")
         self.s_power = Series(self.grid)
+
+    def new_segment(self) -> None:
+        if self.energy_last is not None:
+            self.energy_done += self.energy_last
+            self.energy_last = None
 
     @property
     def energy_j(self) -> float | None:
@@ -236,14 +247,20 @@ def _scan_gpu(path: Path, data: RunData, every: float, *, times_known: bool) -> 
         except ValueError:
             data.gpu_bad_rows += 1
             continue
-        uuid = row[ix[2]] or str(index)
+        uuid = row[ix[2]]
         if not times_known and not accs:
             data.grid.origin = t
-        g = accs.get(uuid)
+        g = accs.get(index)
         if g is None:
-            g = accs[uuid] = GpuAcc(index, uuid, data.grid)
+            g = accs[index] = GpuAcc(index, uuid, data.grid)
+        if uuid != g.uuid or not g.uuids:
+            if g.uuids:
+                g.new_segment()  # another device: its energy counter starts again
+            g.uuid = uuid
+            if uuid not in g.uuids:
+                g.uuids.append(uuid)
         _add_gpu_row(g, [row[i] for i in ix[3:]], t, gap, every)
-    data.gpus = sorted(accs.values(), key=lambda g: (g.index, g.uuid))
+    data.gpus = [accs[i] for i in sorted(accs)]
 
 
 def _add_gpu_row(g: GpuAcc, cells: list[str], t: float, gap: float, every: float) -> None:
@@ -287,7 +304,7 @@ def _add_gpu_row(g: GpuAcc, cells: list[str], t: float, gap: float, every: float
     energy = _f(energy_s)
     if energy is not None:
         if g.energy_last is not None and energy < g.energy_last:  # a new sampler: the counter restarted
-            g.energy_done += g.energy_last
+            g.new_segment()
         g.energy_last = energy
     if events:
         for name in events.split("|"):

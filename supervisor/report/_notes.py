@@ -157,14 +157,18 @@ def time_limit(f: Facts) -> list[Note]:
 
 def gpu_health(f: Facts) -> list[Note]:
     notes = []
+    slowed: dict[str, list[tuple[int, float]]] = {}  # reason → (GPU, share of its sampled time)
     for g in f.gpus:
-        slow = throttled(g)
-        if slow and g.sampled_s:
-            share = 100 * max(slow.values()) / g.sampled_s
-            if share >= THROTTLE_PCT:
-                worst = max(slow, key=slow.get)  # type: ignore[arg-type]
-                notes.append(Note("warn", f"GPU {g.index} was slowed by {worst} {share:.0f} % of the time: "
-                                          f"the node's power or cooling limits it; tell the site's admins (node {_host_of(f)})."))
+        for reason, seconds in throttled(g).items():
+            if g.sampled_s and 100 * seconds / g.sampled_s >= THROTTLE_PCT:
+                slowed.setdefault(reason, []).append((g.index, 100 * seconds / g.sampled_s))
+    for reason, hit in sorted(slowed.items()):
+        lo, hi = min(s for _, s in hit), max(s for _, s in hit)
+        share = f"{hi:.0f} %" if round(lo) == round(hi) else f"{lo:.0f}–{hi:.0f} %"
+        notes.append(Note("warn", f"{_gpus([i for i, _ in hit])} {'was' if len(hit) == 1 else 'were'} slowed by "
+                                  f"{reason} {share} of the time: the node's power or cooling limits "
+                                  f"{'it' if len(hit) == 1 else 'them'}; tell the site's admins."))
+    for g in f.gpus:
         trouble = []
         if g.xids:
             trouble.append("XID " + ", ".join(str(x) for x in sorted(set(g.xids))))
@@ -173,13 +177,11 @@ def gpu_health(f: Facts) -> list[Note]:
         if g.lost:
             trouble.append("fell off the bus (lost)")
         if trouble:
-            notes.append(Note("bad", f"GPU {g.index} ({g.uuid}) reported {', '.join(trouble)}: a hardware fault. "
-                                     f"Tell the admins and keep off the node until fixed (--exclude={_host_of(f)})."))
+            nodes = sorted({w.rsplit(" on ", 1)[-1] for w in g.faulty})
+            notes.append(Note("bad", f"GPU {g.index} ({'; '.join(g.faulty)}) reported {', '.join(trouble)}: a hardware "
+                                     f"fault. Tell the admins and keep off the node until fixed "
+                                     f"(--exclude={','.join(nodes) or '<node>'})."))
     return notes
-
-
-def _host_of(f: Facts) -> str:
-    return str(f.attempts[-1].host if f.attempts and f.attempts[-1].host else "<node>")
 
 
 def run_shape(f: Facts) -> list[Note]:

@@ -124,7 +124,7 @@ def _stops(f: Facts, st: Style) -> list[str]:
     out = ["", st.head("Stop sequences")]
     for s in f.stops:
         left = f", {dur(s.time_left_s)} before the job's end" if s.time_left_s is not None else ", no known end"
-        out.append(f"  attempt {s.attempt} at {utc(s.t)[11:]}: {s.reason}" + (f" ({s.detail})" if s.detail else "") + left)
+        out.append(f"  attempt {s.attempt} at {utc(s.t)}: {s.reason}" + (f" ({s.detail})" if s.detail else "") + left)
         for step in s.steps:
             outcome = step.outcome or ""
             bad = outcome.startswith(("timeout", "no-time")) or bool(step.killed)
@@ -177,7 +177,8 @@ def _gpu_line(g: Gpu) -> list[str]:
     if g.lost:
         errs.append("LOST")
     p95 = f" p95 {g.util_p95_pct:.0f}%" if g.util_p95_pct is not None else ""
-    return [f"  GPU {g.index}{name} ({g.uuid})",
+    devices = g.uuids[0] if len(g.uuids) == 1 else f"{len(g.uuids)} devices over the attempts"
+    return [f"  GPU {g.index}{name} ({devices})",
             f"    util {meter(g.util_mean_pct)} mean{p95} · {memory}",
             f"    {power} · {energy} · throttled: {thr} · errors: {', '.join(errs) or 'none'}"]
 

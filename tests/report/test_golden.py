@@ -56,9 +56,9 @@ def _gpu_rows(case: str) -> dict[str, list[dict[str, str]]]:
 def test_gpu_facts_match_the_csv(case: str) -> None:
     f, _ = facts_of(GOLDEN / case)
     rows = _gpu_rows(case)
-    assert [g.uuid for g in f.gpus] == sorted(rows)
+    assert [g.uuids for g in f.gpus] == [[u] for u in sorted(rows)]  # the same devices in every attempt
     for g in f.gpus:
-        mine = rows[g.uuid]
+        mine = rows[g.uuids[0]]
         util = sorted(float(r["util_gpu_pct"]) for r in mine)
         assert g.samples == len(mine)
         assert g.util_mean_pct == pytest.approx(sum(util) / len(util), abs=0.05)

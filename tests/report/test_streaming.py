@@ -87,3 +87,28 @@ def test_bad_csv_rows_and_a_repeated_header_are_skipped(tmp_path: Path) -> None:
     assert f.journal["gpu_bad_rows"] == 1
     assert f.gpus[0].samples == 21  # the torn row still has a time and a GPU; its empty cells count for nothing
     assert f.gpus[0].util_mean_pct is not None
+
+
+def test_a_requeue_onto_another_node_is_still_the_jobs_gpu_0(tmp_path: Path) -> None:
+    """Attempt 2 ran on another node: other UUIDs, energy counters from 0 again, an XID there."""
+    run = tmp_path / "run"
+    run.mkdir()
+    t0 = 1_700_000_000.0
+    events = [{"v": 1, "t": t0, "attempt": 1, "kind": "start", "host": "node-a"},
+              {"v": 1, "t": t0 + 1000, "attempt": 2, "kind": "start", "host": "node-b"},
+              {"v": 1, "t": t0 + 1050, "attempt": 2, "kind": "gpu-xid", "device": 0, "uuid": "GPU-b0", "xid": 79}]
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    with open(run / "gpu.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(GPU_COLUMNS)
+        for attempt, (start, node) in enumerate([(t0, "a"), (t0 + 1000, "b")]):
+            for k in range(50):
+                for g in range(2):
+                    w.writerow([start + 10 * k, g, f"GPU-{node}{g}", 50, "", 100, 1000, 200, 2000.0 * (k + 1), "", "", "",
+                                "", ""])
+    f, _ = facts_of(run)
+    assert [g.index for g in f.gpus] == [0, 1]
+    assert f.gpus[0].uuids == ["GPU-a0", "GPU-b0"] and f.gpus[0].samples == 100
+    assert f.gpus[0].energy_kwh == round(2 * 100_000.0 / 3.6e6, 4)  # both attempts' counters, added
+    assert f.gpus[0].xids == [79] and f.gpus[0].faulty == ["GPU-b0 on node-b"] and f.gpus[1].xids == []
+    assert any("--exclude=node-b" in n.text for n in f.notes)
