@@ -6,8 +6,8 @@ Writes a synthetic run directory in the real formats (``gpu.csv`` with the sampl
 columns, ``host.csv``, ``events.jsonl`` with one attempt a day at a 24 h limit, a stop
 sequence at each, a checkpoint every 30 min with its publish events), then runs the
 report three times, each in a fresh interpreter (``python -m supervisor report``): text,
-``--json`` and ``--html``. For each: wall seconds and the child's peak RSS
-(``ru_maxrss``). The same on a 1-day run shows that memory does not grow with the run.
+``--json`` and ``--html``. For each: wall seconds, CPU seconds and the child's own peak
+RSS (``os.wait4``: ``ru_maxrss``). The same on a 1-day run shows that memory does not grow with the run.
 """
 
 from __future__ import annotations
@@ -94,8 +94,11 @@ def make_run(run: Path, *, days: float, gpus: int, every: float) -> dict[str, in
             "bytes": sum(p.stat().st_size for p in run.iterdir())}
 
 
-def measure(run: Path, *args: str) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MiB) of one ``supervise report`` in a fresh interpreter."""
+def measure(run: Path, *args: str) -> tuple[float, float, float]:
+    """Wall seconds, CPU seconds and peak RSS (MiB) of one ``supervise report`` in a fresh interpreter.
+
+    CPU time (user + system) is the steadier figure on a shared machine.
+    """
     t = time.perf_counter()
     p = subprocess.Popen([sys.executable, "-m", "supervisor", "report", str(run), *args], cwd=ROOT,
                          stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -104,7 +107,7 @@ def measure(run: Path, *args: str) -> tuple[float, float]:
     p.returncode = os.waitstatus_to_exitcode(status)
     if p.returncode:
         raise SystemExit(f"supervise report failed: {p.returncode}")
-    return wall, usage.ru_maxrss / 1024  # KiB on Linux
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024  # KiB on Linux
 
 
 def main() -> None:
@@ -116,14 +119,14 @@ def main() -> None:
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         base = a.keep or Path(tmp)
-        print(f"| run | rows (gpu.csv) | files | output | wall s | peak RSS MiB |\n|---|---|---|---|---|---|")
+        print("| run | rows (gpu.csv) | files | output | wall s | CPU s | peak RSS MiB |\n|---|---|---|---|---|---|---|")
         for days in sorted({1.0, a.days}):
             run = base / f"run-{days:g}d"
             size = make_run(run, days=days, gpus=a.gpus, every=a.every)
             for label, args in (("text", ()), ("--json", ("--json",)), ("--html", ("--html", str(base / f"r{days:g}.html")))):
-                wall, peak = measure(run, *args)
+                wall, cpu, peak = measure(run, *args)
                 print(f"| {days:g} d × {a.gpus} GPUs / {a.every:g} s | {size['gpu_rows']:,} | "
-                      f"{size['bytes'] / 2**20:.0f} MiB | {label} | {wall:.2f} | {peak:.0f} |", flush=True)
+                      f"{size['bytes'] / 2**20:.0f} MiB | {label} | {wall:.2f} | {cpu:.2f} | {peak:.0f} |", flush=True)
 
 
 if __name__ == "__main__":
