@@ -16,7 +16,7 @@ from typing import Any
 
 from supervisor.report._facts import Facts, throttled
 from supervisor.report._load import RunData, Series
-from supervisor.report._text import dur, summary, utc
+from supervisor.report._text import dur, mem, summary, utc
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf"]
@@ -224,8 +224,9 @@ def body(f: Facts) -> str:
         h = f.host
         parts.append("<h2>Training processes</h2>" + _table(
             ["CPU mean (% of a core)", "CPU max", "RSS peak", "processes", "node memory lowest available"],
-            [[_fmt(h.cpu_mean_pct, " %"), _fmt(h.cpu_max_pct, " %"), _fmt(h.rss_peak_mib, " MiB"), h.nprocs_max,
-              f"{_fmt(h.node_mem_min_available_mib, ' MiB')} of {_fmt(h.node_mem_total_mib, ' MiB')}"]]))
+            [[_fmt(h.cpu_mean_pct, " %"), _fmt(h.cpu_max_pct, " %"),
+              mem(h.rss_peak_mib) + (f" of {mem(h.mem_requested_mib)} asked for" if h.mem_requested_mib else ""),
+              h.nprocs_max, f"{mem(h.node_mem_min_available_mib)} of {mem(h.node_mem_total_mib)}"]]))
     return "\n".join(parts)
 
 
