@@ -65,7 +65,7 @@ class Attempt:
 
 @dataclass
 class Verdict:
-    status: str  # finished, failed, cancelled, stopped, requeued, running
+    status: str  # finished, failed, cancelled, stopped, requeued, running, killed (torn, no end), empty
     headline: str
     attempts: int
     requeues: int
@@ -184,7 +184,7 @@ def build(data: RunData) -> Facts:
         host=_host(data, first_start),
         journal={"events": len(events), "torn_last_line": data.journal.torn_last_line is not None,
                  "bad_lines": data.journal.bad_lines, "gpu_bad_rows": data.gpu_bad_rows,
-                 "host_bad_rows": data.host_bad_rows},
+                 "host_bad_rows": data.host_bad_rows, "malformed_events": data.malformed_events},
         requeue_refused=[{k: e.get(k) for k in ("attempt", "restart_count", "max_requeues")}
                          for e in events if e.get("kind") == "requeue-refused"],
     )
@@ -265,7 +265,7 @@ def _verdict(attempts: list[Attempt], *, torn: bool = False) -> Verdict:
     last = attempts[-1] if attempts else None
     times = f"{requeues} time{'s' if requeues != 1 else ''}"
     if last is None:
-        return Verdict("running", "NO EVENTS: the journal is empty", 0, 0, [])
+        return Verdict("empty", "NO EVENTS: the journal is empty (the supervisor never started?)", 0, 0, [])
     if last.reason is None and torn:
         status, head = "killed", f"NO END RECORDED in attempt {last.number}: the journal's last line is torn (killed mid-write)"
     elif last.reason is None:

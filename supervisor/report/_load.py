@@ -185,6 +185,14 @@ class RunData:
     host: HostAcc | None
     gpu_bad_rows: int = 0
     host_bad_rows: int = 0
+    malformed_events: int = 0  # JSON objects without a numeric time or attempt: left out
+
+
+def _well_formed(e: dict[str, Any]) -> bool:
+    """An event the report can place: a numeric time and an integer attempt."""
+    t, a = e.get("t"), e.get("attempt", 0)
+    return (isinstance(t, (int, float)) and not isinstance(t, bool) and isinstance(a, int) and not isinstance(a, bool)
+            and isinstance(e.get("kind"), str))
 
 
 def _f(cell: str) -> float | None:
@@ -214,11 +222,14 @@ def _rows(path: Path) -> Iterator[tuple[dict[str, int], list[str]]]:
 def load(run_dir: Path, *, buckets: int = BUCKETS) -> RunData:
     """Read the journal and stream the sample files of ``run_dir``."""
     journal = read_journal(run_dir / EVENTS_FILE)
+    good = [e for e in journal.events if _well_formed(e)]
+    malformed = len(journal.events) - len(good)
+    journal.events = good
     times = [e["t"] for e in journal.events if isinstance(e.get("t"), (int, float))]
     t0, t1 = (min(times), max(times)) if times else (0.0, 0.0)
     every = max((float(e.get("every") or 0) for e in journal.events if e.get("kind") == "gpu-start"), default=0.0)
     grid = Grid(t0, (t1 - t0) / buckets, buckets)
-    data = RunData(run_dir, journal, grid, [], None)
+    data = RunData(run_dir, journal, grid, [], None, malformed_events=malformed)
     if (run_dir / GPU_FILE).exists():
         _scan_gpu(run_dir / GPU_FILE, data, every or 10.0, times_known=bool(times))
     if (run_dir / HOST_FILE).exists():

@@ -76,9 +76,10 @@ def render(f: Facts, *, colour: bool = False) -> str:
                + (f" ({job['job_name']})" if job.get("job_name") else "") + (f" · {job['scheduler']}" if job.get("scheduler") else ""))
     out += _timeline(f, st) + _stops(f, st) + _checkpoints(f, st) + _gpus(f, st) + _host(f, st) + _notes(f, st)
     j = f.journal
-    if j["torn_last_line"] or j["bad_lines"]:
+    if j["torn_last_line"] or j["bad_lines"] or j["malformed_events"]:
         out.append(st("2", f"journal: {j['events']} events; torn last line: {'yes' if j['torn_last_line'] else 'no'}; "
-                           f"unreadable lines: {j['bad_lines'] or 'none'}"))
+                           f"unreadable lines: {j['bad_lines'] or 'none'}; left out (no time or attempt): "
+                           f"{j['malformed_events']}"))
     return "\n".join(out) + "\n"
 
 

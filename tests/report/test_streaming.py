@@ -112,3 +112,22 @@ def test_a_requeue_onto_another_node_is_still_the_jobs_gpu_0(tmp_path: Path) -> 
     assert f.gpus[0].energy_kwh == round(2 * 100_000.0 / 3.6e6, 4)  # both attempts' counters, added
     assert f.gpus[0].xids == [79] and f.gpus[0].faulty == ["GPU-b0 on node-b"] and f.gpus[1].xids == []
     assert any("--exclude=node-b" in n.text for n in f.notes)
+
+
+def test_garbage_in_the_journal_is_counted_and_left_out(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "events.jsonl").write_text(
+        '{"kind":"start","t":"yesterday"}\n'  # no numeric time: cannot be placed
+        '{"v":1,"t":5,"attempt":1,"kind":"spawn"}\n'
+        '[1, 2]\n'  # not an event
+        '{"v":1,"t":6,"attempt":1,"kind":"end","reason":"child-exit","exit_status":0,"seconds":1}\n')
+    f, _ = facts_of(run)
+    assert f.verdict.status == "finished" and [a.reason for a in f.attempts] == ["child-exit"]
+    assert f.journal["malformed_events"] == 1 and f.journal["bad_lines"] == [3]
+
+
+def test_an_empty_journal_says_so(tmp_path: Path) -> None:
+    (tmp_path / "events.jsonl").write_text("")
+    f, _ = facts_of(tmp_path)
+    assert f.verdict.status == "empty" and f.attempts == [] and f.gpus == []
