@@ -14,7 +14,9 @@ What it shows (docs/examples.md):
   ``all_reduce(MAX)`` of the request and stop flags, so no rank is left in a collective alone;
 * each checkpoint is a torch.distributed.checkpoint-style directory ``step_<N>/``: one shard
   per rank (``__<rank>_0.pt``: that rank's RNG state), the model and optimizer (``model.pt``),
-  and **last** the ``.metadata`` marker, then the top-level ``latest`` pointer. supervise
+  and **last** the ``.metadata`` marker, then the top-level ``latest`` pointer. Rank 0 writes
+  it all (the RNG states are gathered) and reads it back on resume (and broadcasts it), so a
+  node-local ``--ckpt-dir`` works on any number of nodes: supervise runs on the first node. supervise
   publishes a directory on persistent storage only once ``.metadata`` is there
   (a built-in marker, docs/sync.md), so a half-written checkpoint is never mirrored;
 * **stops cleanly** on SIGTERM (``install_stop_handler()``): every rank agrees, one last
@@ -164,22 +166,24 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 def save_checkpoint(ckpt_dir: Path, step: int, model: DDP, opt: torch.optim.Optimizer,
                     rank: int, world: int, seed: int) -> Path:
-    """Every rank writes its shard; rank 0 the model and optimizer, then the marker, then `latest`."""
+    """Rank 0 writes the whole checkpoint: one shard per rank (its RNG state, gathered), the
+    model and optimizer, then the marker, then `latest`. Only rank 0's disk is written, so a
+    node-local checkpoint directory works on any number of nodes: supervise runs on the first
+    node, where rank 0 is, and mirrors it."""
+    rngs: list = [None] * world
+    dist.all_gather_object(rngs, torch.get_rng_state())
     d = ckpt_dir / f"step_{step}"
     if rank == 0:
         if d.exists():  # a leftover of an attempt that died mid-write: start it over
             shutil.rmtree(d)
         d.mkdir(parents=True)
-    dist.barrier()
-    torch.save({"rank": rank, "step": step, "rng": torch.get_rng_state()}, d / f"__{rank}_0.pt")
-    if rank == 0:
+        for r, rng in enumerate(rngs):
+            torch.save({"rank": r, "step": step, "rng": rng}, d / f"__{r}_0.pt")
         torch.save({"step": step, "model": model.module.state_dict(), "optim": opt.state_dict()}, d / "model.pt")
-    dist.barrier()  # every shard is on disk before the marker says so
-    if rank == 0:
         meta = {"step": step, "world_size": world, "seed": seed, "time": time.time(),
                 "files": ["model.pt"] + [f"__{r}_0.pt" for r in range(world)]}
-        _write_atomic(d / MARKER, json.dumps(meta).encode())
-        _write_atomic(ckpt_dir / POINTER, d.name.encode())
+        _write_atomic(d / MARKER, json.dumps(meta).encode())   # last inside the directory
+        _write_atomic(ckpt_dir / POINTER, d.name.encode())     # then the pointer
     dist.barrier()
     return d
 
@@ -206,16 +210,31 @@ def find_resume(ckpt_dir: Path) -> tuple[Path | None, str]:
     return local, "newest complete local checkpoint"
 
 
-def load_checkpoint(d: Path, model: DDP, opt: torch.optim.Optimizer, rank: int) -> int:
-    state = torch.load(d / "model.pt", map_location="cpu", weights_only=False)
+def resume(ckpt_dir: Path, model: DDP, opt: torch.optim.Optimizer, rank: int, world: int) -> tuple[int, str | None]:
+    """Rank 0 finds and reads the checkpoint and broadcasts it (the other ranks may be on nodes
+    whose local disk has none); every rank restores model, optimizer and its own RNG state.
+    Returns (last step done, a description) or (0, None)."""
+    found: list = [None]
+    if rank == 0:
+        path, why = find_resume(ckpt_dir)
+        if path is not None:
+            state = torch.load(path / "model.pt", map_location="cpu", weights_only=False)
+            rngs = []
+            for r in range(world):
+                shard = path / f"__{r}_0.pt"
+                rngs.append(torch.load(shard, weights_only=False)["rng"] if shard.is_file() else None)
+            found[0] = {"state": state, "rngs": rngs, "what": f"{path}, {why}"}
+    dist.broadcast_object_list(found, src=0)
+    if found[0] is None:
+        return 0, None
+    state, rng = found[0]["state"], found[0]["rngs"][rank]
     model.module.load_state_dict(state["model"])
     opt.load_state_dict(state["optim"])
-    shard = d / f"__{rank}_0.pt"
-    if shard.is_file():
-        torch.set_rng_state(torch.load(shard, weights_only=False)["rng"])
+    if rng is not None:
+        torch.set_rng_state(rng)
     elif rank == 0:
-        print(f"warning: {shard.name} missing (another world size?); RNG state not restored", flush=True)
-    return int(state["step"])
+        print("warning: no RNG shard for this rank (another world size?); RNG state not restored", flush=True)
+    return int(state["step"]), found[0]["what"]
 
 
 class ScalarLog:
@@ -252,19 +271,16 @@ def main(argv: list[str] | None = None) -> int:
     ckpt_dir = args.ckpt_dir
     if rank == 0:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-    dist.barrier()
-    start = 1
-    resume, why = find_resume(ckpt_dir)
-    if resume is not None:
-        done = load_checkpoint(resume, model, opt, rank)
-        start = done + 1
-        say(f"resumed from step {done} ({resume}, {why})")
+    done, what = resume(ckpt_dir, model, opt, rank, world)
+    start = done + 1
+    if what is not None:
+        say(f"resumed from step {done} ({what})")
     else:
         say(f"starting from scratch (no complete checkpoint in {ckpt_dir})")
     say(f"training steps {start}..{args.steps} on {world} rank(s), checkpoint every {args.ckpt_every}")
 
     log = ScalarLog(args.log_dir) if rank == 0 else None
-    last_saved = start - 1 if resume is not None else None
+    last_saved = done if what is not None else None
     status = "finished"
     step = start - 1
     for step in range(start, args.steps + 1):
