@@ -143,11 +143,15 @@ class Pointer:
     target: str | None
 
 
+Sig = tuple[int, int, int]  # (inode, mtime_ns, ctime_ns) of a top-level entry
+
+
 @dataclass
 class Listing:
     entries: dict[str, Entry] = field(default_factory=dict)
     pointers: dict[str, Pointer] = field(default_factory=dict)
     marker_seen: bool = False  # a built-in marker or pointer exists: quiescence is off for directories
+    sigs: dict[str, Sig] = field(default_factory=dict)
 
 
 def pointer_target(name: str, content: bytes, names: Iterable[str]) -> str | None:
@@ -172,13 +176,15 @@ def _marker_files(snap: Snap, globs: tuple[str, ...]) -> list[str]:
 
 def classify(root: Path, *, markers: tuple[str, ...] = (), exclude: tuple[str, ...] = (),
              settle: float = 5.0, now: float, marker_seen: bool = False,
-             only: str | None = None) -> Listing:
+             only: str | None = None, reuse: Mapping[str, tuple[Sig, Snap]] | None = None) -> Listing:
     """List ``root`` and decide, for each top-level entry, whether it is a complete checkpoint.
 
     ``marker_seen`` carries over from earlier scans: once a pair has shown a marker, a
     directory without one is never taken for complete just because it went quiet (a slow
     writer pausing is not a finished checkpoint). ``only`` re-checks one entry (after a copy)
-    but still reads the pointers, since they decide it.
+    but still reads the pointers, since they decide it. ``reuse`` holds snapshots of
+    published checkpoints: one whose top-level stat is unchanged is not walked again (a
+    watch-triggered pass then costs one stat per old checkpoint, not one per file).
     """
     out = Listing(marker_seen=marker_seen or bool(markers))
     try:
@@ -204,8 +210,15 @@ def classify(root: Path, *, markers: tuple[str, ...] = (), exclude: tuple[str, .
     for name in candidates:
         if only is not None and name != only:
             continue
-        snap = snapshot(root / name, exclude)
+        try:
+            st = os.lstat(root / name)
+        except FileNotFoundError:
+            continue
+        sig = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+        hit = reuse.get(name) if reuse else None
+        snap = hit[1] if hit is not None and hit[0] == sig else snapshot(root / name, exclude)
         if snap is not None:
+            out.sigs[name] = sig
             snaps[name] = snap
             if "" not in snap.files and any(r in INSIDE_MARKERS for r in snap.files):
                 out.marker_seen = True

@@ -88,6 +88,27 @@ def write_atomic(path: Path, content: bytes, mtime_ns: int, *, fsync: bool) -> b
     return True
 
 
+def copy_markers(src: Path, dst: Path, rels: tuple[str, ...], *, fsync: bool) -> int:
+    """Copy the small marker files last, in this thread: a second copier process would add
+    its start-up time to every checkpoint's exposure window. Temp name, mtime kept, rename."""
+    n = 0
+    for rel in rels:
+        s, d = src / rel, dst / rel
+        st = os.lstat(s)
+        d.parent.mkdir(parents=True, exist_ok=True)
+        tmp = d.with_name(f".{d.name.lstrip('.')}.supervise-tmp")
+        with open(s, "rb") as fi, open(tmp, "wb") as fo:
+            shutil.copyfileobj(fi, fo, 1 << 20)
+            if fsync:
+                fo.flush()
+                os.fsync(fo.fileno())
+        os.chmod(tmp, st.st_mode & 0o7777)
+        os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
+        os.replace(tmp, d)
+        n += st.st_size
+    return n
+
+
 def remove_ours(path: Path) -> None:
     """Remove a staging entry of ours (never anything published)."""
     assert path.name.startswith(OURS_PREFIX), path

@@ -55,6 +55,7 @@ class PairEngine:
         self.backoff_until: float | None = None
         self.failures = 0
         self.published: dict[str, Any] = {}    # checkpoint name → Snap of what was published
+        self._sigs: dict[str, Any] = {}         # its top-level stat then, to skip re-walking it
         self.pointers_done: dict[str, bytes] = {}
         self.marker_seen = False
         self._newest_ns = 0
@@ -205,15 +206,19 @@ class PairEngine:
         return {"ok": False, "error": str(e), "errno": code, "files": 0, "bytes": 0, "published": [],
                 "seconds": round(seconds, 3)}
 
-    def _scan(self, *, root: Path | None = None, only: str | None = None, settle: float | None = None) -> Listing:
+    def _scan(self, *, root: Path | None = None, only: str | None = None, settle: float | None = None,
+              cheap: bool = False) -> Listing:
         p = self.pair
+        reuse = {n: (self._sigs[n], snap) for n, snap in self.published.items() if n in self._sigs} if cheap else None
         return classify(root or p.src, markers=p.markers, exclude=p.exclude,
                         settle=p.settle if settle is None else settle, now=time.time(),
-                        marker_seen=self.marker_seen if root is None else False, only=only)
+                        marker_seen=self.marker_seen if root is None else False, only=only, reuse=reuse)
 
     async def _checkpoint_pass(self, trigger: str, stats: CopyResult, published: list[str]) -> None:
         p = self.pair
-        listing: Listing = await _to_thread(self._scan)
+        # Watch events fire many times a second while a checkpoint is written: those passes
+        # trust unchanged top-level stats of published checkpoints; every other pass walks all.
+        listing: Listing = await _to_thread(self._scan, cheap=trigger == "watch")
         self.marker_seen = listing.marker_seen
         newest = max((e.snap.newest_ns for e in listing.entries.values()), default=0)
         if newest != self._newest_ns:
@@ -230,6 +235,8 @@ class PairEngine:
                 there = await _to_thread(snapshot, p.dst / e.name, p.exclude)
                 if matches(there, e.snap):
                     self.published[e.name] = e.snap
+                    if e.name in listing.sigs:
+                        self._sigs[e.name] = listing.sigs[e.name]
                     continue
             todo.append(e)
         self._note_pending(listing)
@@ -265,10 +272,11 @@ class PairEngine:
             try:
                 if e.is_dir:
                     got += await self.backend.copy_tree(src, staging, exclude=p.exclude, skip=e.markers, fsync=p.fsync)
-                    got += await self.backend.copy_files(src, staging, e.markers, fsync=p.fsync)
+                    got.bytes += await _to_thread(_fsops.copy_markers, src, staging, e.markers, fsync=p.fsync)
+                    got.files += len(e.markers)
                 else:
                     got += await self.backend.copy_file(src, staging, fsync=p.fsync)
-            except CopyError:
+            except (CopyError, FileNotFoundError):
                 if await _to_thread(os.path.lexists, src):
                     raise
                 # the whole checkpoint was rotated away under the copier: not a failure
@@ -292,6 +300,8 @@ class PairEngine:
                     continue
             await _to_thread(_fsops.swap_in, staging, final, is_dir=e.is_dir, fsync=p.fsync)
             self.published[e.name] = e.snap
+            if e.name in again.sigs:
+                self._sigs[e.name] = again.sigs[e.name]
             lag = round(time.time() - e.done_at, 3) if e.done_at else None
             self.emit("publish", pair=p.name, checkpoint=e.name, trigger=trigger, files=len(e.snap.files),
                       bytes=e.snap.bytes, why=e.why, lag_s=lag)
@@ -346,6 +356,7 @@ class PairEngine:
                 continue
             await _to_thread(_remove_local, p.src / e.name)
             self.published.pop(e.name, None)
+            self._sigs.pop(e.name, None)
             removed.append(e.name)
         if removed:
             self.emit("retention", pair=p.name, removed=removed, kept=p.keep_local, where="local")
@@ -379,7 +390,8 @@ class PairEngine:
             await _to_thread(_fsops.remove_ours, staging)
             if best.is_dir:
                 stats += await self.backend.copy_tree(p.dst / best.name, staging, exclude=p.exclude, skip=best.markers)
-                stats += await self.backend.copy_files(p.dst / best.name, staging, best.markers)
+                stats.bytes += await _to_thread(_fsops.copy_markers, p.dst / best.name, staging, best.markers, fsync=False)
+                stats.files += len(best.markers)
             else:
                 stats += await self.backend.copy_file(p.dst / best.name, staging)
             staged = await _to_thread(snapshot, staging, p.exclude)

@@ -99,3 +99,16 @@ def test_hidden_and_excluded_names_are_not_checkpoints(tmp_path):
     (tmp_path / "scratch").mkdir()
     got = judge(tmp_path, exclude=("scratch",))
     assert set(got.entries) == {"step_001"}
+
+
+def test_reuse_skips_walking_an_unchanged_checkpoint_but_not_a_changed_one(tmp_path):
+    write_checkpoint(tmp_path, "step_001", style="dcp", size=10)
+    write_checkpoint(tmp_path, "step_002", style="dcp", size=10)
+    first = judge(tmp_path)
+    fake = first.entries["step_001"].snap.__class__({"made-up": (1, 1)}, 0, 1)
+    reuse = {n: (first.sigs[n], fake) for n in ("step_001", "step_002")}
+    time.sleep(0.02)
+    (tmp_path / "step_002" / "extra.bin").write_bytes(b"new")  # touches step_002's directory
+    again = judge(tmp_path, reuse=reuse)
+    assert again.entries["step_001"].snap is fake  # unchanged top-level stat: not walked
+    assert "extra.bin" in again.entries["step_002"].snap.files

@@ -207,3 +207,37 @@ async def test_missing_source_is_created_at_start(tmp_path, backend, events):
     assert events.of("sync-source")[0]["action"] == "created"
 
 
+
+
+def _proc_nice(pid: str) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])
+
+
+@pytest.mark.asyncio
+async def test_copier_runs_at_lowered_priority(tmp_path, backend, events):
+    src, dst = tmp_path / "local", tmp_path / "persistent"
+    many_files(src / "step_001", 3000)
+    (src / "step_001" / ".metadata").write_bytes(b"m")
+    mirror = Mirror([SyncPair("c", "checkpoint", src, dst)], emit=events, backend=backend, nice=7, ionice="none")
+    staging = str(dst / ".supervise-staging-step_001").encode()
+    pycopy = b"_pycopy.py"
+    seen: set[int] = set()
+
+    def look() -> bool:
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or int(pid) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read()
+                if (staging in cmd or pycopy in cmd):
+                    seen.add(_proc_nice(pid))
+            except (OSError, ValueError, IndexError):
+                continue
+        return bool(seen)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(mirror.flush, "test")
+        await poll(look, 20, 0.001, "the copier process")
+    assert seen == {7}
