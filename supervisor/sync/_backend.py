@@ -61,10 +61,8 @@ class Backend(Protocol):
 
     async def copy_tree(self, src: Path, dst: Path, *, exclude: Sequence[str] = (),
                         skip: Sequence[str] = (), fsync: bool = False) -> CopyResult:
-        """Contents of ``src`` into ``dst``, files through temp names, ``skip`` left out."""
-
-    async def copy_files(self, src: Path, dst: Path, files: Sequence[str], *, fsync: bool = False) -> CopyResult:
-        """Only the listed relative paths (markers, copied last)."""
+        """Contents of ``src`` into ``dst``, files through temp names, ``skip`` (the markers,
+        which the mirror copies itself afterwards) left out."""
 
     async def copy_file(self, src: Path, dst: Path, *, fsync: bool = False) -> CopyResult:
         """One file to one path, through a temp name."""
@@ -215,13 +213,6 @@ class RsyncBackend:
         args += [f"--exclude=/{_escape(s)}" for s in skip]
         return await self._run([*args, "--", f"{src}/", f"{dst}/"], fsync_tree=dst if fsync else None)
 
-    async def copy_files(self, src, dst, files, *, fsync=False):
-        if not files:
-            return CopyResult()
-        args = ["--files-from=-", "--from0", "--modify-window=-1", *await self._fsync_flag(fsync)]
-        return await self._run([*args, "--", f"{src}/", f"{dst}/"], stdin=b"\0".join(f.encode() for f in files),
-                               fsync_tree=dst if fsync else None)
-
     async def copy_file(self, src, dst, *, fsync=False):
         args = [f"--partial-dir={PARTIAL_DIR}", "--modify-window=-1", *await self._fsync_flag(fsync)]
         return await self._run([*args, "--", str(src), str(dst)], fsync_tree=dst if fsync else None)
@@ -261,11 +252,6 @@ class PythonBackend:
     async def copy_tree(self, src, dst, *, exclude=(), skip=(), fsync=False):
         return await self._run({"mode": "tree", "src": src, "dst": dst, "exclude": list(exclude),
                                 "skip": list(skip), "fsync": fsync})
-
-    async def copy_files(self, src, dst, files, *, fsync=False):
-        if not files:
-            return CopyResult()
-        return await self._run({"mode": "files", "src": src, "dst": dst, "files": list(files), "fsync": fsync})
 
     async def copy_file(self, src, dst, *, fsync=False):
         return await self._run({"mode": "file", "src": src, "dst": dst, "fsync": fsync})

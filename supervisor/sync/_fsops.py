@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from supervisor.sync._complete import OURS_PREFIX, STAGING_PREFIX, Snap
+from supervisor.sync._complete import OURS_PREFIX, STAGING_PREFIX, Snap, snapshot
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -143,7 +143,6 @@ def stale_staging(root: Path) -> list[Path]:
 
 def log_lag(src: Path, dst: Path, exclude: tuple[str, ...]) -> list[str]:
     """Log files whose persistent copy is shorter than the local one."""
-    from supervisor.sync._complete import snapshot
     s = snapshot(src, exclude)
     if s is None:
         return []

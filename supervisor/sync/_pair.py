@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno as _errno
 import os
+import shutil
 import time
 from functools import partial
 from pathlib import Path
@@ -409,7 +410,6 @@ class PairEngine:
 
 
 def _remove_local(path: Path) -> None:
-    import shutil
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
     else:

@@ -9,8 +9,7 @@ Modes, mirroring the rsync invocations in ``_backend.py``:
 
 * ``tree``: copy ``src/`` into ``dst/`` (``rsync -a --partial-dir``): each file through a
   temp name and ``os.replace``, mtime and mode preserved, skipped when size and mtime match;
-  ``skip`` names relative paths left out (markers, copied last by a ``files`` run).
-* ``files``: copy the listed relative paths only (``rsync --files-from``).
+  ``skip`` names relative paths left out (markers, which the mirror copies last itself).
 * ``file``: one file to one path, through a temp name.
 * ``grow``: logs in place (``rsync --append-verify``): a longer source is appended to the
   same inode after checking the tail already there; a mismatch rewrites it in place.
@@ -49,14 +48,6 @@ def _excluded(rel: str, patterns: list[str]) -> bool:
         elif fnmatch.fnmatchcase(name, p) or any(fnmatch.fnmatchcase(x, p) for x in rel.split("/")[:-1]):
             return True
     return False
-
-
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _copy_one(src: str, dst: str, st: os.stat_result, fsync: bool, stats: Stats) -> None:
@@ -175,21 +166,6 @@ def tree(req: dict, stats: Stats) -> None:
         os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
-def files(req: dict, stats: Stats) -> None:
-    src, dst, fsync = req["src"], req["dst"], bool(req.get("fsync"))
-    for rel in req["files"]:
-        s = os.path.join(src, rel)
-        try:
-            st = os.lstat(s)
-        except FileNotFoundError:
-            stats.vanished += 1
-            continue
-        target = os.path.join(dst, rel)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        if not _same(st, target):
-            _copy_one(s, target, st, fsync, stats)
-
-
 def one_file(req: dict, stats: Stats) -> None:
     try:
         st = os.lstat(req["src"])
@@ -254,7 +230,7 @@ def _grow_one(src: str, dst: str, st: os.stat_result, fsync: bool, stats: Stats)
     stats.bytes += written
 
 
-MODES = {"tree": tree, "files": files, "file": one_file, "grow": grow}
+MODES = {"tree": tree, "file": one_file, "grow": grow}
 
 
 def main() -> int:
