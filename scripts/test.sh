@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The test command (README quick start, and what .ci/run calls): set up, then pytest.
+#   scripts/test.sh [PYTEST ARGS…]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+# OpenMPI refuses to run as root unless told; the tests run as root in CI.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+exec .venv/bin/python -m pytest -ra "$@"
