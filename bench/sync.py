@@ -196,14 +196,15 @@ def mirror_flush_time(src: Path, dst: Path, backend: str) -> float:
 def throughput(work: Path, backends: list[str], big: int, small: int, reps: int) -> list[tuple[str, str, float, float]]:
     rows = []
     cases = []
-    d = fresh(work / "tp-big") / "ckpt"
-    d.mkdir()
-    with open(d / "model.bin", "wb") as f:
-        block = os.urandom(8 << 20)
-        for _ in range(big // len(block)):
-            f.write(block)
-    (d / ".metadata").write_bytes(b"m")
-    cases.append((f"one {big / 2**30:.1f} GiB file", work / "tp-big"))
+    if big:
+        d = fresh(work / "tp-big") / "ckpt"
+        d.mkdir()
+        with open(d / "model.bin", "wb") as f:
+            block = os.urandom(8 << 20)
+            for _ in range(big // len(block)):
+                f.write(block)
+        (d / ".metadata").write_bytes(b"m")
+        cases.append((f"one {big / 2**30:.1f} GiB file", work / "tp-big"))
     d = fresh(work / "tp-small") / "ckpt"
     d.mkdir()
     blob = os.urandom(4096)
@@ -270,6 +271,7 @@ def main() -> None:
     ap.add_argument("--small", type=int, default=20000)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--backends", default="rsync,python")
+    ap.add_argument("--sections", default="lag,throughput,flush", help="which of lag, throughput, flush to run")
     a = ap.parse_args()
     if a.quick:
         a.count, a.size_mb, a.interval, a.seed_every, a.big_gb, a.small, a.reps = 5, 8, 1.0, 3.0, 0.25, 2000, 2
@@ -281,48 +283,62 @@ def main() -> None:
               f"{subprocess.run(['rsync', '--version'], capture_output=True, text=True).stdout.splitlines()[0]}")
         print(f"work dir {work} (source and destination on the same filesystem)\n")
 
+        sections = set(a.sections.split(","))
         src1 = fresh(work / "copy1")
         write_ckpt(src1, "one", size)
         copy = statistics.median(timed(["rsync", "-a", "--", f"{src1}/", f"{work}/copy1-dst-{i}/"]) for i in range(3))
         shutil.rmtree(src1)
         for i in range(3):
             shutil.rmtree(work / f"copy1-dst-{i}", ignore_errors=True)
-        print(f"## 1. Durability lag, {a.count} checkpoints of {a.size_mb} MiB every {a.interval:g} s\n")
-        print(f"copy time of one checkpoint with plain `rsync -a`: {copy:.2f} s; goal p95 < {copy + 1:.2f} s\n")
-        print("| method | p50 lag (s) | p95 lag (s) | max (s) | not durable at end | checkpoints seen torn |")
-        print("|---|---|---|---|---|---|")
-        for b in backends:
-            r = lag_mirror(work, b, a.count, size, a.interval)
-            print(f"| Mirror ({b}) | {pct(r['lags'], .5):.2f} | {pct(r['lags'], .95):.2f} | {max(r['lags'], default=float('nan')):.2f} "
-                  f"| {r['lost']} | {r['torn']} |", flush=True)
-        r = lag_seed(work, a.count, size, a.interval, a.seed_every)
-        print(f"| seed loop, rsync every {a.seed_every:g} s (measured) | {pct(r['lags'], .5):.2f} | {pct(r['lags'], .95):.2f} "
-              f"| {max(r['lags'], default=float('nan')):.2f} | {r['lost']} | {r['torn']} |")
-        print(f"| seed loop, rsync every 600 s (modelled) | {300 + copy:.0f} | {570 + copy:.0f} | {600 + copy:.0f} | — | — |\n", flush=True)
-        shutil.rmtree(work / "seed-src", ignore_errors=True)
-        shutil.rmtree(work / "seed-dst", ignore_errors=True)
-        shutil.rmtree(work / "lag-src", ignore_errors=True)
-        shutil.rmtree(work / "lag-dst", ignore_errors=True)
-
-        print(f"## 2. Throughput against plain `rsync -a` ({a.reps} runs each, interleaved; Mirror at nice 0, "
-              "no ionice, like the plain rsync)\n")
-        print("| data | backend | plain rsync -a, best / median (s) | Mirror.flush, best / median (s) "
-              "| ratio of best (goal ≥ 0.9) | ratio of medians |")
-        print("|---|---|---|---|---|---|")
-        for label, b, p, o in throughput(work, backends, int(a.big_gb * (1 << 30)), a.small, a.reps):
-            pm, om = statistics.median(p), statistics.median(o)
-            print(f"| {label} | {b} | {min(p):.2f} / {pm:.2f} | {min(o):.2f} / {om:.2f} | {min(p) / min(o):.2f} "
-                  f"| {pm / om:.2f} |", flush=True)
-
-        print(f"\n## 3. Final flush right after a {a.size_mb} MiB checkpoint was written (5 stops)\n")
-        print("| backend | median (s) | max (s) |")
-        print("|---|---|---|")
-        for b in backends:
-            t = final_flush(work, b, size, 5)
-            print(f"| {b} | {statistics.median(t):.2f} | {max(t):.2f} |", flush=True)
+        if "lag" in sections:
+            lag_section(a, work, backends, size, copy)
+        if "throughput" in sections:
+            throughput_section(a, work, backends)
+        if "flush" in sections:
+            flush_section(a, work, backends, size)
     finally:
         if a.work is None:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def lag_section(a: argparse.Namespace, work: Path, backends: list[str], size: int, copy: float) -> None:
+    print(f"## 1. Durability lag, {a.count} checkpoints of {a.size_mb} MiB every {a.interval:g} s\n")
+    print(f"copy time of one checkpoint with plain `rsync -a`: {copy:.2f} s; goal p95 < {copy + 1:.2f} s\n")
+    print("| method | p50 lag (s) | p95 lag (s) | max (s) | not durable at end | checkpoints seen torn |")
+    print("|---|---|---|---|---|---|")
+    for b in backends:
+        r = lag_mirror(work, b, a.count, size, a.interval)
+        print(f"| Mirror ({b}) | {pct(r['lags'], .5):.2f} | {pct(r['lags'], .95):.2f} | {max(r['lags'], default=float('nan')):.2f} "
+              f"| {r['lost']} | {r['torn']} |", flush=True)
+    r = lag_seed(work, a.count, size, a.interval, a.seed_every)
+    print(f"| seed loop, rsync every {a.seed_every:g} s (measured) | {pct(r['lags'], .5):.2f} | {pct(r['lags'], .95):.2f} "
+          f"| {max(r['lags'], default=float('nan')):.2f} | {r['lost']} | {r['torn']} |")
+    print(f"| seed loop, rsync every 600 s (modelled) | {300 + copy:.0f} | {570 + copy:.0f} | {600 + copy:.0f} | — | — |\n", flush=True)
+    shutil.rmtree(work / "seed-src", ignore_errors=True)
+    shutil.rmtree(work / "seed-dst", ignore_errors=True)
+    shutil.rmtree(work / "lag-src", ignore_errors=True)
+    shutil.rmtree(work / "lag-dst", ignore_errors=True)
+
+
+def throughput_section(a: argparse.Namespace, work: Path, backends: list[str]) -> None:
+    print(f"## 2. Throughput against plain `rsync -a` ({a.reps} runs each, interleaved; Mirror at nice 0, "
+          "no ionice, like the plain rsync)\n")
+    print("| data | backend | plain rsync -a, best / median (s) | Mirror.flush, best / median (s) "
+          "| ratio of best (goal ≥ 0.9) | ratio of medians |")
+    print("|---|---|---|---|---|---|")
+    for label, b, p, o in throughput(work, backends, int(a.big_gb * (1 << 30)), a.small, a.reps):
+        pm, om = statistics.median(p), statistics.median(o)
+        print(f"| {label} | {b} | {min(p):.2f} / {pm:.2f} | {min(o):.2f} / {om:.2f} | {min(p) / min(o):.2f} "
+              f"| {pm / om:.2f} |", flush=True)
+
+
+def flush_section(a: argparse.Namespace, work: Path, backends: list[str], size: int) -> None:
+    print(f"\n## 3. Final flush right after a {a.size_mb} MiB checkpoint was written (5 stops)\n")
+    print("| backend | median (s) | max (s) |")
+    print("|---|---|---|")
+    for b in backends:
+        t = final_flush(work, b, size, 5)
+        print(f"| {b} | {statistics.median(t):.2f} | {max(t):.2f} |", flush=True)
 
 
 if __name__ == "__main__":

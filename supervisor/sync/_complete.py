@@ -103,21 +103,28 @@ def snapshot(path: Path, exclude: Iterable[str] = ()) -> Snap | None:
             if not rel:
                 return None
             continue
-        with it:
+        prefix = rel + "/" if rel else ""
+        with it:  # the hot loop of every pass: kept lean (20 000 files ≈ 0.1 s)
             for e in it:
-                r = f"{rel}/{e.name}" if rel else e.name
-                if e.name == PARTIAL_DIR or excluded(r, exclude):
+                name = e.name
+                r = prefix + name
+                if name == PARTIAL_DIR or (exclude and excluded(r, exclude)):
                     continue
                 try:
                     s = e.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
-                newest = max(newest, s.st_mtime_ns, s.st_ctime_ns)
-                if stat.S_ISDIR(s.st_mode):
+                m, c = s.st_mtime_ns, s.st_ctime_ns
+                if m > newest:
+                    newest = m
+                if c > newest:
+                    newest = c
+                if e.is_dir(follow_symlinks=False):
                     stack.append((r, e.path))
                 else:
-                    files[r] = (s.st_size, s.st_mtime_ns)
-                    total += s.st_size
+                    size = s.st_size
+                    files[r] = (size, m)
+                    total += size
     return Snap(files, newest, total)
 
 

@@ -268,6 +268,9 @@ class PairEngine:
         p = self.pair
         src, final = p.src / e.name, p.dst / e.name
         staging = p.dst / f"{STAGING_PREFIX}{e.name}"
+        # Staging left by a killed run is resumed (rsync skips what is already whole) but then
+        # always verified: it may hold files the source no longer has.
+        leftover = await _to_thread(os.path.lexists, staging)
         for attempt in range(RECOPY_TRIES):
             got = CopyResult()
             try:
@@ -294,7 +297,7 @@ class PairEngine:
                 continue
             # A clean first copy of an unchanged source is whole (the copier exits non-zero
             # otherwise); a retry into a used staging area, or files that vanished, get checked.
-            if attempt or got.vanished:
+            if attempt or got.vanished or leftover:
                 staged = await _to_thread(snapshot, staging, p.exclude)
                 if not matches(staged, e.snap):
                     await _to_thread(_fsops.prune_staging, staging, e.snap)

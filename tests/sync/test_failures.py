@@ -187,3 +187,17 @@ def _cmdline_has(pid: str, needle: str) -> bool:
             return needle.encode() in f.read()
     except OSError:
         return False
+
+
+@pytest.mark.asyncio
+async def test_leftover_staging_is_verified_before_publishing(tmp_path, backend, events):
+    """A killed run's staging holds a file the checkpoint no longer has: it must not be published."""
+    src, dst = tmp_path / "local", tmp_path / "persistent"
+    write_checkpoint(src, "step_001", style="dcp", shards=2, size=1000)
+    stale = dst / ".supervise-staging-step_001"
+    write_checkpoint(dst, ".supervise-staging-step_001", style="dcp", shards=2, size=1000)
+    (stale / "shard_9.bin").write_bytes(b"from an older attempt")
+    mirror = Mirror([SyncPair("c", "checkpoint", src, dst)], emit=events, backend=backend)
+    assert (await mirror.flush("test"))["ok"]
+    assert sorted(os.listdir(dst / "step_001")) == sorted(os.listdir(src / "step_001"))
+    assert problems(dst, style="dcp", shards=2, size=1000) == []
