@@ -18,7 +18,7 @@ from typing import Any, Sequence
 from supervisor import __version__, logs
 from supervisor.errors import UsageError
 
-SUBCOMMANDS = ("run", "check", "env", "report")
+SUBCOMMANDS = ("run", "check", "env", "report", "node-agent")
 
 DESCRIPTION = """\
 Supervise one training run inside a batch job: mirror checkpoints and logs to persistent
@@ -36,6 +36,8 @@ subcommands:
   check           validate the options and show what supervise sees here; starts nothing
   env             the job as supervise sees it: scheduler, nodes, GPUs, launcher
   report RUN_DIR  what happened in a run, and what to change
+  node-agent      multi-node jobs: mirror this node's part of each checkpoint (one per node;
+                  see docs/sync.md)
 
 durations: 90, 90s, 10m, 1h30m.  signals: TERM, INT, USR1, USR2, HUP (with or without SIG).
 precedence: --config file < SUPERVISE_* environment variables < flags.
@@ -81,6 +83,10 @@ def _run_options(p: argparse.ArgumentParser) -> None:
                    help="mirror logs such as TensorBoard event files, growing in place; repeatable")
     g.add_argument("--sync-every", metavar="DURATION", default=S, help="safety-net period; changes trigger a sync sooner (default 10m)")
     g.add_argument("--sync-backend", metavar="NAME", default=S, help="auto (rsync if on PATH), rsync, or python")
+    g.add_argument("--nodes", metavar="N|auto", default=S,
+                   help="every node writes its shards of a --checkpoints checkpoint to its own local disk: publish "
+                        "each one only when all N nodes' parts are durable (auto: the job's node count; "
+                        "start one `supervise node-agent` per node)")
 
     g = p.add_argument_group("sampling")
     g.add_argument("--gpu-every", metavar="DURATION", default=S, help="GPU and host sampling period; 0 disables (default 10s)")
@@ -114,6 +120,8 @@ def _parser(sub: str) -> _Parser:
         p.add_argument("--json", action="store_true", help="the same facts as JSON")
         p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report with plots")
         return p
+    if sub == "node-agent":
+        return _node_agent_parser()
     if sub == "env":
         p = _Parser(prog=prog, allow_abbrev=False, description="The job as supervise sees it: scheduler, job id, attempt, nodes, GPUs, launcher, and a suggested launch command.")
         p.add_argument("--json", action="store_true", help="as JSON")
@@ -122,6 +130,30 @@ def _parser(sub: str) -> _Parser:
                 allow_abbrev=False, description=DESCRIPTION, epilog=EPILOG,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     _run_options(p)
+    return p
+
+
+def _node_agent_parser() -> _Parser:
+    S = argparse.SUPPRESS
+    p = _Parser(prog="supervise node-agent", allow_abbrev=False,
+                description="Multi-node jobs whose nodes write checkpoint shards to their own local disks: mirror this "
+                            "node's part of every checkpoint of the per-node pairs (nodes > 1) to persistent storage; "
+                            "the main supervise (node 0) publishes a checkpoint once every node's part is there. "
+                            "Start one per node, e.g. srun --overlap --ntasks-per-node=1 supervise node-agent "
+                            "--config FILE & (docs/sync.md).")
+    p.add_argument("-c", "--config", metavar="FILE", default=S, help="the same TOML file as the main supervise")
+    p.add_argument("--run-dir", metavar="DIR", default=S,
+                   help="the main supervise's run directory; this agent journals into DIR/nodes/node-K/")
+    p.add_argument("--node-rank", metavar="K", default=S,
+                   help="this node's index, 1 to N-1 (default: SUPERVISE_NODE_RANK, SLURM_NODEID, PMIX_RANK, "
+                        "PMI_RANK, PALS_RANKID, OMPI_COMM_WORLD_RANK); 0 is the main supervise's and exits at once")
+    p.add_argument("--nodes", metavar="N|auto", default=S, help="node count of the --checkpoints pairs")
+    p.add_argument("--checkpoints", nargs=2, metavar=("LOCAL", "PERSISTENT"), action="append", default=S,
+                   help="this node's local checkpoint directory and the shared persistent one; repeatable")
+    p.add_argument("--sync-every", metavar="DURATION", default=S, help="safety-net period (default 10m)")
+    p.add_argument("--sync-backend", metavar="NAME", default=S, help="auto (rsync if on PATH), rsync, or python")
+    p.add_argument("-q", "--quiet", action="count", default=0, help="only warnings and errors on stderr")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more detail on stderr")
     return p
 
 
@@ -184,7 +216,7 @@ def config_from(ns: argparse.Namespace, command: Sequence[str], *, for_check: bo
     cfg_file = Path(given["config"]) if "config" in given else None
     verbosity = given.get("verbose", 0) - given.get("quiet", 0)
     cfg = build_config(flags=flags, flag_pairs=pairs, command=tuple(command), config_file=cfg_file,
-                       require_command=not for_check, create_run_dir=not for_check)
+                       require_command=not for_check, create_run_dir=not for_check, flag_nodes=given.get("nodes"))
     from dataclasses import replace
 
     return replace(cfg, verbosity=verbosity)
@@ -206,6 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_check(config_from(ns, command, for_check=True), command)
         if sub == "env":
             return _env(ns, command)
+        if sub == "node-agent":
+            return _node_agent(ns, command)
         return _report(ns)
     except UsageError as e:
         print(f"supervise: {e}", file=sys.stderr)
@@ -228,6 +262,25 @@ def _run(ns: argparse.Namespace, command: list[str]) -> int:
     become_subreaper()
     try:
         return anyio.run(supervise, cfg)
+    finally:
+        logs.close()
+
+
+def _node_agent(ns: argparse.Namespace, command: list[str]) -> int:
+    import anyio
+
+    from supervisor.sync.node_agent import node_rank, run_node_agent
+
+    if command:
+        raise UsageError("supervise node-agent takes no command: it mirrors, the main supervise runs the training")
+    cfg = config_from(ns, (), for_check=True)
+    if cfg.run_dir is not None and cfg.run_dir.name.endswith(f"Z-{os.getpid()}"):
+        # outside a scheduler the default run directory is new per process: not the leader's
+        raise UsageError("supervise node-agent needs the main supervise's run directory here: give --run-dir DIR")
+    rank = node_rank(getattr(ns, "node_rank", None), os.environ)
+    logs.setup(cfg.verbosity)
+    try:
+        return anyio.run(run_node_agent, cfg, rank)
     finally:
         logs.close()
 

@@ -48,6 +48,7 @@ class SyncPair:
     keep_local: int | None = None
     settle: float = 5.0
     fsync: bool = False
+    nodes: int = 1  # > 1: every node writes its own part; published once all parts are durable (0: auto, resolved)
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,20 @@ def _run_dir(v: Any) -> Path:
     return _path(v)
 
 
+def _nodes(v: Any) -> int:
+    """How many nodes write parts of each checkpoint: a count, or ``auto`` (0 here; the job's
+    node count once the environment is known, in ``build_config``)."""
+    if isinstance(v, str) and v.strip().lower() == "auto":
+        return 0
+    try:
+        n = _count(v)
+    except ValueError:
+        n = 0
+    if n < 1 or n > 100_000:
+        raise ValueError("a node count from 1, or auto (the job's node count)")
+    return n
+
+
 # Scalar keys: TOML name → (converter, Config field). Flags and SUPERVISE_* use the same names.
 SCALAR_KEYS: dict[str, Callable[[Any], Any]] = {
     "run_dir": _run_dir,
@@ -235,7 +250,8 @@ SCALAR_KEYS: dict[str, Callable[[Any], Any]] = {
     "notify_timeout": _duration,
 }
 SECRET_KEYS = frozenset({"notify"})
-SYNC_KEYS = ("name", "kind", "from", "to", "markers", "every", "restore", "exclude", "keep_local", "settle", "fsync")
+SYNC_KEYS = ("name", "kind", "from", "to", "markers", "every", "restore", "exclude", "keep_local", "settle", "fsync",
+             "nodes")
 TOP_LEVEL_TABLES = ("sync",)
 
 
@@ -338,6 +354,7 @@ def _sync_table(t: Mapping[str, Any], index: int, path: Path) -> SyncPair:
         keep_local=conv("keep_local", keep, None),
         settle=conv("settle", settle, 5.0),
         fsync=conv("fsync", _bool, False),
+        nodes=conv("nodes", _nodes, 1),
     )
 
 
@@ -356,13 +373,28 @@ def _from_env(env: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
     return values, warnings
 
 
-def _resolve_pairs(pairs: list[SyncPair]) -> tuple[SyncPair, ...]:
-    """Absolute paths, unique names, and no pair that would copy into itself."""
+def job_nodes(env: Mapping[str, str]) -> int:
+    """The job's node count (``nodes = "auto"``): from the scheduler's environment, 1 outside one."""
+    from supervisor.job import detect_job
+
+    try:
+        return max(1, detect_job(env).num_nodes)
+    except Exception:  # noqa: BLE001 - an unreadable nodefile means one node, not a crash
+        return 1
+
+
+def _resolve_pairs(pairs: list[SyncPair], env: Mapping[str, str] | None = None) -> tuple[SyncPair, ...]:
+    """Absolute paths, unique names, node counts, and no pair that would copy into itself."""
     out: list[SyncPair] = []
     names: set[str] = set()
     for i, p in enumerate(pairs):
         src, dst = p.src.absolute(), p.dst.absolute()
         key = f"sync {p.name or i}"
+        if p.nodes != 1 and p.kind != "checkpoint":
+            raise ConfigError(f"{key}.nodes", p.nodes or "auto",
+                              "only checkpoint pairs are mirrored per node; log pairs are the leader's")
+        if p.nodes == 0:
+            p = replace(p, nodes=job_nodes(os.environ if env is None else env))
         if os.path.realpath(src) == os.path.realpath(dst):
             raise ConfigError(key, f"{src} -> {dst}", "local and persistent sides are the same path")
         rs, rd = Path(os.path.realpath(src)), Path(os.path.realpath(dst))
@@ -415,11 +447,13 @@ def build_config(
     cwd: Path | None = None,
     require_command: bool = True,
     create_run_dir: bool = True,
+    flag_nodes: str | None = None,
 ) -> Config:
     """Merge file < env < flags, validate everything, and return the frozen Config.
 
     ``flags`` holds only the flags the user gave (already typed by the CLI as raw strings);
-    ``flag_pairs`` are ``(kind, local, persistent)`` from ``--checkpoints``/``--logs``.
+    ``flag_pairs`` are ``(kind, local, persistent)`` from ``--checkpoints``/``--logs``;
+    ``flag_nodes`` (``--nodes``) is the node count of the ``--checkpoints`` pairs.
     """
     env = os.environ if env is None else env
     cwd = Path.cwd() if cwd is None else cwd
@@ -433,8 +467,15 @@ def build_config(
     values.update(env_values)
     for key, raw in flags.items():
         values[key] = _convert(key, raw, "--" + key.replace("_", "-"))
+    nodes = 1
+    if flag_nodes is not None:
+        try:
+            nodes = _nodes(flag_nodes)
+        except ValueError as e:
+            raise ConfigError("nodes", flag_nodes, f"expected {e}", "--nodes") from None
     for kind, local, persistent in flag_pairs:
-        pairs.append(SyncPair(name="", kind=kind, src=_abs(local, cwd), dst=_abs(persistent, cwd)))
+        pairs.append(SyncPair(name="", kind=kind, src=_abs(local, cwd), dst=_abs(persistent, cwd),
+                              nodes=nodes if kind == "checkpoint" else 1))
 
     if require_command and not command:
         raise ConfigError("command", "", "missing: put the training command after --, e.g. supervise -- python train.py")
@@ -451,7 +492,7 @@ def build_config(
         command=tuple(command),
         run_dir=run_dir,
         config_file=config_file,
-        sync=_resolve_pairs(pairs),
+        sync=_resolve_pairs(pairs, env),
         warnings=tuple(warnings),
         **values,
     )

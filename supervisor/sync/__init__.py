@@ -3,7 +3,11 @@
 ``Mirror`` is the one thing the agent sees. Checkpoints are published complete or not at
 all (staged under ``.supervise-staging-<name>`` on the destination, verified, renamed),
 markers and pointer files last; logs grow in place so a TensorBoard reading the persistent
-copy sees new points. Rules, event kinds and fields: docs/sync.md.
+copy sees new points. A checkpoint pair with ``nodes = N`` (every node writes its shards to
+its own local disk) publishes a checkpoint only once every node's part is durable: node K's
+mirror (``supervise node-agent``, ``node_rank=K``) stages parts, the leader (node 0, the main
+``supervise``) assembles them (``_nodes.py``, ``_parts.py``). Rules, event kinds and fields:
+docs/sync.md.
 """
 
 from __future__ import annotations
@@ -21,18 +25,28 @@ from supervisor.journal import Emit
 from supervisor.sync import _fsops
 from supervisor.sync._backend import Backend, CopyError, PythonBackend, choose_backend
 from supervisor.sync._checks import check_pairs
+from supervisor.sync._complete import STAGING_PREFIX
+from supervisor.sync._nodes import PartEngine
 from supervisor.sync._pair import PairEngine
+from supervisor.sync._parts import PARTS_DIR, parts_root, remove_parts, waiting
 
 __all__ = ["Mirror"]
 
 
 class Mirror:
-    """Mirrors every sync pair until cancelled; the agent asks it for restores and flushes."""
+    """Mirrors every sync pair until cancelled; the agent asks it for restores and flushes.
+
+    ``node_rank`` is this node's place in a multi-node job: 0 (the default) is the leader,
+    which mirrors every pair and assembles the parts of per-node pairs (``nodes > 1``); a node
+    agent (K > 0) mirrors only the per-node checkpoint pairs, as parts.
+    """
 
     def __init__(self, pairs: Sequence[SyncPair], *, emit: Emit, sync_every: float = 600.0,
                  backend: str = "auto", nice: int = 10, ionice: str = "idle",
-                 retry_base: float = 2.0, retry_cap: float = 120.0) -> None:
-        self._pairs = tuple(pairs)
+                 retry_base: float = 2.0, retry_cap: float = 120.0, node_rank: int = 0,
+                 parts_poll: float = 1.0) -> None:
+        self.node_rank = node_rank
+        self._pairs = tuple(p for p in pairs if node_rank == 0 or (p.kind == "checkpoint" and p.nodes > 1))
         self._emit = emit
         self._backend_error: ConfigError | None = None
         try:
@@ -42,8 +56,20 @@ class Mirror:
             self._backend = PythonBackend(nice, ionice)
         self._published = 0
         self._published_event = anyio.Event()
-        self._engines = [PairEngine(p, self._backend, emit, every=sync_every, retry_base=retry_base,
-                                    retry_cap=retry_cap, on_publish=self._count_publish) for p in self._pairs]
+        self._engines: list[PairEngine] = []
+        for p in self._pairs:
+            if p.kind == "checkpoint" and p.nodes > 1:
+                self._engines.append(PartEngine(p, self._backend, emit, node=node_rank, every=sync_every,
+                                                retry_base=retry_base, retry_cap=retry_cap,
+                                                on_publish=self._count_publish, parts_poll=parts_poll))
+            else:
+                self._engines.append(PairEngine(p, self._backend, emit, every=sync_every, retry_base=retry_base,
+                                                retry_cap=retry_cap, on_publish=self._count_publish))
+
+    @property
+    def pairs(self) -> tuple[SyncPair, ...]:
+        """The pairs this mirror handles (a node agent: only the per-node checkpoint pairs)."""
+        return self._pairs
 
     @property
     def backend_name(self) -> str:
@@ -63,7 +89,11 @@ class Mirror:
         """Hard errors raise ConfigError (exit 2, nothing started); doubts come back as warnings."""
         if self._backend_error is not None:
             raise self._backend_error
-        return check_pairs(self._pairs)
+        warnings = check_pairs(self._pairs)
+        for p in self._pairs:
+            if p.kind == "checkpoint" and p.nodes > 1 and self.node_rank >= p.nodes:
+                raise ConfigError("node_rank", self.node_rank, f"expected 1 to {p.nodes - 1}: sync {p.name} has nodes = {p.nodes}")
+        return warnings
 
     async def restore(self) -> Path | None:
         """Before spawn: for pairs with ``restore = true``, the newest complete checkpoint from
@@ -90,6 +120,8 @@ class Mirror:
                 await tg.start(eng.watch)
                 tg.start_soon(eng.loop)
                 tg.start_soon(eng.ticker)
+                if isinstance(eng, PartEngine) and eng.leader:
+                    tg.start_soon(eng.parts_watch)
                 eng.trigger("start")
             task_status.started()
 
@@ -105,13 +137,33 @@ class Mirror:
                     self._emit("sync-source", pair=p.name, path=p.src, action="waiting", error=str(e))
             if p.kind != "checkpoint":
                 continue
-            stale = await anyio.to_thread.run_sync(_fsops.stale_staging, p.dst)
+            stale = await anyio.to_thread.run_sync(self._stale_on_dst, eng)
             stale += [s for s in await anyio.to_thread.run_sync(_fsops.stale_staging, p.src)
-                      if s.name.startswith(".supervise-staging-")]
+                      if s.name.startswith(STAGING_PREFIX)]
             for s in stale:
                 await anyio.to_thread.run_sync(_fsops.remove_ours, s)
             if stale:
                 self._emit("sync-cleanup", pair=p.name, removed=[str(s) for s in stale])
+
+    @staticmethod
+    def _stale_on_dst(eng: PairEngine) -> list:
+        """Our leftovers on the persistent side of one pair. Parts are never leftovers: other
+        nodes may be writing them now, and a complete one still counts after a requeue. A
+        node agent leaves the leader's staging alone; the leader keeps an assembly staging
+        whose parts are still there (it may hold files renamed out of them), and drops the
+        parts of checkpoints already published."""
+        p = eng.pair
+        if isinstance(eng, PartEngine):
+            if not eng.leader:
+                return []
+            parts = waiting(p.dst)
+            for name in list(parts):
+                if (p.dst / name).exists():
+                    remove_parts(p.dst, name)
+                    del parts[name]
+            keep = {f"{STAGING_PREFIX}{n}" for n in parts} | {PARTS_DIR}
+            return [s for s in _fsops.stale_staging(p.dst) if s.name not in keep]
+        return [s for s in _fsops.stale_staging(p.dst) if s != parts_root(p.dst)]
 
     def request(self, reason: str) -> None:
         """Sync every pair now (coalesces with a pass already running); never blocks."""

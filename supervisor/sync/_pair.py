@@ -189,7 +189,7 @@ class PairEngine:
         if self.failures:
             self.emit("sync-recovered", pair=self.pair.name, after_failures=self.failures)
         self.failures, self.backoff_until, self.retry_at = 0, None, None
-        if stats.files or published or not trigger.startswith(("watch", "periodic", "settle")):
+        if stats.files or published or not trigger.startswith(("watch", "periodic", "settle", "parts")):
             self.emit("sync", pair=self.pair.name, trigger=trigger, files=stats.files, bytes=stats.bytes,
                       seconds=seconds, published=published, backend=self.backend.name)
         return {"ok": True, "files": stats.files, "bytes": stats.bytes, "published": published, "seconds": seconds}

@@ -1,0 +1,318 @@
+"""A checkpoint pair written by several nodes, each to its own local disk (``nodes = N``).
+
+Every node's mirror (the leader, node 0, in the main ``supervise``; node K in
+``supervise node-agent``) runs the same engine over its own local side: the completeness
+rules are the usual ones, judged on this node's files, but a complete checkpoint becomes a
+*part* (``_parts.py``): node K's files staged under ``.supervise-parts/<name>/node-K/`` on
+the persistent side and a manifest written last. No node publishes a checkpoint itself. The
+leader also watches the parts (one ``listdir`` a second: inotify does not see other nodes'
+writes on a network filesystem) and, once all N manifests are there, assembles them into the
+ordinary staging directory and renames it into place, then writes the pointer files.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+import anyio
+
+from supervisor.config import SyncPair
+from supervisor.journal import Emit
+from supervisor.sync import _fsops
+from supervisor.sync._backend import Backend, CopyError, CopyResult
+from supervisor.sync._complete import Entry, Listing, Snap, classify, matches, natural_key, snapshot
+from supervisor.sync._pair import RECOPY_TRIES, PairEngine, _remove_local, _to_thread
+from supervisor.sync._parts import (PartConflict, PartsChanged, assemble, manifest_path, manifest_snap,
+                                    part_dir, read_manifest, remove_parts, waiting, withdraw, write_manifest)
+
+
+def contains(there: Snap | None, mine: Snap) -> bool:
+    """Does the published ``there`` hold every file of this node's ``mine``, same size and
+    mtime (within 1 s)? Other nodes' files may be there too."""
+    if there is None:
+        return False
+    for rel, (size, mt) in mine.files.items():
+        got = there.files.get(rel)
+        if got is None or got[0] != size or abs(got[1] - mt) > 1_000_000_000:
+            return False
+    return True
+
+
+def _nodes_text(missing: list[int]) -> str:
+    return ("node " if len(missing) == 1 else "nodes ") + ", ".join(str(n) for n in missing)
+
+
+class PartEngine(PairEngine):
+    """One per-node checkpoint pair on one node; node 0 (the leader) also assembles."""
+
+    def __init__(self, pair: SyncPair, backend: Backend, emit: Emit, *, node: int, every: float,
+                 retry_base: float, retry_cap: float, on_publish: Callable[[], None],
+                 parts_poll: float = 1.0) -> None:
+        super().__init__(pair, backend, emit, every=every, retry_base=retry_base, retry_cap=retry_cap,
+                         on_publish=on_publish)
+        self.node = node
+        self.nodes = pair.nodes
+        self.leader = node == 0
+        self.parts_poll = parts_poll
+        self.parted: dict[str, Snap] = {}          # checkpoint → local snapshot whose part manifest is written
+        self.missing: dict[str, list[int]] = {}    # leader: checkpoint → nodes whose part is not there
+        self._told_missing: dict[str, tuple[int, ...]] = {}
+        self.conflicts: dict[str, str] = {}
+        self.stale: dict[str, Snap] = {}           # changed here after it was published from every node
+
+    # ---- triggers -------------------------------------------------------------------
+
+    async def parts_watch(self) -> None:
+        """Leader: a pass whenever a node's manifest appears or goes (polled: other nodes'
+        writes on a network filesystem raise no inotify event here)."""
+        last: dict[str, dict[int, float]] | None = None
+        while True:
+            await anyio.sleep(self.parts_poll)
+            try:
+                now = await _to_thread(waiting, self.pair.dst)
+            except OSError:
+                continue
+            if now != last:
+                last = now
+                if now:
+                    self.trigger("parts")
+
+    # ---- one pass -------------------------------------------------------------------
+
+    def _scan(self, *, root: Path | None = None, only: str | None = None, settle: float | None = None,
+              cheap: bool = False) -> Listing:
+        if not cheap:
+            return super()._scan(root=root, only=only, settle=settle)
+        p = self.pair
+        known = {**self.parted, **self.published}
+        reuse = {n: (self._sigs[n], snap) for n, snap in known.items() if n in self._sigs}
+        return classify(root or p.src, markers=p.markers, exclude=p.exclude, settle=p.settle, now=time.time(),
+                        marker_seen=self.marker_seen, only=only, reuse=reuse)
+
+    async def _checkpoint_pass(self, trigger: str, stats: CopyResult, published: list[str]) -> None:
+        p = self.pair
+        listing: Listing = await _to_thread(self._scan, cheap=trigger in ("watch", "parts"))
+        self.marker_seen = listing.marker_seen
+        newest = max((e.snap.newest_ns for e in listing.entries.values()), default=0)
+        if newest != self._newest_ns:
+            self._newest_ns = newest
+            self.last_activity = time.monotonic()
+        todo: list[Entry] = []
+        for e in sorted(listing.entries.values(), key=lambda e: natural_key(e.name), reverse=True):
+            if not e.complete:
+                continue
+            prev = self.published.get(e.name) or self.stale.get(e.name)
+            if prev is not None and prev.same_content(e.snap):
+                continue
+            if await _to_thread(os.path.lexists, p.dst / e.name):
+                self._published_already(e, await _to_thread(snapshot, p.dst / e.name, p.exclude), listing)
+                continue
+            staged = self.parted.get(e.name)
+            if staged is not None and staged.same_content(e.snap):
+                continue
+            todo.append(e)
+        self._note_pending(listing)
+        for e in todo:  # newest first: the one most at risk
+            try:
+                await self._stage_part(e, trigger, stats)
+            except (OSError, CopyError):
+                # Never published: dropped, so that a full disk gets its space back for the retry.
+                with anyio.CancelScope(shield=True):
+                    await _to_thread(shutil.rmtree, part_dir(p.dst, e.name, self.node), True)
+                raise
+            self._note_pending(listing)
+        if self.leader:
+            await self._assemble_ready(trigger, published, listing)
+            await self._publish_pointers(listing)
+        self._note_pending(listing)
+        ready = [e.ready_at for e in listing.entries.values() if e.ready_at is not None]
+        if ready:
+            self.recheck_at = time.monotonic() + max(0.05, min(ready) - time.time() + 0.05)
+            self._poke_ticker()
+        if p.keep_local:
+            await self._retain(listing)
+
+    def _published_already(self, e: Entry, there: Snap | None, listing: Listing) -> None:
+        """``<name>`` is on persistent storage (assembled from every part, perhaps by an
+        earlier attempt). It is never published again from parts (docs/sync.md, limits)."""
+        self.parted.pop(e.name, None)
+        if contains(there, e.snap):
+            self.published[e.name] = e.snap
+            if e.name in listing.sigs:
+                self._sigs[e.name] = listing.sigs[e.name]
+            return
+        if e.name not in self.stale:
+            self.emit("sync-deferred", pair=self.pair.name, checkpoint=e.name, node=self.node,
+                      reason="changed on this node after it was published from every node's part; not published again")
+        self.stale[e.name] = e.snap
+
+    async def _stage_part(self, e: Entry, trigger: str, stats: CopyResult) -> bool:
+        """This node's files of ``e`` into its part directory, verified, then the manifest."""
+        p = self.pair
+        name = e.name
+        src, pdir = p.src / name, part_dir(p.dst, name, self.node)
+        old = await _to_thread(read_manifest, manifest_path(p.dst, name, self.node))
+        if old is not None and manifest_snap(old).same_content(e.snap) and old.get("nodes") == self.nodes:
+            self.parted[name] = e.snap  # written by an earlier attempt, from these very files
+            return True
+        if await _to_thread(withdraw, p.dst, name, self.node):
+            self.emit("part-withdrawn", pair=p.name, checkpoint=name, node=self.node,
+                      reason="this node's files changed after its part was written; copying it again")
+        self.parted.pop(name, None)
+        leftover = await _to_thread(os.path.lexists, pdir)
+        await _to_thread(pdir.mkdir, parents=True, exist_ok=True)
+        for attempt in range(RECOPY_TRIES):
+            got = CopyResult()
+            try:
+                if e.is_dir:
+                    got += await self.backend.copy_tree(src, pdir, exclude=p.exclude, skip=e.markers, fsync=p.fsync)
+                    got.bytes += await _to_thread(_fsops.copy_markers, src, pdir, e.markers, fsync=p.fsync)
+                    got.files += len(e.markers)
+                else:
+                    got += await self.backend.copy_file(src, pdir / name, fsync=p.fsync)
+            except (CopyError, FileNotFoundError):
+                if await _to_thread(os.path.lexists, src):
+                    raise
+                await _to_thread(shutil.rmtree, pdir, True)  # rotated away under the copier
+                return False
+            stats += got
+            again: Listing = await _to_thread(self._scan, only=name)
+            now = again.entries.get(name)
+            if now is None or not now.complete:
+                await _to_thread(shutil.rmtree, pdir, True)
+                return False
+            if not now.snap.same_content(e.snap):
+                e = now
+                continue
+            if attempt or got.vanished or leftover:
+                staged = await _to_thread(snapshot, pdir if e.is_dir else pdir / name, p.exclude)
+                if not matches(staged, e.snap):
+                    if e.is_dir:
+                        await _to_thread(_fsops.prune_staging, pdir, e.snap)
+                    continue
+            if p.fsync:
+                await _to_thread(_fsops.fsync_dir, pdir)
+            await _to_thread(write_manifest, p.dst, name, self.node, self.nodes, e.snap, is_dir=e.is_dir,
+                             markers=e.markers, why=e.why, done_at=e.done_at)
+            self.parted[name] = e.snap
+            if name in again.sigs:
+                self._sigs[name] = again.sigs[name]
+            lag = round(time.time() - e.done_at, 3) if e.done_at else None
+            self.emit("part", pair=p.name, checkpoint=name, node=self.node, nodes=self.nodes, trigger=trigger,
+                      files=len(e.snap.files), bytes=e.snap.bytes, why=e.why, lag_s=lag, durable=True)
+            if self.leader:
+                self.trigger("parts")
+            return True
+        self.emit("sync-deferred", pair=p.name, checkpoint=name, node=self.node,
+                  reason=f"changed while being copied, {RECOPY_TRIES} times; trying again on the next pass")
+        return False
+
+    async def _assemble_ready(self, trigger: str, published: list[str], listing: Listing) -> None:
+        """Leader: publish every checkpoint whose N parts all have manifests."""
+        p = self.pair
+        state = await _to_thread(waiting, p.dst)
+        self.missing = {}
+        for name in sorted(state, key=natural_key, reverse=True):
+            have = state[name]
+            if await _to_thread(os.path.lexists, p.dst / name):
+                # published (just now, or by an earlier attempt): what is left is ours to drop
+                await _to_thread(remove_parts, p.dst, name)
+                continue
+            if not have:
+                continue  # a part being copied, no manifest yet: nothing to say
+            missing = [k for k in range(self.nodes) if k not in have]
+            if missing:
+                self.missing[name] = missing
+                if self._told_missing.get(name) != tuple(missing):
+                    self._told_missing[name] = tuple(missing)
+                    self.emit("parts-waiting", pair=p.name, checkpoint=name, nodes=self.nodes,
+                              have=sorted(k for k in have if k < self.nodes), missing=missing)
+                continue
+            manifests = {k: await _to_thread(read_manifest, manifest_path(p.dst, name, k)) for k in range(self.nodes)}
+            if any(m is None for m in manifests.values()):
+                self.missing[name] = [k for k, m in manifests.items() if m is None]
+                continue
+            try:
+                got = await _to_thread(assemble, p.dst, name, manifests, fsync=p.fsync)
+            except PartConflict as c:
+                if self.conflicts.get(name) != str(c):
+                    self.emit("part-conflict", pair=p.name, checkpoint=name, path=c.path, nodes=c.nodes,
+                              error=str(c))
+                self.conflicts[name] = str(c)
+                continue
+            except (PartsChanged, FileNotFoundError):
+                self.missing[name] = []  # a node is copying its part again; its new manifest triggers us
+                continue
+            self.conflicts.pop(name, None)
+            self._told_missing.pop(name, None)
+            local = listing.entries.get(name)
+            self.published[name] = local.snap if local is not None and local.complete else manifest_snap(manifests[0])
+            if name in listing.sigs:
+                self._sigs[name] = listing.sigs[name]
+            self.parted.pop(name, None)
+            await _to_thread(remove_parts, p.dst, name)
+            lag = round(time.time() - got.done_at, 3) if got.done_at else None
+            self.emit("publish", pair=p.name, checkpoint=name, trigger=trigger, files=got.files, bytes=got.bytes,
+                      why=f"all {self.nodes} parts", lag_s=lag, nodes=self.nodes,
+                      parts={str(k): n for k, n in got.parts.items()}, shared=got.shared, linked=got.linked)
+            self.on_publish()
+            published.append(name)
+
+    def _note_pending(self, listing: Listing) -> None:
+        name_ = self.pair.name
+        out = []
+        local = set()
+        for e in sorted(listing.entries.values(), key=lambda e: natural_key(e.name)):
+            local.add(e.name)
+            done = self.published.get(e.name)
+            staged = self.parted.get(e.name)
+            if not e.complete:
+                out.append(f"{name_}: {e.name} (incomplete: {e.why})")
+            elif e.name in self.stale:
+                out.append(f"{name_}: {e.name} (changed on node {self.node} after it was published; not published again)")
+            elif done is not None and done.same_content(e.snap):
+                continue
+            elif e.name in self.conflicts:
+                out.append(f"{name_}: {e.name} (parts conflict: {self.conflicts[e.name]})")
+            elif staged is not None and staged.same_content(e.snap):
+                if self.leader:
+                    missing = self.missing.get(e.name)
+                    why = f"{_nodes_text(missing)} missing" if missing else "all parts there, not yet assembled"
+                    out.append(f"{name_}: {e.name} (waiting for parts: {why})")
+                # a node's own part is durable: nothing owed here
+            else:
+                out.append(f"{name_}: {e.name} (complete, not yet on persistent storage)")
+        if self.leader:
+            for name, missing in sorted(self.missing.items(), key=lambda kv: natural_key(kv[0])):
+                if name not in local:
+                    why = f"{_nodes_text(missing)} missing" if missing else "all parts there, not yet assembled"
+                    out.append(f"{name_}: {name} (waiting for parts: {why})")
+            for ptr in listing.pointers.values():
+                if self.pointers_done.get(ptr.name) != ptr.content:
+                    out.append(f"{name_}: {ptr.name} (pointer to {ptr.target or 'a missing checkpoint'})")
+        self.pending = out
+
+    async def _retain(self, listing: Listing) -> None:
+        """keep_local = N: a local checkpoint beyond the newest N goes only once the published
+        one holds this node's files, verified; never the one a pointer names."""
+        p = self.pair
+        assert p.keep_local
+        done = sorted((e for e in listing.entries.values() if e.complete), key=lambda e: natural_key(e.name), reverse=True)
+        named = {ptr.target for ptr in listing.pointers.values()}
+        removed = []
+        for e in done[p.keep_local:]:
+            if e.name in named or e.name not in self.published or not self.published[e.name].same_content(e.snap):
+                continue
+            there = await _to_thread(snapshot, p.dst / e.name, p.exclude)
+            if not contains(there, e.snap):
+                continue
+            await _to_thread(_remove_local, p.src / e.name)
+            self.published.pop(e.name, None)
+            self._sigs.pop(e.name, None)
+            removed.append(e.name)
+        if removed:
+            self.emit("retention", pair=p.name, removed=removed, kept=p.keep_local, where="local", node=self.node)

@@ -1,0 +1,245 @@
+"""Parts of a multi-node checkpoint on persistent storage; blocking steps, run in threads.
+
+When every node writes its shards of a checkpoint to its own local disk, each node's mirror
+stages *its part* next to the destination and the leader (node 0) assembles the parts once
+every one of them is durable::
+
+    <persistent>/.supervise-parts/<checkpoint>/node-<K>/       node K's files (copy target)
+    <persistent>/.supervise-parts/<checkpoint>/node-<K>.json   node K's manifest, written last
+
+The manifest (files with sizes and mtimes, the markers, fsynced, temp + rename) is the part's
+commit point: a part without one is work in progress, and a node that sees its local files
+change after writing one removes it before it copies again. ``assemble`` hard-links every
+part's files into the ordinary staging directory (``rename`` where the filesystem refuses
+links), markers last, verifies the result against the union of the manifests, and renames it
+into place: a checkpoint appears complete or not at all (DESIGN.md invariant 1).
+Rules and events: docs/sync.md, "Multi-node checkpoints".
+"""
+
+from __future__ import annotations
+
+import errno
+import filecmp
+import json
+import os
+import shutil
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from supervisor.sync._backend import fsync_all
+from supervisor.sync._complete import STAGING_PREFIX, Snap, matches, snapshot
+from supervisor.sync._fsops import fsync_dir, prune_staging, swap_in
+
+PARTS_DIR = ".supervise-parts"
+MANIFEST_VERSION = 1
+
+
+class PartConflict(Exception):
+    """Two parts hold the same path with different contents (or a file and a directory)."""
+
+    def __init__(self, checkpoint: str, path: str, nodes: list[int]) -> None:
+        super().__init__(f"{checkpoint}: {path or checkpoint} differs between nodes "
+                         f"{', '.join(str(n) for n in nodes)}")
+        self.path = path
+        self.nodes = nodes
+
+
+class PartsChanged(Exception):
+    """A part's files no longer match its manifest (its node is copying it again)."""
+
+
+def parts_root(dst: Path) -> Path:
+    return dst / PARTS_DIR
+
+
+def part_dir(dst: Path, name: str, node: int) -> Path:
+    return parts_root(dst) / name / f"node-{node}"
+
+
+def manifest_path(dst: Path, name: str, node: int) -> Path:
+    return parts_root(dst) / name / f"node-{node}.json"
+
+
+def part_source(dst: Path, name: str, node: int, rel: str) -> Path:
+    """Where file ``rel`` of node ``node``'s part lies (``""``: a single-file checkpoint)."""
+    d = part_dir(dst, name, node)
+    return d / (rel or name)
+
+
+def write_manifest(dst: Path, name: str, node: int, nodes: int, snap: Snap, *, is_dir: bool,
+                   markers: tuple[str, ...], why: str, done_at: float | None) -> Path:
+    """The part's commit point: written last, temp + rename, always fsynced (file and dir)."""
+    path = manifest_path(dst, name, node)
+    body = {"v": MANIFEST_VERSION, "checkpoint": name, "node": node, "nodes": nodes,
+            "host": socket.gethostname(), "pid": os.getpid(), "is_dir": is_dir,
+            "files": {rel: [size, mt] for rel, (size, mt) in sorted(snap.files.items())},
+            "markers": list(markers), "bytes": snap.bytes, "why": why, "done_at": done_at,
+            "written_at": round(time.time(), 6)}
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(body, f, separators=(",", ":"))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+    return path
+
+
+def read_manifest(path: Path) -> dict[str, Any] | None:
+    """A manifest, or None when missing or unreadable (a torn one is not a part)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            body = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(body, dict) or not isinstance(body.get("files"), dict):
+        return None
+    return body
+
+
+def manifest_snap(body: Mapping[str, Any]) -> Snap:
+    files = {rel: (int(v[0]), int(v[1])) for rel, v in body["files"].items()}
+    return Snap(files, max((m for _s, m in files.values()), default=0), sum(s for s, _m in files.values()))
+
+
+def withdraw(dst: Path, name: str, node: int) -> bool:
+    """Remove node ``node``'s manifest of ``name`` (its part is being copied again)."""
+    try:
+        os.unlink(manifest_path(dst, name, node))
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def waiting(dst: Path) -> dict[str, dict[int, float]]:
+    """Checkpoints with parts on persistent storage: name → {node: manifest mtime}."""
+    out: dict[str, dict[int, float]] = {}
+    root = parts_root(dst)
+    try:
+        names = [n for n in os.listdir(root) if not n.startswith(".")]
+    except (FileNotFoundError, NotADirectoryError):
+        return out
+    for name in names:
+        have: dict[int, float] = {}
+        try:
+            with os.scandir(root / name) as it:
+                for e in it:
+                    n = e.name
+                    if n.startswith("node-") and n.endswith(".json") and n[5:-5].isdigit():
+                        try:
+                            have[int(n[5:-5])] = e.stat().st_mtime
+                        except FileNotFoundError:
+                            continue
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        out[name] = have
+    return out
+
+
+def remove_parts(dst: Path, name: str) -> None:
+    """Drop the parts of ``name`` (ours, never published: they sit under a hidden name)."""
+    path = parts_root(dst) / name
+    assert path.parent.name == PARTS_DIR
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@dataclass
+class Assembled:
+    files: int
+    bytes: int
+    parts: dict[int, int]       # node → files it contributed
+    shared: list[str]           # paths several nodes held, identical
+    done_at: float | None       # the latest of the parts' completion times
+    linked: bool                # hard links (False: the parts' files were renamed)
+
+
+def _place(src: Path, dst: Path, size: int) -> bool:
+    """Hard-link ``src`` at ``dst`` (rename where links are refused). True if linked.
+
+    Idempotent, so a leader killed mid-assembly resumes: a ``dst`` that is ``src`` already,
+    or (after a rename) is there with the right size while ``src`` is gone, is kept.
+    """
+    try:
+        st = os.lstat(dst)
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        try:
+            if os.path.samefile(src, dst):
+                return True
+        except FileNotFoundError:
+            if st.st_size == size:
+                return False
+        os.unlink(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst, follow_symlinks=False)
+        return True
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EACCES):
+            raise
+    os.rename(src, dst)
+    return False
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return filecmp.cmp(a, b, shallow=False)
+    except FileNotFoundError:
+        return False
+
+
+def assemble(dst: Path, name: str, manifests: Mapping[int, Mapping[str, Any]], *, fsync: bool) -> Assembled:
+    """Every part of ``name`` into ``.supervise-staging-<name>``, markers last, verified, renamed
+    to ``<name>``. Raises PartConflict (never published) or PartsChanged (try again later)."""
+    kinds = {bool(m.get("is_dir", True)) for m in manifests.values()}
+    if len(kinds) > 1:
+        raise PartConflict(name, "", sorted(manifests))
+    is_dir = kinds.pop()
+    union: dict[str, tuple[int, int]] = {}
+    owner: dict[str, int] = {}
+    markers: set[str] = set()
+    shared: list[str] = []
+    parts: dict[int, int] = {}
+    for node in sorted(manifests):
+        m = manifests[node]
+        markers.update(m.get("markers") or ())
+        snap = manifest_snap(m)
+        parts[node] = len(snap.files)
+        for rel, (size, mt) in snap.files.items():
+            if rel in union:
+                first = owner[rel]
+                if union[rel][0] != size or not _same(part_source(dst, name, first, rel),
+                                                      part_source(dst, name, node, rel)):
+                    raise PartConflict(name, rel, [first, node])
+                shared.append(rel)
+                continue
+            union[rel] = (size, mt)
+            owner[rel] = node
+    want = Snap(union, max((m for _s, m in union.values()), default=0), sum(s for s, _m in union.values()))
+    staging = dst / f"{STAGING_PREFIX}{name}"
+    final = dst / name
+    linked = True
+    order = sorted(union, key=lambda r: (r in markers, r))  # markers last
+    if is_dir:
+        if os.path.lexists(staging) and not os.path.isdir(staging):
+            os.unlink(staging)
+        staging.mkdir(exist_ok=True)
+        for rel in order:
+            linked &= _place(part_source(dst, name, owner[rel], rel), staging / rel, union[rel][0])
+    else:
+        linked &= _place(part_source(dst, name, owner[""], ""), staging, union[""][0])
+    got = snapshot(staging)
+    if got is not None and is_dir and got.files.keys() != union.keys():
+        prune_staging(staging, want)
+        got = snapshot(staging)
+    if not matches(got, want):
+        raise PartsChanged(f"{name}: the staged parts do not match their manifests")
+    if fsync:
+        fsync_all(staging)
+    swap_in(staging, final, is_dir=is_dir, fsync=fsync)
+    done = [m.get("done_at") for m in manifests.values() if isinstance(m.get("done_at"), (int, float))]
+    return Assembled(len(union), want.bytes, parts, sorted(set(shared)), max(done) if done else None, linked)

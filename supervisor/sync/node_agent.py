@@ -1,0 +1,182 @@
+"""``supervise node-agent``: one per node of a multi-node job, mirroring that node's part.
+
+When every node writes its shards of a checkpoint to its own local disk, the main
+``supervise`` (the leader, node 0) can only see node 0's. The job script starts one node
+agent on every node (``srun --overlap --ntasks-per-node=1 …`` or ``mpiexec --ppn 1 …``); node
+K's agent runs the same ``Mirror`` over the per-node checkpoint pairs (``nodes > 1``) with
+``node_rank=K``: it stages node K's part of each complete checkpoint on persistent storage and
+writes its manifest; the leader publishes once every part is there (docs/sync.md).
+
+The agent journals into ``<run-dir>/nodes/node-K/events.jsonl`` (and ``supervise.log``
+beside it), never into the leader's ``events.jsonl``. It runs until the leader's ``end`` is in
+``<run-dir>/events.jsonl`` (then one last flush, so a part that lands late still counts for the
+next attempt), or until a second TERM/INT; a first one asks for a flush and goes on mirroring,
+because the leader's stop sequence may still be waiting for a checkpoint that needs this node.
+Node rank 0 is the leader's: an agent started there (a uniform ``srun`` line) exits at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Mapping
+
+import anyio
+
+from supervisor.config import Config
+from supervisor.errors import ConfigError
+from supervisor.journal import EVENTS_FILE, Journal, next_attempt
+
+log = logging.getLogger("supervise")
+
+NODES_DIR = "nodes"
+# Where a launcher tells a process its place, in the order they are trusted. With one task per
+# node (srun --ntasks-per-node=1, mpiexec --ppn 1) a task's rank is its node's index.
+RANK_VARIABLES = ("SUPERVISE_NODE_RANK", "SLURM_NODEID", "PMIX_RANK", "PMI_RANK", "PALS_RANKID",
+                  "OMPI_COMM_WORLD_RANK")
+FINAL_FLUSH_S = 60.0
+LEADER_POLL_S = 1.0
+
+
+def node_rank(given: str | None, env: Mapping[str, str]) -> int:
+    """``--node-rank``, else the launcher's variables; ConfigError when nothing says."""
+    source, raw = "--node-rank", given
+    if raw is None:
+        for var in RANK_VARIABLES:
+            if env.get(var, "").strip():
+                source, raw = f"environment {var}", env[var].strip()
+                break
+    if raw is None:
+        raise ConfigError("node_rank", None, "missing: give --node-rank K (or start the agent with "
+                          "srun --ntasks-per-node=1 / mpiexec --ppn 1, which set it)")
+    if not raw.isdigit():
+        raise ConfigError("node_rank", raw, "expected a whole number, 0 or more", source)
+    return int(raw)
+
+
+def node_dir(run_dir: Path, rank: int) -> Path:
+    return run_dir / NODES_DIR / f"node-{rank}"
+
+
+class _LeaderWatch:
+    """Has the leader journaled ``end`` since we started? Reads only what was appended."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.offset = path.stat().st_size
+        except FileNotFoundError:
+            self.offset = 0
+        self.tail = b""
+
+    def ended(self) -> dict | None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        self.offset += len(data)
+        lines = (self.tail + data).split(b"\n")
+        self.tail = lines.pop()
+        for raw in lines:
+            try:
+                ev = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(ev, dict) and ev.get("kind") == "end":
+                return ev
+        return None
+
+
+async def run_node_agent(cfg: Config, rank: int, env: Mapping[str, str] | None = None,
+                         parts_poll: float = 1.0) -> int:
+    """Mirror this node's parts until the leader ends (or a second stop signal); exit status."""
+    from supervisor import __version__, logs
+    from supervisor.sync import Mirror
+
+    env = dict(os.environ if env is None else env)
+    assert cfg.run_dir is not None
+    pairs = [p for p in cfg.sync if p.kind == "checkpoint" and p.nodes > 1]
+    if rank == 0:
+        log.info("node rank 0 is the leader's: the main supervise mirrors this node's part; nothing to do")
+        return 0
+    if not pairs:
+        raise ConfigError("nodes", 1, "no per-node checkpoint pair: give --nodes N with --checkpoints, "
+                          "or nodes = N in a [[sync]] table")
+    mirror = Mirror(pairs, emit=lambda *a, **k: {}, sync_every=cfg.sync_every, backend=cfg.sync_backend,
+                    nice=cfg.sync_nice, ionice=cfg.sync_ionice, node_rank=rank, parts_poll=parts_poll)
+    warnings = mirror.check()  # ConfigError before anything is written
+    where = node_dir(cfg.run_dir, rank)
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError("run_dir", str(where), f"cannot be created: {e.strerror}") from None
+    logs.add_file(where, cfg.verbosity)
+    for w in warnings:
+        log.warning("%s", w)
+    journal = Journal(where, next_attempt(where, env))
+    mirror = Mirror(pairs, emit=journal.emit, sync_every=cfg.sync_every, backend=cfg.sync_backend,
+                    nice=cfg.sync_nice, ionice=cfg.sync_ionice, node_rank=rank, parts_poll=parts_poll)
+    journal.emit("node-start", durable=True, version=__version__, node=rank, nodes=max(p.nodes for p in pairs),
+                 host=socket.gethostname(), pid=os.getpid(), argv=sys.argv, backend=mirror.backend_name,
+                 pairs=[{"name": p.name, "nodes": p.nodes, "from": str(p.src), "to": str(p.dst)} for p in pairs])
+    log.info("node agent %d of %d on %s, journal %s", rank, max(p.nodes for p in pairs), socket.gethostname(), where)
+    t0 = time.monotonic()
+    leader = _LeaderWatch(cfg.run_dir / EVENTS_FILE)
+    reason, detail = "leader-ended", ""
+    try:
+        await mirror.restore()
+        async with anyio.create_task_group() as tg:
+            await tg.start(mirror.run)
+            stop = anyio.Event()
+            why: list[tuple[str, str]] = []
+
+            async def signals() -> None:
+                seen = 0
+                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as received:
+                    async for sig in received:
+                        seen += 1
+                        name = signal.Signals(sig).name
+                        if seen == 1 and sig != signal.SIGHUP:
+                            journal.emit("signal", signal=name, action="flush",
+                                         why="going on until the leader ends; a second one stops the agent")
+                            mirror.request(f"signal:{name}")
+                            continue
+                        if sig == signal.SIGHUP:
+                            mirror.request("signal:SIGHUP")
+                            continue
+                        journal.emit("signal", signal=name, action="stop")
+                        why.append(("signal", name))
+                        stop.set()
+
+            async def leader_end() -> None:
+                while True:
+                    ev = await anyio.to_thread.run_sync(leader.ended)
+                    if ev is not None:
+                        why.append(("leader-ended", f"leader attempt {ev.get('attempt')}: {ev.get('reason')}"))
+                        stop.set()
+                        return
+                    await anyio.sleep(LEADER_POLL_S)
+
+            tg.start_soon(signals)
+            tg.start_soon(leader_end)
+            await stop.wait()
+            reason, detail = why[0]
+            with anyio.move_on_after(FINAL_FLUSH_S):
+                result = await mirror.flush(reason)
+                journal.emit("node-flush", ok=result["ok"], seconds=result["seconds"], pairs=result["pairs"])
+            tg.cancel_scope.cancel()
+    except Exception as e:  # noqa: BLE001 - journaled; the leader decides what it means
+        reason, detail = "error", f"{type(e).__name__}: {e}"
+        journal.emit("error", error=detail)
+    journal.emit("node-end", node=rank, reason=reason, detail=detail, seconds=round(time.monotonic() - t0, 3),
+                 not_durable=mirror.pending())
+    journal.close()
+    return 0 if reason != "error" else 1
