@@ -22,10 +22,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 
 import anyio
-from anyio.abc import TaskGroup, TaskStatus
+from anyio.abc import TaskGroup
 
 from supervisor import __version__, deadline, job as jobs, launchers, logs
 from supervisor._units import format_duration
@@ -112,6 +112,7 @@ class Agent:
         self._restarts = 0
         self._last_cont: float | None = None
         self._requeued_by_scheduler = False
+        self.kill_wait = jobs.DEFAULT_KILL_WAIT.get(self.job.scheduler)  # refined by _learn_kill_wait
         self.lead = cfg.warn_before if cfg.warn_before is not None else deadline.learn_lead(self.previous_events)
 
     # ------------------------------------------------------------------ the run
@@ -119,26 +120,31 @@ class Agent:
     async def run(self) -> int:
         """Start, supervise until something ends the run, stop safely, return the status."""
         self._journal_start()
-        try:
-            async with anyio.create_task_group() as tg:
-                await tg.start(self._signal_intake)
-                await self._start_parts(tg)
-                with anyio.CancelScope() as restore_scope:
-                    tg.start_soon(self._cancel_on_stop, restore_scope)
-                    await self._restore()
-                if self.mirror is not None:
-                    tg.start_soon(self._guarded, "sync", self.mirror.run)
-                if self._trigger is None:
-                    await self._spawn(tg)
-                await self._stop_wanted.wait()
-                await self._stop_sequence()
-                tg.cancel_scope.cancel()
-        except Exception as e:  # noqa: BLE001 - invariant 4: never leave the child unsupervised
-            log.exception("supervisor error: %s", e)
-            self.journal.emit("error", error=f"{type(e).__name__}: {e}")
-            with anyio.CancelScope(shield=True):
-                await self._emergency_stop()
-            self._trigger = self._trigger or Trigger(Reason.ERROR, str(e), at=time.monotonic())
+        # The receiver outlives the task group: while its parts wind down (a worker thread
+        # may sit in a slow NVML call), a TERM must still find a handler, not the default.
+        with anyio.open_signal_receiver(*STOP_SIGNALS, *PASS_SIGNALS, signal.SIGCONT) as signals:
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._signal_intake, signals)
+                    await self._start_parts(tg)
+                    with anyio.CancelScope() as restore_scope:
+                        tg.start_soon(self._cancel_on_stop, restore_scope)
+                        await self._restore()
+                    if self.mirror is not None:
+                        tg.start_soon(self._guarded, "sync", self.mirror.run)
+                    if self._trigger is None:
+                        await self._spawn(tg)
+                    await self._stop_wanted.wait()
+                    await self._stop_sequence()
+                    _ignore_stop_signals()
+                    tg.cancel_scope.cancel()
+            except Exception as e:  # noqa: BLE001 - invariant 4: never leave the child unsupervised
+                log.exception("supervisor error: %s", e)
+                self.journal.emit("error", error=f"{type(e).__name__}: {e}")
+                with anyio.CancelScope(shield=True):
+                    await self._emergency_stop()
+                self._trigger = self._trigger or Trigger(Reason.ERROR, str(e), at=time.monotonic())
+        _ignore_stop_signals()  # the receiver's exit restored the defaults
         return self._finish()
 
     async def _cancel_on_stop(self, scope: anyio.CancelScope) -> None:
@@ -174,6 +180,8 @@ class Agent:
             tg.start_soon(self._guarded, "gpu", lambda: self.gpu.run(tree_pids=self._tree_pids))
             tg.start_soon(self._guarded, "host", lambda: host.run(tree_pids=self._tree_pids))
         tg.start_soon(self._guarded, "deadline", self._deadline_watch)
+        if self.job.scheduler != "local":
+            tg.start_soon(self._guarded, "kill-wait", self._learn_kill_wait)
         if cfg.hang_after:
             tg.start_soon(self._guarded, "hang", self._hang_watch)
 
@@ -276,15 +284,13 @@ class Agent:
 
     # ------------------------------------------------------------------ signals
 
-    async def _signal_intake(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        with anyio.open_signal_receiver(*STOP_SIGNALS, *PASS_SIGNALS, signal.SIGCONT) as signals:
-            task_status.started()
-            async for sig in signals:
-                if sig == signal.SIGCONT:
-                    # slurmstepd sends SIGCONT with the SIGTERM it sends to every process of the job.
-                    self._last_cont = time.monotonic()
-                    continue
-                await self._on_signal(signal.Signals(sig), time.monotonic())
+    async def _signal_intake(self, signals: AsyncIterator[int]) -> None:
+        async for sig in signals:
+            if sig == signal.SIGCONT:
+                # slurmstepd sends SIGCONT with the SIGTERM it sends to every process of the job.
+                self._last_cont = time.monotonic()
+                continue
+            await self._on_signal(signal.Signals(sig), time.monotonic())
 
     async def _on_signal(self, sig: signal.Signals, received: float) -> None:
         """Route one delivered signal; each delivery is passed on at most once."""
@@ -381,6 +387,12 @@ class Agent:
                                            at=time.monotonic()))
                 return
 
+    async def _learn_kill_wait(self) -> None:
+        """KillWait, read once at start: after Slurm's TERM to the whole job it is all we have."""
+        learned = await jobs.kill_wait(self.job, report=log.warning)
+        if learned is not None:
+            self.kill_wait = learned
+
     async def _hang_watch(self) -> None:
         """No new checkpoint, no log growth (and idle GPUs when sampled) for hang_after → hang."""
         assert self.cfg.hang_after
@@ -412,14 +424,27 @@ class Agent:
     # ------------------------------------------------------------------ the stop sequence
 
     def _time_left(self) -> float:
-        """Seconds the remaining steps may take before the job's end (inf without one).
+        """Seconds the remaining steps may take before the job is killed (inf if never).
 
-        A few seconds are kept in hand for the journal's last lines; less when the whole
-        warning lead is short (tests, or a user who chose a tight --warn-before).
+        After Slurm's TERM to the whole job (scancel, preemption, the time limit, a requeue)
+        SIGKILL follows KillWait later, however far the job's end is. A few seconds are kept
+        in hand for the journal's last lines; less when the window itself is short (a tight
+        --warn-before, or a small KillWait).
         """
-        if self.end is None:
+        end, window = self.end, self.lead
+        killed_at = self._killed_at()
+        if killed_at is not None and (end is None or killed_at < end):
+            end, window = killed_at, float(self.kill_wait or 0.0)
+        if end is None:
             return float("inf")
-        return max(0.0, self.end - time.time() - min(SAFETY, 0.1 * self.lead))
+        return max(0.0, end - time.time() - min(SAFETY, 0.1 * window if window == self.lead else 0.2 * window))
+
+    def _killed_at(self) -> float | None:
+        """Unix time of the SIGKILL that follows a job-wide TERM from Slurm, when one came."""
+        trigger = self._trigger
+        if self.kill_wait is None or trigger is None or not self._scheduler_signalled_all():
+            return None
+        return time.time() - (time.monotonic() - trigger.at) + self.kill_wait
 
     async def _stop_sequence(self) -> None:
         trigger = self._trigger
@@ -518,11 +543,15 @@ class Agent:
         sig = self.profile.stop_signal
         if trigger and trigger.signal in STOP_SIGNALS and self.profile.name in ("python", "generic"):
             sig = trigger.signal
-        grace = round(min(self.cfg.grace, max(1.0, self._time_left())), 3)
+        grace = min(self.cfg.grace, max(1.0, self._time_left()))
+        already = self._scheduler_signalled_all()
+        if already and trigger is not None:
+            # The grace runs from the scheduler's TERM, which the training got with ours.
+            grace = max(0.0, min(grace, self.cfg.grace - (time.monotonic() - trigger.at)))
+        grace = round(grace, 3)
         targets = None
         if child.returncode is None:
             targets = await anyio.to_thread.run_sync(self.profile.stop_targets, child.pid)
-        already = self._scheduler_signalled_all()
         result = await child.stop(sig, grace, targets=set(targets.pids) if targets else None,
                                   route=targets.route if targets else self.cfg.forward, already_signalled=already)
         if already:
@@ -543,17 +572,18 @@ class Agent:
         return self._last_cont is not None and abs(self._last_cont - trigger.at) <= JOB_WIDE
 
     async def _refine_reason(self) -> None:
-        """After a SIGTERM under Slurm, the scheduler's state says cancel, requeue or timeout."""
+        """After a SIGTERM under Slurm, the controller tells cancel, requeue, preemption and
+        the time limit apart (they all send the same TERM)."""
         trigger = self._trigger
         if trigger is None or trigger.signal != signal.SIGTERM or self.job.scheduler != "slurm":
             return
-        state = await jobs.job_state(self.job, report=log.warning)
-        reason = {"CANCELLED": Reason.CANCELLED, "TIMEOUT": Reason.DEADLINE, "DEADLINE": Reason.DEADLINE,
-                  "PREEMPTED": Reason.PREEMPTED}.get((state or "").split("+")[0], trigger.reason)
-        requeued = bool(state and state.startswith("REQUEUE"))
+        view = await jobs.job_view(self.job, report=log.warning)
+        reason, requeued = _reason_from_view(view, trigger.reason, self.job.restart_count)
         self._requeued_by_scheduler = requeued
+        state = view.state if view else None
         self.journal.emit("reason", state=state, reason=reason.value, was=trigger.reason.value,
-                          requeued_by_scheduler=requeued)
+                          requeued_by_scheduler=requeued, restarts=view.restarts if view else None,
+                          preempted=bool(view and view.preempt_time))
         if reason != trigger.reason:
             self._trigger = Trigger(reason, f"{trigger.detail}; scheduler state {state}", trigger.signal, trigger.at)
 
@@ -587,7 +617,9 @@ class Agent:
             self.notifier.post("requeued", attempt=self.attempt, reason=trigger.reason.value)
             with anyio.CancelScope(shield=True):
                 await self.notifier.drain(min(cfg.notify_timeout, max(0.0, self._time_left())))
-        # Requeueing sends us SIGTERM at once (Slurm): it is the very last thing we do.
+        # Requeueing sends us SIGTERM at once (Slurm): it is the very last thing we do, and
+        # that TERM must not cut the journal's `end` (the training is already stopped).
+        _ignore_stop_signals()
         ok, message = await jobs.requeue(self.job, timeout=min(60.0, max(5.0, self._time_left())), report=log.warning)
         log.info("requeue: %s", message)
         return {"requeued": ok, "message": message, "restart_count": self.job.restart_count}
@@ -645,6 +677,39 @@ class Agent:
         log.info("done: %s, exit status %d after %s", trigger.reason.value, status, format_duration(duration))
         self.journal.close()
         return status
+
+
+_STATE_REASONS = {"CANCELLED": Reason.CANCELLED, "TIMEOUT": Reason.DEADLINE, "DEADLINE": Reason.DEADLINE,
+                  "PREEMPTED": Reason.PREEMPTED}
+
+
+def _reason_from_view(view: jobs.JobView | None, was: Reason, restart_count: int) -> tuple[Reason, bool]:
+    """(reason, requeued by the scheduler) from the controller's view after a SIGTERM.
+
+    A job-wide TERM shows as COMPLETING for all of KillWait; then a raised ``Restarts``
+    means a requeue (a preemption with PreemptMode=REQUEUE, or an admin's), a
+    ``PreemptTime`` a preemption, and a TERM we took for a preemption with neither is
+    a cancel. A job still RUNNING got its TERM at the batch shell only (a site's
+    preemption script, ``scancel --signal=TERM --batch``): it stays a preemption.
+    """
+    if view is None:
+        return was, False
+    requeued = view.state.startswith("REQUEUE") or (view.restarts is not None and view.restarts > restart_count)
+    base = view.state.split("+")[0]
+    if base in _STATE_REASONS:
+        return _STATE_REASONS[base], requeued
+    if requeued or view.preempt_time is not None:
+        return (Reason.DEADLINE if was == Reason.DEADLINE else Reason.PREEMPTED), requeued
+    if was == Reason.PREEMPTED and base == "COMPLETING":
+        return Reason.CANCELLED, False
+    return was, False  # e.g. still RUNNING: the TERM reached only the batch shell (scancel --batch)
+
+
+def _ignore_stop_signals() -> None:
+    """Once the stop sequence is over, a TERM (``scontrol requeue`` sends one at once) must
+    not cut the journal's last line: nothing is left to stop."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _write_request(path: Path, why: str) -> None:

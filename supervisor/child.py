@@ -16,7 +16,6 @@ import logging
 import os
 import shutil
 import signal
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence

@@ -343,19 +343,56 @@ async def end_time(job: Job, report: Report | None = None) -> float | None:
         return None
 
 
-async def job_state(job: Job, report: Report | None = None, timeout: float = 5.0) -> str | None:
-    """The scheduler's word for the job now (``RUNNING``, ``COMPLETING``, ``CANCELLED``,
-    ``REQUEUED``, ``PREEMPTED``, ``TIMEOUT`` …), or None. Slurm only: it tells a cancel from
-    a preemption after both sent the same SIGTERM. Never raises."""
+@dataclass(frozen=True)
+class JobView:
+    """What the controller says of the job while it is being stopped (Slurm only).
+
+    After a job-wide SIGTERM, Slurm 22.05 shows ``JobState=COMPLETING`` for the whole
+    KillWait, whatever the cause; the other fields tell the causes apart (measured on the
+    local cluster, docs/slurm.md): ``scancel`` moves ``EndTime`` to the cancel time,
+    ``scontrol requeue`` raises ``Restarts`` at once, a preemption sets ``PreemptTime``.
+    """
+
+    state: str                 # JobState, e.g. RUNNING, COMPLETING, CANCELLED, REQUEUED, TIMEOUT
+    restarts: int | None       # Restarts: the requeue counter (SLURM_RESTART_COUNT of the next run)
+    end: float | None          # EndTime, unix seconds
+    preempt_time: float | None  # PreemptTime, unix seconds; None when not preempted
+
+
+async def job_view(job: Job, report: Report | None = None, timeout: float = 5.0) -> JobView | None:
+    """The controller's view of this job now, or None (not Slurm, or no answer). Never raises."""
     if job.scheduler != "slurm" or not job.job_id:
         return None
-    report = report or log.warning
-    rc, out = await _run(["scontrol", "show", "job", "-o", job.job_id], timeout, report)
-    if rc == 0:
-        m = re.search(r"\bJobState=(\S+)", out)
-        if m:
-            return m.group(1).upper()
-    return None
+    rc, out = await _run(["scontrol", "show", "job", "-o", job.job_id], timeout, report or log.warning)
+    return parse_job_view(out) if rc == 0 else None
+
+
+def parse_job_view(text: str) -> JobView | None:
+    """``scontrol show job -o`` output → JobView; None without a JobState."""
+    fields = dict(re.findall(r"\b(JobState|Restarts|EndTime|PreemptTime)=(\S+)", text))
+    if "JobState" not in fields:
+        return None
+    restarts = fields.get("Restarts")
+    return JobView(
+        state=fields["JobState"].upper(),
+        restarts=int(restarts) if restarts and restarts.isdigit() else None,
+        end=parse_slurm_time(fields.get("EndTime", "")),
+        preempt_time=parse_slurm_time(fields.get("PreemptTime", "")),
+    )
+
+
+DEFAULT_KILL_WAIT = {"slurm": 30.0, "pbs": 10.0}  # KillWait (slurm.conf), kill_delay (PBS Pro)
+
+
+async def kill_wait(job: Job, report: Report | None = None) -> float | None:
+    """Seconds from the scheduler's SIGTERM to the whole job to its SIGKILL; None without a
+    scheduler. Slurm: ``KillWait`` from ``scontrol show config``; else the documented default."""
+    default = DEFAULT_KILL_WAIT.get(job.scheduler)
+    if job.scheduler != "slurm":
+        return default
+    rc, out = await _run(["scontrol", "show", "config"], QUERY_TIMEOUT, report or log.warning)
+    m = re.search(r"^KillWait\s*=\s*(\d+)", out, re.M) if rc == 0 else None
+    return float(m.group(1)) if m else default
 
 
 def requeue_command(job: Job) -> list[str] | None:

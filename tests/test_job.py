@@ -12,9 +12,9 @@ import anyio
 import pytest
 
 from supervisor.job import (
-    Job, count_devices, detect_job, end_time, expand_hostlist, expand_tasks_per_node, gpu_count,
-    parse_qstat_f, parse_slurm_time, parse_walltime, pbs_end_time, pbs_gpus_per_node, requeue,
-    requeue_command,
+    Job, JobView, count_devices, detect_job, end_time, expand_hostlist, expand_tasks_per_node, gpu_count,
+    kill_wait, parse_job_view, parse_qstat_f, parse_slurm_time, parse_walltime, pbs_end_time, pbs_gpus_per_node,
+    requeue, requeue_command,
 )
 
 PBS = Path(__file__).parent / "fixtures" / "pbs"
@@ -222,3 +222,48 @@ def test_the_loop_is_not_blocked_while_asking(fake_bin: Path) -> None:
 
     anyio.run(main)
     assert ticks >= 10
+
+
+# ---------------------------------------------------------------------------- the kill window
+
+# `scontrol show job -o` during KillWait, as Slurm 22.05 printed it here (fields trimmed).
+SHOW_CANCELLED = ("JobId=4 JobName=stub.sh UserId=root(0) JobState=COMPLETING Reason=None Dependency=(null) "
+                  "Requeue=1 Restarts=0 BatchFlag=1 RunTime=00:00:02 TimeLimit=00:05:00 "
+                  "StartTime=2026-11-22T22:26:10 EndTime=2026-11-22T22:26:12 Deadline=N/A "
+                  "PreemptEligibleTime=2026-11-22T22:26:10 PreemptTime=None")
+SHOW_REQUEUED = SHOW_CANCELLED.replace("Restarts=0", "Restarts=1").replace("EndTime=2026-11-22T22:26:12",
+                                                                           "EndTime=2026-11-22T22:31:22")
+SHOW_PREEMPTED = SHOW_CANCELLED.replace("PreemptTime=None", "PreemptTime=2026-11-22T22:26:12")
+
+
+def test_job_view_reads_the_kill_window_fields() -> None:
+    view = parse_job_view(SHOW_CANCELLED)
+    assert view == JobView(state="COMPLETING", restarts=0, end=datetime(2026, 11, 22, 22, 26, 12).timestamp(),
+                           preempt_time=None)
+    assert parse_job_view(SHOW_PREEMPTED).preempt_time == datetime(2026, 11, 22, 22, 26, 12).timestamp()
+    assert parse_job_view("slurm_load_jobs error: Invalid job id specified") is None
+
+
+@pytest.mark.parametrize("text, was, reason, requeued", [
+    (SHOW_CANCELLED, "preempted", "cancelled", False),    # scancel: COMPLETING, no requeue, no preemption
+    (SHOW_REQUEUED, "preempted", "preempted", True),      # someone else's `scontrol requeue` (or PreemptMode=REQUEUE)
+    (SHOW_PREEMPTED, "preempted", "preempted", False),    # PreemptMode=CANCEL with a PreemptTime
+    (SHOW_CANCELLED, "deadline", "deadline", False),      # the TERM came at the time limit
+    (SHOW_CANCELLED.replace("COMPLETING", "RUNNING"), "preempted", "preempted", False),  # TERM to the batch shell only
+    (SHOW_CANCELLED.replace("COMPLETING", "CANCELLED"), "preempted", "cancelled", False),
+    (SHOW_CANCELLED.replace("COMPLETING", "TIMEOUT"), "preempted", "deadline", False),
+    (SHOW_CANCELLED.replace("COMPLETING", "REQUEUED"), "preempted", "preempted", True),
+])
+def test_the_reason_after_a_slurm_term(text: str, was: str, reason: str, requeued: bool) -> None:
+    from supervisor.agent import Reason, _reason_from_view
+
+    assert _reason_from_view(parse_job_view(text), Reason(was), 0) == (Reason(reason), requeued)
+
+
+def test_kill_wait_from_scontrol_show_config(fake_bin: Path) -> None:
+    _fake_tool(fake_bin, "scontrol", 'echo "JobRequeue              = 1"; echo "KillWait                = 5 sec"\n')
+    assert anyio.run(kill_wait, Job(scheduler="slurm", job_id="4")) == 5.0
+    _fake_tool(fake_bin, "scontrol", "exit 1\n")
+    assert anyio.run(kill_wait, Job(scheduler="slurm", job_id="4"), lambda _: None) == 30.0, "Slurm's default"
+    assert anyio.run(kill_wait, Job(scheduler="pbs", job_id="4.s")) == 10.0, "PBS Pro's kill_delay default"
+    assert anyio.run(kill_wait, Job(scheduler="local")) is None

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from supervisor.report._load import GpuAcc, RunData

@@ -65,9 +65,16 @@ class Slurm:
     def cancel(self, jobid: str, *args: str) -> None:
         self.run("scancel", *args, jobid)
 
-    def release(self, jobid: str) -> None:
-        """Skip the requeued job's BeginTime (end + 120 s): start it as soon as it can."""
-        self.run("scontrol", "update", f"JobId={jobid}", "StartTime=now")
+    def release(self, jobid: str, timeout: float = 60.0) -> None:
+        """Skip the requeued job's BeginTime (end + 120 s): start it as soon as it can.
+
+        Repeated until the job leaves PENDING: squeue can show PENDING while the requeue is
+        still completing, and the requeue's own BeginTime then overwrites an early update.
+        """
+        def started() -> bool:
+            self.run("scontrol", "update", f"JobId={jobid}", "StartTime=now", check=False)
+            return self.wait_for_quietly(lambda: self.state(jobid) != "PENDING", 2.0)
+        self.wait_for(started, timeout, lambda: f"job {jobid} still {self.state(jobid)} after StartTime=now")
 
     # -- state
     def show(self, jobid: str) -> dict[str, str]:
@@ -105,6 +112,16 @@ class Slurm:
             s = self.state(jobid)
             return s if s is not None and s not in ACTIVE else None
         return self.wait_for(done, timeout, lambda: f"job {jobid} still {self.state(jobid)}")
+
+    @staticmethod
+    def wait_for_quietly(pred: Callable[[], object], timeout: float, every: float = 0.1) -> bool:
+        """Poll ``pred`` for up to ``timeout`` seconds; whether it came true."""
+        deadline = time.monotonic() + timeout
+        while not pred():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(every)
+        return True
 
     @staticmethod
     def wait_for(pred: Callable[[], object], timeout: float, why: Callable[[], str] | str = "condition",

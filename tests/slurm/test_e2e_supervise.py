@@ -312,8 +312,6 @@ def test_plain_scancel_is_cancelled_and_the_stop_checkpoint_is_durable(scancel_j
     assert end["not_durable"] == [] and end["exit_status"] == 0, end
 
 
-@pytest.mark.xfail(strict=True, reason="Slurm 22.05 shows JobState=COMPLETING (Reason=None) for the whole KillWait "
-                   "after scancel; _refine_reason maps only CANCELLED, so the reason stays `preempted`")
 def test_plain_scancel_reason_is_cancelled(scancel_job: Job) -> None:
     reason = scancel_job.one("reason")
     assert reason["state"] in ("CANCELLED", "COMPLETING"), reason  # what the controller says during KillWait
@@ -336,7 +334,7 @@ def stubborn_job(slurm: Slurm, d: Path, *supervise: str) -> Job:
 
 @pytest.fixture(scope="module")
 def scancel_stubborn(slurm: Slurm, tmp_path_factory: pytest.TempPathFactory) -> Job:
-    # --checkpoint-timeout 1s: the stop steps fit in KillWait (5 s here); see the xfail below.
+    # --checkpoint-timeout 1s: the checkpoint step gives up long before KillWait (5 s here).
     return stubborn_job(slurm, tmp_path_factory.mktemp("stubborn"), "--checkpoint-timeout", "1s")
 
 
@@ -360,9 +358,6 @@ def test_plain_scancel_sends_no_second_term(scancel_stubborn: Job) -> None:
            margin_before_sigkill_s=margin, job_state_seen=job.one("reason")["state"], reason=end["reason"])
 
 
-@pytest.mark.xfail(strict=True, reason="after Slurm's job-wide TERM the stop steps are bounded by the job's end "
-                   "(10 min away), not by KillWait: the checkpoint step waits out --checkpoint-timeout and Slurm "
-                   "SIGKILLs supervise before stop-child and `end`")
 def test_plain_scancel_stop_steps_fit_in_killwait(slurm: Slurm, tmp_path_factory: pytest.TempPathFactory) -> None:
     job = stubborn_job(slurm, tmp_path_factory.mktemp("stubborn-default"))  # default --checkpoint-timeout 10m
     kinds = [e["kind"] for e in job.events()]
@@ -449,8 +444,6 @@ def test_each_attempt_restores_the_last_durable_checkpoint_and_resumes_there(req
                requeued=job.step("requeue", a).get("requeued"), resumed_at=(resumed.get(a - 1) or [None])[0])
 
 
-@pytest.mark.xfail(strict=True, reason="supervise dies of the TERM that `scontrol requeue` sends it: the "
-                   "signal receiver is gone once the stop sequence is over, so no `end` is journaled")
 def test_a_requeued_attempt_journals_its_end(requeue_job: Job) -> None:
     """docs/journal.md: `end` is the last line of every attempt, requeued ones included."""
     for a in range(1, MAX_REQUEUES + 1):
@@ -482,3 +475,88 @@ def test_a_crash_is_not_requeued(crash_job: Job) -> None:
     assert [s["attempt"] for s in job.events("start")] == [1]
     assert job.trainer("crash")[0] == [25]
     assert complete_checkpoints(job.persist) == [10, 20], "the periodic checkpoints before the crash are durable"
+
+
+# ----------------------------------------------------------------------------- a real #SBATCH --time (slow)
+
+SIGNAL_AT = 30  # --signal=B:…@30: Slurm sends it between 30 and 90 s before the end (docs/slurm.md)
+
+
+@pytest.fixture(scope="module")
+def real_time_jobs(slurm: Slurm, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Job]:
+    """Three jobs with a real time limit, submitted together (two run at once on 2 CPUs):
+
+    * ``watch``: ``--time=1``, no ``--signal``: supervise's own deadline watch, end from squeue;
+    * ``usr2``: ``--time=2 --signal=B:USR2@30``: the warn signal comes before supervise's own
+      warning (``--warn-before 10s``);
+    * ``usr1``: the same with ``B:USR1`` and ``--warn-signal USR1``.
+    """
+    jobs = {
+        "watch": submit(slurm, tmp_path_factory.mktemp("time-watch"), "time-watch",
+                        supervise=["--warn-before", "20s", "--grace", "5s"],
+                        trainer=["--write-time", "0.5"], sbatch=["--time=1"]),
+        "usr2": submit(slurm, tmp_path_factory.mktemp("time-usr2"), "time-usr2",
+                       supervise=["--warn-before", "10s", "--grace", "5s"],
+                       trainer=["--write-time", "0.5"], sbatch=["--time=2", f"--signal=B:USR2@{SIGNAL_AT}"]),
+        "usr1": submit(slurm, tmp_path_factory.mktemp("time-usr1"), "time-usr1",
+                       supervise=["--warn-before", "10s", "--grace", "5s", "--warn-signal", "USR1"],
+                       trainer=["--write-time", "0.5"], sbatch=["--time=2", f"--signal=B:USR1@{SIGNAL_AT}"]),
+    }
+    for job in jobs.values():
+        job.wait_event("deadline", 240)
+        job.marks["end_time"] = slurm.show(job.jobid)["EndTime"]  # type: ignore[assignment]
+    for job in jobs.values():
+        job.finish(timeout=300)
+    return jobs
+
+
+def _check_real_limit(job: Job) -> tuple[dict, dict, dict]:
+    """What every real-limit case shares: the end from Slurm, a durable checkpoint before the
+    stop, supervise done before the end. Returns (deadline, end, the first publish)."""
+    from supervisor.job import parse_slurm_time
+
+    assert job.final_state == "COMPLETED", f"supervise stopped before Slurm's limit\n{job.tail()}"
+    deadline = job.one("deadline")
+    assert deadline["source"] == "scheduler" and deadline["end"] == parse_slurm_time(job.marks["end_time"]), \
+        (deadline, job.marks["end_time"])
+    stop = job.one("stop")
+    assert stop["reason"] == "deadline", stop
+    ck = job.step("checkpoint")
+    assert ck["outcome"] == "published", ck
+    durable = first_publish_after(job, stop["t"])
+    stop_child = job.step("stop-child")
+    assert durable is not None and durable["t"] < stop_child["t"] - stop_child["seconds"]
+    end = job.one("end")
+    assert end["reason"] == "deadline" and end["exit_status"] == 0 and end["not_durable"] == [], end
+    assert end["t"] < deadline["end"], "done before the time limit, so before its TERM and SIGKILL"
+    saved = job.trainer("checkpoint")[0]
+    assert max(complete_checkpoints(job.persist)) == max(saved)
+    return deadline, end, durable
+
+
+@pytest.mark.slow
+def test_real_time_limit_supervise_warns_from_squeue_end(real_time_jobs: dict[str, Job]) -> None:
+    job = real_time_jobs["watch"]
+    deadline, end, durable = _check_real_limit(job)
+    warning = job.one("warning")
+    assert warning["source"] == "scheduler" and 18 <= warning["left_s"] <= 20.5, warning
+    assert job.one("stop")["signal"] is None
+    record("real --time=1, supervise's watch (--warn-before 20s)", warn_to_durable_s=durable["t"] - warning["t"],
+           margin_before_end_s=deadline["end"] - end["t"],
+           margin_before_sigkill_s=deadline["end"] + job.slurm.kill_wait - end["t"], reason=end["reason"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, sig", [("usr2", "SIGUSR2"), ("usr1", "SIGUSR1")])
+def test_real_time_limit_signal_b_at_n(real_time_jobs: dict[str, Job], name: str, sig: str) -> None:
+    job = real_time_jobs[name]
+    deadline, end, durable = _check_real_limit(job)
+    received = job.one("signal", signal=sig, action="stop")
+    assert received["reason"] == "deadline", received
+    assert job.one("stop")["signal"] == sig
+    assert job.events("warning") == [], "the signal came before supervise's own warning (10 s before the end)"
+    lead = deadline["end"] - received["t"]
+    assert SIGNAL_AT <= lead <= SIGNAL_AT + 65, f"--signal=B:{sig[3:]}@{SIGNAL_AT} arrived {lead:.1f}s before the end"
+    record(f"real --time=2, --signal=B:{sig[3:]}@{SIGNAL_AT}", warn_to_durable_s=durable["t"] - received["t"],
+           signal_lead_s=lead, margin_before_end_s=deadline["end"] - end["t"],
+           margin_before_sigkill_s=deadline["end"] + job.slurm.kill_wait - end["t"], reason=end["reason"])
