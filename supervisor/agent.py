@@ -162,7 +162,8 @@ class Agent:
             for warning in self.mirror.check():
                 log.warning("%s", warning)
             self.journal.emit("sync-start", backend=self.mirror.backend_name,
-                              pairs=[{"name": p.name, "kind": p.kind, "from": str(p.src), "to": str(p.dst)} for p in cfg.sync])
+                              pairs=[{"name": p.name, "kind": p.kind, "from": str(p.src), "to": str(p.dst), "nodes": p.nodes}
+                                     for p in cfg.sync])
         if cfg.notify:
             from supervisor.notify import Notifier, resolve_urls
 
