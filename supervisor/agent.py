@@ -432,13 +432,13 @@ class Agent:
         in hand for the journal's last lines; less when the window itself is short (a tight
         --warn-before, or a small KillWait).
         """
-        end, window = self.end, self.lead
+        end, reserve = self.end, min(SAFETY, 0.1 * self.lead)
         killed_at = self._killed_at()
         if killed_at is not None and (end is None or killed_at < end):
-            end, window = killed_at, float(self.kill_wait or 0.0)
+            end, reserve = killed_at, min(SAFETY, 0.2 * (self.kill_wait or 0.0))
         if end is None:
             return float("inf")
-        return max(0.0, end - time.time() - min(SAFETY, 0.1 * window if window == self.lead else 0.2 * window))
+        return max(0.0, end - time.time() - reserve)
 
     def _killed_at(self) -> float | None:
         """Unix time of the SIGKILL that follows a job-wide TERM from Slurm, when one came."""
