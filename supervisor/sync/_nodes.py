@@ -25,7 +25,7 @@ from supervisor.journal import Emit
 from supervisor.sync import _fsops
 from supervisor.sync._backend import Backend, CopyError, CopyResult
 from supervisor.sync._complete import Entry, Listing, Snap, classify, matches, natural_key, snapshot
-from supervisor.sync._pair import RECOPY_TRIES, PairEngine, _remove_local, _to_thread
+from supervisor.sync._pair import RECOPY_TRIES, PairEngine, _to_thread
 from supervisor.sync._parts import (PartConflict, PartsChanged, assemble, manifest_path, manifest_snap,
                                     part_dir, read_manifest, remove_parts, waiting, withdraw, write_manifest)
 
@@ -296,23 +296,9 @@ class PartEngine(PairEngine):
                     out.append(f"{name_}: {ptr.name} (pointer to {ptr.target or 'a missing checkpoint'})")
         self.pending = out
 
-    async def _retain(self, listing: Listing) -> None:
-        """keep_local = N: a local checkpoint beyond the newest N goes only once the published
-        one holds this node's files, verified; never the one a pointer names."""
-        p = self.pair
-        assert p.keep_local
-        done = sorted((e for e in listing.entries.values() if e.complete), key=lambda e: natural_key(e.name), reverse=True)
-        named = {ptr.target for ptr in listing.pointers.values()}
-        removed = []
-        for e in done[p.keep_local:]:
-            if e.name in named or e.name not in self.published or not self.published[e.name].same_content(e.snap):
-                continue
-            there = await _to_thread(snapshot, p.dst / e.name, p.exclude)
-            if not contains(there, e.snap):
-                continue
-            await _to_thread(_remove_local, p.src / e.name)
-            self.published.pop(e.name, None)
-            self._sigs.pop(e.name, None)
-            removed.append(e.name)
-        if removed:
-            self.emit("retention", pair=p.name, removed=removed, kept=p.keep_local, where="local", node=self.node)
+    def _holds(self, there: Snap | None, local: Snap) -> bool:
+        """The published checkpoint holds every node's files: this node's must be among them."""
+        return contains(there, local)
+
+    def _retention_fields(self) -> dict[str, object]:
+        return {"node": self.node}

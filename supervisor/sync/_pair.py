@@ -24,7 +24,7 @@ from supervisor.config import SyncPair
 from supervisor.journal import Emit
 from supervisor.sync import _fsops
 from supervisor.sync._backend import Backend, CopyError, CopyResult
-from supervisor.sync._complete import (STAGING_PREFIX, Entry, Listing, classify, matches,
+from supervisor.sync._complete import (STAGING_PREFIX, Entry, Listing, Snap, classify, matches,
                                        natural_key, newest_complete, snapshot)
 
 # Triggers that go ahead even while backing off after a failure.
@@ -356,14 +356,21 @@ class PairEngine:
             if e.name in named or e.name not in self.published or not self.published[e.name].same_content(e.snap):
                 continue
             there = await _to_thread(snapshot, p.dst / e.name, p.exclude)
-            if not matches(there, e.snap):
+            if not self._holds(there, e.snap):
                 continue
             await _to_thread(_remove_local, p.src / e.name)
             self.published.pop(e.name, None)
             self._sigs.pop(e.name, None)
             removed.append(e.name)
         if removed:
-            self.emit("retention", pair=p.name, removed=removed, kept=p.keep_local, where="local")
+            self.emit("retention", pair=p.name, removed=removed, kept=p.keep_local, where="local", **self._retention_fields())
+
+    def _holds(self, there: Snap | None, local: Snap) -> bool:
+        """Does the published copy hold this local checkpoint? (Here: exactly it.)"""
+        return matches(there, local)
+
+    def _retention_fields(self) -> dict[str, object]:
+        return {}
 
     async def _log_pass(self, stats: CopyResult) -> None:
         p = self.pair
