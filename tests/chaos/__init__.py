@@ -1,0 +1,1 @@
+"""Seeded chaos trials around the real `supervise` (docs/chaos.md)."""
