@@ -15,6 +15,7 @@ requeue → ``end``. Each step is bounded by what is left before the job's end.
 from __future__ import annotations
 
 import enum
+import itertools
 import logging
 import os
 import signal
@@ -668,7 +669,11 @@ class Agent:
 
     def _finish(self) -> int:
         trigger = self._trigger or Trigger(Reason.ERROR, "ended without a trigger")
-        status = 1 if self._exit_status is None else self._exit_status
+        status = self._exit_status
+        if status is None and trigger.signal is not None:
+            status = 128 + trigger.signal  # stopped by signal N before the training ran: as if N ended it
+        if status is None:
+            status = 1
         duration = round(time.monotonic() - self._started, 3)
         pending = self.mirror.pending() if self.mirror is not None else []
         self.journal.emit("end", reason=trigger.reason.value, detail=trigger.detail, exit_status=status,
@@ -713,9 +718,13 @@ def _ignore_stop_signals() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
+_REQUEST_SEQ = itertools.count()
+
+
 def _write_request(path: Path, why: str) -> None:
-    """A new file (new inode) each time, so every rank sees a new request."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    """A new file (new inode) each time, so every rank sees a new request. The temp name is
+    unique per call: a signal's request and the stop sequence's may be written at once."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{next(_REQUEST_SEQ)}")
     tmp.write_text(f"{time.time():.3f} {why}\n")
     os.replace(tmp, path)
 

@@ -53,7 +53,6 @@ REASONS = {"exit": "child-exit", "crash": "child-failed", "TERM": "preempted", "
 STOP_SIGNALS = ("TERM", "INT", "USR2")
 # A stop signal taken before any child exists (during the restore, or the instant between the
 # signal intake and the spawn) ends the run with status 1, Agent._finish's fallback, not 128+N.
-KNOWN_BUG = "KNOWN BUG (stop before spawn exits 1): "
 
 EXIT_BOUND = 60.0  # from the ending to supervise's exit (grace 5 s, checkpoint timeout 20 s)
 ORPHAN_BOUND = 15.0
@@ -270,12 +269,6 @@ class Result:
     @property
     def ok(self) -> bool:
         return not self.problems
-
-    @property
-    def only_known_bug(self) -> bool:
-        """Failed, and only by the known bug (``KNOWN_BUG``), apart from the log tails."""
-        real = [p for p in self.problems if " (last lines):" not in p]
-        return bool(real) and all(p.startswith(KNOWN_BUG) for p in real)
 
     def line(self) -> str:
         verdict = "ok  " if self.ok else "FAIL"
@@ -575,10 +568,7 @@ class Trial:
         expected, reason = self.expected_status(events)
         problems = res.problems
         if status not in expected:
-            spawned = any(e["kind"] == "spawn" for e in events)
-            stopped = any(e["kind"] == "signal" and e.get("action") == "stop" for e in events)
-            known = KNOWN_BUG if status == 1 and stopped and not spawned else ""
-            problems.append(f"{known}exit status {status}, expected {sorted(expected)} (sent {self.sent})")
+            problems.append(f"exit status {status}, expected {sorted(expected)} (sent {self.sent})")
         started = [e for e in events if e["kind"] == "start"]
         ends = [e for e in events if e["kind"] == "end"]
         # 4. the journal
