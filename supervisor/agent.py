@@ -512,8 +512,15 @@ class Agent:
                     outcome = "child-exited"
                     tg.cancel_scope.cancel()
 
+                async def nudge() -> None:
+                    # Watch events wait out a failed copy's backoff; the stop cannot wait that long.
+                    while True:
+                        self.mirror.request("stop-checkpoint")
+                        await anyio.sleep(1.0)
+
                 tg.start_soon(published)
                 tg.start_soon(exited)
+                tg.start_soon(nudge)
         if outcome == "timeout":
             log.warning("no new complete checkpoint within %s", format_duration(bound))
         return {"outcome": outcome, "bound_s": round(bound, 3), "published": self.mirror.published - before}

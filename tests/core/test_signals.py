@@ -97,7 +97,8 @@ def test_child_ignoring_term_is_killed_after_grace(run_dir: Path, tmp_path: Path
     assert p.returncode == 137
     assert 2.0 <= elapsed < 8.0, elapsed
     step = next(e for e in read_journal(run_dir).events if e["kind"] == "stop-step" and e["step"] == "stop-child")
-    assert step["graceful"] is False and step["killed"], step
+    # Not step["killed"]: it names only pids signalled one by one after killpg, often none.
+    assert step["graceful"] is False, step
 
 
 def test_detached_grandchild_is_not_left_running(run_dir: Path, tmp_path: Path, reaper: list[int]) -> None:
