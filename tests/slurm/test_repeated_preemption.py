@@ -1,0 +1,317 @@
+"""Issue 8: the example training, preempted three times at random points under a real Slurm.
+
+``scripts/slurm-torchrun.sbatch`` (examples/ddp_train.py under torchrun, 2 ranks, supervised with
+``configs/slurm.toml``: ``requeue = true``) is submitted as it is, shrunk through its variables,
+with one test hook inserted after ``set -euo pipefail``: per attempt (``A`` =
+``SLURM_RESTART_COUNT``, 0 on the first run) it points ``LOCAL_DIR`` at a fresh ``local-A``
+directory, as if the requeued job had landed on another node, so an attempt can only resume
+from what supervise restored from persistent storage; and it sources ``attempt-A.env`` when the
+test wrote one. The persistent side and the run directory are shared by every attempt.
+
+Attempts 1..3 are each stopped once, at a random point, in an order drawn by a seeded
+``random.Random`` (``PREEMPTION_SEED`` to replay; the seed is in every failure message): one by
+the time limit, one by a requeueing preemption, the third by either, drawn too.
+
+* ``deadline``: the time limit, as supervise's ``--time-limit`` (``SUPERVISE_TIME_LIMIT``, a
+  random 16-22 s, with ``SUPERVISE_WARN_BEFORE=8s``, in ``attempt-A.env``): supervise asks for a
+  checkpoint, flushes it, stops the training and runs ``scontrol requeue`` itself. (A real
+  ``#SBATCH --time`` is covered by test_e2e_supervise.py; Slurm checks it only every ~30 s.)
+* ``requeue``: ``scontrol requeue JOBID`` from outside, after a random number of steps: what a
+  preemption with ``PreemptMode=REQUEUE`` does to the job (this cluster has no second
+  partition to preempt from). Like a plain ``scancel``, Slurm sends SIGCONT+SIGTERM to *every*
+  process of the job at once (supervise, torchrun, the ranks) and SIGKILL ``KillWait`` (5 s
+  here) later; unlike it, the job goes back to PENDING with ``Restarts`` one higher. Whatever
+  must survive has to reach persistent storage within those 5 s; supervise sees the raised
+  ``Restarts`` and does not requeue again.
+
+Not used: plain ``scancel`` cancels the job for good, and ``scancel --signal=TERM --batch``
+(TERM to supervise alone, test_templates.py's preemption) leaves the job RUNNING with no
+``PreemptTime`` and no requeue, which no real preemption does.
+
+After each stop the test waits for ``Restarts`` to grow and the job to be PENDING, and skips
+the 120 s BeginTime (``scontrol update StartTime=now``). Attempt 4 trains to the end.
+
+Then: the final weights equal those of an uninterrupted run of the same template, bit for bit;
+every ``step_*`` on persistent storage is complete (its ``.metadata`` marker, exactly the files
+it lists, each loadable and of its step; no staging left); the journal has attempts 1..4, a
+``stop`` (deadline or preempted) in each of 1..3, a ``restore`` naming a checkpoint in each of
+2..4, and the final ``end`` with exit status 0. Each attempt's own ``end`` is not asserted for
+the requeued attempts: supervise may die of the TERM that comes with the requeue before it
+writes it (see test_e2e_supervise.py::test_a_requeued_attempt_journals_its_end); what was
+seen is printed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.slurm.conftest import ACTIVE, Slurm
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.torch]
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATE = REPO / "scripts" / "slurm-torchrun.sbatch"
+SITE_ONLY = re.compile(r"^#SBATCH --(gres|gpus-per-node|constraint|partition)\b")
+HOOK = """\
+# --- test hook (tests/slurm/test_repeated_preemption.py): fresh node-local disk per attempt
+A=${SLURM_RESTART_COUNT:-0}
+export LOCAL_DIR=$TEST_DIR/local-$A
+if [ -f "$TEST_DIR/attempt-$A.env" ]; then source "$TEST_DIR/attempt-$A.env"; fi
+echo "test-hook attempt=$A pid=$$ t=$(date +%s.%N) time_limit=${SUPERVISE_TIME_LIMIT:-none}"
+# --- end of the test hook
+"""
+STEPS = 300
+CKPT_EVERY = 25
+STEP_SLEEP = "0.1"
+SEED = int(os.environ.get("PREEMPTION_SEED") or random.SystemRandom().randrange(2**32))
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def job_script(hook: bool) -> str:
+    """The template without the lines naming hardware this cluster lacks, maybe with the hook."""
+    lines = TEMPLATE.read_text().splitlines(keepends=True)
+    kept = [ln for ln in lines if not SITE_ONLY.match(ln)]
+    assert len(lines) - len(kept) <= 4
+    text = "".join(kept)
+    if hook:
+        assert text.count("set -euo pipefail\n") == 1
+        text = text.replace("set -euo pipefail\n", "set -euo pipefail\n" + HOOK)
+    return text
+
+
+def job_env(tmp: Path, **extra: str) -> dict[str, str]:
+    return {"REPO": str(REPO), "PERSISTENT_DIR": str(tmp / "persistent"), "LOCAL_DIR": str(tmp / "local"),
+            "TEST_DIR": str(tmp), "STEPS": str(STEPS), "CKPT_EVERY": str(CKPT_EVERY), "NPROC": "2", **extra}
+
+
+def events(run_dir: Path) -> list[dict]:
+    out = []
+    path = run_dir / "events.jsonl"
+    for line in (path.read_text().splitlines() if path.exists() else []):
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass  # a torn last line
+    return out
+
+
+def digest(step_dir: Path) -> str:
+    """sha256 over the model's state_dict, as examples/ddp_train.py prints it."""
+    torch = pytest.importorskip("torch")
+    state = torch.load(step_dir / "model.pt", map_location="cpu", weights_only=False)["model"]
+    h = hashlib.sha256()
+    for name, t in state.items():
+        h.update(name.encode())
+        h.update(t.contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def output(tmp: Path, job: str) -> str:
+    f = tmp / f"ddp-torchrun-{job}.out"
+    return f.read_text() if f.exists() else "(no output file)"
+
+
+def final_state(slurm: Slurm, job: str, timeout: float) -> str:
+    """Poll scontrol only: ``sacct -c`` also has rows of the earlier, requeued attempts."""
+    return slurm.wait_for(lambda: (s := slurm.show(job).get("JobState")) not in ACTIVE and s, timeout,
+                          lambda: f"job {job} still {slurm.show(job).get('JobState')}")
+
+
+def release(slurm: Slurm, job: str, pending_seen: float) -> None:
+    """``slurm.release`` (skip the 120 s BeginTime), but in a later second than the requeue.
+
+    slurmd refuses a batch launch whose credential is as old as the job's revocation, to the
+    second (``cred->ctime <= j->revoked``): a requeued job started in the second it was
+    requeued in is killed at once, ``Killing non-startable batch JobId=N: Job credential
+    revoked``, and ends FAILED (seen here twice in five runs). The revocation came before the
+    job showed PENDING (at ``pending_seen``), so any second after that one is safe.
+    """
+    slurm.wait_for(lambda: int(time.time()) > int(pending_seen), 5, "the next second")
+    slurm.release(job)
+
+
+def steps_logged(local: Path) -> list[int]:
+    """The steps the training logged in this attempt's node-local scalars.csv."""
+    f = local / "logs" / "scalars.csv"
+    if not f.exists():
+        return []
+    out = []
+    for line in f.read_text().splitlines()[1:]:
+        head = line.split(",", 1)[0]
+        if head.isdigit() and line.count(",") == 2:
+            out.append(int(head))
+    return out
+
+
+def complete_checkpoints(ckpt: Path) -> list[int]:
+    """Every ``step_*`` on the persistent side, checked whole; returns their steps."""
+    torch = pytest.importorskip("torch")
+    steps = []
+    for d in sorted(ckpt.glob("step_*")):
+        assert d.is_dir() and (d / ".metadata").is_file(), f"{d}: no .metadata marker"
+        meta = json.loads((d / ".metadata").read_text())
+        step = int(d.name.split("_")[1])
+        assert meta["step"] == step and meta["world_size"] == 2, (d, meta)
+        names = sorted(p.name for p in d.iterdir())
+        assert names == sorted([".metadata", *meta["files"]]), f"{d} is not exactly what .metadata lists: {names}"
+        assert torch.load(d / "model.pt", map_location="cpu", weights_only=False)["step"] == step, d
+        for r in range(meta["world_size"]):
+            shard = torch.load(d / f"__{r}_0.pt", weights_only=False)
+            assert shard["rank"] == r and shard["step"] == step, (d, r)
+        steps.append(step)
+    leftovers = [p.name for p in ckpt.iterdir() if p.name.startswith(".supervise")]
+    assert leftovers == [], f"staging left on the persistent side: {leftovers}"
+    return sorted(steps)
+
+
+# ----------------------------------------------------------------------------- the runs
+
+@pytest.fixture(scope="module")
+def uninterrupted(slurm: Slurm, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The template run to the end, never stopped: the digest of its final persistent checkpoint."""
+    pytest.importorskip("torch")
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    job = slurm.submit(job_script(hook=False), "--cpus-per-task=2", cwd=tmp, env=job_env(tmp))
+    state = final_state(slurm, job, 300)
+    assert state == "COMPLETED", f"{state}\n{output(tmp, job)[-4000:]}"
+    ckpt = tmp / "persistent" / "checkpoints"
+    assert (ckpt / "latest").read_text() == f"step_{STEPS}"
+    m = re.findall(r"final weights sha256 ([0-9a-f]{64})", output(tmp, job))
+    assert len(m) == 1, output(tmp, job)[-4000:]
+    assert digest(ckpt / f"step_{STEPS}") == m[0], "the published final checkpoint holds the final weights"
+    return m[0]
+
+
+class Preempted:
+    """The job stopped three times, and what the test saw while doing it."""
+
+    def __init__(self, slurm: Slurm, tmp: Path, rng: random.Random) -> None:
+        self.slurm, self.tmp = slurm, tmp
+        self.kinds = ["deadline", "requeue", rng.choice(["deadline", "requeue"])]
+        rng.shuffle(self.kinds)
+        # Per stopped attempt: the time limit (deadline) or the step to stop after (the others).
+        self.time_limits = {a: round(rng.uniform(16, 22), 1) for a, k in enumerate(self.kinds) if k == "deadline"}
+        self.offsets = {a: rng.randint(3, 30) for a, k in enumerate(self.kinds) if k != "deadline"}
+        self.job = ""
+        self.stopped_at: dict[int, int] = {}   # restart count → the step logged when the stop was sent
+        self.seconds = 0.0
+
+    @property
+    def run_dir(self) -> Path:
+        return self.tmp / "persistent" / f"supervise-{self.job}"
+
+    def local(self, a: int) -> Path:
+        return self.tmp / f"local-{a}"
+
+    def why(self, what: str) -> str:
+        show = self.slurm.run("scontrol", "show", "job", "-o", self.job, check=False).stdout.strip()
+        return (f"[seed {SEED}: {self.plan()}] {what}\n--- scontrol show job: {show}\n--- job output (tail)\n"
+                f"{output(self.tmp, self.job)[-5000:]}")
+
+    def plan(self) -> str:
+        return ", ".join(f"attempt {a + 1}: {k} "
+                         + (f"--time-limit {self.time_limits[a]}s" if k == "deadline" else f"+{self.offsets[a]} steps")
+                         for a, k in enumerate(self.kinds))
+
+    def go(self) -> None:
+        for a, limit in self.time_limits.items():
+            (self.tmp / f"attempt-{a}.env").write_text(
+                f"export SUPERVISE_TIME_LIMIT={limit}s SUPERVISE_WARN_BEFORE=8s\n")
+        t0 = time.monotonic()
+        self.job = self.slurm.submit(job_script(hook=True), "--cpus-per-task=2", cwd=self.tmp,
+                                     env=job_env(self.tmp, STEP_SLEEP=STEP_SLEEP))
+        for a, kind in enumerate(self.kinds):
+            # This attempt's training is running: it logged a step.
+            first = self.slurm.wait_for(lambda: steps_logged(self.local(a))[:1], 180,
+                                        lambda: self.why(f"attempt {a + 1} logged no step"))[0]
+            if kind == "deadline":
+                def stopped() -> bool:
+                    return any(e["kind"] == "stop" and e["attempt"] == a + 1 for e in events(self.run_dir))
+                self.slurm.wait_for(lambda: stopped() or max(steps_logged(self.local(a))) >= STEPS, 120,
+                                    lambda: self.why(f"no stop in attempt {a + 1} "
+                                                     f"(--time-limit {self.time_limits[a]}s)"))
+                self.stopped_at[a] = max(steps_logged(self.local(a)))
+                assert stopped() and self.stopped_at[a] < STEPS, self.why("the training ended before its time limit")
+            else:
+                target = first - 1 + self.offsets[a]
+                self.slurm.wait_for(lambda: max(steps_logged(self.local(a)), default=0) >= target, 120,
+                                    lambda: self.why(f"attempt {a + 1} never reached step {target}"))
+                self.stopped_at[a] = max(steps_logged(self.local(a)))
+                assert self.stopped_at[a] < STEPS, self.why("the training ended before its stop")
+                self.slurm.run("scontrol", "requeue", self.job)
+            self.slurm.wait_for(lambda: self.slurm.show(self.job).get("Restarts") == str(a + 1)
+                                and self.slurm.state(self.job) == "PENDING", 120,
+                                lambda: self.why(f"not requeued after the {kind} stop of attempt {a + 1}"))
+            release(self.slurm, self.job, time.time())
+        state = final_state(self.slurm, self.job, 300)
+        self.seconds = time.monotonic() - t0
+        assert state == "COMPLETED", self.why(f"final state {state}")
+
+
+@pytest.fixture(scope="module")
+def preempted(slurm: Slurm, uninterrupted: str, tmp_path_factory: pytest.TempPathFactory) -> Preempted:
+    run = Preempted(slurm, tmp_path_factory.mktemp("preempted"), random.Random(SEED))
+    print(f"\nseed {SEED}: {run.plan()}")
+    run.go()
+    print(f"job {run.job}: 4 attempts in {run.seconds:.1f}s; stopped at steps {run.stopped_at}")
+    return run
+
+
+# ----------------------------------------------------------------------------- the checks
+
+def test_final_model_equals_the_uninterrupted_run(preempted: Preempted, uninterrupted: str) -> None:
+    ckpt = preempted.tmp / "persistent" / "checkpoints"
+    assert (ckpt / "latest").read_text() == f"step_{STEPS}", preempted.why("latest")
+    final = re.findall(r"final weights sha256 ([0-9a-f]{64})", output(preempted.tmp, preempted.job))
+    assert final and final[-1] == uninterrupted, preempted.why(f"printed {final}, uninterrupted {uninterrupted}")
+    assert digest(ckpt / f"step_{STEPS}") == uninterrupted, preempted.why("the persistent final checkpoint differs")
+
+
+def test_every_persistent_checkpoint_is_complete(preempted: Preempted) -> None:
+    steps = complete_checkpoints(preempted.tmp / "persistent" / "checkpoints")
+    assert steps and steps[-1] == STEPS, preempted.why(f"persistent steps {steps}")
+
+
+def test_journal_four_attempts_three_stops_three_restores(preempted: Preempted) -> None:
+    ev = events(preempted.run_dir)
+    why = preempted.why
+    starts = [e for e in ev if e["kind"] == "start"]
+    assert [e["attempt"] for e in starts] == [1, 2, 3, 4], why(f"starts {[e['attempt'] for e in starts]}")
+    assert [e["restart_count"] for e in starts] == [0, 1, 2, 3], why("restart counts")
+    expected = {"deadline": "deadline", "requeue": "preempted"}
+    for a, kind in enumerate(preempted.kinds, 1):
+        stops = [e for e in ev if e["kind"] == "stop" and e["attempt"] == a]
+        assert len(stops) == 1 and stops[0]["reason"] in ("deadline", "preempted"), why(f"attempt {a} stops {stops}")
+        assert stops[0]["reason"] == expected[kind], why(f"attempt {a} ({kind}): {stops[0]}")
+    for a in (2, 3, 4):
+        restores = [e for e in ev if e["kind"] == "restore" and e["attempt"] == a]
+        assert len(restores) == 1 and re.fullmatch(r"step_\d+", restores[0]["checkpoint"] or ""), \
+            why(f"attempt {a} restores {restores}")
+        restored = int(restores[0]["checkpoint"].split("_")[1])
+        # No work lost: the checkpoint taken on the stop reached persistent storage in time.
+        assert restored >= preempted.stopped_at[a - 2], \
+            why(f"attempt {a} restored {restored}; attempt {a - 1} was stopped after step "
+                f"{preempted.stopped_at[a - 2]}")
+        # And it resumed there: the attempt's first logged step is the one after the restored one.
+        first = steps_logged(preempted.local(a - 1))[0]
+        assert first == restored + 1, why(f"attempt {a} first step {first}, restored {restored}")
+    last = [e for e in ev if e["attempt"] == 4]
+    assert last[-1]["kind"] == "end", why(f"attempt 4 ends with {last[-3:]}")
+    assert last[-1]["exit_status"] == 0 and last[-1]["reason"] == "child-exit", why(str(last[-1]))
+    # A requeued attempt's own `end` may be missing (supervise killed by the requeue's TERM, a
+    # known bug being fixed); when it is there it tells the attempt's stop reason. Its exit
+    # status is the launcher's: torchrun exits 1 on SIGTERM even when every rank saved and exited 0.
+    ends = {a: [(e["reason"], e["exit_status"]) for e in ev if e["kind"] == "end" and e["attempt"] == a]
+            for a in (1, 2, 3)}
+    print(f"seed {SEED}: per-attempt `end` of the requeued attempts: {ends}")
+    for a, kind in enumerate(preempted.kinds, 1):
+        assert len(ends[a]) <= 1 and all(r == expected[kind] for r, _ in ends[a]), why(f"attempt {a} ends {ends[a]}")
