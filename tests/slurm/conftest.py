@@ -8,6 +8,7 @@ on a bare machine. Helpers poll with generous bounds; nothing sleeps and hopes.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -70,7 +71,13 @@ class Slurm:
 
         Repeated until the job leaves PENDING: squeue can show PENDING while the requeue is
         still completing, and the requeue's own BeginTime then overwrites an early update.
+        Not within the second of the requeue: slurmd compares credential times to the second
+        and kills a relaunch in that same second ("Job credential revoked", state FAILED).
         """
+        next_second = math.floor(time.time()) + 1.05
+        while time.time() < next_second:  # a clock boundary, not a guess: at most ~1 s
+            time.sleep(0.05)
+
         def started() -> bool:
             self.run("scontrol", "update", f"JobId={jobid}", "StartTime=now", check=False)
             return self.wait_for_quietly(lambda: self.state(jobid) != "PENDING", 2.0)

@@ -126,19 +126,6 @@ def final_state(slurm: Slurm, job: str, timeout: float) -> str:
                           lambda: f"job {job} still {slurm.show(job).get('JobState')}")
 
 
-def release(slurm: Slurm, job: str, pending_seen: float) -> None:
-    """``slurm.release`` (skip the 120 s BeginTime), but in a later second than the requeue.
-
-    slurmd refuses a batch launch whose credential is as old as the job's revocation, to the
-    second (``cred->ctime <= j->revoked``): a requeued job started in the second it was
-    requeued in is killed at once, ``Killing non-startable batch JobId=N: Job credential
-    revoked``, and ends FAILED (seen here twice in five runs). The revocation came before the
-    job showed PENDING (at ``pending_seen``), so any second after that one is safe.
-    """
-    slurm.wait_for(lambda: int(time.time()) > int(pending_seen), 5, "the next second")
-    slurm.release(job)
-
-
 def steps_logged(local: Path) -> list[int]:
     """The steps the training logged in this attempt's node-local scalars.csv."""
     f = local / "logs" / "scalars.csv"
@@ -251,7 +238,7 @@ class Preempted:
             self.slurm.wait_for(lambda: self.slurm.show(self.job).get("Restarts") == str(a + 1)
                                 and self.slurm.state(self.job) == "PENDING", 120,
                                 lambda: self.why(f"not requeued after the {kind} stop of attempt {a + 1}"))
-            release(self.slurm, self.job, time.time())
+            self.slurm.release(self.job)  # after the requeue's second (see Slurm.release)
         state = final_state(self.slurm, self.job, 300)
         self.seconds = time.monotonic() - t0
         assert state == "COMPLETED", self.why(f"final state {state}")
