@@ -334,9 +334,14 @@ class Agent:
         """"Checkpoint now": a fresh request file, plus the checkpoint signal where it is safe."""
         assert self.child is not None
         child = self.child
-        await anyio.to_thread.run_sync(_write_request, self.request_path, why)
-        # Finding ranks reads /proc for every descendant: off the event loop (invariant 6).
-        targets = await anyio.to_thread.run_sync(self.profile.checkpoint_targets, child.pid, self.checkpoint_signal)
+        def prepare() -> launchers.Targets:
+            # The file first: a rank that saw the signal and acknowledged must not count the
+            # file of the same request as a second one. Finding ranks reads /proc for every
+            # descendant: both off the event loop (invariant 6), in one hop (latency).
+            _write_request(self.request_path, why)
+            return self.profile.checkpoint_targets(child.pid, self.checkpoint_signal)
+
+        targets = await anyio.to_thread.run_sync(prepare)
         delivery = self.child.send_to(set(targets.pids), self.checkpoint_signal, targets.route)
         fields = {"signal": self.checkpoint_signal.name, "route": targets.route, "to": delivery.targets,
                   "skipped": {str(k): v for k, v in targets.skipped.items()}, "request_file": str(self.request_path)}
