@@ -316,8 +316,12 @@ def main(argv: list[str] | None = None) -> int:
         log.close()
     say(f"{status} at step {step}; final weights sha256 {weights_digest(model.module)}")
     dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    # Every rank has saved and passed the barrier: leave without tearing gloo down. Freeing the
+    # DDP reducer can deadlock (~ProcessGroupGloo joins a worker thread that waits for the GIL
+    # the joiner holds; seen here in 1 run of 6, a rank hung at exit; pytorch#75097).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
