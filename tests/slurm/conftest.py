@@ -8,6 +8,8 @@ on a bare machine. Helpers poll with generous bounds; nothing sleeps and hopes.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import re
@@ -164,3 +166,27 @@ def slurm() -> Iterator[Slurm]:
         subprocess.run(["bash", str(DOWN), str(root)], capture_output=True, timeout=120)
         if not os.environ.get("SUPERVISE_KEEP_SLURM"):  # set it to keep the daemons' logs
             shutil.rmtree(root, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- run-directory helpers
+
+def journal_events(run_dir: Path) -> list[dict]:
+    """events.jsonl as dicts; a torn last line (a SIGKILLed writer) is left out."""
+    out = []
+    for line in (run_dir / "events.jsonl").read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass
+    return out
+
+
+def model_digest(step_dir: Path) -> str:
+    """sha256 over a checkpoint's model state_dict, as examples/ddp_train.py prints it."""
+    torch = pytest.importorskip("torch")
+    state = torch.load(step_dir / "model.pt", map_location="cpu", weights_only=False)["model"]
+    h = hashlib.sha256()
+    for name, t in state.items():
+        h.update(name.encode())
+        h.update(t.contiguous().numpy().tobytes())
+    return h.hexdigest()

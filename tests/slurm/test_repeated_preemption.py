@@ -43,7 +43,6 @@ seen is printed.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -53,7 +52,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.conftest import ACTIVE, Slurm
+from tests.slurm.conftest import ACTIVE, Slurm, journal_events, model_digest
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.torch]
 
@@ -91,28 +90,6 @@ def job_script(hook: bool) -> str:
 def job_env(tmp: Path, **extra: str) -> dict[str, str]:
     return {"REPO": str(REPO), "PERSISTENT_DIR": str(tmp / "persistent"), "LOCAL_DIR": str(tmp / "local"),
             "TEST_DIR": str(tmp), "STEPS": str(STEPS), "CKPT_EVERY": str(CKPT_EVERY), "NPROC": "2", **extra}
-
-
-def events(run_dir: Path) -> list[dict]:
-    out = []
-    path = run_dir / "events.jsonl"
-    for line in (path.read_text().splitlines() if path.exists() else []):
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass  # a torn last line
-    return out
-
-
-def digest(step_dir: Path) -> str:
-    """sha256 over the model's state_dict, as examples/ddp_train.py prints it."""
-    torch = pytest.importorskip("torch")
-    state = torch.load(step_dir / "model.pt", map_location="cpu", weights_only=False)["model"]
-    h = hashlib.sha256()
-    for name, t in state.items():
-        h.update(name.encode())
-        h.update(t.contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 def output(tmp: Path, job: str) -> str:
@@ -174,7 +151,7 @@ def uninterrupted(slurm: Slurm, tmp_path_factory: pytest.TempPathFactory) -> str
     assert (ckpt / "latest").read_text() == f"step_{STEPS}"
     m = re.findall(r"final weights sha256 ([0-9a-f]{64})", output(tmp, job))
     assert len(m) == 1, output(tmp, job)[-4000:]
-    assert digest(ckpt / f"step_{STEPS}") == m[0], "the published final checkpoint holds the final weights"
+    assert model_digest(ckpt / f"step_{STEPS}") == m[0], "the published final checkpoint holds the final weights"
     return m[0]
 
 
@@ -222,7 +199,7 @@ class Preempted:
                                         lambda: self.why(f"attempt {a + 1} logged no step"))[0]
             if kind == "deadline":
                 def stopped() -> bool:
-                    return any(e["kind"] == "stop" and e["attempt"] == a + 1 for e in events(self.run_dir))
+                    return any(e["kind"] == "stop" and e["attempt"] == a + 1 for e in journal_events(self.run_dir))
                 self.slurm.wait_for(lambda: stopped() or max(steps_logged(self.local(a))) >= STEPS, 120,
                                     lambda: self.why(f"no stop in attempt {a + 1} "
                                                      f"(--time-limit {self.time_limits[a]}s)"))
@@ -260,7 +237,7 @@ def test_final_model_equals_the_uninterrupted_run(preempted: Preempted, uninterr
     assert (ckpt / "latest").read_text() == f"step_{STEPS}", preempted.why("latest")
     final = re.findall(r"final weights sha256 ([0-9a-f]{64})", output(preempted.tmp, preempted.job))
     assert final and final[-1] == uninterrupted, preempted.why(f"printed {final}, uninterrupted {uninterrupted}")
-    assert digest(ckpt / f"step_{STEPS}") == uninterrupted, preempted.why("the persistent final checkpoint differs")
+    assert model_digest(ckpt / f"step_{STEPS}") == uninterrupted, preempted.why("the persistent final checkpoint differs")
 
 
 def test_every_persistent_checkpoint_is_complete(preempted: Preempted) -> None:
@@ -269,7 +246,7 @@ def test_every_persistent_checkpoint_is_complete(preempted: Preempted) -> None:
 
 
 def test_journal_four_attempts_three_stops_three_restores(preempted: Preempted) -> None:
-    ev = events(preempted.run_dir)
+    ev = journal_events(preempted.run_dir)
     why = preempted.why
     starts = [e for e in ev if e["kind"] == "start"]
     assert [e["attempt"] for e in starts] == [1, 2, 3, 4], why(f"starts {[e['attempt'] for e in starts]}")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.conftest import ACTIVE, Slurm
+from tests.slurm.conftest import ACTIVE, Slurm, journal_events, model_digest
 
 pytestmark = pytest.mark.slurm
 
@@ -35,27 +35,6 @@ def local_copy(name: str) -> str:
 def job_env(tmp: Path, **extra: str) -> dict[str, str]:
     return {"REPO": str(REPO), "PERSISTENT_DIR": str(tmp / "persistent"), "LOCAL_DIR": str(tmp / "local"),
             "STEPS": str(STEPS), "CKPT_EVERY": "10", "NPROC": "2", **extra}
-
-
-def events(run_dir: Path) -> list[dict]:
-    out = []
-    for line in (run_dir / "events.jsonl").read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass
-    return out
-
-
-def digest(step_dir: Path) -> str:
-    torch = pytest.importorskip("torch")
-    import hashlib
-    state = torch.load(step_dir / "model.pt", map_location="cpu", weights_only=False)["model"]
-    h = hashlib.sha256()
-    for name, t in state.items():
-        h.update(name.encode())
-        h.update(t.contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 def output(tmp: Path, name: str, job: str) -> str:
@@ -79,11 +58,11 @@ def uninterrupted(slurm: Slurm, tmp_path_factory: pytest.TempPathFactory) -> str
     state = slurm.wait_gone(job, timeout=240)
     assert state == "COMPLETED", f"{state}\n{output(tmp, 'ddp-torchrun', job)[-4000:]}"
     final = finished_checkpoint(tmp)
-    ends = [e for e in events(tmp / "persistent" / f"supervise-{job}") if e["kind"] == "end"]
+    ends = [e for e in journal_events(tmp / "persistent" / f"supervise-{job}") if e["kind"] == "end"]
     assert [(e["reason"], e["exit_status"]) for e in ends] == [("child-exit", 0)]
     out = output(tmp, "ddp-torchrun", job)
-    assert "scheduler" in out and "slurm" in json.dumps(events(tmp / "persistent" / f"supervise-{job}")[0])
-    return digest(final)
+    assert "scheduler" in out and "slurm" in json.dumps(journal_events(tmp / "persistent" / f"supervise-{job}")[0])
+    return model_digest(final)
 
 
 def test_torchrun_template_completes_with_a_complete_persistent_checkpoint(uninterrupted: str) -> None:
@@ -95,9 +74,9 @@ def test_srun_template_trains_the_same_weights(slurm: Slurm, uninterrupted: str,
                        cwd=tmp_path, env=job_env(tmp_path))
     state = slurm.wait_gone(job, timeout=240)
     assert state == "COMPLETED", f"{state}\n{output(tmp_path, 'ddp-srun', job)[-4000:]}"
-    start = events(tmp_path / "persistent" / f"supervise-{job}")[0]
+    start = journal_events(tmp_path / "persistent" / f"supervise-{job}")[0]
     assert start["kind"] == "start" and start["launcher"] == "srun"
-    assert digest(finished_checkpoint(tmp_path)) == uninterrupted
+    assert model_digest(finished_checkpoint(tmp_path)) == uninterrupted
 
 
 def test_torchrun_template_preempted_requeued_and_resumed(slurm: Slurm, uninterrupted: str, tmp_path: Path) -> None:
@@ -120,7 +99,7 @@ def test_torchrun_template_preempted_requeued_and_resumed(slurm: Slurm, uninterr
     logs = "".join(f.read_text()[-3000:] for f in sorted((slurm.root / "log").glob("slurm*.log")))
     assert state == "COMPLETED", f"{state} {slurm.show(job)}\n{output(tmp_path, 'ddp-torchrun', job)[-3000:]}\n{logs}"
 
-    ev = events(tmp_path / "persistent" / f"supervise-{job}")
+    ev = journal_events(tmp_path / "persistent" / f"supervise-{job}")
     stops = [(e["attempt"], e["reason"]) for e in ev if e["kind"] == "stop"]
     assert stops == [(1, "preempted"), (2, "child-exit")], stops
     steps1 = {e["step"]: e for e in ev if e["kind"] == "stop-step" and e["attempt"] == 1}
@@ -134,7 +113,7 @@ def test_torchrun_template_preempted_requeued_and_resumed(slurm: Slurm, uninterr
     assert f"resumed from step {restored[0].split('_')[1]}" in out
     # --open-mode=append: both attempts are in the one output file.
     assert out.count("starting from scratch") == 1 and "attempt 2" in out
-    assert digest(finished_checkpoint(tmp_path)) == uninterrupted
+    assert model_digest(finished_checkpoint(tmp_path)) == uninterrupted
     assert [a for a, *_ in ends] == [1, 2], f"every attempt journals its end, the requeued one too: {ends}"
 
 
