@@ -39,6 +39,8 @@ from typing import Any, Callable
 from supervisor.journal import read_journal
 from tests.sync._util import problems as ckpt_problems
 
+STAGING_PREFIX = ".supervise-staging-"  # what the mirror names its staging entries on the destination
+
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_NVML = Path(__file__).resolve().parent / "_fakenvml"
 PY = sys.executable
@@ -618,13 +620,20 @@ class Trial:
             problems.append(f"journal says {name} was published but it is not on persistent storage")
         if not clean_end:
             return
-        hidden = sorted(n for n in os.listdir(self.dst) if n.startswith("."))
-        if hidden:
-            problems.append(f"staging left on persistent storage after a clean end: {hidden}")
         end = next(e for e in events if e["kind"] == "end")
         # What is not yet durable, less what never was a complete checkpoint: a checkpoint still
         # being written, or a local side that was never created (stopped before the spawn).
         not_durable = [x for x in end.get("not_durable", []) if "incomplete" not in x and "does not exist" not in x]
+        hidden = sorted(n for n in os.listdir(self.dst) if n.startswith("."))
+        if hidden and broken and self.plan.fault == "read-only":
+            # A staging directory the copy made before the remount cannot be removed from a
+            # read-only filesystem: the journal must own up to it, the next attempt removes it.
+            owned = [h for h in hidden if any(f" {h.removeprefix(STAGING_PREFIX)} " in f" {x} " for x in not_durable)]
+            if owned:
+                self.result.notes.append(f"staging left on the read-only destination: {owned}")
+            hidden = sorted(set(hidden) - set(owned))
+        if hidden:
+            problems.append(f"staging left on persistent storage after a clean end: {hidden}")
         for name in self.local_complete():
             if name in visible:
                 continue
@@ -726,6 +735,12 @@ class Trial:
             res.problems.append(f"after the SIGKILL, unexpected survivors: {strangers}")
         if left:
             res.notes.append(f"{len(left)} left for the scheduler to kill")
+        self.attempt2()
+
+    def attempt2(self, *, broken: bool = False) -> None:
+        """Run the next attempt into the same run directory and check it; ``broken``: the
+        destination may still lack room, so what is missing must be in its ``not_durable``."""
+        res = self.result
         self.until.write_text("end")  # the next attempt's training ends at once
         saved, self.plan.ending = self.plan.ending, "exit"
         try:
@@ -751,7 +766,7 @@ class Trial:
             res.problems.append(f"attempt 2 is not whole: {[e['kind'] for e in second[:1] + second[-1:]]}")
         elif second[-1]["reason"] != "child-exit":
             res.problems.append(f"attempt 2 ended {second[-1]['reason']!r}")
-        self.check_persistent(second, clean_end=bool(second) and second[-1]["kind"] == "end")
+        self.check_persistent(second, clean_end=bool(second) and second[-1]["kind"] == "end", broken=broken)
         self.no_orphans("after the next attempt")
 
     # -- the whole trial -----------------------------------------------------------------
@@ -778,6 +793,8 @@ class Trial:
                 self.next_attempt()
             else:
                 self.no_orphans("after supervise exited")
+                if self.plan.through_end:  # the requeued attempt, with the destination back
+                    self.attempt2(broken=self.plan.fault == "full")
         except Exception as e:  # noqa: BLE001 - a broken trial is a failed trial, with its seed
             res.problems.append(f"trial error: {type(e).__name__}: {e}")
         finally:
