@@ -275,7 +275,8 @@ class PairEngine:
             got = CopyResult()
             try:
                 if e.is_dir:
-                    got += await self.backend.copy_tree(src, staging, exclude=p.exclude, skip=e.markers, fsync=p.fsync)
+                    got += await self.backend.copy_tree(src, staging, exclude=p.exclude, skip=e.markers, fsync=p.fsync,
+                                                        fresh=not leftover)
                     got.bytes += await _to_thread(_fsops.copy_markers, src, staging, e.markers, fsync=p.fsync)
                     got.files += len(e.markers)
                 else:

@@ -10,6 +10,8 @@ Modes, mirroring the rsync invocations in ``_backend.py``:
 * ``tree``: copy ``src/`` into ``dst/`` (``rsync -a --partial-dir``): each file through a
   temp name and ``os.replace``, mtime and mode preserved, skipped when size and mtime match;
   ``skip`` names relative paths left out (markers, which the mirror copies last itself).
+  ``in_place`` (``rsync --inplace``, for a staging directory that is itself the temp name):
+  a file not yet there is created with ``O_EXCL`` and written at its name, no rename.
 * ``file``: one file to one path, through a temp name.
 * ``grow``: logs in place (``rsync --append-verify``): a longer source is appended to the
   same inode after checking the tail already there; a mismatch rewrites it in place.
@@ -50,8 +52,14 @@ def _excluded(rel: str, patterns: list[str]) -> bool:
     return False
 
 
-def _copy_one(src: str, dst: str, st: os.stat_result, fsync: bool, stats: Stats) -> None:
-    """src → temp in dst's directory → rename; a killed copy leaves only a temp name."""
+def _copy_one(src: str, dst: str, st: os.stat_result, fsync: bool, stats: Stats, in_place: bool = False) -> None:
+    """src → temp in dst's directory → rename; a killed copy leaves only a temp name.
+
+    ``in_place``: a regular file new at ``dst`` is written there directly; its mtime is set
+    last, so a copy cut short fails the next quick check and is redone.
+    """
+    if in_place and stat.S_ISREG(st.st_mode) and _copy_new(src, dst, st, fsync, stats):
+        return
     d, base = os.path.split(dst)
     tmp = os.path.join(d, f".{base.lstrip('.')}.supervise-tmp")
     if stat.S_ISLNK(st.st_mode):
@@ -81,6 +89,31 @@ def _copy_one(src: str, dst: str, st: os.stat_result, fsync: bool, stats: Stats)
         raise
     stats.files += 1
     stats.bytes += n
+
+
+def _copy_new(src: str, dst: str, st: os.stat_result, fsync: bool, stats: Stats) -> bool:
+    """Create ``dst`` (never through a symlink or over a file) and copy into it; False if it exists."""
+    try:
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+    except FileExistsError:
+        return False
+    try:
+        with open(src, "rb") as fi, open(fd, "wb") as fo:
+            n = _copy_stream(fi, fo)
+            if fsync:
+                fo.flush()
+                os.fsync(fo.fileno())
+            os.fchmod(fo.fileno(), stat.S_IMODE(st.st_mode))
+        os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+    except BaseException:
+        try:
+            os.unlink(dst)
+        except OSError:
+            pass
+        raise
+    stats.files += 1
+    stats.bytes += n
+    return True
 
 
 def _copy_stream(fi, fo) -> int:
@@ -140,8 +173,9 @@ def _walk(src: str, exclude: list[str]):
 
 
 def tree(req: dict, stats: Stats) -> None:
-    src, dst, fsync = req["src"], req["dst"], bool(req.get("fsync"))
+    src, dst, fsync, in_place = req["src"], req["dst"], bool(req.get("fsync")), bool(req.get("in_place"))
     skip = set(req.get("skip", ()))
+    new = not os.path.lexists(dst)  # nothing inside to compare with
     os.makedirs(dst, exist_ok=True)
     dirs: list[tuple[str, os.stat_result]] = []
     for rel, st in _walk(src, list(req.get("exclude", ()))):
@@ -153,10 +187,10 @@ def tree(req: dict, stats: Stats) -> None:
             os.makedirs(target, exist_ok=True)
             dirs.append((target, st))
             continue
-        if rel in skip or _same(st, target):
+        if rel in skip or (not new and _same(st, target)):
             continue
         try:
-            _copy_one(os.path.join(src, rel), target, st, fsync, stats)
+            _copy_one(os.path.join(src, rel), target, st, fsync, stats, in_place)
         except FileNotFoundError:
             if os.path.exists(os.path.join(src, rel)):
                 raise

@@ -4,6 +4,7 @@ checkpoints, failures are journaled and retried, and the mirror keeps running.""
 
 from __future__ import annotations
 
+import filecmp
 import os
 import shutil
 import signal
@@ -187,6 +188,40 @@ def _cmdline_has(pid: str, needle: str) -> bool:
             return needle.encode() in f.read()
     except OSError:
         return False
+
+
+@pytest.mark.asyncio
+async def test_copy_cut_short_in_staging_is_redone(tmp_path, backend, events):
+    """A new staging directory is the temp name, so its files are written in place (a rename
+    per file is a third of a small-file copy): a copy cut short leaves a short file at its
+    final name inside staging, and the next pass must redo it, not publish it."""
+    src, dst = tmp_path / "local", tmp_path / "persistent"
+    d = src / "step_001"
+    d.mkdir(parents=True)
+    size = 512 << 20
+    block = os.urandom(1 << 20)
+    with open(d / "model.bin", "wb") as f:
+        for _ in range(size // len(block)):
+            f.write(block)
+    (d / ".metadata").write_bytes(b"m")
+    shard = dst / ".supervise-staging-step_001" / "model.bin"
+
+    def partial() -> bool:
+        try:
+            return 0 < shard.stat().st_size < size
+        except FileNotFoundError:
+            return False
+
+    mirror = Mirror([SyncPair("c", "checkpoint", src, dst)], emit=events, backend=backend, nice=0, ionice="none")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(mirror.flush, "deadline")
+        await poll(partial, 30, 0.0005, "model.bin half-written at its own name in staging")
+        tg.cancel_scope.cancel()
+    assert visible(dst) == [] and 0 < shard.stat().st_size < size
+    result = await mirror.flush("again")
+    assert result["ok"] and visible(dst) == ["step_001"]
+    assert filecmp.cmp(d / "model.bin", dst / "step_001" / "model.bin", shallow=False)
+    assert (dst / "step_001" / "model.bin").stat().st_mtime_ns == (d / "model.bin").stat().st_mtime_ns
 
 
 @pytest.mark.asyncio
