@@ -16,6 +16,10 @@
 
     .venv/bin/python bench/sync.py            # full size (several minutes, ~6 GB of disk)
     .venv/bin/python bench/sync.py --quick    # small, for development
+    .venv/bin/python bench/sync.py --work /mnt/bench   # on a freshly made filesystem
+
+Many-file figures move with what the filesystem just freed (ext4 steers new inodes away from
+recently deleted ones): docs/benchmarks.md shows how the recorded ones were taken.
 """
 
 from __future__ import annotations
