@@ -72,23 +72,8 @@ def _copy_one(src: str, dst: str, st: os.stat_result, fsync: bool, stats: Stats,
         os.replace(tmp, dst)
         stats.files += 1
         return
-    try:
-        with open(src, "rb") as fi, open(tmp, "wb") as fo:
-            n = _copy_stream(fi, fo)
-            if fsync:
-                fo.flush()
-                os.fsync(fo.fileno())
-        os.chmod(tmp, stat.S_IMODE(st.st_mode))
-        os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
-        os.replace(tmp, dst)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    stats.bytes += _write_copy(src, tmp, tmp, st, fsync, rename_to=dst)
     stats.files += 1
-    stats.bytes += n
 
 
 def _copy_new(src: str, dst: str, st: os.stat_result, fsync: bool, stats: Stats) -> bool:
@@ -97,23 +82,33 @@ def _copy_new(src: str, dst: str, st: os.stat_result, fsync: bool, stats: Stats)
         fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
     except FileExistsError:
         return False
+    stats.bytes += _write_copy(src, fd, dst, st, fsync)
+    stats.files += 1
+    return True
+
+
+def _write_copy(src: str, out: str | int, path: str, st: os.stat_result, fsync: bool,
+                rename_to: str | None = None) -> int:
+    """Copy ``src`` into ``out`` (the path ``path``, or a descriptor open on it), then its mode
+    and times last, then rename it to ``rename_to`` if given. On any failure ``path`` is
+    removed: it is a temp name, or a file this copy created."""
     try:
-        with open(src, "rb") as fi, open(fd, "wb") as fo:
+        with open(src, "rb") as fi, open(out, "wb") as fo:
             n = _copy_stream(fi, fo)
             if fsync:
                 fo.flush()
                 os.fsync(fo.fileno())
             os.fchmod(fo.fileno(), stat.S_IMODE(st.st_mode))
-        os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        if rename_to is not None:
+            os.replace(path, rename_to)
     except BaseException:
         try:
-            os.unlink(dst)
+            os.unlink(path)
         except OSError:
             pass
         raise
-    stats.files += 1
-    stats.bytes += n
-    return True
+    return n
 
 
 def _copy_stream(fi, fo) -> int:
