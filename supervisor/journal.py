@@ -139,7 +139,9 @@ def read_journal(path: Path) -> JournalRead:
     """Read every good event. A bad final line is the torn write of a killed writer."""
     result = JournalRead()
     path = Path(path)
-    if path.is_dir():
+    # Anything but a file is a run directory, made or not yet: asking is_dir() and then opening
+    # the path raced with a starting run creating it (a reader polling saw IsADirectoryError).
+    if not path.is_file():
         path = path / EVENTS_FILE
     if not path.exists():
         return result

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 from supervisor.journal import Journal, next_attempt, read_journal, redact_env
@@ -60,3 +61,26 @@ def test_attempt_numbers_follow_slurm_and_never_repeat(tmp_path: Path) -> None:
     with Journal(tmp_path, attempt=5) as j:
         j.emit("start")
     assert next_attempt(tmp_path, {"SLURM_RESTART_COUNT": "1"}) == 6
+
+
+def test_reading_a_run_directory_while_it_is_being_made_never_fails(tmp_path: Path) -> None:
+    """A reader polling a starting run saw no directory, then opened the path just made as
+    one (IsADirectoryError in a chaos trial). A directory that comes and goes under a reader
+    must read as empty, every time."""
+    run = tmp_path / "run"
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            run.mkdir()
+            run.rmdir()
+
+    t = threading.Thread(target=churn, daemon=True)
+    t.start()
+    try:
+        reads = [read_journal(run) for _ in range(3000)]
+    finally:
+        stop.set()
+        t.join(10)
+    assert all(r.events == [] and r.bad_lines == [] for r in reads)
+    assert read_journal(tmp_path / "missing" / "events.jsonl").events == []
