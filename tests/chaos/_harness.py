@@ -624,11 +624,15 @@ class Trial:
         # What is not yet durable, less what never was a complete checkpoint: a checkpoint still
         # being written, or a local side that was never created (stopped before the spawn).
         not_durable = [x for x in end.get("not_durable", []) if "incomplete" not in x and "does not exist" not in x]
+
+        def owned_up(name: str) -> bool:  # end.not_durable names this checkpoint
+            return any(f" {name} " in f" {x} " for x in not_durable)
+
         hidden = sorted(n for n in os.listdir(self.dst) if n.startswith("."))
         if hidden and broken and self.plan.fault == "read-only":
             # A staging directory the copy made before the remount cannot be removed from a
             # read-only filesystem: the journal must own up to it, the next attempt removes it.
-            owned = [h for h in hidden if any(f" {h.removeprefix(STAGING_PREFIX)} " in f" {x} " for x in not_durable)]
+            owned = [h for h in hidden if owned_up(h.removeprefix(STAGING_PREFIX))]
             if owned:
                 self.result.notes.append(f"staging left on the read-only destination: {owned}")
             hidden = sorted(set(hidden) - set(owned))
@@ -640,7 +644,7 @@ class Trial:
             if not broken:
                 problems.append(f"complete local checkpoint {name} is not on persistent storage "
                                 f"(not_durable: {end.get('not_durable')})")
-            elif not any(f" {name} " in f" {x} " for x in not_durable):
+            elif not owned_up(name):
                 problems.append(f"complete local checkpoint {name} is neither on persistent storage nor in "
                                 f"end.not_durable {not_durable}")
         if broken:
