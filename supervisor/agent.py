@@ -159,7 +159,8 @@ class Agent:
             from supervisor.sync import Mirror
 
             self.mirror = Mirror(cfg.sync, emit=self.journal.emit, sync_every=cfg.sync_every,
-                                 backend=cfg.sync_backend, nice=cfg.sync_nice, ionice=cfg.sync_ionice)
+                                 backend=cfg.sync_backend, nice=cfg.sync_nice, ionice=cfg.sync_ionice,
+                                 writers=self._tree_pids)
             for warning in self.mirror.check():
                 log.warning("%s", warning)
             self.journal.emit("sync-start", backend=self.mirror.backend_name,
@@ -464,6 +465,8 @@ class Agent:
         await self._step("flush", lambda: self._flush("stop"))
         await self._step("stop-child", self._stop_child)
         await self._no_orphans()
+        if self.mirror is not None and not self._tree_pids():
+            self.mirror.training_exited()  # nothing can change now: no checkpoint waits for quiescence
         await self._step("final-flush", lambda: self._flush("final"))
         with anyio.move_on_after(10):
             await self._refine_reason()

@@ -91,6 +91,26 @@ def probe_command(command: Sequence[str]) -> tuple[str, str]:
         return FAIL, str(e)
 
 
+def _check_sync(cfg: Config) -> bool:
+    """The sync pairs as the run would see them: hard errors, doubts, each pair's profile."""
+    if not cfg.sync:
+        return False
+    from supervisor.errors import ConfigError
+    from supervisor.sync import Mirror
+
+    mirror = Mirror(cfg.sync, emit=lambda kind, **f: f, backend=cfg.sync_backend, writers=lambda: set())
+    try:
+        warnings = mirror.check()
+    except ConfigError as e:
+        print(f"{FAIL:4}  {'sync':10} {e}")
+        return True
+    for w in warnings:
+        print(f"{WARN:4}  {'sync':10} {w}")
+    for status, text in mirror.describe():
+        print(f"{status:4}  {'sync':10} {text}")
+    return False
+
+
 def run_check(cfg: Config, command: Sequence[str]) -> int:
     """Print one line per probe; 0 when the run would start, 2 otherwise."""
     assert cfg.run_dir is not None
@@ -105,6 +125,7 @@ def run_check(cfg: Config, command: Sequence[str]) -> int:
     failed = False
     for warning in cfg.warnings:
         print(f"{WARN:4}  {'env':10} {warning}")
+    failed |= _check_sync(cfg)
     for name, probe in probes:
         try:
             status, text = probe()

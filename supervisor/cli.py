@@ -81,6 +81,16 @@ def _run_options(p: argparse.ArgumentParser) -> None:
                    help="mirror checkpoints: complete ones only, never torn; repeatable")
     g.add_argument("--logs", nargs=2, metavar=("LOCAL", "PERSISTENT"), action="append", default=S,
                    help="mirror logs such as TensorBoard event files, growing in place; repeatable")
+    g.add_argument("--restore", action="store_const", const="true", default=S,
+                   help="before starting, bring the newest complete checkpoint back from persistent storage "
+                        "(its local path is in SUPERVISE_RESTORED_FROM)")
+    g.add_argument("--profile", metavar="NAME", default=S,
+                   help="the --checkpoints layout: auto (default: detected), dcp, hf-trainer, accelerate, lightning, "
+                        "torch-save, deepspeed, megatron, orbax, generic")
+    g.add_argument("--marker", dest="markers", metavar="GLOB", action="append", default=S,
+                   help="a file your training writes last into each checkpoint directory; repeatable")
+    g.add_argument("--settle", metavar="DURATION", default=S,
+                   help="quiet time after which a checkpoint without other evidence counts as complete (default 5s)")
     g.add_argument("--sync-every", metavar="DURATION", default=S, help="safety-net period; changes trigger a sync sooner (default 10m)")
     g.add_argument("--sync-backend", metavar="NAME", default=S, help="auto (rsync if on PATH), rsync, or python")
     g.add_argument("--nodes", metavar="N|auto", default=S,
@@ -205,6 +215,9 @@ CONFIG_FLAGS = ("run_dir", "grace", "stop_signal", "forward", "launcher", "sync_
                 "hang_after", "hang_action", "notify", "notify_format")
 
 
+PAIR_FLAGS = ("restore", "markers", "settle", "profile")  # options of the --checkpoints pairs
+
+
 def config_from(ns: argparse.Namespace, command: Sequence[str], *, for_check: bool = False):  # noqa: ANN201
     """Build the validated Config from parsed options (file < env < flags)."""
     from supervisor.config import build_config
@@ -215,8 +228,14 @@ def config_from(ns: argparse.Namespace, command: Sequence[str], *, for_check: bo
     pairs += [("log", a, b) for a, b in given.get("logs", [])]
     cfg_file = Path(given["config"]) if "config" in given else None
     verbosity = given.get("verbose", 0) - given.get("quiet", 0)
+    pair_flags = {k: given[k] for k in PAIR_FLAGS if k in given}
+    if pair_flags and not given.get("checkpoints"):
+        flag = "--" + next(iter(pair_flags)).replace("markers", "marker")
+        raise UsageError(f"{flag} applies to --checkpoints pairs, and none was given "
+                         "(in a config file, set it in the [[sync]] table)")
     cfg = build_config(flags=flags, flag_pairs=pairs, command=tuple(command), config_file=cfg_file,
-                       require_command=not for_check, create_run_dir=not for_check, flag_nodes=given.get("nodes"))
+                       require_command=not for_check, create_run_dir=not for_check, flag_nodes=given.get("nodes"),
+                       pair_flags=pair_flags)
     from dataclasses import replace
 
     return replace(cfg, verbosity=verbosity)

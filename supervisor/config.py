@@ -49,6 +49,7 @@ class SyncPair:
     settle: float = 5.0
     fsync: bool = False
     nodes: int = 1  # > 1: every node writes its own part; published once all parts are durable (0: auto, resolved)
+    profile: str = "auto"  # the framework's layout (supervisor/sync/_profiles.py), or auto: detected
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,14 @@ def _deadline(v: Any) -> float:
     raise ValueError("a time such as 2026-11-21T18:00:00 (local), 2026-11-21T18:00:00Z, or unix seconds")
 
 
+def _profile(v: Any) -> str:
+    from supervisor.sync._profiles import NAMES
+
+    if not isinstance(v, str) or v not in ("auto", *NAMES):
+        raise ValueError("auto or one of " + ", ".join(NAMES))
+    return v
+
+
 def _run_dir(v: Any) -> Path:
     return _path(v)
 
@@ -250,7 +259,7 @@ SCALAR_KEYS: dict[str, Callable[[Any], Any]] = {
     "notify_timeout": _duration,
 }
 SECRET_KEYS = frozenset({"notify"})
-SYNC_KEYS = ("name", "kind", "from", "to", "markers", "every", "restore", "exclude", "keep_local", "settle", "fsync",
+SYNC_KEYS = ("name", "kind", "from", "to", "markers", "every", "restore", "exclude", "keep_local", "settle", "fsync", "profile",
              "nodes")
 TOP_LEVEL_TABLES = ("sync",)
 
@@ -339,6 +348,14 @@ def _sync_table(t: Mapping[str, Any], index: int, path: Path) -> SyncPair:
     def settle(v: Any) -> float:
         return parse_duration(v)
 
+    def patterns(v: Any) -> tuple[str, ...]:
+        from supervisor.sync._exclude import check_pattern
+
+        out = globs(v)
+        for g in out:
+            check_pattern(g)
+        return out
+
     kind = conv("kind", _choice(*SYNC_KINDS), "checkpoint")
     src = conv("from", _path, None)
     dst = conv("to", _path, None)
@@ -350,11 +367,12 @@ def _sync_table(t: Mapping[str, Any], index: int, path: Path) -> SyncPair:
         markers=conv("markers", globs, ()),
         every=conv("every", _opt_duration, None),
         restore=conv("restore", _bool, False),
-        exclude=conv("exclude", globs, ()),
+        exclude=conv("exclude", patterns, ()),
         keep_local=conv("keep_local", keep, None),
         settle=conv("settle", settle, 5.0),
         fsync=conv("fsync", _bool, False),
         nodes=conv("nodes", _nodes, 1),
+        profile=conv("profile", _profile, "auto"),
     )
 
 
@@ -395,6 +413,8 @@ def _resolve_pairs(pairs: list[SyncPair], env: Mapping[str, str] | None = None) 
                               "only checkpoint pairs are mirrored per node; log pairs are the leader's")
         if p.nodes == 0:
             p = replace(p, nodes=job_nodes(os.environ if env is None else env))
+        if p.kind == "checkpoint" and p.exclude:
+            _check_markers_kept(p, key)
         if os.path.realpath(src) == os.path.realpath(dst):
             raise ConfigError(key, f"{src} -> {dst}", "local and persistent sides are the same path")
         rs, rd = Path(os.path.realpath(src)), Path(os.path.realpath(dst))
@@ -409,6 +429,20 @@ def _resolve_pairs(pairs: list[SyncPair], env: Mapping[str, str] | None = None) 
         names.add(name)
         out.append(replace(p, name=name, src=src, dst=dst))
     return tuple(out)
+
+
+def _check_markers_kept(p: SyncPair, key: str) -> None:
+    """An ``exclude`` that hides a profile's marker would keep every checkpoint unpublished."""
+    from supervisor.sync._exclude import excluded_path
+    from supervisor.sync._profiles import marker_examples
+
+    for profile, path in marker_examples(p.profile, p.markers):
+        for pattern in p.exclude:
+            if excluded_path(path, (pattern,)):
+                hint = "" if p.profile != "auto" else f"; set profile = \"{profile}\" if only that one applies"
+                raise ConfigError(f"{key}.exclude", pattern,
+                                  f"would exclude {path}, the {profile} marker, and nothing would ever be published "
+                                  f"(anchor it: /{pattern.lstrip('/')} matches only the pair's top level{hint})")
 
 
 def default_run_dir(env: Mapping[str, str], cwd: Path) -> Path:
@@ -448,12 +482,14 @@ def build_config(
     require_command: bool = True,
     create_run_dir: bool = True,
     flag_nodes: str | None = None,
+    pair_flags: Mapping[str, Any] | None = None,
 ) -> Config:
     """Merge file < env < flags, validate everything, and return the frozen Config.
 
     ``flags`` holds only the flags the user gave (already typed by the CLI as raw strings);
     ``flag_pairs`` are ``(kind, local, persistent)`` from ``--checkpoints``/``--logs``;
-    ``flag_nodes`` (``--nodes``) is the node count of the ``--checkpoints`` pairs.
+    ``flag_nodes`` (``--nodes``) is the node count of the ``--checkpoints`` pairs, and
+    ``pair_flags`` their other options (``restore``, ``markers``, ``settle``, ``profile``).
     """
     env = os.environ if env is None else env
     cwd = Path.cwd() if cwd is None else cwd
@@ -473,9 +509,10 @@ def build_config(
             nodes = _nodes(flag_nodes)
         except ValueError as e:
             raise ConfigError("nodes", flag_nodes, f"expected {e}", "--nodes") from None
+    extra = _checkpoint_flags(pair_flags or {})
     for kind, local, persistent in flag_pairs:
         pairs.append(SyncPair(name="", kind=kind, src=_abs(local, cwd), dst=_abs(persistent, cwd),
-                              nodes=nodes if kind == "checkpoint" else 1))
+                              nodes=nodes if kind == "checkpoint" else 1, **(extra if kind == "checkpoint" else {})))
 
     if require_command and not command:
         raise ConfigError("command", "", "missing: put the training command after --, e.g. supervise -- python train.py")
@@ -499,6 +536,20 @@ def build_config(
     if create_run_dir:
         check_run_dir(run_dir)
     return cfg
+
+
+def _checkpoint_flags(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """``--restore``, ``--marker``, ``--settle``, ``--profile``: fields of the ``--checkpoints`` pairs."""
+    out: dict[str, Any] = {}
+    for key, fn in (("restore", _bool), ("settle", _duration), ("profile", _profile)):
+        if raw.get(key) is not None:
+            try:
+                out[key] = fn(raw[key])
+            except ValueError as e:
+                raise ConfigError(key, raw[key], f"expected {e}", "--" + key) from None
+    if raw.get("markers"):
+        out["markers"] = tuple(raw["markers"])
+    return out
 
 
 def _abs(p: str | Path, cwd: Path) -> Path:

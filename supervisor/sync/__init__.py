@@ -12,9 +12,10 @@ docs/sync.md.
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import anyio
 from anyio.abc import TaskStatus
@@ -32,6 +33,8 @@ from supervisor.sync._parts import PARTS_DIR, parts_root, remove_parts, waiting
 
 __all__ = ["Mirror"]
 
+log = logging.getLogger("supervise")
+
 
 class Mirror:
     """Mirrors every sync pair until cancelled; the agent asks it for restores and flushes.
@@ -44,10 +47,11 @@ class Mirror:
     def __init__(self, pairs: Sequence[SyncPair], *, emit: Emit, sync_every: float = 600.0,
                  backend: str = "auto", nice: int = 10, ionice: str = "idle",
                  retry_base: float = 2.0, retry_cap: float = 120.0, node_rank: int = 0,
-                 parts_poll: float = 1.0) -> None:
+                 parts_poll: float = 1.0, writers: Callable[[], set[int]] | None = None) -> None:
         self.node_rank = node_rank
         self._pairs = tuple(p for p in pairs if node_rank == 0 or (p.kind == "checkpoint" and p.nodes > 1))
-        self._emit = emit
+        self._emit = self._logged(emit)
+        emit = self._emit
         self._backend_error: ConfigError | None = None
         try:
             self._backend: Backend = choose_backend(backend, nice=nice, ionice=ionice)
@@ -64,7 +68,27 @@ class Mirror:
                                                 on_publish=self._count_publish, parts_poll=parts_poll))
             else:
                 self._engines.append(PairEngine(p, self._backend, emit, every=sync_every, retry_base=retry_base,
-                                                retry_cap=retry_cap, on_publish=self._count_publish))
+                                                retry_cap=retry_cap, on_publish=self._count_publish,
+                                                writers=writers if p.kind == "checkpoint" else None))
+
+    @staticmethod
+    def _logged(emit: Emit) -> Emit:
+        """What a person must hear of (a torn checkpoint, a restore refused or failed, a pair
+        that relies on quiescence alone) goes to the log as well as the journal."""
+        def logged(kind: str, /, **fields: Any) -> Any:
+            if kind == "torn":
+                log.warning("sync %s: %s is torn (%s); it is never published", fields["pair"], fields["checkpoint"], fields["why"])
+            elif kind == "restore-failed":
+                log.warning("sync %s: restore failed: %s; starting without it", fields["pair"], fields["error"])
+            elif kind == "restore" and fields.get("checkpoint") is None:
+                log.warning("sync %s: nothing restored: %s", fields["pair"], fields.get("reason"))
+            elif kind == "sync-profile":
+                how = ("relies on quiescence alone (settle): set markers, or profile" if fields["quiescence"]
+                       else f"complete by evidence (writers {fields['writers']})")
+                (log.warning if fields["quiescence"] else log.info)(
+                    "sync %s: profile %s (from %s); %s", fields["pair"], fields["profile"], fields["evidence"], how)
+            return emit(kind, **fields)
+        return logged
 
     @property
     def pairs(self) -> tuple[SyncPair, ...]:
@@ -164,6 +188,38 @@ class Mirror:
             keep = {f"{STAGING_PREFIX}{n}" for n in parts} | {PARTS_DIR}
             return [s for s in _fsops.stale_staging(p.dst) if s.name not in keep]
         return [s for s in _fsops.stale_staging(p.dst) if s != parts_root(p.dst)]
+
+    def training_exited(self) -> None:
+        """The training's whole tree is gone: nothing can change any more, so later passes
+        publish what its profile calls complete without waiting, and name what is torn."""
+        for eng in self._engines:
+            eng.training_exited()
+
+    def describe(self) -> list[tuple[str, str]]:
+        """For ``supervise check`` and the start: each pair, its sides, backend and profile
+        (detected from what is on disk now, local side first). Blocking: reads directories."""
+        from supervisor.sync._complete import classify
+
+        out = []
+        for eng in self._engines:
+            p = eng.pair
+            text = f"{p.kind} {p.src} -> {p.dst}"
+            if p.kind != "checkpoint":
+                out.append(("ok", f"{p.name}: {text}, grows files in place"))
+                continue
+            prof, evidence = eng.profile, "set" if eng.profile is not None else ""
+            for root in (p.src, p.dst):
+                if prof is None:
+                    listing = classify(root, exclude=p.exclude, now=time.time())
+                    prof, evidence = listing.profile, f"detected from {root / listing.evidence}" if listing.profile else ""
+            quiet = eng.relies_on_quiescence(prof)
+            name = prof.name if prof else "auto (detected when the first checkpoint appears)"
+            how = (f"relies on quiescence alone (settle {p.settle:g}s): set markers or profile" if quiet
+                   else f"complete by evidence (writers {eng.writer_view()})")
+            out.append(("warn" if quiet else "ok",
+                        f"{p.name}: {text}, profile {name}{' (' + evidence + ')' if evidence else ''}, "
+                        f"{'restore, ' if p.restore else ''}{how}"))
+        return out
 
     def request(self, reason: str) -> None:
         """Sync every pair now (coalesces with a pass already running); never blocks."""

@@ -1,18 +1,24 @@
 """What is a checkpoint, and is it complete? Pure functions over a directory listing.
 
 Everything here does blocking I/O (``os.scandir``, ``stat``) and is called through
-``anyio.to_thread.run_sync`` by the pair engine (invariant 6). The rules are in docs/sync.md:
+``anyio.to_thread.run_sync`` by the pair engine. The rules are in docs/sync.md:
 
 * each top-level entry of the local checkpoint directory (a directory such as ``step_100/``
-  or a single file such as ``model_100.pt``) is one checkpoint;
+  or a single file such as ``model_100.pt``) is one checkpoint; the pair's framework
+  profile (``_profiles.py``) says which of them a restore may choose, and in what order;
 * top-level pointer files (DeepSpeed ``latest``, Megatron ``latest_checkpointed_iteration.txt``)
-  are not checkpoints: they name one, and land after it;
+  and top-level symlinks (Lightning's ``last.ckpt``) are not checkpoints: they name one, and
+  land after it; a link out of the pair's directory is never followed nor copied;
 * hidden names, temp names and Orbax's ``*.orbax-checkpoint-tmp*`` are work in progress;
-* a directory is complete when a marker says so (``.metadata``, ``commit_success.txt``, Orbax
-  metadata in a renamed directory, the user's globs), when a pointer names it or a newer
-  sibling of the same shape, or, in a pair that has never shown a marker, when nothing in it
-  changed for the settle time;
-* a single file is complete when it was renamed into place (ctime after mtime) or settled.
+* evidence first: nothing a process of the training holds open for writing is complete;
+  once the training's tree is gone nothing can change, so nothing waits for quiescence;
+* a directory is complete when a marker says so (the profile's, ``.metadata``,
+  ``commit_success.txt``, the user's globs), when a pointer names it or a newer sibling of
+  the same shape, when Orbax metadata sits in a renamed directory, or, where no marker is
+  expected, when nothing in it changed for the settle time;
+* a single file is complete when its writer closed it (the writer is visible), when its
+  name changed inode (renamed into place; writer not visible), or when it settled; a zip or
+  safetensors file that its format calls cut short is torn, never complete.
 """
 
 from __future__ import annotations
@@ -23,7 +29,10 @@ import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
+
+from supervisor.sync._exclude import excluded, within
+from supervisor.sync._profiles import GENERIC, Profile, detect, torn_file
 
 STAGING_PREFIX = ".supervise-staging-"
 PARTIAL_DIR = ".supervise-partial"
@@ -52,20 +61,6 @@ def shape(name: str) -> str:
     return _DIGITS.sub("#", name)
 
 
-def excluded(rel: str, patterns: Iterable[str]) -> bool:
-    """rsync-like matching for simple patterns: a pattern with ``/`` matches the relative
-    path, one without matches any path component's name."""
-    name = rel.rsplit("/", 1)[-1]
-    for p in patterns:
-        p = p.rstrip("/")
-        if "/" in p:
-            if fnmatch.fnmatchcase(rel, p.lstrip("/")):
-                return True
-        elif fnmatch.fnmatchcase(name, p) or any(fnmatch.fnmatchcase(part, p) for part in rel.split("/")[:-1]):
-            return True
-    return False
-
-
 def is_temp(name: str) -> bool:
     return any(fnmatch.fnmatchcase(name, g) for g in TEMP_GLOBS)
 
@@ -83,7 +78,8 @@ class Snap:
 
 
 def snapshot(path: Path, exclude: Iterable[str] = ()) -> Snap | None:
-    """Stat every file under ``path`` (or ``path`` itself when it is a file). None if it vanished."""
+    """Stat every file under ``path`` (or ``path`` itself when it is a file). None if it vanished.
+    ``exclude`` patterns are rooted at ``path`` (``_exclude.within``)."""
     exclude = tuple(exclude)
     try:
         st = os.lstat(path)
@@ -108,7 +104,7 @@ def snapshot(path: Path, exclude: Iterable[str] = ()) -> Snap | None:
             for e in it:
                 name = e.name
                 r = prefix + name
-                if name == PARTIAL_DIR or (exclude and excluded(r, exclude)):
+                if name == PARTIAL_DIR or (exclude and excluded(r, exclude, e.is_dir(follow_symlinks=False))):
                     continue
                 try:
                     s = e.stat(follow_symlinks=False)
@@ -128,6 +124,10 @@ def snapshot(path: Path, exclude: Iterable[str] = ()) -> Snap | None:
     return Snap(files, newest, total)
 
 
+
+WRITE_POLL = 0.2  # a checkpoint being written is looked at again this soon (a close is not a file event)
+
+
 @dataclass
 class Entry:
     """One top-level checkpoint and the verdict on it."""
@@ -136,10 +136,18 @@ class Entry:
     is_dir: bool
     snap: Snap
     complete: bool
-    why: str                        # "marker .metadata", "pointer latest", "settled", "waiting for marker", ...
+    why: str                        # "marker .metadata", "closed by its writer", "settled", "waiting for marker", ...
     done_at: float | None = None    # wall time it became complete (marker mtime ...): the lag's start
     markers: tuple[str, ...] = ()   # files inside that land last
-    ready_at: float | None = None   # wall time quiescence would be reached, to schedule a re-check
+    ready_at: float | None = None   # wall time to look again (quiescence due, a writer may have closed)
+    torn: str | None = None         # the profile calls it torn: the training died in the middle of writing it
+    step: int | None = None         # its step, from its name (the profile's rule)
+    restorable: bool = True         # the profile calls it a checkpoint, not a file beside them
+
+    @property
+    def order(self) -> tuple:
+        """Newest last: by step where the name gives one, then by name, then by time."""
+        return (self.step is not None, self.step or 0, natural_key(self.name), self.snap.newest_ns)
 
 
 @dataclass
@@ -148,6 +156,7 @@ class Pointer:
     content: bytes
     mtime_ns: int
     target: str | None
+    link: bool = False              # a symlink (content: the target's name), not a file
 
 
 Sig = tuple[int, int, int]  # (inode, mtime_ns, ctime_ns) of a top-level entry
@@ -159,6 +168,21 @@ class Listing:
     pointers: dict[str, Pointer] = field(default_factory=dict)
     marker_seen: bool = False  # a built-in marker or pointer exists: quiescence is off for directories
     sigs: dict[str, Sig] = field(default_factory=dict)
+    profile: Profile | None = None
+    evidence: str = ""              # what the profile was detected from
+    outside: list[str] = field(default_factory=list)  # top-level links that leave the pair's directory
+
+
+@dataclass
+class Context:
+    """What the engine knows beyond the directory: the profile, who is writing, whether the
+    training is gone, and the inodes names had at the last scan."""
+
+    profile: Profile | None = None
+    writing: Mapping[str, int] | None = None  # real path → pid holding it open for writing; None: writers unseen
+    exited: bool = False
+    inodes: Mapping[str, int] = field(default_factory=dict)
+    torn_check: Callable[[Path, Snap], str | None] | None = None
 
 
 def pointer_target(name: str, content: bytes, names: Iterable[str]) -> str | None:
@@ -172,6 +196,15 @@ def pointer_target(name: str, content: bytes, names: Iterable[str]) -> str | Non
     return cand if cand in names else None
 
 
+def link_target(root: Path, name: str, text: str) -> str | None:
+    """The top-level entry a symlink names, or None when it leaves ``root`` (never followed)."""
+    real_root = os.path.realpath(root)
+    dest = os.path.normpath(os.path.join(real_root, text)) if not os.path.isabs(text) else os.path.normpath(text)
+    if os.path.dirname(dest) != real_root:
+        return None
+    return os.path.basename(dest)
+
+
 def _marker_files(snap: Snap, globs: tuple[str, ...]) -> list[str]:
     out = []
     for rel in snap.files:
@@ -183,7 +216,8 @@ def _marker_files(snap: Snap, globs: tuple[str, ...]) -> list[str]:
 
 def classify(root: Path, *, markers: tuple[str, ...] = (), exclude: tuple[str, ...] = (),
              settle: float = 5.0, now: float, marker_seen: bool = False,
-             only: str | None = None, reuse: Mapping[str, tuple[Sig, Snap]] | None = None) -> Listing:
+             only: str | None = None, reuse: Mapping[str, tuple[Sig, Snap]] | None = None,
+             ctx: Context | None = None) -> Listing:
     """List ``root`` and decide, for each top-level entry, whether it is a complete checkpoint.
 
     ``marker_seen`` carries over from earlier scans: once a pair has shown a marker, a
@@ -192,27 +226,46 @@ def classify(root: Path, *, markers: tuple[str, ...] = (), exclude: tuple[str, .
     but still reads the pointers, since they decide it. ``reuse`` holds snapshots of
     published checkpoints: one whose top-level stat is unchanged is not walked again (a
     watch-triggered pass then costs one stat per old checkpoint, not one per file).
+    ``exclude`` patterns are rooted at ``root`` (gitignore-style, ``_exclude.py``).
     """
+    ctx = ctx or Context()
     out = Listing(marker_seen=marker_seen or bool(markers))
     try:
         names = sorted(os.listdir(root))
     except FileNotFoundError:
         return out
     candidates: list[str] = []
+    links: list[tuple[str, os.stat_result]] = []
     for name in names:
-        if name in POINTER_FILES:
+        try:
+            st = os.lstat(root / name)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            if not is_temp(name) and not excluded(name, exclude):
+                links.append((name, st))
+        elif name in POINTER_FILES and stat.S_ISREG(st.st_mode):
             try:
-                with open(root / name, "rb") as f:
+                with open(root / name, "rb", opener=_nofollow) as f:
                     content = f.read(4096)
-                st = os.stat(root / name)
-            except (FileNotFoundError, IsADirectoryError):
+            except (FileNotFoundError, IsADirectoryError, OSError):
                 continue
             out.pointers[name] = Pointer(name, content, st.st_mtime_ns, None)
             out.marker_seen = True
-        elif not is_temp(name) and not excluded(name, exclude):
+        elif not is_temp(name) and not excluded(name, exclude, stat.S_ISDIR(st.st_mode)):
             candidates.append(name)
     for p in out.pointers.values():
         p.target = pointer_target(p.name, p.content, candidates)
+    for name, st in links:
+        try:
+            text = os.readlink(root / name)
+        except OSError:
+            continue
+        target = link_target(root, name, text)
+        if target is None:
+            out.outside.append(name)
+        elif target in candidates:
+            out.pointers[name] = Pointer(name, target.encode(), st.st_mtime_ns, target, link=True)
     snaps: dict[str, Snap] = {}
     for name in candidates:
         if only is not None and name != only:
@@ -223,61 +276,111 @@ def classify(root: Path, *, markers: tuple[str, ...] = (), exclude: tuple[str, .
             continue
         sig = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
         hit = reuse.get(name) if reuse else None
-        snap = hit[1] if hit is not None and hit[0] == sig else snapshot(root / name, exclude)
+        snap = hit[1] if hit is not None and hit[0] == sig else snapshot(root / name, within(name, exclude))
         if snap is not None:
             out.sigs[name] = sig
             snaps[name] = snap
             if "" not in snap.files and any(r in INSIDE_MARKERS for r in snap.files):
                 out.marker_seen = True
+    out.profile = ctx.profile
+    if out.profile is None:
+        inside = {n: [r.split("/", 1)[0] for r in s.files] for n, s in snaps.items() if "" not in s.files}
+        found = detect(((n, "" not in s.files) for n, s in snaps.items()), out.pointers, inside)
+        if found is not None:
+            out.profile, out.evidence = found
+    busy = _busy(root, ctx.writing)
     for name, snap in snaps.items():
-        out.entries[name] = _judge(root, name, snap, out, markers, settle, now)
+        out.entries[name] = _judge(root, name, snap, out, markers, settle, now, ctx, busy)
+    return out
+
+
+def _nofollow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW)
+
+
+def _busy(root: Path, writing: Mapping[str, int] | None) -> dict[str, tuple[str, int]]:
+    """Top-level name → (a path inside it being written, its writer's pid)."""
+    if not writing:
+        return {}
+    prefix = os.path.realpath(root) + "/"
+    out: dict[str, tuple[str, int]] = {}
+    for path, pid in writing.items():
+        if path.startswith(prefix):
+            rel = path[len(prefix):]
+            out.setdefault(rel.split("/", 1)[0], (rel, pid))
     return out
 
 
 def _judge(root: Path, name: str, snap: Snap, listing: Listing, globs: tuple[str, ...],
-           settle: float, now: float) -> Entry:
-    if "" in snap.files:  # a single file
-        try:
-            st = os.lstat(root / name)
-        except FileNotFoundError:
-            return Entry(name, False, snap, False, "vanished")
-        if st.st_ctime_ns > st.st_mtime_ns:
-            return Entry(name, False, snap, True, "renamed into place", st.st_ctime_ns / 1e9)
-        return _settled(name, False, snap, settle, now)
-    found = _marker_files(snap, globs)
+           settle: float, now: float, ctx: Context, busy: Mapping[str, tuple[str, int]]) -> Entry:
+    prof = listing.profile or GENERIC
+    is_dir = "" not in snap.files
+    kw = {"step": prof.step_of(name), "restorable": prof.is_checkpoint(name, is_dir)}
+    if name in busy:
+        rel, pid = busy[name]
+        return Entry(name, is_dir, snap, False, f"being written ({rel} open by pid {pid})",
+                     ready_at=now + WRITE_POLL, **kw)
+    seen = ctx.writing is not None or ctx.exited
+    if not is_dir:
+        torn = ctx.torn_check(root / name, snap) if ctx.torn_check else torn_file(str(root / name))
+        if torn:
+            if seen:
+                return Entry(name, False, snap, False, f"torn: {torn}", torn=torn, **kw)
+            return _settled(name, False, snap, max(settle, WRITE_POLL), now, kw, why_not=f"incomplete ({torn})")
+        if ctx.exited:
+            return Entry(name, False, snap, True, "training exited", snap.newest_ns / 1e9, **kw)
+        if ctx.writing is not None:
+            return Entry(name, False, snap, True, "closed by its writer", snap.newest_ns / 1e9, **kw)
+        sig = listing.sigs.get(name)
+        before = ctx.inodes.get(name)
+        if sig is not None and before is not None and before != sig[0]:
+            return Entry(name, False, snap, True, "renamed into place", sig[2] / 1e9, **kw)
+        return _settled(name, False, snap, settle, now, kw)
+    found = _marker_files(snap, globs + prof.markers)
     if found:
         when = max(snap.files[m][1] for m in found) / 1e9
-        return Entry(name, True, snap, True, f"marker {found[0]}", when, tuple(sorted(found)))
+        return Entry(name, True, snap, True, f"marker {found[0]}", when, tuple(sorted(found)), **kw)
     for p in listing.pointers.values():
-        if p.target == name:
-            return Entry(name, True, snap, True, f"pointer {p.name}", p.mtime_ns / 1e9)
+        if p.target == name and not p.link:
+            return Entry(name, True, snap, True, f"pointer {p.name}", p.mtime_ns / 1e9, **kw)
     for p in listing.pointers.values():
-        if p.target is not None and shape(p.target) == shape(name):
+        if p.target is not None and not p.link and shape(p.target) == shape(name):
             if natural_key(name) < natural_key(p.target):
-                return Entry(name, True, snap, True, f"older than {p.name}", snap.newest_ns / 1e9)
-            return Entry(name, True, snap, False, f"waiting for {p.name}")
+                return Entry(name, True, snap, True, f"older than {p.name}", snap.newest_ns / 1e9, **kw)
+            if ctx.exited:
+                return Entry(name, True, snap, False, f"torn: newer than {p.name}, which never named it",
+                             torn=f"newer than {p.name}, which never named it", **kw)
+            return Entry(name, True, snap, False, f"waiting for {p.name}", **kw)
     if any(r in ORBAX_RENAMED for r in snap.files):
-        return Entry(name, True, snap, True, "renamed into place (Orbax)", snap.newest_ns / 1e9)
-    if listing.marker_seen:
-        return Entry(name, True, snap, False, "waiting for marker")
-    return _settled(name, True, snap, settle, now)
+        return Entry(name, True, snap, True, "renamed into place (Orbax)", snap.newest_ns / 1e9, **kw)
+    if prof.needs_marker or listing.marker_seen:
+        want = " or ".join((*prof.markers, *globs)) or "its marker"
+        if ctx.exited and kw["restorable"]:
+            torn = f"the training ended before writing {want}"
+            return Entry(name, True, snap, False, f"torn: {torn}", torn=torn, **kw)
+        return Entry(name, True, snap, False, "waiting for marker", **kw)
+    if ctx.exited:
+        return Entry(name, True, snap, True, "training exited", snap.newest_ns / 1e9, **kw)
+    return _settled(name, True, snap, settle, now, kw)
 
 
-def _settled(name: str, is_dir: bool, snap: Snap, settle: float, now: float) -> Entry:
+def _settled(name: str, is_dir: bool, snap: Snap, settle: float, now: float, kw: dict,
+             why_not: str = "settling") -> Entry:
     last = snap.newest_ns / 1e9
-    if now - last >= settle:
-        return Entry(name, is_dir, snap, True, "settled", last)
-    return Entry(name, is_dir, snap, False, "settling", ready_at=last + settle)
+    if now - last >= settle and why_not == "settling":
+        return Entry(name, is_dir, snap, True, "settled", last, **kw)
+    return Entry(name, is_dir, snap, False, why_not, ready_at=max(now, last) + settle, **kw)
 
 
 def newest_complete(listing: Listing) -> Entry | None:
-    """The checkpoint to resume from: a pointer's target if complete, else the highest step."""
+    """The checkpoint to resume from: a pointer's target if complete, else the newest of the
+    profile's complete checkpoints by step (never a stray file beside them)."""
     for pname in POINTER_FILES:
         p = listing.pointers.get(pname)
         if p is not None and p.target in listing.entries and listing.entries[p.target].complete:
             return listing.entries[p.target]
-    done = [e for e in listing.entries.values() if e.complete]
-    return max(done, key=lambda e: (natural_key(e.name), e.snap.newest_ns)) if done else None
+    done = [e for e in listing.entries.values() if e.complete and e.restorable]
+    return max(done, key=lambda e: e.order) if done else None
 
 
 def matches(staged: Snap | None, source: Snap) -> bool:

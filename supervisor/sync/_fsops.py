@@ -88,6 +88,24 @@ def write_atomic(path: Path, content: bytes, mtime_ns: int, *, fsync: bool) -> b
     return True
 
 
+def write_link(path: Path, target: str) -> bool:
+    """A symlink to ``target`` (a sibling's name) through temp + rename; False when ``path``
+    already is that link. Lightning's ``last.ckpt`` lands this way, after its target."""
+    try:
+        if os.readlink(path) == target:
+            return False
+    except OSError:
+        pass
+    tmp = path.with_name(f"{STAGING_PREFIX}{path.name}")
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    os.symlink(target, tmp)
+    os.replace(tmp, path)
+    return True
+
+
 def copy_markers(src: Path, dst: Path, rels: tuple[str, ...], *, fsync: bool) -> int:
     """Copy the small marker files last, in this thread: a second copier process would add
     its start-up time to every checkpoint's exposure window. Temp name, mtime kept, rename."""
@@ -97,7 +115,7 @@ def copy_markers(src: Path, dst: Path, rels: tuple[str, ...], *, fsync: bool) ->
         st = os.lstat(s)
         d.parent.mkdir(parents=True, exist_ok=True)
         tmp = d.with_name(f".{d.name.lstrip('.')}.supervise-tmp")
-        with open(s, "rb") as fi, open(tmp, "wb") as fo:
+        with open(s, "rb", opener=_nofollow) as fi, open(tmp, "wb") as fo:
             shutil.copyfileobj(fi, fo, 1 << 20)
             if fsync:
                 fo.flush()
@@ -107,6 +125,11 @@ def copy_markers(src: Path, dst: Path, rels: tuple[str, ...], *, fsync: bool) ->
         os.replace(tmp, d)
         n += st.st_size
     return n
+
+
+def _nofollow(path: str, flags: int) -> int:
+    """A marker that is a symlink is refused (ELOOP), never copied as its target's content."""
+    return os.open(path, flags | os.O_NOFOLLOW)
 
 
 def remove_ours(path: Path) -> None:

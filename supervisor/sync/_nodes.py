@@ -24,7 +24,8 @@ from supervisor.config import SyncPair
 from supervisor.journal import Emit
 from supervisor.sync import _fsops
 from supervisor.sync._backend import Backend, CopyError, CopyResult
-from supervisor.sync._complete import Entry, Listing, Snap, classify, matches, natural_key, snapshot
+from supervisor.sync._complete import Context, Entry, Listing, Snap, classify, matches, natural_key, snapshot
+from supervisor.sync._exclude import within
 from supervisor.sync._pair import RECOPY_TRIES, PairEngine, _to_thread
 from supervisor.sync._parts import (PartConflict, PartsChanged, assemble, manifest_path, manifest_snap,
                                     part_dir, read_manifest, remove_parts, waiting, withdraw, write_manifest)
@@ -84,14 +85,14 @@ class PartEngine(PairEngine):
     # ---- one pass -------------------------------------------------------------------
 
     def _scan(self, *, root: Path | None = None, only: str | None = None, settle: float | None = None,
-              cheap: bool = False) -> Listing:
+              cheap: bool = False, pids: set[int] | None = None, finished: bool = False) -> Listing:
         if not cheap:
-            return super()._scan(root=root, only=only, settle=settle)
+            return super()._scan(root=root, only=only, settle=settle, pids=pids, finished=finished)
         p = self.pair
         known = {**self.parted, **self.published}
         reuse = {n: (self._sigs[n], snap) for n, snap in known.items() if n in self._sigs}
         return classify(root or p.src, markers=p.markers, exclude=p.exclude, settle=p.settle, now=time.time(),
-                        marker_seen=self.marker_seen, only=only, reuse=reuse)
+                        marker_seen=self.marker_seen, only=only, reuse=reuse, ctx=Context(profile=self.profile))
 
     async def _checkpoint_pass(self, trigger: str, stats: CopyResult, published: list[str]) -> None:
         p = self.pair
@@ -109,7 +110,7 @@ class PartEngine(PairEngine):
             if prev is not None and prev.same_content(e.snap):
                 continue
             if await _to_thread(os.path.lexists, p.dst / e.name):
-                self._published_already(e, await _to_thread(snapshot, p.dst / e.name, p.exclude), listing)
+                self._published_already(e, await _to_thread(snapshot, p.dst / e.name, within(e.name, p.exclude)), listing)
                 continue
             staged = self.parted.get(e.name)
             if staged is not None and staged.same_content(e.snap):
@@ -169,7 +170,7 @@ class PartEngine(PairEngine):
             got = CopyResult()
             try:
                 if e.is_dir:
-                    got += await self.backend.copy_tree(src, pdir, exclude=p.exclude, skip=e.markers, fsync=p.fsync)
+                    got += await self.backend.copy_tree(src, pdir, exclude=within(e.name, p.exclude), skip=e.markers, fsync=p.fsync)
                     got.bytes += await _to_thread(_fsops.copy_markers, src, pdir, e.markers, fsync=p.fsync)
                     got.files += len(e.markers)
                 else:
@@ -189,7 +190,7 @@ class PartEngine(PairEngine):
                 e = now
                 continue
             if attempt or got.vanished or leftover:
-                staged = await _to_thread(snapshot, pdir if e.is_dir else pdir / name, p.exclude)
+                staged = await _to_thread(snapshot, pdir if e.is_dir else pdir / name, within(e.name, p.exclude))
                 if not matches(staged, e.snap):
                     if e.is_dir:
                         await _to_thread(_fsops.prune_staging, pdir, e.snap)

@@ -10,6 +10,7 @@ with capped exponential backoff (invariant 4).
 from __future__ import annotations
 
 import errno as _errno
+import fnmatch
 import os
 import shutil
 import time
@@ -24,8 +25,11 @@ from supervisor.config import SyncPair
 from supervisor.journal import Emit
 from supervisor.sync import _fsops
 from supervisor.sync._backend import Backend, CopyError, CopyResult
-from supervisor.sync._complete import (STAGING_PREFIX, Entry, Listing, Snap, classify, matches,
+from supervisor.sync._complete import (STAGING_PREFIX, Context, Entry, Listing, Snap, classify, matches,
                                        natural_key, newest_complete, snapshot)
+from supervisor.sync._exclude import within
+from supervisor.sync._profiles import PROFILES, Profile, torn_file
+from supervisor.sync._writers import open_for_write
 
 # Triggers that go ahead even while backing off after a failure.
 URGENT = ("start", "retry", "request", "flush", "appeared")
@@ -39,8 +43,16 @@ def _to_thread(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
 
 class PairEngine:
     def __init__(self, pair: SyncPair, backend: Backend, emit: Emit, *, every: float,
-                 retry_base: float, retry_cap: float, on_publish: Callable[[], None]) -> None:
+                 retry_base: float, retry_cap: float, on_publish: Callable[[], None],
+                 writers: Callable[[], set[int]] | None = None) -> None:
         self.pair = pair
+        # The training's processes on this node (None: not visible, e.g. a node agent).
+        self.writers = writers
+        self.exited = False                    # the training's whole tree is gone: nothing can change
+        self.profile: Profile | None = PROFILES.get(pair.profile)
+        self._inodes: dict[str, int] = {}      # top-level name → inode at the last scan (renames)
+        self._torn: dict[str, Any] = {}         # checkpoint → Snap journaled as torn
+        self._torn_cache: dict[tuple[str, Any], str | None] = {}
         self.backend = backend
         self.emit = emit
         self.every = pair.every or every
@@ -208,19 +220,72 @@ class PairEngine:
                 "seconds": round(seconds, 3)}
 
     def _scan(self, *, root: Path | None = None, only: str | None = None, settle: float | None = None,
-              cheap: bool = False) -> Listing:
+              cheap: bool = False, pids: set[int] | None = None, finished: bool = False) -> Listing:
+        """Classify the local side (or ``root``). ``pids``: the training's processes, whose
+        open files are the evidence; ``finished``: judge as if nothing can change any more
+        (the training is gone, or ``root`` is a side nobody writes)."""
         p = self.pair
         reuse = {n: (self._sigs[n], snap) for n, snap in self.published.items() if n in self._sigs} if cheap else None
-        return classify(root or p.src, markers=p.markers, exclude=p.exclude,
-                        settle=p.settle if settle is None else settle, now=time.time(),
-                        marker_seen=self.marker_seen if root is None else False, only=only, reuse=reuse)
+        local = root is None
+        writing = None
+        if local and pids is not None and not self.exited:
+            writing = open_for_write(pids, os.path.realpath(p.src))
+        ctx = Context(profile=self.profile, writing=writing, exited=finished or (local and self.exited),
+                      inodes=self._inodes if local else {}, torn_check=self._torn_check)
+        listing = classify(root or p.src, markers=p.markers, exclude=p.exclude,
+                           settle=p.settle if settle is None else settle, now=time.time(),
+                           marker_seen=self.marker_seen if local else False, only=only, reuse=reuse, ctx=ctx)
+        if local and only is None:
+            self._inodes = {n: sig[0] for n, sig in listing.sigs.items()}
+        return listing
+
+    def _torn_check(self, path: Path, snap: Snap) -> str | None:
+        """``torn_file``, once per file version (it reads the file's tail)."""
+        key = (str(path), tuple(snap.files.values()))
+        if key not in self._torn_cache:
+            if len(self._torn_cache) > 4096:
+                self._torn_cache.clear()
+            self._torn_cache[key] = torn_file(str(path))
+        return self._torn_cache[key]
+
+    def _adopt_profile(self, listing: Listing, where: str) -> None:
+        if self.profile is not None or listing.profile is None:
+            return
+        self.profile = listing.profile
+        self.emit("sync-profile", pair=self.pair.name, profile=self.profile.name, evidence=listing.evidence,
+                  where=where, writers=self.writer_view(), quiescence=self.relies_on_quiescence())
+
+    def writer_view(self) -> str:
+        return "visible" if self.writers is not None else "unseen"
+
+    def relies_on_quiescence(self, profile: Profile | None = None) -> bool:
+        """True when nothing but a quiet period can say a checkpoint is complete here."""
+        prof = profile or self.profile
+        if self.pair.markers or (prof is not None and (prof.markers or prof.name in ("deepspeed", "megatron", "orbax"))):
+            return False
+        if prof is not None and prof.is_dir is False:
+            return self.writers is None
+        return True
+
+    def training_exited(self) -> None:
+        """The training's whole tree is gone: every later pass judges without waiting."""
+        self.exited = True
+
+    def _journal_torn(self, listing: Listing) -> None:
+        for e in listing.entries.values():
+            if e.torn and (self._torn.get(e.name) is None or not self._torn[e.name].same_content(e.snap)):
+                self._torn[e.name] = e.snap
+                self.emit("torn", pair=self.pair.name, checkpoint=e.name, why=e.torn)
 
     async def _checkpoint_pass(self, trigger: str, stats: CopyResult, published: list[str]) -> None:
         p = self.pair
         # Watch events fire many times a second while a checkpoint is written: those passes
         # trust unchanged top-level stats of published checkpoints; every other pass walks all.
-        listing: Listing = await _to_thread(self._scan, cheap=trigger == "watch")
+        pids = self.writers() if self.writers is not None else None
+        listing: Listing = await _to_thread(self._scan, cheap=trigger == "watch", pids=pids)
         self.marker_seen = listing.marker_seen
+        self._adopt_profile(listing, "local")
+        self._journal_torn(listing)
         newest = max((e.snap.newest_ns for e in listing.entries.values()), default=0)
         if newest != self._newest_ns:
             self._newest_ns = newest
@@ -233,7 +298,7 @@ class PairEngine:
             if prev is not None and prev.same_content(e.snap):
                 continue
             if prev is None:  # already there from an earlier attempt?
-                there = await _to_thread(snapshot, p.dst / e.name, p.exclude)
+                there = await _to_thread(snapshot, p.dst / e.name, within(e.name, p.exclude))
                 if matches(there, e.snap):
                     self.published[e.name] = e.snap
                     if e.name in listing.sigs:
@@ -275,7 +340,7 @@ class PairEngine:
             got = CopyResult()
             try:
                 if e.is_dir:
-                    got += await self.backend.copy_tree(src, staging, exclude=p.exclude, skip=e.markers, fsync=p.fsync,
+                    got += await self.backend.copy_tree(src, staging, exclude=within(e.name, p.exclude), skip=e.markers, fsync=p.fsync,
                                                         fresh=not leftover)
                     got.bytes += await _to_thread(_fsops.copy_markers, src, staging, e.markers, fsync=p.fsync)
                     got.files += len(e.markers)
@@ -288,7 +353,8 @@ class PairEngine:
                 await _to_thread(_fsops.remove_ours, staging)
                 return False
             stats += got
-            again: Listing = await _to_thread(self._scan, only=e.name)
+            pids = self.writers() if self.writers is not None else None
+            again: Listing = await _to_thread(self._scan, only=e.name, pids=pids)
             now = again.entries.get(e.name)
             if now is None or not now.complete:  # rotated away, or not what we thought: not a failure
                 await _to_thread(_fsops.remove_ours, staging)
@@ -299,7 +365,7 @@ class PairEngine:
             # A clean first copy of an unchanged source is whole (the copier exits non-zero
             # otherwise); a retry into a used staging area, or files that vanished, get checked.
             if attempt or got.vanished or leftover:
-                staged = await _to_thread(snapshot, staging, p.exclude)
+                staged = await _to_thread(snapshot, staging, within(e.name, p.exclude))
                 if not matches(staged, e.snap):
                     await _to_thread(_fsops.prune_staging, staging, e.snap)
                     continue
@@ -326,7 +392,10 @@ class PairEngine:
             cur = listing.entries.get(target)
             if cur is not None and not self.published[target].same_content(cur.snap):
                 continue
-            wrote = await _to_thread(_fsops.write_atomic, p.dst / ptr.name, ptr.content, ptr.mtime_ns, fsync=p.fsync)
+            if ptr.link:
+                wrote = await _to_thread(_fsops.write_link, p.dst / ptr.name, target)
+            else:
+                wrote = await _to_thread(_fsops.write_atomic, p.dst / ptr.name, ptr.content, ptr.mtime_ns, fsync=p.fsync)
             self.pointers_done[ptr.name] = ptr.content
             if wrote:
                 self.emit("publish", pair=p.name, checkpoint=ptr.name, pointer=True, target=target,
@@ -336,13 +405,18 @@ class PairEngine:
         out = []
         for e in sorted(listing.entries.values(), key=lambda e: natural_key(e.name)):
             prev = self.published.get(e.name)
-            if not e.complete:
+            if e.torn:
+                out.append(f"{self.pair.name}: {e.name} (torn: {e.torn}; never published)")
+            elif not e.complete:
                 out.append(f"{self.pair.name}: {e.name} (incomplete: {e.why})")
             elif prev is None or not prev.same_content(e.snap):
                 out.append(f"{self.pair.name}: {e.name} (complete, not yet on persistent storage)")
         for ptr in listing.pointers.values():
             if self.pointers_done.get(ptr.name) != ptr.content:
-                out.append(f"{self.pair.name}: {ptr.name} (pointer to {ptr.target or 'a missing checkpoint'})")
+                out.append(f"{self.pair.name}: {ptr.name} ({'link' if ptr.link else 'pointer'} to "
+                           f"{ptr.target or 'a missing checkpoint'})")
+        for name in listing.outside:
+            out.append(f"{self.pair.name}: {name} (a link out of the pair's directory: never followed, not mirrored)")
         self.pending = out
 
     async def _retain(self, listing: Listing) -> None:
@@ -356,7 +430,7 @@ class PairEngine:
         for e in done[p.keep_local:]:
             if e.name in named or e.name not in self.published or not self.published[e.name].same_content(e.snap):
                 continue
-            there = await _to_thread(snapshot, p.dst / e.name, p.exclude)
+            there = await _to_thread(snapshot, p.dst / e.name, within(e.name, p.exclude))
             if not self._holds(there, e.snap):
                 continue
             await _to_thread(_remove_local, p.src / e.name)
@@ -385,39 +459,89 @@ class PairEngine:
     # ---- restore --------------------------------------------------------------------
 
     async def restore(self) -> Path | None:
-        """Newest complete checkpoint persistent → local, unless local already has it."""
+        """Newest complete checkpoint persistent → local, unless local has it or a newer one.
+
+        Both sides are judged as finished (nothing writes them before the spawn): a checkpoint
+        its profile calls torn is never chosen, nor a file that is not one of the profile's
+        checkpoints, nor a link out of the pair. A newer complete local checkpoint (a requeue
+        onto the same node keeps node-local disk) is kept and published, never overwritten.
+        """
         p = self.pair
         t0 = time.monotonic()
-        listing: Listing = await _to_thread(self._scan, root=p.dst, settle=0.0)
-        best = newest_complete(listing)
+        listing: Listing = await _to_thread(self._scan, root=p.dst, settle=0.0, finished=True)
+        self._adopt_profile(listing, "persistent")
+        local: Listing = await _to_thread(self._scan, root=p.src, settle=0.0, finished=True)
+        best, mine = newest_complete(listing), newest_complete(local)
+        skipped = {"torn": sorted(n for n, e in listing.entries.items() if e.torn)} if any(
+            e.torn for e in listing.entries.values()) else {}
+        if listing.outside:
+            skipped["links_out"] = sorted(listing.outside)
+        if mine is not None and (best is None or _newer(mine, best)):
+            why = (f"the local {mine.name} is newer than the persistent {best.name}" if best is not None
+                   else f"nothing on persistent storage; the local {mine.name} is complete")
+            self.emit("restore", pair=p.name, checkpoint=None, kept=mine.name, reason=f"{why}: kept, and published first",
+                      **skipped)
+            return p.src / mine.name
         if best is None:
-            self.emit("restore", pair=p.name, checkpoint=None, reason="no complete checkpoint on persistent storage")
+            self.emit("restore", pair=p.name, checkpoint=None, reason="no complete checkpoint on persistent storage",
+                      **skipped)
             return None
-        local = p.src / best.name
-        have = await _to_thread(snapshot, local, p.exclude)
+        dest = p.src / best.name
+        have = await _to_thread(snapshot, dest, within(best.name, p.exclude))
         stats = CopyResult()
         if not matches(have, best.snap):
             await _to_thread(p.src.mkdir, parents=True, exist_ok=True)
             staging = p.src / f"{STAGING_PREFIX}{best.name}"
             await _to_thread(_fsops.remove_ours, staging)
+            exclude = within(best.name, p.exclude)
             if best.is_dir:
-                stats += await self.backend.copy_tree(p.dst / best.name, staging, exclude=p.exclude, skip=best.markers)
+                stats += await self.backend.copy_tree(p.dst / best.name, staging, exclude=exclude, skip=best.markers)
                 stats.bytes += await _to_thread(_fsops.copy_markers, p.dst / best.name, staging, best.markers, fsync=False)
                 stats.files += len(best.markers)
             else:
                 stats += await self.backend.copy_file(p.dst / best.name, staging)
-            staged = await _to_thread(snapshot, staging, p.exclude)
+            staged = await _to_thread(snapshot, staging, exclude)
             if not matches(staged, best.snap):
                 await _to_thread(_fsops.remove_ours, staging)
                 raise CopyError(f"restored copy of {best.name} does not match the persistent one")
-            await _to_thread(_fsops.swap_in, staging, local, is_dir=best.is_dir, fsync=False)
-        for ptr in listing.pointers.values():
-            if ptr.target == best.name:
-                await _to_thread(_fsops.write_atomic, p.src / ptr.name, ptr.content, ptr.mtime_ns, fsync=False)
-        self.emit("restore", pair=p.name, checkpoint=best.name, source=p.dst / best.name, to=local,
+            await _to_thread(_fsops.swap_in, staging, dest, is_dir=best.is_dir, fsync=False)
+        links = await _to_thread(self._restore_pointers, listing, local, best)
+        self.emit("restore", pair=p.name, checkpoint=best.name, source=p.dst / best.name, to=dest,
                   files=stats.files, bytes=stats.bytes, seconds=round(time.monotonic() - t0, 3),
-                  copied=bool(stats.files), why=best.why)
-        return local
+                  copied=bool(stats.files), why=best.why, step=best.step, pointers=links, **skipped)
+        return dest
+
+    def _restore_pointers(self, listing: Listing, local: Listing, best: Entry) -> list[str]:
+        """Pointers and links that name ``best`` come back with it. With Lightning, a
+        ``last.ckpt`` that is not the newest checkpoint comes back as a link to it (Lightning's
+        own ``save_last="link"`` layout), so ``ckpt_path="last"`` resumes at the newest."""
+        p = self.pair
+        done = []
+        for ptr in listing.pointers.values():
+            if ptr.target != best.name:
+                continue
+            if ptr.link:
+                _fsops.write_link(p.src / ptr.name, best.name)
+            else:
+                _fsops.write_atomic(p.src / ptr.name, ptr.content, ptr.mtime_ns, fsync=False)
+            done.append(ptr.name)
+        prof = self.profile
+        if prof is not None and prof.links and not any(fnmatch.fnmatchcase(best.name, g) for g in prof.links):
+            stale = [n for n in listing.entries if n != best.name and n not in done
+                     and any(fnmatch.fnmatchcase(n, g) for g in prof.links)]
+            for name in stale:
+                if name not in local.entries and name not in local.pointers and not (p.src / name).is_symlink():
+                    _fsops.write_link(p.src / name, best.name)
+                    done.append(name)
+        return done
+
+
+def _newer(a: Entry, b: Entry) -> bool:
+    """Is local checkpoint ``a`` newer than persistent ``b``? The same name: a different,
+    later-written version; otherwise the later step (or name)."""
+    if a.name == b.name:
+        return not matches(b.snap, a.snap) and a.snap.newest_ns > b.snap.newest_ns + 1_000_000_000
+    return a.order[:3] > b.order[:3]
 
 
 def _remove_local(path: Path) -> None:

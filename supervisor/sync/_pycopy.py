@@ -22,7 +22,6 @@ rsync's: 0 ok, 24 some sources vanished, 23 partial failure, 11 I/O error.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 import shutil
@@ -40,16 +39,23 @@ class Stats:
         self.vanished = 0
 
 
-def _excluded(rel: str, patterns: list[str]) -> bool:
-    name = rel.rsplit("/", 1)[-1]
-    for p in patterns:
-        p = p.rstrip("/")
-        if "/" in p:
-            if fnmatch.fnmatchcase(rel, p.lstrip("/")):
-                return True
-        elif fnmatch.fnmatchcase(name, p) or any(fnmatch.fnmatchcase(x, p) for x in rel.split("/")[:-1]):
-            return True
-    return False
+_EXCLUDE = None
+
+
+def _excluded(rel: str, patterns: list[str], is_dir: bool) -> bool:
+    """The mirror's own matcher (``_exclude.py``, standard library only), loaded by path:
+    ``-I`` keeps this file's directory off ``sys.path``, and one meaning must serve both backends."""
+    global _EXCLUDE
+    if _EXCLUDE is None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(
+            "_supervise_exclude", os.path.join(os.path.dirname(os.path.abspath(__file__)), "_exclude.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod
+        spec.loader.exec_module(mod)
+        _EXCLUDE = mod.excluded
+    return _EXCLUDE(rel, patterns, is_dir)
 
 
 def _copy_one(src: str, dst: str, st: os.stat_result, fsync: bool, stats: Stats, in_place: bool = False) -> None:
@@ -155,7 +161,7 @@ def _walk(src: str, exclude: list[str]):
             continue
         for e in items:
             r = f"{rel}/{e.name}" if rel else e.name
-            if e.name == PARTIAL_DIR or _excluded(r, exclude):
+            if e.name == PARTIAL_DIR or (exclude and _excluded(r, exclude, e.is_dir(follow_symlinks=False))):
                 continue
             try:
                 st = e.stat(follow_symlinks=False)

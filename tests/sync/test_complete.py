@@ -6,7 +6,8 @@ import os
 import time
 from pathlib import Path
 
-from supervisor.sync._complete import classify, natural_key, newest_complete
+from supervisor.sync._complete import Context, classify, natural_key, newest_complete
+from supervisor.sync._writers import open_for_write
 
 from ._util import write_checkpoint
 
@@ -81,16 +82,59 @@ def test_quiescence_without_any_marker(tmp_path):
     assert later.entries["step_001"].complete and later.entries["step_001"].why == "settled"
 
 
-def test_single_file_renamed_into_place_is_complete_at_once(tmp_path):
-    (tmp_path / "model_1.pt.tmp").write_bytes(b"w" * 100)
-    time.sleep(0.02)  # the rename must come in a later clock tick than the last write
-    os.replace(tmp_path / "model_1.pt.tmp", tmp_path / "model_1.pt")
-    (tmp_path / "model_2.pt").write_bytes(b"w" * 100)  # being written in place
-    got = judge(tmp_path, settle=60.0)
-    assert got.entries["model_1.pt"].complete and got.entries["model_1.pt"].why == "renamed into place"
-    assert not got.entries["model_2.pt"].complete
-    assert "model_1.pt.tmp" not in got.entries
+def test_single_file_closed_by_its_writer_is_complete_at_once_and_open_one_is_not(tmp_path):
+    """Evidence, not clocks: the kernel says who holds a file open for writing."""
+    (tmp_path / "model_1.pt").write_bytes(b"w" * 100)
+    with open(tmp_path / "model_2.pt", "wb") as f:  # being written in place, by this process
+        f.write(b"w" * 100)
+        f.flush()
+        writing = open_for_write({os.getpid()}, os.path.realpath(tmp_path))
+        got = judge(tmp_path, settle=60.0, ctx=Context(writing=writing))
+    assert got.entries["model_1.pt"].complete and got.entries["model_1.pt"].why == "closed by its writer"
+    assert not got.entries["model_2.pt"].complete and "open by pid" in got.entries["model_2.pt"].why
+    assert got.entries["model_2.pt"].ready_at is not None  # looked at again soon: a close is not a file event
 
+
+def test_single_file_renamed_into_place_is_complete_when_the_writer_is_unseen(tmp_path):
+    """No writer to ask (another node's file): a name whose inode changed was renamed into
+    place; a name seen for the first time waits for quiescence."""
+    (tmp_path / "model_1.pt").write_bytes(b"old")
+    first = judge(tmp_path, settle=60.0)
+    assert not first.entries["model_1.pt"].complete and first.entries["model_1.pt"].why == "settling"
+    (tmp_path / "model_1.pt.tmp").write_bytes(b"w" * 100)
+    os.replace(tmp_path / "model_1.pt.tmp", tmp_path / "model_1.pt")  # same clock tick is fine
+    inodes = {n: sig[0] for n, sig in first.sigs.items()}
+    got = judge(tmp_path, settle=60.0, ctx=Context(inodes=inodes))
+    assert got.entries["model_1.pt"].complete and got.entries["model_1.pt"].why == "renamed into place"
+
+
+def test_zip_cut_short_is_torn_and_never_complete(tmp_path):
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "whole.pt", "w") as z:
+        z.writestr("data.pkl", b"x" * 5000)
+    data = (tmp_path / "whole.pt").read_bytes()
+    (tmp_path / "cut.pt").write_bytes(data[: len(data) // 2])
+    got = judge(tmp_path, ctx=Context(writing={}))
+    assert got.entries["whole.pt"].complete
+    assert not got.entries["cut.pt"].complete and got.entries["cut.pt"].torn
+
+
+def test_after_the_training_exited_nothing_waits_and_a_dir_without_its_marker_is_torn(tmp_path):
+    for n in (10, 20):
+        d = tmp_path / f"checkpoint-{n}"
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"m")
+    (tmp_path / "checkpoint-10" / "trainer_state.json").write_text("{}")
+    (tmp_path / "training_args.bin").write_bytes(b"args")
+    running = judge(tmp_path, settle=60.0, ctx=Context(writing={}))
+    assert running.profile.name == "hf-trainer"
+    assert running.entries["checkpoint-10"].complete
+    assert running.entries["checkpoint-20"].why == "waiting for marker" and not running.entries["checkpoint-20"].torn
+    done = judge(tmp_path, settle=60.0, ctx=Context(exited=True))
+    assert done.entries["checkpoint-20"].torn and not done.entries["checkpoint-20"].complete
+    assert done.entries["training_args.bin"].complete and not done.entries["training_args.bin"].restorable
+    assert newest_complete(done).name == "checkpoint-10"  # never the stray file, never the torn one
 
 def test_hidden_and_excluded_names_are_not_checkpoints(tmp_path):
     write_checkpoint(tmp_path, "step_001", style="dcp", size=10)
