@@ -56,6 +56,10 @@ CASES = {c.id: c for c in (
     Case("torch-save-replace", "torch-save", "torchsave_train.py", ("--mode", "replace")),
     Case("dcp", "dcp", "dcp_train.py"),
     Case("accelerate", "accelerate", "accelerate_train.py", subdir="checkpoints", needs="accelerate"),
+    # layouts of libraries not installed (trainers/layout_train.py)
+    Case("deepspeed-layout", "deepspeed", "layout_train.py", ("--layout", "deepspeed")),
+    Case("megatron-layout", "megatron", "layout_train.py", ("--layout", "megatron")),
+    Case("orbax-layout", "orbax", "layout_train.py", ("--layout", "orbax")),
 )}
 
 

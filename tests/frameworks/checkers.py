@@ -104,6 +104,12 @@ def check_megatron(path: Path) -> int:
     return int(_torch().load(path / "mp_rank_00" / "model_optim_rng.pt", weights_only=True)["step"])
 
 
+def check_orbax(path: Path) -> int:
+    """The fake Orbax layout: ``N/`` holds ``_CHECKPOINT_METADATA`` and its item."""
+    (path / "_CHECKPOINT_METADATA").read_text()
+    return int(_torch().load(path / "default" / "state.pt", weights_only=True)["step"])
+
+
 CHECKERS: dict[str, Callable[[Path], int]] = {
     "hf-trainer": check_hf,
     "lightning": check_lightning,
@@ -112,6 +118,7 @@ CHECKERS: dict[str, Callable[[Path], int]] = {
     "accelerate": check_accelerate,
     "deepspeed": check_deepspeed,
     "megatron": check_megatron,
+    "orbax": check_orbax,
 }
 
 
@@ -129,6 +136,7 @@ def entries(profile: str, root: Path) -> list[Path]:
         "dcp": lambda n: n.startswith("step_"),
         "deepspeed": lambda n: n.startswith("global_step"),
         "megatron": lambda n: n.startswith("iter_"),
+        "orbax": lambda n: n.isdigit(),
     }[profile]
     return [root / n for n in names if not n.startswith(".") and keep(n)]
 

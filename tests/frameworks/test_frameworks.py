@@ -31,7 +31,8 @@ def name_of(run: Run, step: int) -> str:
     """The persistent name a case gives to step ``step``'s checkpoint (single-file cases: the file)."""
     return {"hf": f"checkpoint-{step}", "dcp": f"step_{step:05d}", "lightning-copy": f"step={step}.ckpt",
             "lightning-link": f"step={step}.ckpt", "torch-save-inplace": "snapshot.pt",
-            "torch-save-replace": "snapshot.pt"}.get(run.case.id, "")
+            "torch-save-replace": "snapshot.pt", "deepspeed-layout": f"global_step{step}",
+            "megatron-layout": f"iter_{step:07d}", "orbax-layout": str(step)}.get(run.case.id, "")
 
 
 @pytest.mark.parametrize("case_id", ALL)
