@@ -79,7 +79,7 @@ def bench_case(case_id: str, work: Path, saves: int, every: float) -> dict[str, 
     res.update(rc=a.rc, detected=prof.get("profile"), writers=prof.get("writers"), publishes=len(lags),
                lag_p50=pct(lags, 50), lag_p95=pct(lags, 95), lag_max=max(lags, default=None),
                reader_p50=pct(seen, 50), reader_p95=pct(seen, 95), reader_n=len(seen),
-               final_durable=bool(run.durable()) and run.durable()[-1] == saves * save_every)
+               final_durable=bool(run.durable()) and run.durable()[-1] == max(a.saved(), default=-1))
     torn = len(poller.torn())
 
     # 2. preemption, then a requeue on an empty disk
@@ -108,7 +108,7 @@ def bench_case(case_id: str, work: Path, saves: int, every: float) -> dict[str, 
     res.update(torn_sightings=torn, stop_rc=a1.rc, last_step=last, resumed_at=start.get("step"),
                steps_lost=None if start.get("step") is None else last - start["step"],
                restored=Path(restored).name if restored else None, bad_restores=0 if good_restore else 1,
-               final_after_requeue=bool(final) and final[-1] == last + save_every)
+               final_after_requeue=bool(final) and final[-1] == max(a2.saved(), default=-1))
     res["lost_finals"] = int(not res["final_durable"]) + int(not res["final_after_requeue"])
     return res
 

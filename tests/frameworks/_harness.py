@@ -40,6 +40,7 @@ class Case:
     args: tuple[str, ...] = ()
     subdir: str = ""  # the pair's LOCAL below the trainer's --out (Accelerate: checkpoints/)
     needs: str = "torch"  # the library the case imports
+    flags: tuple[str, ...] = ()  # what the user tells supervise (only where no profile knows the layout)
 
     def missing(self) -> str | None:
         """Why this case cannot run here, or None."""
@@ -60,6 +61,7 @@ CASES = {c.id: c for c in (
     Case("deepspeed-layout", "deepspeed", "layout_train.py", ("--layout", "deepspeed")),
     Case("megatron-layout", "megatron", "layout_train.py", ("--layout", "megatron")),
     Case("orbax-layout", "orbax", "layout_train.py", ("--layout", "orbax")),
+    Case("generic-marker", "generic", "layout_train.py", ("--layout", "generic"), flags=("--marker", "DONE")),
 )}
 
 
@@ -164,7 +166,7 @@ class Run:
                  "--progress", str(self.root / f"progress-{n}.jsonl"), "--steps", str(steps),
                  "--save-every", str(save_every), "--step-sleep", str(step_sleep), "--save-pause", str(save_pause),
                  *self.case.args, *trainer_args]
-        return [*sup, *flags, "--", *train]
+        return [*sup, *self.case.flags, *flags, "--", *train]
 
     def start(self, **kw: Any) -> Attempt:
         n = len(self.attempts) + 1

@@ -110,6 +110,14 @@ def check_orbax(path: Path) -> int:
     return int(_torch().load(path / "default" / "state.pt", weights_only=True)["step"])
 
 
+def check_generic(path: Path) -> int:
+    """The user's own layout (trainers/layout_train.py --layout generic): ``DONE`` written last."""
+    if not (path / "DONE").exists():
+        raise FileNotFoundError(f"{path.name}/DONE")
+    _torch().load(path / "optim.pt", weights_only=True)
+    return int(_torch().load(path / "weights.pt", weights_only=True)["step"])
+
+
 CHECKERS: dict[str, Callable[[Path], int]] = {
     "hf-trainer": check_hf,
     "lightning": check_lightning,
@@ -119,6 +127,7 @@ CHECKERS: dict[str, Callable[[Path], int]] = {
     "deepspeed": check_deepspeed,
     "megatron": check_megatron,
     "orbax": check_orbax,
+    "generic": check_generic,
 }
 
 
@@ -137,6 +146,7 @@ def entries(profile: str, root: Path) -> list[Path]:
         "deepspeed": lambda n: n.startswith("global_step"),
         "megatron": lambda n: n.startswith("iter_"),
         "orbax": lambda n: n.isdigit(),
+        "generic": lambda n: n.startswith("ckpt_"),
     }[profile]
     return [root / n for n in names if not n.startswith(".") and keep(n)]
 

@@ -7,6 +7,8 @@ Orbax needs jax), written file by file in the libraries' order by a small torch 
   resumed by reading ``latest`` (``engine.load_checkpoint(out)``).
 * ``megatron``: ``iter_000000N/mp_rank_00/model_optim_rng.pt``, then
   ``latest_checkpointed_iteration.txt`` (the number); resumed from the tracker (``--load``).
+* ``generic``: a layout no profile knows, ``ckpt_N/weights.pt`` then a ``DONE`` file of the
+  user's own (``--marker DONE``); resumed from the highest ``ckpt_N/`` that has ``DONE``.
 * ``orbax``: ``N.orbax-checkpoint-tmp-<ns>/`` with the items and ``_CHECKPOINT_METADATA``,
   renamed to ``N/`` when done (the default on POSIX); resumed from the highest ``N/``
   (``CheckpointManager.latest_step()``).
@@ -39,6 +41,11 @@ def newest() -> tuple[int, str] | None:
     if args.layout == "megatron" and os.path.exists(os.path.join(out, "latest_checkpointed_iteration.txt")):
         n = int(open(os.path.join(out, "latest_checkpointed_iteration.txt")).read().strip())
         return n, os.path.join(out, f"iter_{n:07d}", "mp_rank_00", "model_optim_rng.pt")
+    if args.layout == "generic":
+        steps = [int(d[5:]) for d in os.listdir(out) if re.fullmatch(r"ckpt_\d+", d)
+                 and os.path.exists(os.path.join(out, d, "DONE"))]
+        if steps:
+            return max(steps), os.path.join(out, f"ckpt_{max(steps)}", "weights.pt")
     if args.layout == "orbax":
         steps = [int(d) for d in os.listdir(out) if re.fullmatch(r"\d+", d)]
         if steps:
@@ -66,6 +73,13 @@ def save(step: int) -> None:
         torch.save({**state, **optim}, os.path.join(d, "model_optim_rng.pt"))
         with open(os.path.join(out, "latest_checkpointed_iteration.txt"), "w") as f:
             f.write(str(step))
+    elif args.layout == "generic":
+        d = os.path.join(out, f"ckpt_{step}")
+        os.makedirs(d, exist_ok=True)
+        torch.save(state, os.path.join(d, "weights.pt"))
+        time.sleep(args.save_pause)
+        torch.save(optim, os.path.join(d, "optim.pt"))
+        open(os.path.join(d, "DONE"), "w").close()
     else:
         tmp = os.path.join(out, f"{step}.orbax-checkpoint-tmp-{time.time_ns()}")
         os.makedirs(os.path.join(tmp, "default"))
