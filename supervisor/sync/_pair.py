@@ -230,7 +230,8 @@ class PairEngine:
         writing = None
         if local and pids is not None and not self.exited:
             writing = open_for_write(pids, os.path.realpath(p.src))
-        ctx = Context(profile=self.profile, writing=writing, exited=finished or (local and self.exited),
+        provisional = self.profile is not None and self.profile.name == "torch-save" and self.pair.profile == "auto"
+        ctx = Context(profile=None if provisional else self.profile, writing=writing, exited=finished or (local and self.exited),
                       inodes=self._inodes if local else {}, torn_check=self._torn_check)
         listing = classify(root or p.src, markers=p.markers, exclude=p.exclude,
                            settle=p.settle if settle is None else settle, now=time.time(),
@@ -249,7 +250,10 @@ class PairEngine:
         return self._torn_cache[key]
 
     def _adopt_profile(self, listing: Listing, where: str) -> None:
-        if self.profile is not None or listing.profile is None:
+        """Keep the detected profile; a file-only guess (torch-save) gives way to directories."""
+        if listing.profile is None or listing.profile is self.profile:
+            return
+        if self.profile is not None and (self.profile.name != "torch-save" or self.pair.profile != "auto"):
             return
         self.profile = listing.profile
         self.emit("sync-profile", pair=self.pair.name, profile=self.profile.name, evidence=listing.evidence,
@@ -471,7 +475,7 @@ class PairEngine:
         listing: Listing = await _to_thread(self._scan, root=p.dst, settle=0.0, finished=True)
         self._adopt_profile(listing, "persistent")
         local: Listing = await _to_thread(self._scan, root=p.src, settle=0.0, finished=True)
-        best, mine = newest_complete(listing), newest_complete(local)
+        best, mine = _newest(listing, self.profile), _newest(local, self.profile)
         skipped = {"torn": sorted(n for n, e in listing.entries.items() if e.torn)} if any(
             e.torn for e in listing.entries.values()) else {}
         if listing.outside:
@@ -534,6 +538,18 @@ class PairEngine:
                     _fsops.write_link(p.src / name, best.name)
                     done.append(name)
         return done
+
+
+def _newest(listing: Listing, profile: Profile | None) -> Entry | None:
+    """``newest_complete``; with Lightning, a complete ``last.ckpt`` written after the newest
+    ``step=N`` file is the newest (Lightning saves it after the top-k ones)."""
+    best = newest_complete(listing)
+    if best is None or profile is None or not profile.links:
+        return best
+    lasts = [e for n, e in listing.entries.items() if e.complete and any(fnmatch.fnmatchcase(n, g) for g in profile.links)]
+    written = lambda e: max(m for _, m in e.snap.files.values())  # noqa: E731 - mtimes: a copy's ctime is its copying
+    later = [e for e in lasts if written(e) > written(best)]
+    return max(later, key=written) if later else best
 
 
 def _newer(a: Entry, b: Entry) -> bool:
