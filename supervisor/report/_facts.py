@@ -76,6 +76,7 @@ class Verdict:
     requeues: int  # attempts the scheduler requeued
     reasons: list[str]  # each attempt's end reason, in order
     reruns: int = 0  # attempts started again into the same run directory without a requeue
+    local_only: str | None = None  # said first: what is only on local disk at the end
 
 
 @dataclass
@@ -359,15 +360,14 @@ def _verdict(attempts: list[Attempt], *, torn: bool = False, not_durable: list[s
         status, head = "requeued", f"REQUEUED after {last.reason}: waiting for attempt {last.number + 1}"
     else:
         status, head = "stopped", f"STOPPED by {last.reason}, not requeued: the work is not done"
-    if not_durable and status not in ("running", "killed"):
-        head = "ONLY ON LOCAL DISK: " + "; ".join(not_durable) + "\n" + head
+    local_only = "ONLY ON LOCAL DISK: " + "; ".join(not_durable) if not_durable and status not in ("running", "killed") else None
     if requeues:
         head += f" · requeued {_times(requeues)}"
     if reruns:
         head += f" · rerun {_times(reruns)}"
     if len(attempts) > 1 or status != "finished":
         head += f" · {len(attempts)} attempt{'s' if len(attempts) != 1 else ''}"
-    return Verdict(status, head, len(attempts), requeues, reasons, reruns)
+    return Verdict(status, head, len(attempts), requeues, reasons, reruns, local_only)
 
 
 def _checkpoints(events: list[dict[str, Any]], attempts: list[Attempt]) -> Checkpoints:

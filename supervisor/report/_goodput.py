@@ -13,9 +13,11 @@ from these, per attempt:
   looks longer and productive time shorter than they were;
 * **productive**: first step → the completion of the last checkpoint of this attempt that
   became durable (→ the training's exit when nothing is checkpointed and it finished well);
-* **lost work**: the training's time after that checkpoint, up to the stop (a stop's own
-  checkpoint and the exit after it are stop overhead, not lost work) or the training's exit:
-  it is redone by the next attempt, or is only on local disk. Steps: from the checkpoint names, exactly when a
+* **training**: first step → the stop (or, when a checkpoint the stop asked for became
+  durable, that checkpoint's completion: the training went on until it saved), or the
+  training's exit when it ended by itself. The exit after the stop's checkpoint is overhead;
+* **lost work**: the training's time after the last durable checkpoint: it is redone by the
+  next attempt, or is only on local disk. Steps: from the checkpoint names, exactly when a
   checkpoint taken at the stop stayed local, else estimated from the attempt's step rate;
 * **queue wait**: from the previous attempt's end to this one's start (the batch job's start,
   ``SLURM_JOB_START_TIME``, where the scheduler's environment records it);
@@ -130,16 +132,14 @@ def _attempt(n: int, evs: list[dict[str, Any]], log_pairs: set[str], previous_en
     restored_step = step_of(restores[-1].get("checkpoint")) if restores else None
 
     # Checkpoints this attempt's training wrote (complete locally after the spawn) that became durable.
-    written: list[tuple[float, str]] = []
-    seen: set[tuple[str, str]] = set()
+    written: list[tuple[float, str]] = []  # every version: a file rewritten in place is progress too
     for e in evs:
         if e.get("kind") != "publish" or e.get("pointer") or spawn is None:
             continue
         done = e["t"] - (_num(e.get("lag_s")) or 0.0)
-        key = (str(e.get("pair")), str(e.get("checkpoint")))
-        if done >= spawn and key not in seen:
-            seen.add(key)
+        if done >= spawn:
             written.append((done, str(e.get("checkpoint"))))
+    written.sort()
     grew = [max(spawn or 0.0, e["t"] - (_num(e.get("seconds")) or 0.0)) for e in evs
             if e.get("kind") == "sync" and str(e.get("pair")) in log_pairs and (e.get("files") or 0) > 0
             and spawn is not None and e["t"] >= spawn]
@@ -155,13 +155,15 @@ def _attempt(n: int, evs: list[dict[str, Any]], log_pairs: set[str], previous_en
 
     exits = [e["t"] for e in evs if e.get("kind") == "child-exit"]
     stops = [e["t"] for e in evs if e.get("kind") == "stop" and e.get("reason") not in ("child-exit", "child-failed")]
-    trained_to = stops[0] if stops else exits[-1] if exits else t_end  # a stop's checkpoint and exit are overhead
+    trained_to = stops[0] if stops else exits[-1] if exits else t_end
+    if stops and written and written[-1][0] > trained_to:  # it trained on until its stop checkpoint was complete
+        trained_to = min(written[-1][0], exits[-1] if exits else t_end)
     not_durable = [str(x) for x in (end_ev.get("not_durable") or [])]
     training = max(0.0, trained_to - first_step) if first_step is not None else None
     if first_step is None:
         productive = 0.0
     elif written:
-        productive = max(0.0, written[-1][0] - first_step)
+        productive = max(0.0, min(written[-1][0], trained_to) - first_step)
     elif finished_clean and not not_durable:
         productive = training or 0.0  # nothing to checkpoint: the training's whole run counts
     else:

@@ -89,7 +89,9 @@ def render(f: Facts, *, colour: bool = False) -> str:
     st = Style(colour)
     out: list[str] = []
     v = f.verdict
-    out += [st(STATUS_COLOUR.get(v.status, "1") + ";1", line) for line in v.headline.split("\n")]
+    if v.local_only:
+        out.append(st("31;1", v.local_only))
+    out.append(st(STATUS_COLOUR.get(v.status, "1") + ";1", v.headline))
     for a in f.attempts:
         how = a.reason or "no end recorded"
         extra = f" ({a.detail})" if a.detail and a.detail != a.reason else ""

@@ -5,7 +5,8 @@ completion marker, so supervise can only publish them once unchanged for the set
 the last one is written just before the process exits. Options make the cases
 ``tests/report/make_golden.py`` needs: ``--from-scratch`` ignores the restored checkpoint
 (the training starts over), ``--rewrite`` saves one file ``model.pt`` by rename at every
-checkpoint instead (one name, many versions), ``--prefix`` names the checkpoints.
+checkpoint instead (one name, many versions), ``--prefix`` names the checkpoints, ``--linger``
+waits before the exit.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ p.add_argument("--step-time", type=float, default=0.05)
 p.add_argument("--prefix", default="checkpoint-")
 p.add_argument("--from-scratch", action="store_true")
 p.add_argument("--rewrite", action="store_true")
+p.add_argument("--linger", type=float, default=0.0, help="seconds to wait after the last checkpoint")
 a = p.parse_args()
 a.ckpt_dir.mkdir(parents=True, exist_ok=True)
 training.install_stop_handler()
@@ -61,4 +63,5 @@ for step in range(start + 1, a.steps + 1):
     if training.stop_requested():
         print(f"stopped at step {step}", flush=True)
         sys.exit(0)
+time.sleep(a.linger)
 print(f"done at step {a.steps}", flush=True)

@@ -141,9 +141,9 @@ def make_truth_cases(work: Path) -> dict[str, Path]:
 
     # rewritten: one file, model.pt, saved by rename 20 times: 20 versions of one checkpoint.
     run, local, persist = work / "rewritten", work / "r-local", work / "r-persist"
-    cfg = config(work, "r", local, persist)
+    cfg = config(work, "r", local, persist, settle="0.3s")
     anyio.run(lambda: _attempt(run, ["--config", cfg, "--gpu-every", "0", "--", *HF_LIKE, str(local), "--rewrite",
-                                     "--steps", "20", "--every", "1", "--step-time", "0.4"],
+                                     "--steps", "20", "--every", "1", "--step-time", "0.8", "--linger", "2"],
                                None, term_after=None, every=0.25))
     runs["rewritten"] = run
     return runs
