@@ -233,6 +233,11 @@ def test_margins_are_measured_to_the_hard_kill() -> None:
         assert stops[s.attempt]["time_left_s"] > 3600, "the time limit was hours away"
         assert s.margin_s is not None and 0 < s.margin_s < 5.0 == stops[s.attempt]["kill_wait_s"]
         assert s.margin_s == pytest.approx(stops[s.attempt]["kill_in_s"] - s.seconds, abs=0.002)
+    for s in (s for s in f.stops if s.kill_by == "time-limit"):  # no job-wide TERM: the job's end is the kill
+        assert stops[s.attempt]["kill_in_s"] == stops[s.attempt]["time_left_s"]
+    assert sorted(s.kill_by or "" for s in f.stops) == ["kill-wait", "kill-wait", "time-limit", "time-limit"]
+    local, _ = facts_of(GOLDEN / "local-only")  # no time limit, no scheduler: no hard kill known
+    assert [(s.kill_by, s.margin_s) for s in local.stops] == [(None, None)]
     out = report("tests/report/golden/slurm-requeued").stdout
     assert out.count("left before the hard kill (KillWait after the scheduler's TERM)") == 2
     assert "11h59m" not in "".join(line for line in out.splitlines() if "hard kill" in line and "KillWait" in line)
