@@ -432,7 +432,8 @@ def _restores(events: list[dict[str, Any]]) -> list[RestoreOutcome]:
         spawn = next((x["t"] for x in mine if x.get("kind") == "spawn"), e["t"])
         nxt = next((x for x in mine if x.get("kind") == "publish" and not x.get("pointer") and x.get("pair") == pair
                     and x.get("checkpoint") != name and x["t"] - (_num(x.get("lag_s")) or 0.0) >= spawn), None)
-        torn = next((x for x in mine if x.get("kind") == "torn" and x.get("pair") == pair), None)
+        torn = next((x for x in events if x.get("kind") == "torn" and x.get("pair") == pair
+                     and x.get("checkpoint") == name), None)  # the restored checkpoint itself was torn
         end = next((x for x in mine if x.get("kind") == "end"), {})
         a, b = step_of(name), step_of(nxt.get("checkpoint")) if nxt else None
         if nxt is not None and a is not None and b is not None and b > a:
@@ -441,8 +442,8 @@ def _restores(events: list[dict[str, Any]]) -> list[RestoreOutcome]:
             outcome, text = "not-resumed", (f"did NOT resume from {name}: its next checkpoint, {nxt['checkpoint']}, "
                                             f"is not newer (the training started over or loaded something else)")
         elif torn is not None:
-            outcome, text = "not-resumed", (f"did NOT resume from {name}: the training died writing "
-                                            f"{torn.get('checkpoint')} (torn{': ' + str(torn['why']) if torn.get('why') else ''})")
+            outcome, text = "not-resumed", (f"did NOT resume from {name}: it is torn, the training died writing it"
+                                            + (f" ({torn['why']})" if torn.get("why") else ""))
         elif end.get("reason") in FAILED:
             outcome, text = "not-resumed", (f"restored {name}, but the training failed ({end.get('reason')}, exit status "
                                             f"{end.get('exit_status')}) before a newer checkpoint was durable")

@@ -300,3 +300,70 @@ def test_goodput_in_json_per_attempt_and_for_the_job() -> None:
     assert f.goodput is not None and f.goodput.gpus == 4
     a = f.goodput.attempts[0]
     assert a.lost_gpu_hours == pytest.approx(4 * (a.wall_s - a.productive_s) / 3600, abs=1e-4)
+
+
+def test_torn_sync_profile_and_refused_restores_are_shown_when_journaled(tmp_path: Path) -> None:
+    """Events the checkpoint-completeness work (issue 12) adds: ``torn``, ``sync-profile`` and a
+    restore refused (``checkpoint: null`` with a reason). Appended here, in the documented
+    shape, to a copy of a real run; the report must show them and must not need them."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(GOLDEN / "from-scratch", run)
+    events = read_journal(run).events
+    t = events[-1]["t"]
+    extra = [
+        {"v": 1, "t": t + 1, "attempt": 3, "kind": "start", "host": "vm", "restart_count": 0},
+        {"v": 1, "t": t + 1.1, "attempt": 3, "kind": "sync-profile", "pair": "ckpt", "profile": "hf-trainer",
+         "evidence": "checkpoint-*/trainer_state.json", "writers": "unseen", "quiescence": True},
+        {"v": 1, "t": t + 1.2, "attempt": 3, "kind": "restore", "pair": "ckpt", "checkpoint": None,
+         "reason": "a newer local checkpoint: checkpoint-20"},
+        {"v": 1, "t": t + 1.3, "attempt": 3, "kind": "spawn", "pid": 1, "argv": ["train"]},
+        {"v": 1, "t": t + 3, "attempt": 3, "kind": "torn", "pair": "ckpt", "checkpoint": "checkpoint-30",
+         "why": "the training exited while it was being written"},
+        {"v": 1, "t": t + 3.1, "attempt": 3, "kind": "child-exit", "pid": 1, "exit_status": 1, "returncode": 1},
+        {"v": 1, "t": t + 3.2, "attempt": 3, "kind": "end", "reason": "child-failed", "exit_status": 1,
+         "seconds": 2.2, "restarts": 0, "not_durable": []},
+    ]
+    with open(run / "events.jsonl", "a") as f:
+        for e in extra:
+            f.write(json.dumps(e) + "\n")
+    out = report(str(run))
+    assert out.returncode == 0, out.stderr
+    assert "restore, attempt 3: restore refused: a newer local checkpoint: checkpoint-20" in out.stdout
+    assert "torn (the training died writing it; never published): attempt 3: ckpt: checkpoint-30" in out.stdout
+    assert "completeness: ckpt: hf-trainer (checkpoint-*/trainer_state.json); writers unseen; waits for quiescence" \
+        in out.stdout
+    f, _ = facts_of(run)
+    assert [r.outcome for r in f.checkpoints.restores] == ["none", "not-resumed", "refused"]
+    # A restored checkpoint that a torn event names was not resumed from, whatever came after.
+    with open(run / "events.jsonl", "a") as fh:
+        fh.write(json.dumps({"v": 1, "t": t + 4, "attempt": 4, "kind": "restore", "pair": "ckpt",
+                             "checkpoint": "checkpoint-30", "seconds": 0.1}) + "\n")
+    f, _ = facts_of(run)
+    assert f.checkpoints.restores[-1].outcome == "not-resumed"
+    assert "checkpoint-30: it is torn" in f.checkpoints.restores[-1].text
+    assert any(n.level == "warn" and "restore refused" in n.text for n in f.notes)
+
+
+def test_queue_wait_uses_the_scheduler_start_time_when_recorded(tmp_path: Path) -> None:
+    """With ``SLURM_JOB_START_TIME`` in an attempt's scheduler environment, the queue wait ends
+    there (the batch job's start), not at supervise's own start after the prolog."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(GOLDEN / "slurm-requeued", run)
+    lines = (run / "events.jsonl").read_text().splitlines()
+    events = [json.loads(x) for x in lines]
+    end1 = next(e["t"] for e in events if e["kind"] == "end" and e["attempt"] == 1)
+    start2 = next(e for e in events if e["kind"] == "start" and e["attempt"] == 2)
+    began = int(end1) + 1
+    assert end1 < began < start2["t"]
+    start2["scheduler_env"]["SLURM_JOB_START_TIME"] = str(began)
+    (run / "events.jsonl").write_text("\n".join(json.dumps(e) for e in events) + "\n")
+    f, _ = facts_of(run)
+    assert f.goodput is not None
+    assert f.goodput.attempts[1].queue_wait_s == pytest.approx(began - end1, abs=0.002)
+    whole, _ = facts_of(GOLDEN / "slurm-requeued")
+    assert whole.goodput is not None
+    assert whole.goodput.attempts[1].queue_wait_s == pytest.approx(start2["t"] - end1, abs=0.002)
