@@ -114,6 +114,38 @@ def _scheduler_start(start: dict[str, Any]) -> float | None:
     return float(v) if v.isdigit() else None
 
 
+def _first_step(evs: list[dict[str, Any]], written: list[tuple[float, str]], log_pairs: set[str],
+                spawn: float | None, restored_step: int | None, rate: float | None) -> tuple[float | None, str | None]:
+    """When the attempt's training took its first step, and the evidence (see the module's doc)."""
+    if spawn is None:
+        return None, None
+    first_ckpt = step_of(written[0][1]) if written else None
+    if written and rate and first_ckpt is not None:
+        resumed = restored_step if restored_step is not None and first_ckpt > restored_step else 0
+        return max(spawn, written[0][0] - (first_ckpt - resumed) / rate), "step rate"
+    grew = [max(spawn, e["t"] - (_num(e.get("seconds")) or 0.0)) for e in evs
+            if e.get("kind") == "sync" and str(e.get("pair")) in log_pairs and (e.get("files") or 0) > 0
+            and e["t"] >= spawn]
+    if grew:
+        return grew[0], "log growth"
+    if written:
+        return written[0][0], "checkpoint"
+    return None, None
+
+
+def _lost_steps(lost: float, written: list[tuple[float, str]], not_durable: list[str], restored_step: int | None,
+                rate: float | None) -> tuple[int | None, bool]:
+    """Steps of the lost work: exact when a newer checkpoint stayed only on local disk, else
+    lost time × the step rate; None when the names carry no step."""
+    if lost <= 0:
+        return None, False
+    last_durable = step_of(written[-1][1]) if written else restored_step
+    local = [s for s in (step_of(x.split(": ", 1)[-1].split(" (")[0]) for x in not_durable) if s is not None]
+    if local and last_durable is not None and max(local) > last_durable:
+        return max(local) - last_durable, True
+    return (int(round(lost * rate)), False) if rate else (None, False)
+
+
 def _attempt(n: int, evs: list[dict[str, Any]], log_pairs: set[str], previous_end: float | None,
              finished_clean: bool, gpus: int | None, rate: float | None) -> AttemptGoodput:
     def first(kind: str) -> dict[str, Any]:
@@ -140,18 +172,7 @@ def _attempt(n: int, evs: list[dict[str, Any]], log_pairs: set[str], previous_en
         if done >= spawn:
             written.append((done, str(e.get("checkpoint"))))
     written.sort()
-    grew = [max(spawn or 0.0, e["t"] - (_num(e.get("seconds")) or 0.0)) for e in evs
-            if e.get("kind") == "sync" and str(e.get("pair")) in log_pairs and (e.get("files") or 0) > 0
-            and spawn is not None and e["t"] >= spawn]
-    first_step, first_by = None, None
-    first_ckpt = step_of(written[0][1]) if written else None
-    resumed = restored_step if restored_step is not None and first_ckpt is not None and first_ckpt > restored_step else 0
-    if written and rate and first_ckpt is not None:
-        first_step, first_by = max(spawn or 0.0, written[0][0] - (first_ckpt - resumed) / rate), "step rate"
-    elif grew:
-        first_step, first_by = grew[0], "log growth"
-    elif written:
-        first_step, first_by = written[0][0], "checkpoint"
+    first_step, first_by = _first_step(evs, written, log_pairs, spawn, restored_step, rate)
 
     exits = [e["t"] for e in evs if e.get("kind") == "child-exit"]
     stops = [e["t"] for e in evs if e.get("kind") == "stop" and e.get("reason") not in ("child-exit", "child-failed")]
@@ -172,17 +193,7 @@ def _attempt(n: int, evs: list[dict[str, Any]], log_pairs: set[str], previous_en
     lost = max(0.0, trained_to - max(kept_to or trained_to, first_step or trained_to))
     if finished_clean and not not_durable:
         lost = 0.0  # after the final checkpoint of a finished training comes only its exit
-    lost_steps, exact = None, False
-    if lost > 0:
-        last_durable = step_of(written[-1][1]) if written else restored_step
-        local_steps = [s for s in (step_of(x.split(": ", 1)[-1].split(" (")[0]) for x in not_durable) if s is not None]
-        if local_steps and last_durable is not None and max(local_steps) > last_durable:
-            lost_steps, exact = max(local_steps) - last_durable, True
-        else:
-            numbered = [(t, step_of(name)) for t, name in written if step_of(name) is not None]
-            if len(numbered) >= 2 and numbered[-1][0] > numbered[0][0] and numbered[-1][1] > numbered[0][1]:
-                rate = (numbered[-1][1] - numbered[0][1]) / (numbered[-1][0] - numbered[0][0])
-                lost_steps = int(round(lost * rate))
+    lost_steps, exact = _lost_steps(lost, written, not_durable, restored_step, rate)
     wall = max(0.0, t_end - t0)
     reason = end_ev.get("reason")
     return AttemptGoodput(
