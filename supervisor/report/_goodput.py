@@ -7,8 +7,8 @@ from these, per attempt:
 
 * **first step**: supervise cannot see the training's steps, so it is estimated. With numbered
   checkpoints (``step_300``, ``checkpoint-40``): the first new checkpoint's completion minus
-  its steps since the resumed one at the job's step rate (steps per second between two
-  checkpoints of one attempt). Else the first log growth (a ``sync`` of a ``log`` pair that
+  its steps since the resumed one at the step rate (steps per second between two checkpoints
+  of this attempt, else of all attempts). Else the first log growth (a ``sync`` of a ``log`` pair that
   copied files, at its start), else the first new checkpoint: upper bounds, so start-up
   looks longer and productive time shorter than they were;
 * **productive**: first step → the completion of the last checkpoint of this attempt that
@@ -172,6 +172,7 @@ def _attempt(n: int, evs: list[dict[str, Any]], log_pairs: set[str], previous_en
         if done >= spawn:
             written.append((done, str(e.get("checkpoint"))))
     written.sort()
+    rate = step_rate({n: evs}) or rate  # this attempt's own pace when it has two numbered checkpoints
     first_step, first_by = _first_step(evs, written, log_pairs, spawn, restored_step, rate)
 
     exits = [e["t"] for e in evs if e.get("kind") == "child-exit"]

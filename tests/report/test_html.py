@@ -9,6 +9,7 @@ when that is missing or UPDATE_SCREENSHOT=1 is set).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -40,7 +41,8 @@ def test_html_is_self_contained_and_carries_the_facts(tmp_path: Path) -> None:
     assert "@import" not in page and "url(http" not in page
     assert page.count("Plotly.newPlot(") == 4  # the job's timeline, GPUs, sync lag, training processes
     assert "FINISHED · rerun 2 times · 3 attempts" in page
-    assert "<h2>Goodput</h2>" in page and "72.1 %" in page
+    ettr = json.loads((GOLDEN / "attempts" / "expected.json").read_text())["goodput"]["ettr"]
+    assert "<h2>Goodput</h2>" in page and f"{100 * ettr:.1f} %" in page
     assert "XID 79" in page and "Raise --warn-before to" in page
     for i in range(4):
         assert f'"name": "GPU {i}"' in page
