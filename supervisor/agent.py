@@ -454,13 +454,24 @@ class Agent:
             return None
         return time.time() - (time.monotonic() - trigger.at) + self.kill_wait
 
+    def _hard_kill(self) -> dict[str, Any]:
+        """When the SIGKILL will come, for the report's margin: KillWait after Slurm's
+        job-wide TERM, else the job's end (none known: no fields)."""
+        killed_at = self._killed_at()
+        if killed_at is not None and (self.end is None or killed_at < self.end):
+            return {"kill_in_s": round(killed_at - time.time(), 3), "kill_by": "kill-wait", "kill_wait_s": self.kill_wait}
+        if self.end is not None:
+            return {"kill_in_s": round(self.end - time.time(), 3), "kill_by": "time-limit"}
+        return {}
+
     async def _stop_sequence(self) -> None:
         trigger = self._trigger
         assert trigger is not None
         self._set_state(State.STOPPING, reason=trigger.reason.value, detail=trigger.detail)
         self.journal.emit("stop", reason=trigger.reason.value, detail=trigger.detail,
                           signal=trigger.signal.name if trigger.signal else None,
-                          time_left_s=None if self.end is None else round(self.end - time.time(), 3))
+                          time_left_s=None if self.end is None else round(self.end - time.time(), 3),
+                          **self._hard_kill())
         await self._step("checkpoint", self._checkpoint)
         await self._step("flush", lambda: self._flush("stop"))
         await self._step("stop-child", self._stop_child)
