@@ -386,9 +386,9 @@ def _checkpoints(events: list[dict[str, Any]], attempts: list[Attempt]) -> Check
         gaps += [b - a for a, b in zip(ts, ts[1:])]
     pairs = sorted({p["name"] for e in events if e.get("kind") == "sync-start" for p in e.get("pairs") or []
                     if p.get("kind") == "checkpoint"})
-    # The newest by step, not by when it landed: a pass publishes the newest first.
+    # The latest attempt's newest by step, not by when it landed: a pass publishes the newest first.
     last = max((e for e in events if e.get("kind") == "publish" and not e.get("pointer")),
-               key=lambda e: (natural_key(str(e.get("checkpoint"))), e["t"]), default=None)
+               key=lambda e: (int(e.get("attempt") or 0), natural_key(str(e.get("checkpoint"))), e["t"]), default=None)
     ends = [e for e in events if e.get("kind") == "end"]
     last_attempt = attempts[-1].number if attempts else None
     not_durable = [str(x) for x in (ends[-1].get("not_durable") or [])] if ends and ends[-1].get("attempt") == last_attempt else []
