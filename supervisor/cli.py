@@ -72,7 +72,7 @@ def _run_options(p: argparse.ArgumentParser) -> None:
 
     g = p.add_argument_group("child and signals")
     g.add_argument("--grace", metavar="DURATION", default=S, help="stop signal → SIGKILL of every process the command started (default 30s)")
-    g.add_argument("--stop-signal", metavar="SIG", default=S, help="what stops the command politely (default TERM)")
+    g.add_argument("--stop-signal", metavar="SIG", default=S, help="what stops the command politely (default: the launcher's own, INT for srun, TERM otherwise)")
     g.add_argument("--forward", metavar="POLICY", default=S, help="launcher (default): signals go to the launcher process; group: to its whole process group")
     g.add_argument("--launcher", metavar="NAME", default=S, help="override launcher detection (auto, horovodrun, mpiexec, srun, torchrun, deepspeed, csrun, python, generic)")
 
@@ -276,11 +276,14 @@ def _run(ns: argparse.Namespace, command: list[str]) -> int:
     from supervisor.agent import supervise
     from supervisor.child import become_subreaper
 
+    from supervisor.plan import make_plan
+
     cfg = config_from(ns, command)
     logs.setup(cfg.verbosity)
+    plan = make_plan(cfg)  # every ConfigError here: exit 2, nothing started
     become_subreaper()
     try:
-        return anyio.run(supervise, cfg)
+        return anyio.run(supervise, cfg, plan)
     finally:
         logs.close()
 

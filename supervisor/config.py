@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from supervisor import childenv
 from supervisor._units import parse_duration, parse_signal
 from supervisor.errors import ConfigError
 
@@ -25,9 +26,6 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 ENV_PREFIX = "SUPERVISE_"
-# Variables supervise itself sets for the child; never read as configuration.
-CHILD_ENV = frozenset({"SUPERVISE_RUN_DIR_ACTIVE", "SUPERVISE_ATTEMPT", "SUPERVISE_CHECKPOINT_REQUEST",
-                       "SUPERVISE_RESTORED_FROM", "SUPERVISE_CHECKPOINT_SIGNAL", "SUPERVISE_NODE_RANK"})
 FORWARD_POLICIES = ("launcher", "group")
 SYNC_KINDS = ("checkpoint", "log")
 LAUNCHERS = ("auto", "horovodrun", "mpiexec", "srun", "torchrun", "deepspeed", "csrun", "python", "generic")
@@ -61,7 +59,7 @@ class Config:
     config_file: Path | None = None
     # child and signals
     grace: float = 30.0
-    stop_signal: signal.Signals = signal.SIGTERM
+    stop_signal: signal.Signals | None = None  # None: the launcher's own (launchers.py)
     forward: str = "launcher"
     launcher: str = "auto"
     # sync
@@ -101,7 +99,10 @@ class Config:
 # --- converters: each returns the typed value or raises ValueError(what would be right) ---
 
 def _duration(v: Any) -> float:
-    return parse_duration(v)
+    d = parse_duration(v)
+    if d != d or d in (float("inf"), float("-inf")):
+        raise ValueError("a finite duration such as 30s or 10m")
+    return d
 
 
 def _opt_duration(v: Any) -> float | None:
@@ -169,6 +170,8 @@ def _choice(*options: str) -> Callable[[Any], str]:
 def _path(v: Any) -> Path:
     if not isinstance(v, (str, os.PathLike)) or not str(v).strip():
         raise ValueError("a path")
+    if "\0" in str(v):
+        raise ValueError("a path without NUL bytes")
     return Path(os.path.expandvars(os.path.expanduser(str(v))))
 
 
@@ -231,7 +234,7 @@ def _nodes(v: Any) -> int:
 SCALAR_KEYS: dict[str, Callable[[Any], Any]] = {
     "run_dir": _run_dir,
     "grace": _duration,
-    "stop_signal": _signal,
+    "stop_signal": _opt_signal,
     "forward": _choice(*FORWARD_POLICIES),
     "launcher": _choice(*LAUNCHERS),
     "sync_every": _duration,
@@ -293,6 +296,8 @@ def load_toml(path: Path) -> dict[str, Any]:
         raise ConfigError("--config", str(path), "not readable (permission denied)") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError("--config", str(path), f"not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError("--config", str(path), f"not UTF-8 text (byte {e.start}); TOML files are UTF-8") from None
 
 
 def _from_file(data: Mapping[str, Any], path: Path) -> tuple[dict[str, Any], list[SyncPair]]:
@@ -381,7 +386,7 @@ def _from_env(env: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
     warnings: list[str] = []
     known = {ENV_PREFIX + k.upper(): k for k in SCALAR_KEYS}
     for name, raw in env.items():
-        if not name.startswith(ENV_PREFIX) or name in CHILD_ENV or name == "SUPERVISE_CONFIG":
+        if not name.startswith(ENV_PREFIX) or name in childenv.NAMES or name == "SUPERVISE_CONFIG":
             continue
         key = known.get(name)
         if key is None:
@@ -553,6 +558,8 @@ def _checkpoint_flags(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _abs(p: str | Path, cwd: Path) -> Path:
+    if "\0" in str(p):
+        raise ConfigError("path", str(p).replace("\0", "\\0"), "contains a NUL byte")
     path = Path(os.path.expanduser(str(p)))
     return path if path.is_absolute() else cwd / path
 

@@ -50,7 +50,8 @@ class Mirror:
                  parts_poll: float = 1.0, writers: Callable[[], set[int]] | None = None) -> None:
         self.node_rank = node_rank
         self._pairs = tuple(p for p in pairs if node_rank == 0 or (p.kind == "checkpoint" and p.nodes > 1))
-        self._emit = self._logged(emit)
+        self._sink = emit
+        self._emit = self._logged(lambda kind, **fields: self._sink(kind, **fields))
         emit = self._emit
         self._backend_error: ConfigError | None = None
         try:
@@ -59,6 +60,7 @@ class Mirror:
             self._backend_error = ConfigError("sync_backend", backend, "rsync is not on PATH; use auto or python")
             self._backend = PythonBackend(nice, ionice)
         self._published = 0
+        self._completed: list[float | None] = []  # when each published checkpoint was completed (wall time)
         self._published_event = anyio.Event()
         self._engines: list[PairEngine] = []
         for p in self._pairs:
@@ -90,6 +92,14 @@ class Mirror:
             return emit(kind, **fields)
         return logged
 
+    def attach(self, emit: Emit, writers: Callable[[], set[int]] | None = None) -> None:
+        """Before ``run``: the journal to write to (a plan builds the mirror before the journal
+        is open), and the training's processes, whose open files are the evidence."""
+        self._sink = emit
+        for eng in self._engines:
+            if eng.pair.kind == "checkpoint" and not isinstance(eng, PartEngine):
+                eng.writers = writers
+
     @property
     def pairs(self) -> tuple[SyncPair, ...]:
         """The pairs this mirror handles (a node agent: only the per-node checkpoint pairs)."""
@@ -104,8 +114,9 @@ class Mirror:
         """Checkpoints published so far in this run; the stop sequence waits for it to move."""
         return self._published
 
-    def _count_publish(self) -> None:
+    def _count_publish(self, done_at: float | None = None) -> None:
         self._published += 1
+        self._completed.append(done_at)
         self._published_event.set()
         self._published_event = anyio.Event()
 
@@ -229,6 +240,16 @@ class Mirror:
     async def wait_published(self, after: int) -> None:
         """Return once ``published > after``; the caller bounds the wait with a cancel scope."""
         while self._published <= after:
+            await self._published_event.wait()
+
+    async def wait_completed(self, since: float, accept: Callable[[float | None, float], bool]) -> None:
+        """Return once a checkpoint that ``accept(completed_at, since)`` takes is published
+        (the stop sequence: one completed after its request, not any publish)."""
+        seen = 0
+        while True:
+            fresh, seen = self._completed[seen:], len(self._completed)
+            if any(accept(done, since) for done in fresh):
+                return
             await self._published_event.wait()
 
     async def flush(self, reason: str) -> dict[str, Any]:

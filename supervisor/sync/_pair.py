@@ -43,7 +43,7 @@ def _to_thread(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
 
 class PairEngine:
     def __init__(self, pair: SyncPair, backend: Backend, emit: Emit, *, every: float,
-                 retry_base: float, retry_cap: float, on_publish: Callable[[], None],
+                 retry_base: float, retry_cap: float, on_publish: Callable[[float | None], None],
                  writers: Callable[[], set[int]] | None = None) -> None:
         self.pair = pair
         # The training's processes on this node (None: not visible, e.g. a node agent).
@@ -380,7 +380,7 @@ class PairEngine:
             lag = round(time.time() - e.done_at, 3) if e.done_at else None
             self.emit("publish", pair=p.name, checkpoint=e.name, trigger=trigger, files=len(e.snap.files),
                       bytes=e.snap.bytes, why=e.why, lag_s=lag)
-            self.on_publish()
+            self.on_publish(e.done_at)
             return True
         self.emit("sync-deferred", pair=p.name, checkpoint=e.name,
                   reason=f"changed while being copied, {RECOPY_TRIES} times; trying again on the next pass")
