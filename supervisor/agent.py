@@ -10,11 +10,9 @@ stop step is a journal event (docs/design.md, docs/journal.md).
 
 from __future__ import annotations
 
-import enum
 import logging
 import os
 import signal
-import sys
 import time
 from functools import partial
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -22,31 +20,20 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import anyio
 from anyio.abc import TaskGroup
 
-from supervisor import __version__, childenv, job as jobs, logs, policy
+from supervisor import childenv, job as jobs, logs, policy
 from supervisor._units import format_duration
 from supervisor.child import Child, SpawnError
-from supervisor.config import Config, public_view
-from supervisor.journal import Journal, redact_env
-from supervisor.plan import Plan, make_plan
-from supervisor.policy import PASS_SIGNALS, STOP_SIGNALS, Reason, Trigger
-from supervisor.stopping import StopSequence
+from supervisor.config import Config
+from supervisor.errors import root_cause
+from supervisor.journal import Journal
+from supervisor.plan import Plan, job_label, make_plan, start_fields
+from supervisor.parts import guarded
+from supervisor.policy import PASS_SIGNALS, STOP_SIGNALS, Reason, State, Trigger
+from supervisor.stopping import StopSequence, ignore_stop_signals, request_checkpoint
 from supervisor.watches import deadline_watch, hang_watch
 
 log = logging.getLogger("supervise")
 
-SCHEDULER_ENV_PREFIXES = ("SLURM_", "PBS_", "SUPERVISE_", "CUDA_VISIBLE_DEVICES", "OMPI_COMM_WORLD", "PMI_", "CS_")
-PART_RESTARTS = 5
-
-
-class State(str, enum.Enum):
-    """The worker group's states, named as torch.distributed.elastic names its own."""
-
-    STARTING = "starting"
-    RESTORING = "restoring"
-    RUNNING = "running"
-    RESTARTING = "restarting"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
 
 
 class Agent:
@@ -54,10 +41,11 @@ class Agent:
 
     Its public attributes are the run's state, read by the stop sequence and the tests."""
 
-    def __init__(self, plan: Plan, *, spawn: Callable[..., Awaitable[Any]] = Child.spawn, notifier: Any = None) -> None:
+    def __init__(self, plan: Plan, *, spawn: Callable[..., Awaitable[Any]] = Child.spawn, notifier: Any = None,
+                 early: list[int] | None = None) -> None:
         """``spawn`` and ``notifier`` are seams for the in-process tests (tests/core/test_conductor.py)."""
         self.plan, self.cfg = plan, plan.cfg
-        self._spawner = spawn
+        self._spawner, self._early = spawn, early if early is not None else []
         self.journal = Journal(plan.run_dir, plan.attempt)
         self.state = State.STARTING
         self.child: Child | None = None
@@ -86,6 +74,8 @@ class Agent:
             try:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._signal_intake, signals)
+                    while self._early:  # what came before we listened, in order
+                        await self.deliver(signal.Signals(self._early.pop(0)))
                     await self._start_parts(tg)
                     if self.trigger is None:
                         await self._spawn(tg)
@@ -94,16 +84,16 @@ class Agent:
                     self._journal_stop()
                     await StopSequence(self)()
                     self._set_state(State.STOPPED)
-                    self.ignore_stop_signals()
+                    ignore_stop_signals()
                     tg.cancel_scope.cancel()
             except Exception as e:  # noqa: BLE001 - invariant 4: never leave the child unsupervised
-                cause = _root_cause(e)
+                cause = root_cause(e)
                 log.error("supervisor error: %s: %s", type(cause).__name__, cause, exc_info=cause)
                 self.journal.emit("error", error=f"{type(cause).__name__}: {cause}")
                 with anyio.CancelScope(shield=True):
                     await self._emergency_stop()
                 self.trigger = self.trigger or Trigger(Reason.ERROR, f"{type(cause).__name__}: {cause}", at=time.monotonic())
-        self.ignore_stop_signals()  # the receiver's exit restored the defaults
+        ignore_stop_signals()  # the receiver's exit restored the defaults
         return self._finish()
 
     async def _start_parts(self, tg: TaskGroup) -> None:
@@ -114,9 +104,9 @@ class Agent:
             from supervisor.notify import Notifier
 
             self.notifier = Notifier(self.plan.notify_urls, fmt=cfg.notify_format, timeout=cfg.notify_timeout,
-                                     emit=self.journal.emit, job_label=self._job_label(), add_secret=self.journal.add_secret)
+                                     emit=self.journal.emit, job_label=job_label(self.plan), add_secret=self.journal.add_secret)
         if self.notifier is not None:
-            await tg.start(self._guarded, "notify", self.notifier.run)
+            await tg.start(self._guarded("notify", self.notifier.run))
             self.notifier.post("start", attempt=self.plan.attempt, command=" ".join(cfg.command), host=os.uname().nodename)
         if cfg.gpu_every > 0:
             from supervisor.gpu import GpuSampler
@@ -125,13 +115,13 @@ class Agent:
             self.gpu = GpuSampler(run_dir=self.plan.run_dir, emit=self.journal.emit, every=cfg.gpu_every,
                                   backend=cfg.gpu_backend, env=self.plan.env, dmon_log=cfg.dmon_log)
             host = HostSampler(run_dir=self.plan.run_dir, emit=self.journal.emit, every=cfg.gpu_every)
-            await tg.start(self._guarded, "gpu", partial(self.gpu.run, tree_pids=self.tree_pids))
-            await tg.start(self._guarded, "host", partial(host.run, tree_pids=self.tree_pids))
-        tg.start_soon(self._guarded, "deadline", self._deadline_watch)
+            await tg.start(self._guarded("gpu", partial(self.gpu.run, tree_pids=self.tree_pids)))
+            await tg.start(self._guarded("host", partial(host.run, tree_pids=self.tree_pids)))
+        tg.start_soon(self._guarded("deadline", self._deadline_watch))
         if self.plan.job.scheduler != "local":
-            tg.start_soon(self._guarded, "kill-wait", self._learn_kill_wait)
+            tg.start_soon(self._guarded("kill-wait", self._learn_kill_wait))
         if cfg.hang_after:
-            tg.start_soon(self._guarded, "hang", self._hang_watch)
+            tg.start_soon(self._guarded("hang", self._hang_watch))
         if self.mirror is not None:
             self.mirror.attach(self.journal.emit, writers=self.tree_pids)
             self.journal.emit("sync-start", backend=self.mirror.backend_name,
@@ -141,35 +131,14 @@ class Agent:
                 tg.start_soon(self._cancel_on_stop, restore_scope)
                 self._set_state(State.RESTORING)
                 self.restored_from = await self.mirror.restore()
-            await tg.start(self._guarded, "sync", self.mirror.run)
+            await tg.start(self._guarded("sync", self.mirror.run))
 
     async def _cancel_on_stop(self, scope: anyio.CancelScope) -> None:
         await self._stop_wanted.wait()
         scope.cancel()
 
-    async def _guarded(self, name: str, run: Callable[..., Awaitable[Any]], *,
-                       task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Run a part, ready when it says so; a failure is journaled and retried with
-        backoff, never fatal (docs/design.md, invariant 4)."""
-        for n in range(PART_RESTARTS + 1):
-            try:
-                if n == 0 and task_status is not anyio.TASK_STATUS_IGNORED:
-                    await run(task_status=task_status)
-                else:
-                    await run()
-                return
-            except Exception as e:  # noqa: BLE001
-                if n == 0:
-                    try:
-                        task_status.started()  # a part that failed to start must not hold the run back
-                    except RuntimeError:
-                        pass  # it had said it was ready
-                delay = min(60.0, 2.0 * 2**n)
-                self.journal.emit("part-failed", part=name, error=f"{type(e).__name__}: {e}",
-                                  retry_in=delay if n < PART_RESTARTS else None)
-                log.warning("%s failed: %s%s", name, e, f"; retrying in {delay:g}s" if n < PART_RESTARTS else "; giving up")
-                if n < PART_RESTARTS:
-                    await anyio.sleep(delay)
+    def _guarded(self, name: str, run: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[None]]:
+        return partial(guarded, name, run, self.journal.emit)
 
     def tree_pids(self) -> set[int]:
         return self.child.tree() if self.child is not None else set()
@@ -267,28 +236,8 @@ class Agent:
 
     async def request_checkpoint(self, why: str, *, received: float | None = None, signal: bool = True) -> dict[str, Any]:
         """"Checkpoint now": a fresh request file, plus the checkpoint signal where it is safe."""
-        child, plan = self.child, self.plan
-        assert child is not None
-
-        def prepare() -> Any:
-            # The file first: a rank that saw the signal must not count the file of the same
-            # request as a second one. Finding ranks reads /proc: off the loop, in one hop.
-            childenv.write_request(plan.request_path, why)
-            return plan.launcher.checkpoint_targets(child.pid, plan.checkpoint_signal) if signal else None
-
-        targets = await anyio.to_thread.run_sync(prepare)
-        fields: dict[str, Any] = {"request_file": str(plan.request_path), "signal": None}
-        if targets is not None:
-            delivery = child.send_to(set(targets.pids), plan.checkpoint_signal, targets.route)
-            fields.update(signal=plan.checkpoint_signal.name, route=targets.route, to=delivery.targets,
-                          skipped={str(k): v for k, v in targets.skipped.items()})
-        else:
-            fields["why_no_signal"] = "the scheduler already sent SIGTERM to every process: the training is leaving"
-        if received is not None:
-            fields["latency_ms"] = round((time.monotonic() - received) * 1000, 3)
-        self.journal.emit("checkpoint-request", why=why, **fields)
-        log.info("checkpoint requested (%s)%s", why, f": {fields['signal']} to {fields['to']}" if targets else "")
-        return fields
+        assert self.child is not None
+        return await request_checkpoint(self.plan, self.child, self.journal.emit, why, received=received, signal=signal)
 
     def _request_stop(self, trigger: Trigger) -> None:
         if self.trigger is None:
@@ -355,45 +304,23 @@ class Agent:
             with anyio.move_on_after(self.cfg.grace + 10):
                 await self.child.stop(self.cfg.stop_signal or self.plan.launcher.stop_signal, self.cfg.grace)
 
-    @staticmethod
-    def ignore_stop_signals() -> None:
-        """Once the stop is done, a TERM (``scontrol requeue`` sends one at once) must not cut
-        the journal's last line: nothing is left to stop."""
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, signal.SIG_IGN)
-
     # ------------------------------------------------------------------ journal
 
     def _set_state(self, new: State, **fields: Any) -> None:
         old, self.state = self.state, new
         self.journal.emit("state", **{"from": old.value, "to": new.value}, **fields)
 
-    def _job_label(self) -> str:
-        j = self.plan.job
-        if j.job_id:
-            return f"{j.scheduler} job {j.job_id}" + (f" ({j.job_name})" if j.job_name else "")
-        return f"{os.uname().nodename}:{self.plan.run_dir.name}"
-
     def _journal_start(self) -> None:
-        j, p = self.plan.job, self.plan
-        self.journal.emit("start", durable=True, version=__version__, argv=sys.argv, command=list(self.cfg.command),
-                          cwd=os.getcwd(), host=os.uname().nodename, user=_user(), pid=os.getpid(),
-                          python=".".join(map(str, sys.version_info[:3])), scheduler=j.scheduler, job_id=j.job_id,
-                          job_name=j.job_name, restart_count=j.restart_count, nodes=list(j.nodes),
-                          launcher=p.launcher.name, checkpoint_signal=p.checkpoint_signal.name,
-                          config=public_view(self.cfg), scheduler_env=redact_env(p.env, SCHEDULER_ENV_PREFIXES))
-        log.info("run directory %s, attempt %d", p.run_dir, p.attempt)
+        self.journal.emit("start", durable=True, **start_fields(self.plan))
+        log.info("run directory %s, attempt %d", self.plan.run_dir, self.plan.attempt)
 
     def _journal_stop(self) -> None:
         t = self.trigger
         assert t is not None
-        kill = self._kill()
-        hard = {} if kill is None else {"kill_in_s": round(kill - time.time(), 3),
-                                        "kill_by": "time-limit" if kill == self.end else "kill-wait"}
-        if hard.get("kill_by") == "kill-wait":
-            hard["kill_wait_s"] = self.kill_wait
+        now = time.time()
         self.journal.emit("stop", reason=t.reason.value, detail=t.detail, signal=t.signal.name if t.signal else None,
-                          time_left_s=None if self.end is None else round(self.end - time.time(), 3), **hard)
+                          time_left_s=None if self.end is None else round(self.end - now, 3),
+                          **policy.kill_fields(end=self.end, kill=self._kill(), kill_wait=self.kill_wait, now=now))
 
     def _finish(self) -> int:
         trigger = self.trigger or Trigger(Reason.ERROR, "ended without a trigger")
@@ -409,35 +336,11 @@ class Agent:
         return status
 
 
-try:
-    BaseExceptionGroup
-except NameError:  # Python 3.10: anyio's own dependency backports it
-    from exceptiongroup import BaseExceptionGroup
-
-
-def _root_cause(e: BaseException) -> BaseException:
-    """The first real error inside (nested) exception groups: the journal names it."""
-    while isinstance(e, BaseExceptionGroup) and e.exceptions:
-        e = e.exceptions[0]
-    return e
-
-
-def _user() -> str:
-    name = os.environ.get("USER") or os.environ.get("LOGNAME")
-    if name:
-        return name
-    import pwd  # only when the environment does not say
-
-    try:
-        return pwd.getpwuid(os.getuid()).pw_name
-    except KeyError:
-        return str(os.getuid())
-
-
-async def supervise(cfg: Config, plan: Plan | None = None) -> int:
-    """Run one supervised attempt; the entry point the CLI calls inside ``anyio.run``."""
+async def supervise(cfg: Config, plan: Plan | None = None, early: list[int] | None = None) -> int:
+    """Run one supervised attempt; the entry point the CLI calls inside ``anyio.run``.
+    ``early``: signals that came before the agent listened, replayed in order."""
     plan = plan or make_plan(cfg)
     logs.add_file(plan.run_dir, cfg.verbosity)
     for warning in plan.warnings:
         log.warning("%s", warning)
-    return await Agent(plan).run()
+    return await Agent(plan, early=early).run()

@@ -218,7 +218,8 @@ CONFIG_FLAGS = ("run_dir", "grace", "stop_signal", "forward", "launcher", "sync_
 PAIR_FLAGS = ("restore", "markers", "settle", "profile")  # options of the --checkpoints pairs
 
 
-def config_from(ns: argparse.Namespace, command: Sequence[str], *, for_check: bool = False):  # noqa: ANN201
+def config_from(ns: argparse.Namespace, command: Sequence[str], *, for_check: bool = False,  # noqa: ANN201
+                create_run_dir: bool | None = None):
     """Build the validated Config from parsed options (file < env < flags)."""
     from supervisor.config import build_config
 
@@ -234,7 +235,8 @@ def config_from(ns: argparse.Namespace, command: Sequence[str], *, for_check: bo
         raise UsageError(f"{flag} applies to --checkpoints pairs, and none was given "
                          "(in a config file, set it in the [[sync]] table)")
     cfg = build_config(flags=flags, flag_pairs=pairs, command=tuple(command), config_file=cfg_file,
-                       require_command=not for_check, create_run_dir=not for_check, flag_nodes=given.get("nodes"),
+                       require_command=not for_check,
+                       create_run_dir=not for_check if create_run_dir is None else create_run_dir, flag_nodes=given.get("nodes"),
                        pair_flags=pair_flags)
     from dataclasses import replace
 
@@ -250,6 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         sub, ns, command = parse(argv)
         if sub == "run":
+            _hold_signals()
             return _run(ns, command)
         if sub == "check":
             from supervisor.check import run_check
@@ -270,20 +273,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
+_EARLY: list[int] = []  # stop and pass-on signals that came before the agent listened
+
+
+def _hold_signals() -> None:
+    """From here until the agent's receiver takes over, a stop or pass-on signal is kept,
+    not acted on: a KeyboardInterrupt raised inside an import is swallowed by importlib,
+    and the agent replays what came (a stop before the spawn exits 128+N)."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, lambda n, _frame: _EARLY.append(n))
+
+
 def _run(ns: argparse.Namespace, command: list[str]) -> int:
     import anyio
 
     from supervisor.agent import supervise
     from supervisor.child import become_subreaper
 
+    from supervisor.config import check_run_dir
     from supervisor.plan import make_plan
 
-    cfg = config_from(ns, command)
+    cfg = config_from(ns, command, create_run_dir=False)
     logs.setup(cfg.verbosity)
-    plan = make_plan(cfg)  # every ConfigError here: exit 2, nothing started
+    plan = make_plan(cfg)  # every ConfigError here: exit 2, nothing started, nothing made
+    check_run_dir(plan.run_dir)
     become_subreaper()
     try:
-        return anyio.run(supervise, cfg, plan)
+        return anyio.run(supervise, cfg, plan, _EARLY)
     finally:
         logs.close()
 

@@ -407,7 +407,8 @@ def job_nodes(env: Mapping[str, str]) -> int:
 
 
 def _resolve_pairs(pairs: list[SyncPair], env: Mapping[str, str] | None = None) -> tuple[SyncPair, ...]:
-    """Absolute paths, unique names, node counts, and no pair that would copy into itself."""
+    """Absolute paths, unique names, node counts; the sides themselves are checked by the plan
+    (``sync._checks.check_pairs``, through ``Mirror.check``)."""
     out: list[SyncPair] = []
     names: set[str] = set()
     for i, p in enumerate(pairs):
@@ -420,11 +421,6 @@ def _resolve_pairs(pairs: list[SyncPair], env: Mapping[str, str] | None = None) 
             p = replace(p, nodes=job_nodes(os.environ if env is None else env))
         if p.kind == "checkpoint" and p.exclude:
             _check_markers_kept(p, key)
-        if os.path.realpath(src) == os.path.realpath(dst):
-            raise ConfigError(key, f"{src} -> {dst}", "local and persistent sides are the same path")
-        rs, rd = Path(os.path.realpath(src)), Path(os.path.realpath(dst))
-        if rd.is_relative_to(rs) or rs.is_relative_to(rd):
-            raise ConfigError(key, f"{src} -> {dst}", "one side is inside the other; mirror into a separate directory")
         name = p.name or src.name or f"pair{i}"
         base, n = name, 2
         while name in names:

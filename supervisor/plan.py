@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from supervisor import childenv, deadline, launchers
+from supervisor import __version__, childenv, deadline, launchers
 from supervisor._units import format_duration
-from supervisor.config import Config
+from supervisor.config import Config, public_view
 from supervisor.errors import ConfigError
 from supervisor.job import Job, detect_job
-from supervisor.journal import next_attempt, read_journal
+from supervisor.journal import next_attempt, read_journal, redact_env
+
+SCHEDULER_ENV_PREFIXES = ("SLURM_", "PBS_", "SUPERVISE_", "CUDA_VISIBLE_DEVICES", "OMPI_COMM_WORLD", "PMI_", "CS_")
 
 
 @dataclass
@@ -87,3 +90,34 @@ def describe(plan: Plan) -> list[tuple[str, str, str]]:
     if plan.notify_urls:
         out.append(("ok", "notify", f"{len(plan.notify_urls)} webhook(s), {cfg.notify_format}"))
     return out
+
+
+def start_fields(plan: Plan) -> dict[str, Any]:
+    """The ``start`` event: who, where, what, and the whole configuration (secrets hidden)."""
+    j, cfg = plan.job, plan.cfg
+    return {"version": __version__, "argv": sys.argv, "command": list(cfg.command), "cwd": os.getcwd(),
+            "host": os.uname().nodename, "user": _user(), "pid": os.getpid(),
+            "python": ".".join(map(str, sys.version_info[:3])), "scheduler": j.scheduler, "job_id": j.job_id,
+            "job_name": j.job_name, "restart_count": j.restart_count, "nodes": list(j.nodes),
+            "launcher": plan.launcher.name, "checkpoint_signal": plan.checkpoint_signal.name,
+            "config": public_view(cfg), "scheduler_env": redact_env(plan.env, SCHEDULER_ENV_PREFIXES)}
+
+
+def job_label(plan: Plan) -> str:
+    """How notifications name the job."""
+    j = plan.job
+    if j.job_id:
+        return f"{j.scheduler} job {j.job_id}" + (f" ({j.job_name})" if j.job_name else "")
+    return f"{os.uname().nodename}:{plan.run_dir.name}"
+
+
+def _user() -> str:
+    name = os.environ.get("USER") or os.environ.get("LOGNAME")
+    if name:
+        return name
+    import pwd  # only when the environment does not say
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())

@@ -20,6 +20,17 @@ PASS_SIGNALS = (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 SAFETY = 5.0  # seconds kept in hand before the job's end for the last steps
 
 
+class State(str, enum.Enum):
+    """The worker group's states, named as torch.distributed.elastic names its own."""
+
+    STARTING = "starting"
+    RESTORING = "restoring"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
 class Reason(str, enum.Enum):
     """Why the run ended. Each is distinct in the journal and in the report."""
 
@@ -76,6 +87,15 @@ def hard_kill(*, end: float | None, kill: float | None) -> float | None:
     if kill is not None and (end is None or kill < end):
         return kill
     return end
+
+
+def kill_fields(*, end: float | None, kill: float | None, kill_wait: float | None, now: float) -> dict[str, object]:
+    """For the ``stop`` event (the report's margins): when the hard kill comes, and why."""
+    if kill is None:
+        return {}
+    if kill != end:
+        return {"kill_in_s": round(kill - now, 3), "kill_by": "kill-wait", "kill_wait_s": kill_wait}
+    return {"kill_in_s": round(kill - now, 3), "kill_by": "time-limit"}
 
 
 def time_left(*, end: float | None, kill: float | None, lead: float, kill_wait: float | None, now: float) -> float:

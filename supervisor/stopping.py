@@ -10,21 +10,55 @@ the next attempt's deadline learning can read them.
 from __future__ import annotations
 
 import logging
+import signal as signal_module
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import anyio
 
-from supervisor import job as jobs, policy
+from supervisor import childenv, job as jobs, policy
 from supervisor._units import format_duration
 from supervisor.child import exit_status
 from supervisor.policy import Reason, Trigger
 
 if TYPE_CHECKING:
     from supervisor.agent import Agent
+    from supervisor.plan import Plan
 
 log = logging.getLogger("supervise")
 REQUEST_SLACK = 0.02  # a file's mtime can trail the wall clock by a tick
+
+
+def ignore_stop_signals() -> None:
+    """Once the stop is done, a TERM (``scontrol requeue`` sends one at once) must not cut
+    the journal's last line: nothing is left to stop."""
+    for sig in policy.STOP_SIGNALS:
+        signal_module.signal(sig, signal_module.SIG_IGN)
+
+
+async def request_checkpoint(plan: "Plan", child: Any, emit: Any, why: str, *, received: float | None = None,
+                             signal: bool = True) -> dict[str, Any]:
+    """"Checkpoint now": a fresh request file, plus the checkpoint signal to the ranks when
+    ``signal`` (policy.signal_checkpoint); journaled as ``checkpoint-request``."""
+    def prepare() -> Any:
+        # The file first: a rank that saw the signal must not count the file of the same
+        # request as a second one. Finding ranks reads /proc: off the loop, in one hop.
+        childenv.write_request(plan.request_path, why)
+        return plan.launcher.checkpoint_targets(child.pid, plan.checkpoint_signal) if signal else None
+
+    targets = await anyio.to_thread.run_sync(prepare)
+    fields: dict[str, Any] = {"request_file": str(plan.request_path), "signal": None}
+    if targets is not None:
+        delivery = child.send_to(set(targets.pids), plan.checkpoint_signal, targets.route)
+        fields.update(signal=plan.checkpoint_signal.name, route=targets.route, to=delivery.targets,
+                      skipped={str(k): v for k, v in targets.skipped.items()})
+    else:
+        fields["why_no_signal"] = "the scheduler already sent SIGTERM to every process: the training is leaving"
+    if received is not None:
+        fields["latency_ms"] = round((time.monotonic() - received) * 1000, 3)
+    emit("checkpoint-request", why=why, **fields)
+    log.info("checkpoint requested (%s)%s", why, f": {fields['signal']} to {fields['to']}" if targets else "")
+    return fields
 
 
 class StopSequence:
@@ -207,7 +241,7 @@ class StopSequence:
                 await run.notifier.drain(min(cfg.notify_timeout, max(0.0, run.time_left())))
         # Requeueing sends us SIGTERM at once (Slurm): it is the very last thing we do, and
         # that TERM must not cut the journal's `end` (the training is already stopped).
-        run.ignore_stop_signals()
+        ignore_stop_signals()
         ok, message = await jobs.requeue(job, timeout=min(60.0, max(5.0, run.time_left())), report=log.warning)
         log.info("requeue: %s", message)
         return {"requeued": ok, "message": message, "restart_count": job.restart_count}

@@ -19,7 +19,7 @@ import anyio
 import anyio.to_thread
 from anyio.abc import TaskStatus
 
-from supervisor.gpu._csv import BatchWriter, CsvWriter
+from supervisor._csv import BatchWriter, CsvWriter
 from supervisor.gpu._types import DeviceInfo, GpuBackend, GpuSample, GpuUnavailable, Opened
 from supervisor.journal import Emit
 
