@@ -86,7 +86,7 @@ class Agent:
                     self._set_state(State.STOPPED)
                     ignore_stop_signals()
                     tg.cancel_scope.cancel()
-            except Exception as e:  # noqa: BLE001 - invariant 4: never leave the child unsupervised
+            except Exception as e:  # noqa: BLE001 - docs/design.md, invariant 4: never leave the child unsupervised
                 cause = root_cause(e)
                 log.error("supervisor error: %s: %s", type(cause).__name__, cause, exc_info=cause)
                 self.journal.emit("error", error=f"{type(cause).__name__}: {cause}")

@@ -5,7 +5,7 @@ the environment (cheap, pure, testable with recorded environments) and returns a
 ``Job``; the few facts that need the scheduler's own tools (the end time, requeue) are async
 functions that run argv lists through anyio with a timeout. They never raise into the
 caller: a scheduler that is slow, missing or answers nonsense must not take the supervision
-down (invariant 4), so failures come back as ``None`` / ``(False, why)`` and are reported
+down (docs/design.md, invariant 4), so failures come back as ``None`` / ``(False, why)`` and are reported
 through ``report`` (default: this module's logger).
 
 Facts relied on (docs/slurm.md, docs/pbs.md):

@@ -4,7 +4,7 @@ A pass is the unit of work: scan (in a thread), copy what is complete through a 
 name, check nothing changed while copying, rename into place, then pointers. One pass per
 pair at a time (``lock``); triggers that arrive meanwhile set one flag and so coalesce into
 exactly one more pass. Failures never leave this module: they are journaled and retried
-with capped exponential backoff (invariant 4).
+with capped exponential backoff (docs/design.md, invariant 4).
 """
 
 from __future__ import annotations
@@ -387,7 +387,7 @@ class PairEngine:
         return False
 
     async def _publish_pointers(self, listing: Listing) -> None:
-        """A pointer lands only once the checkpoint it names is published (invariant 1)."""
+        """A pointer lands only once the checkpoint it names is published (docs/design.md, invariant 1)."""
         p = self.pair
         for ptr in listing.pointers.values():
             target = ptr.target
