@@ -63,8 +63,9 @@ def make_plan(cfg: Config, env: Mapping[str, str] | None = None) -> Plan:
     if cfg.sync:
         from supervisor.sync import Mirror
 
+        # The training's processes are attached when the agent runs (Mirror.attach); they will be seen.
         plan.mirror = Mirror(cfg.sync, emit=lambda kind, **f: f, sync_every=cfg.sync_every,
-                             backend=cfg.sync_backend, nice=cfg.sync_nice, ionice=cfg.sync_ionice)
+                             backend=cfg.sync_backend, nice=cfg.sync_nice, ionice=cfg.sync_ionice, writers=set)
         plan.warnings += plan.mirror.check()
     if cfg.notify:
         from supervisor.notify import resolve_urls

@@ -29,6 +29,7 @@ from supervisor.sync._checks import check_pairs
 from supervisor.sync._complete import STAGING_PREFIX
 from supervisor.sync._nodes import PartEngine
 from supervisor.sync._pair import PairEngine
+from supervisor.sync._profiles import GENERIC
 from supervisor.sync._parts import PARTS_DIR, parts_root, remove_parts, waiting
 
 __all__ = ["Mirror"]
@@ -223,10 +224,13 @@ class Mirror:
                 if prof is None:
                     listing = classify(root, exclude=p.exclude, now=time.time())
                     prof, evidence = listing.profile, f"detected from {root / listing.evidence}" if listing.profile else ""
-            quiet = eng.relies_on_quiescence(prof)
-            name = prof.name if prof else "auto (detected when the first checkpoint appears)"
+                    if prof is None and listing.entries:
+                        prof, evidence = GENERIC, f"no known layout in {root}: {sorted(listing.entries)[0]}"
+            quiet = prof is not None and eng.relies_on_quiescence(prof)
+            name = prof.name if prof else "auto (detected when the first checkpoint appears; logged then)"
             how = (f"relies on quiescence alone (settle {p.settle:g}s): set markers or profile" if quiet
-                   else f"complete by evidence (writers {eng.writer_view()})")
+                   else f"complete by evidence (writers {eng.writer_view()})" if prof
+                   else f"writers {eng.writer_view()}")
             out.append(("warn" if quiet else "ok",
                         f"{p.name}: {text}, profile {name}{' (' + evidence + ')' if evidence else ''}, "
                         f"{'restore, ' if p.restore else ''}{how}"))

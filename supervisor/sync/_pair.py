@@ -28,7 +28,7 @@ from supervisor.sync._backend import Backend, CopyError, CopyResult
 from supervisor.sync._complete import (STAGING_PREFIX, Context, Entry, Listing, Snap, classify, matches,
                                        natural_key, newest_complete, snapshot)
 from supervisor.sync._exclude import within
-from supervisor.sync._profiles import PROFILES, Profile, torn_file
+from supervisor.sync._profiles import GENERIC, PROFILES, Profile, torn_file
 from supervisor.sync._writers import open_for_write
 
 # Triggers that go ahead even while backing off after a failure.
@@ -52,6 +52,7 @@ class PairEngine:
         self.profile: Profile | None = PROFILES.get(pair.profile)
         self._inodes: dict[str, int] = {}      # top-level name → inode at the last scan (renames)
         self._torn: dict[str, Any] = {}         # checkpoint → Snap journaled as torn
+        self._told_generic = False
         self._torn_cache: dict[tuple[str, Any], str | None] = {}
         self.backend = backend
         self.emit = emit
@@ -250,7 +251,13 @@ class PairEngine:
         return self._torn_cache[key]
 
     def _adopt_profile(self, listing: Listing, where: str) -> None:
-        """Keep the detected profile; a file-only guess (torch-save) gives way to directories."""
+        """Keep the detected profile; a file-only guess (torch-save) gives way to directories.
+        Entries of no known layout are said once (generic rules: quiescence), not kept."""
+        if listing.profile is None and listing.entries and self.profile is None and not self._told_generic:
+            self._told_generic = True
+            self.emit("sync-profile", pair=self.pair.name, profile=GENERIC.name, where=where,
+                      evidence=f"no known layout: {sorted(listing.entries)[0]}", writers=self.writer_view(),
+                      quiescence=self.relies_on_quiescence(GENERIC))
         if listing.profile is None or listing.profile is self.profile:
             return
         if self.profile is not None and (self.profile.name != "torch-save" or self.pair.profile != "auto"):
