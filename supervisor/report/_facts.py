@@ -11,6 +11,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from supervisor._units import natural_key
+from supervisor.report._goodput import Goodput, goodput, step_of
 from supervisor.report._load import GpuAcc, RunData
 
 FAILED = {"child-failed", "spawn-failed", "supervisor-error", "hang"}
@@ -39,6 +41,8 @@ class StopSequence:
     steps: list[StopStep]
     seconds: float  # from the stop's start to the last step's end
     margin_s: float | None  # left before the hard kill when the sequence was done
+    kill_in_s: float | None = None  # the hard kill came this long after the stop's start
+    kill_by: str | None = None  # "kill-wait" (KillWait after the scheduler's TERM) or "time-limit"
 
 
 @dataclass
@@ -54,12 +58,15 @@ class Attempt:
     detail: str | None
     exit_status: int | None
     restarts: int  # in-place restarts of a crashed training
-    requeued: bool | None  # the supervisor asked the scheduler to requeue
+    requeued: bool | None  # the job went back to the queue after it: by supervise or by the scheduler
     restored_from: str | None
     time_limit_s: float | None
     warn_lead_s: float | None
     signals: list[str]
     gpu_none: str | None
+    came_by: str | None = None  # how an attempt after the first came: "requeue" (the scheduler's) or "rerun"
+    restore: str | None = None  # what became of the restored checkpoint (RestoreOutcome.text)
+    exit_note: str | None = None  # why an exit status that looks like a failure is not one
 
 
 @dataclass
@@ -67,8 +74,10 @@ class Verdict:
     status: str  # finished, failed, cancelled, stopped, requeued, running, killed (torn, no end), empty
     headline: str
     attempts: int
-    requeues: int
+    requeues: int  # attempts the scheduler requeued
     reasons: list[str]  # each attempt's end reason, in order
+    reruns: int = 0  # attempts started again into the same run directory without a requeue
+    local_only: str | None = None  # said first: what is only on local disk at the end
 
 
 @dataclass
@@ -80,16 +89,30 @@ class LastCheckpoint:
 
 
 @dataclass
+class RestoreOutcome:
+    attempt: int
+    pair: str
+    checkpoint: str | None
+    outcome: str  # resumed, not-resumed, unverified, refused, failed, none
+    text: str  # one line for the report
+
+
+@dataclass
 class Checkpoints:
     pairs: list[str]
     published: int  # distinct checkpoints made durable
+    versions: int  # publishes: a checkpoint rewritten and published again is another version
     lag_p50_s: float | None
     lag_p95_s: float | None
     interval_s: float | None  # median time between two new checkpoints
     last: LastCheckpoint | None
     not_durable: list[str]  # what the last attempt could not make durable
     sync_failures: int
-    restores: list[str]
+    restores: list[RestoreOutcome]
+    copy_p95_s: float | None = None  # the sync passes that published: the copy alone
+    settled: int = 0  # checkpoints with no marker: durable only after the settle time
+    torn: list[str] = field(default_factory=list)  # checkpoints the training died in the middle of
+    profiles: list[str] = field(default_factory=list)  # sync-profile: what completeness rests on
 
 
 @dataclass
@@ -148,6 +171,7 @@ class Facts:
     host: Host | None
     journal: dict[str, Any]
     requeue_refused: list[dict[str, Any]] = field(default_factory=list)
+    goodput: Goodput | None = None
     notes: list[Note] = field(default_factory=list)
 
 
@@ -169,17 +193,24 @@ def build(data: RunData) -> Facts:
     for e in events:
         by_attempt.setdefault(int(e.get("attempt") or 0), []).append(e)
     attempts = [_attempt(n, evs) for n, evs in sorted(by_attempt.items())]
+    _how_they_came(attempts, by_attempt)
     stops = [s for n, evs in sorted(by_attempt.items()) for s in _stops(n, evs)]
     first_start = next((e for e in events if e.get("kind") == "start"), {})
+    checkpoints = _checkpoints(events, attempts)
+    for r in checkpoints.restores:
+        for a in attempts:
+            if a.number == r.attempt and r.checkpoint:
+                a.restore = r.text.split(": ", 1)[1]
     return Facts(
         run_dir=str(data.run_dir),
         job={k: first_start.get(k) for k in ("job_id", "job_name", "scheduler", "user", "host", "command", "cwd", "version")},
-        verdict=_verdict(attempts, torn=data.journal.torn_last_line is not None),
+        verdict=_verdict(attempts, torn=data.journal.torn_last_line is not None, not_durable=checkpoints.not_durable),
         attempts=attempts,
         stops=stops,
-        checkpoints=_checkpoints(events, attempts),
+        checkpoints=checkpoints,
         gpus=[_gpu(g, events, {a.number: a.host for a in attempts}) for g in data.gpus],
-        gpu_none=sorted({f"attempt {a.number}: {a.gpu_none}" for a in attempts if a.gpu_none}),
+        gpu_none=_gpu_none(attempts),
+        goodput=goodput(events, len(data.gpus)),
         host=_host(data, first_start),
         journal={"events": len(events), "torn_last_line": data.journal.torn_last_line is not None,
                  "bad_lines": data.journal.bad_lines, "gpu_bad_rows": data.gpu_bad_rows,
@@ -213,7 +244,49 @@ def _attempt(n: int, evs: list[dict[str, Any]]) -> Attempt:
         restored_from=restore.get("checkpoint"), time_limit_s=limit, warn_lead_s=_num(last_deadline.get("lead_s")),
         signals=[str(e.get("signal")) for e in evs if e.get("kind") == "signal"],
         gpu_none=gpu_none,
+        exit_note=_exit_note(start, end, evs),
     )
+
+
+def _exit_note(start: dict[str, Any], end: dict[str, Any], evs: list[dict[str, Any]]) -> str | None:
+    """torchrun exits 1 when a signal stops it, even after every rank saved and exited 0."""
+    stop_child = next((e for e in evs if e.get("kind") == "stop-step" and e.get("step") == "stop-child"), {})
+    launcher = start.get("launcher") or next((e.get("launcher") for e in evs if e.get("kind") == "spawn"), None)
+    argv = next((e.get("argv") for e in evs if e.get("kind") == "spawn"), None) or []
+    torchrun = launcher == "torchrun" or any(str(a).rsplit("/", 1)[-1] == "torchrun" for a in argv[:1])
+    if (end.get("exit_status") == 1 and torchrun and end.get("reason") in EARLY | {"cancelled"}
+            and stop_child.get("graceful") and not stop_child.get("killed")):
+        return ("torchrun exits 1 when a signal stops it, even when every rank saved and exited 0; "
+                "the stop was graceful")
+    return None
+
+
+def _how_they_came(attempts: list[Attempt], by_attempt: dict[int, list[dict[str, Any]]]) -> None:
+    """An attempt after the first is a requeue only when the scheduler requeued the job (the
+    previous attempt's requeue step or the controller said so, or the scheduler's restart
+    counter grew); starting again into the same run directory by hand is a rerun."""
+    for prev, a in zip(attempts, attempts[1:]):
+        evs, before = by_attempt.get(a.number, []), by_attempt.get(prev.number, [])
+        count = next((e.get("restart_count") for e in evs if e.get("kind") == "start"), None)
+        was = next((e.get("restart_count") for e in before if e.get("kind") == "start"), None)
+        by_scheduler = any(e.get("kind") == "reason" and e.get("requeued_by_scheduler") for e in before)
+        grew = isinstance(count, int) and isinstance(was, int) and count > was
+        a.came_by = "requeue" if prev.requeued or by_scheduler or grew else "rerun"
+        if by_scheduler or grew:
+            prev.requeued = True
+
+
+def _gpu_none(attempts: list[Attempt]) -> list[str]:
+    """One line per distinct reason the GPUs could not be sampled, naming its attempts."""
+    by_reason: dict[str, list[int]] = {}
+    for a in attempts:
+        if a.gpu_none:
+            by_reason.setdefault(a.gpu_none, []).append(a.number)
+    out = []
+    for reason, nums in by_reason.items():
+        which = "" if len(nums) == len(attempts) else f" (attempt{'s' if len(nums) > 1 else ''} {', '.join(map(str, nums))})"
+        out.append(f"{reason}{which}")
+    return out
 
 
 def _stops(n: int, evs: list[dict[str, Any]]) -> list[StopSequence]:
@@ -227,9 +300,12 @@ def _stops(n: int, evs: list[dict[str, Any]]) -> list[StopSequence]:
             return
         seconds = (last_t or current["t"]) - current["t"]
         left = _num(current.get("time_left_s"))
+        kill = _num(current.get("kill_in_s"))
+        to_kill = kill if kill is not None else left  # journals before kill_in_s: the job's end
         out.append(StopSequence(n, current["t"], str(current.get("reason")), current.get("detail"),
                                 current.get("signal"), left, list(steps), round(seconds, 3),
-                                round(left - seconds, 3) if left is not None else None))
+                                round(to_kill - seconds, 3) if to_kill is not None else None,
+                                kill_in_s=kill, kill_by=current.get("kill_by")))
 
     for e in evs:
         kind = e.get("kind")
@@ -258,17 +334,23 @@ def _outcome(e: dict[str, Any]) -> str | None:
     return "graceful" if e.get("graceful") else None
 
 
-def _verdict(attempts: list[Attempt], *, torn: bool = False) -> Verdict:
+def _times(n: int) -> str:
+    return f"{n} time{'s' if n != 1 else ''}"
+
+
+def _verdict(attempts: list[Attempt], *, torn: bool = False, not_durable: list[str] | None = None) -> Verdict:
     reasons = [a.reason or "no end recorded" for a in attempts]
-    requeues = max(0, len(attempts) - 1)
+    requeues = sum(1 for a in attempts if a.came_by == "requeue")
+    reruns = sum(1 for a in attempts if a.came_by == "rerun")
     last = attempts[-1] if attempts else None
-    times = f"{requeues} time{'s' if requeues != 1 else ''}"
     if last is None:
         return Verdict("empty", "NO EVENTS: the journal is empty (the supervisor never started?)", 0, 0, [])
     if last.reason is None and torn:
         status, head = "killed", f"NO END RECORDED in attempt {last.number}: the journal's last line is torn (killed mid-write)"
     elif last.reason is None:
         status, head = "running", f"RUNNING (or killed before it could record its end) in attempt {last.number}"
+    elif last.reason == "child-exit" and not_durable:
+        status, head = "local-only", "NOT SAFE: the training finished, but its newest checkpoint is only on local disk"
     elif last.reason == "child-exit":
         status, head = "finished", "FINISHED"
     elif last.reason in FAILED:
@@ -279,11 +361,14 @@ def _verdict(attempts: list[Attempt], *, torn: bool = False) -> Verdict:
         status, head = "requeued", f"REQUEUED after {last.reason}: waiting for attempt {last.number + 1}"
     else:
         status, head = "stopped", f"STOPPED by {last.reason}, not requeued: the work is not done"
+    local_only = "ONLY ON LOCAL DISK: " + "; ".join(not_durable) if not_durable and status not in ("running", "killed") else None
     if requeues:
-        head += f" · requeued {times}"
+        head += f" · requeued {_times(requeues)}"
+    if reruns:
+        head += f" · rerun {_times(reruns)}"
     if len(attempts) > 1 or status != "finished":
         head += f" · {len(attempts)} attempt{'s' if len(attempts) != 1 else ''}"
-    return Verdict(status, head, len(attempts), requeues, reasons)
+    return Verdict(status, head, len(attempts), requeues, reasons, reruns, local_only)
 
 
 def _checkpoints(events: list[dict[str, Any]], attempts: list[Attempt]) -> Checkpoints:
@@ -301,19 +386,76 @@ def _checkpoints(events: list[dict[str, Any]], attempts: list[Attempt]) -> Check
         gaps += [b - a for a, b in zip(ts, ts[1:])]
     pairs = sorted({p["name"] for e in events if e.get("kind") == "sync-start" for p in e.get("pairs") or []
                     if p.get("kind") == "checkpoint"})
-    last = max((e for e in events if e.get("kind") == "publish" and not e.get("pointer")), key=lambda e: e["t"], default=None)
+    # The latest attempt's newest by step, not by when it landed: a pass publishes the newest first.
+    last = max((e for e in events if e.get("kind") == "publish" and not e.get("pointer")),
+               key=lambda e: (int(e.get("attempt") or 0), natural_key(str(e.get("checkpoint"))), e["t"]), default=None)
     ends = [e for e in events if e.get("kind") == "end"]
     last_attempt = attempts[-1].number if attempts else None
     not_durable = [str(x) for x in (ends[-1].get("not_durable") or [])] if ends and ends[-1].get("attempt") == last_attempt else []
+    versions = [e for e in events if e.get("kind") == "publish" and not e.get("pointer")]
+    copies = [float(e["seconds"]) for e in events if e.get("kind") == "sync" and e.get("published")
+              and _num(e.get("seconds")) is not None]
     return Checkpoints(
-        pairs=pairs, published=len(pubs), lag_p50_s=pct(lags, 0.50), lag_p95_s=pct(lags, 0.95),
+        pairs=pairs, published=len(pubs), versions=len(versions),
+        lag_p50_s=pct(lags, 0.50), lag_p95_s=pct(lags, 0.95),
         interval_s=round(statistics.median(gaps), 3) if gaps else None,
         last=LastCheckpoint(str(last.get("pair")), str(last.get("checkpoint")), last["t"], int(last.get("attempt") or 0)) if last else None,
         not_durable=not_durable,
         sync_failures=sum(1 for e in events if e.get("kind") == "sync-failed"),
-        restores=[f"attempt {e.get('attempt')}: {e.get('checkpoint')}" for e in events
-                  if e.get("kind") == "restore" and e.get("checkpoint")],
+        restores=_restores(events),
+        copy_p95_s=pct(copies, 0.95),
+        settled=sum(1 for e in pubs if e.get("why") == "settled"),
+        torn=[f"attempt {e.get('attempt')}: {e.get('pair')}: {e.get('checkpoint')}" + (f" ({e['why']})" if e.get("why") else "")
+              for e in events if e.get("kind") == "torn"],
+        profiles=[f"{e.get('pair')}: {e.get('profile')}" + (f" ({e['evidence']})" if e.get("evidence") else "")
+                  + (f"; writers {e['writers']}" if e.get("writers") else "")
+                  + ("; waits for quiescence" if e.get("quiescence") else "")
+                  for e in events if e.get("kind") == "sync-profile"],
     )
+
+
+def _restores(events: list[dict[str, Any]]) -> list[RestoreOutcome]:
+    """Each restore, verified: resumed only when the training's next durable checkpoint is newer."""
+    out: list[RestoreOutcome] = []
+    for e in events:
+        kind, n, pair = e.get("kind"), int(e.get("attempt") or 0), str(e.get("pair"))
+        if kind == "restore-failed":
+            out.append(RestoreOutcome(n, pair, None, "failed", f"attempt {n}: restore failed: {e.get('error')}"))
+            continue
+        if kind != "restore":
+            continue
+        name = e.get("checkpoint")
+        if not name:
+            why = str(e.get("reason") or "nothing to restore")
+            nothing = why.startswith("no complete checkpoint")
+            out.append(RestoreOutcome(n, pair, None, "none" if nothing else "refused",
+                                      f"attempt {n}: {'nothing restored' if nothing else 'restore refused'}: {why}"))
+            continue
+        mine = [x for x in events if x.get("attempt") == n and x["t"] > e["t"]]
+        spawn = next((x["t"] for x in mine if x.get("kind") == "spawn"), e["t"])
+        nxt = next((x for x in mine if x.get("kind") == "publish" and not x.get("pointer") and x.get("pair") == pair
+                    and x.get("checkpoint") != name and x["t"] - (_num(x.get("lag_s")) or 0.0) >= spawn), None)
+        torn = next((x for x in events if x.get("kind") == "torn" and x.get("pair") == pair
+                     and x.get("checkpoint") == name), None)  # the restored checkpoint itself was torn
+        end = next((x for x in mine if x.get("kind") == "end"), {})
+        a, b = step_of(name), step_of(nxt.get("checkpoint")) if nxt else None
+        if nxt is not None and a is not None and b is not None and b > a:
+            outcome, text = "resumed", f"resumed from {name} (its next checkpoint, {nxt['checkpoint']}, is newer)"
+        elif nxt is not None and a is not None and b is not None:
+            outcome, text = "not-resumed", (f"did NOT resume from {name}: its next checkpoint, {nxt['checkpoint']}, "
+                                            f"is not newer (the training started over or loaded something else)")
+        elif torn is not None:
+            outcome, text = "not-resumed", (f"did NOT resume from {name}: it is torn, the training died writing it"
+                                            + (f" ({torn['why']})" if torn.get("why") else ""))
+        elif end.get("reason") in FAILED:
+            outcome, text = "not-resumed", (f"restored {name}, but the training failed ({end.get('reason')}, exit status "
+                                            f"{end.get('exit_status')}) before a newer checkpoint was durable")
+        elif nxt is not None:
+            outcome, text = "unverified", f"restored {name}; its next checkpoint {nxt['checkpoint']} cannot be ordered by name"
+        else:
+            outcome, text = "unverified", f"restored {name}; not verified: no newer checkpoint became durable in this attempt"
+        out.append(RestoreOutcome(n, pair, str(name), outcome, f"attempt {n}: {text}"))
+    return out
 
 
 def _gpu(g: GpuAcc, events: list[dict[str, Any]], hosts: dict[int, str | None]) -> Gpu:

@@ -15,14 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.report._facts import Facts, throttled
+from supervisor.report._goodput import step_of
 from supervisor.report._load import RunData, Series
-from supervisor.report._text import dur, mem, summary, utc
+from supervisor.report._text import dur, mem, sanitized, summary, utc
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf"]
 STEP_COLOUR = {"checkpoint": "rgba(44,160,44,0.25)", "flush": "rgba(31,119,180,0.25)",
                "stop-child": "rgba(214,39,40,0.25)", "final-flush": "rgba(148,103,189,0.25)"}
-STATUS_COLOUR = {"finished": "#1a7f37", "failed": "#cf222e", "cancelled": "#9a6700", "stopped": "#cf222e",
+STATUS_COLOUR = {"finished": "#1a7f37", "local-only": "#cf222e", "failed": "#cf222e", "cancelled": "#9a6700", "stopped": "#cf222e",
                  "requeued": "#9a6700", "running": "#0969da", "killed": "#cf222e"}
 
 
@@ -31,14 +32,31 @@ def iso(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1000):03d}"
 
 
-def _xy(times: list[str], s: Series) -> tuple[list[str], list[float | None]]:
-    """Drop the empty buckets before the first and after the last value; keep inner gaps."""
+def _xy(times: list[str], s: Series, every: float = 10.0, width: float = 1.0) -> tuple[list[str], list[float | None]]:
+    """The filled buckets, joined by lines; a gap (None) only where no sample came for longer
+    than 2.5 sampling periods (between attempts). Samples sparser than the buckets (a short run
+    at 10 s sampling) leave empty buckets between every two values: those are not gaps, or no
+    segment would be drawn at all."""
     vals = s.values()
-    idx = [i for i, v in enumerate(vals) if v is not None]
-    if not idx:
-        return [], []
-    lo, hi = idx[0], idx[-1] + 1
-    return times[lo:hi], vals[lo:hi]
+    gap = max(1, int(2.5 * every / width))  # buckets
+    xs: list[str] = []
+    ys: list[float | None] = []
+    last = None
+    for i, v in enumerate(vals):
+        if v is None:
+            continue
+        if last is not None and i - last > gap:
+            xs.append(times[(last + i) // 2])
+            ys.append(None)
+        xs.append(times[i])
+        ys.append(v)
+        last = i
+    return xs, ys
+
+
+def sampling_period(data: RunData) -> float:
+    return max((float(e.get("every") or 0) for e in data.journal.events if e.get("kind") == "gpu-start"), default=0.0) \
+        or 10.0
 
 
 def _markers(f: Facts, data: RunData) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -101,10 +119,11 @@ def _markers(f: Facts, data: RunData) -> tuple[list[dict[str, Any]], list[dict[s
 def gpu_figure(f: Facts, data: RunData) -> dict[str, Any]:
     times = [iso(t) for t in data.grid.times()]
     traces: list[dict[str, Any]] = []
+    every = sampling_period(data)
     for k, g in enumerate(data.gpus):
         colour = PALETTE[k % len(PALETTE)]
         for series, axis, what in ((g.s_util, "y", "util %"), (g.s_mem, "y2", "memory % (peak)"), (g.s_power, "y3", "power W")):
-            x, y = _xy(times, series)
+            x, y = _xy(times, series, every, data.grid.width)
             traces.append({"type": "scattergl" if len(x) > 2000 else "scatter", "mode": "lines", "name": f"GPU {g.index}",
                            "legendgroup": f"gpu{g.index}", "showlegend": axis == "y", "x": x, "y": y,
                            "line": {"color": colour, "width": 1.3}, "connectgaps": False, "xaxis": "x", "yaxis": axis,
@@ -153,8 +172,9 @@ def host_figure(data: RunData) -> dict[str, Any] | None:
     if h is None:
         return None
     times = [iso(t) for t in data.grid.times()]
-    cx, cy = _xy(times, h.s_cpu)
-    rx, ry = _xy(times, h.s_rss)
+    every = sampling_period(data)
+    cx, cy = _xy(times, h.s_cpu, every, data.grid.width)
+    rx, ry = _xy(times, h.s_rss, every, data.grid.width)
     return {"data": [
         {"type": "scatter", "mode": "lines", "name": "CPU % of a core", "x": cx, "y": cy, "yaxis": "y", "connectgaps": False},
         {"type": "scatter", "mode": "lines", "name": "RSS MiB (peak)", "x": rx, "y": ry, "yaxis": "y2", "connectgaps": False},
@@ -163,6 +183,72 @@ def host_figure(data: RunData) -> dict[str, Any] | None:
         "margin": {"l": 60, "r": 60, "t": 50, "b": 40}, "xaxis": {"type": "date"}, "plot_bgcolor": "white",
         "yaxis": {"title": {"text": "CPU %"}, "rangemode": "tozero"},
         "yaxis2": {"title": {"text": "RSS MiB"}, "overlaying": "y", "side": "right", "rangemode": "tozero"}}}
+
+
+def timeline_figure(f: Facts, data: RunData) -> dict[str, Any] | None:
+    """The job at a glance: attempts (productive part darker), queue gaps, checkpoints
+    (durable ▲ vs only on local disk ✖), stops."""
+    g = f.goodput
+    if g is None or not f.attempts:
+        return None
+    traces: list[dict[str, Any]] = []
+    shapes: list[dict[str, Any]] = []
+    ev = data.journal.events
+    by_n = {a.attempt: a for a in g.attempts}
+    prev_end = None
+    for a in f.attempts:
+        if a.start is None:
+            continue
+        end = a.end or max((e["t"] for e in ev if e.get("attempt") == a.number), default=a.start)
+        gp = by_n.get(a.number)
+        shapes.append({"type": "rect", "x0": iso(a.start), "x1": iso(end), "y0": 0.6, "y1": 1.4,
+                       "fillcolor": "rgba(120,120,120,0.25)", "line": {"width": 0}})
+        if gp is not None and gp.first_step_s is not None and gp.productive_s:
+            p0 = a.start + gp.first_step_s
+            shapes.append({"type": "rect", "x0": iso(p0), "x1": iso(p0 + gp.productive_s), "y0": 0.6, "y1": 1.4,
+                           "fillcolor": "rgba(26,127,55,0.6)", "line": {"width": 0}})
+            if gp.lost_work_s:
+                shapes.append({"type": "rect", "x0": iso(p0 + gp.productive_s), "x1": iso(p0 + gp.productive_s + gp.lost_work_s),
+                               "y0": 0.6, "y1": 1.4, "fillcolor": "rgba(207,34,46,0.6)", "line": {"width": 0}})
+        if prev_end is not None and a.start > prev_end:
+            shapes.append({"type": "rect", "x0": iso(prev_end), "x1": iso(a.start), "y0": 0.8, "y1": 1.2,
+                           "fillcolor": "rgba(154,103,0,0.35)", "line": {"width": 0}})
+        prev_end = end
+    x, text = [], []
+    for a in f.attempts:  # one hoverable point per attempt, so the bars read out
+        gp = by_n.get(a.number)
+        if a.start is None or gp is None:
+            continue
+        x.append(iso(a.start))
+        text.append(f"attempt {a.number}: {a.reason or 'running?'}; wall {dur(gp.wall_s)}, productive {dur(gp.productive_s)}, "
+                    f"lost {dur(gp.lost_work_s)}, queued before {dur(gp.queue_wait_s) if gp.queue_wait_s is not None else '-'}")
+    traces.append({"type": "scatter", "mode": "markers", "name": "attempt (grey), productive (green), lost (red), queued (amber)",
+                   "x": x, "y": [1.0] * len(x), "text": text, "hoverinfo": "text", "marker": {"symbol": "line-ns-open",
+                                                                                             "size": 22, "color": "#57606a"}})
+    seen: set[tuple[Any, Any]] = set()
+    cx, ctext = [], []
+    for e in ev:
+        key = (e.get("pair"), e.get("checkpoint"))
+        if e.get("kind") == "publish" and not e.get("pointer") and key not in seen:
+            seen.add(key)
+            cx.append(iso(e["t"]))
+            step = step_of(e.get("checkpoint"))
+            ctext.append(f"{e.get('checkpoint')} durable" + (f" (step {step})" if step is not None else ""))
+    traces.append({"type": "scatter", "mode": "markers", "name": "checkpoint durable", "x": cx, "y": [1.6] * len(cx),
+                   "text": ctext, "hoverinfo": "text+x", "marker": {"symbol": "triangle-up", "size": 9, "color": "#1a7f37"}})
+    local = [e for e in ev if e.get("kind") == "end" and e.get("not_durable")] + [e for e in ev if e.get("kind") == "torn"]
+    traces.append({"type": "scatter", "mode": "markers", "name": "only on local disk / torn", "x": [iso(e["t"]) for e in local],
+                   "y": [1.6] * len(local), "text": ["; ".join(map(str, e.get("not_durable") or [e.get("checkpoint")])) for e in local],
+                   "hoverinfo": "text+x", "marker": {"symbol": "x", "size": 10, "color": "#cf222e"}})
+    stops = [s for s in f.stops if s.reason not in ("child-exit",)]
+    traces.append({"type": "scatter", "mode": "markers", "name": "stop", "x": [iso(s.t) for s in stops], "y": [0.4] * len(stops),
+                   "text": [f"attempt {s.attempt}: {s.reason}" for s in stops], "hoverinfo": "text+x",
+                   "marker": {"symbol": "diamond", "size": 9, "color": "#cf222e"}})
+    return {"data": traces, "layout": {
+        "title": {"text": "The job's timeline: attempts, productive time, lost work, queue gaps, checkpoints", "x": 0},
+        "height": 260, "margin": {"l": 60, "r": 20, "t": 50, "b": 40}, "xaxis": {"type": "date"},
+        "yaxis": {"range": [0, 2], "showticklabels": False, "fixedrange": True}, "shapes": shapes,
+        "plot_bgcolor": "white", "showlegend": True, "legend": {"orientation": "h", "y": -0.25}}}
 
 
 def _table(head: list[str], rows: list[list[Any]]) -> str:
@@ -178,7 +264,7 @@ def _fmt(v: float | None, unit: str = "", nd: int = 0) -> str:
 def body(f: Facts) -> str:
     e = html.escape
     v = f.verdict
-    parts = [f'<h1 style="color:{STATUS_COLOUR.get(v.status, "#24292f")}">{e(v.headline)}</h1>',
+    parts = [f'<h1 style="color:{STATUS_COLOUR.get(v.status, "#24292f")}">{e(v.local_only) + "<br>" if v.local_only else ""}{e(v.headline)}</h1>',
              f"<p class=sub>run dir <code>{e(f.run_dir)}</code>" + (f" · job {e(str(f.job['job_id']))}" if f.job.get("job_id") else "")
              + (f" · {e(str(f.job['scheduler']))}" if f.job.get("scheduler") else "") + "</p>"]
     parts.append("<pre class=summary>" + e("\n".join(summary(f))) + "</pre>")
@@ -186,9 +272,24 @@ def body(f: Facts) -> str:
         items = "".join(f'<li class="{e(n.level)}">{e(n.text)}</li>' for n in f.notes)
         parts.append(f"<h2>Notes</h2><ul class=notes>{items}</ul>")
     parts.append("<h2>Attempts</h2>" + _table(
-        ["#", "start (UTC)", "ran", "host", "ended", "detail", "exit", "requeued", "resumed from"],
-        [[a.number, utc(a.start), dur(a.seconds), a.host, a.reason or "running?", a.detail, a.exit_status,
-          {True: "yes", False: "no", None: ""}[a.requeued], a.restored_from] for a in f.attempts]))
+        ["#", "came by", "start (UTC)", "ran", "host", "ended", "detail", "exit", "requeued", "restore"],
+        [[a.number, a.came_by or "", utc(a.start), dur(a.seconds), a.host, a.reason or "running?", a.detail,
+          f"{a.exit_status} ({a.exit_note})" if a.exit_note else a.exit_status,
+          {True: "yes", False: "no", None: ""}[a.requeued], a.restore or ""] for a in f.attempts]))
+    g = f.goodput
+    if g is not None and g.attempts:
+        rows = [[a.attempt, dur(a.queue_wait_s) if a.queue_wait_s is not None else "", dur(a.wall_s),
+                 f"{dur(a.first_step_s)} ({a.first_step_by or 'not seen'})", dur(a.training_s), dur(a.productive_s),
+                 dur(a.lost_work_s) + (f" ({'' if a.lost_steps_exact else '≈'}{a.lost_steps} steps)" if a.lost_steps else ""),
+                 "" if a.ettr is None else f"{100 * a.ettr:.0f} %",
+                 "" if a.lost_gpu_hours is None else f"{a.lost_gpu_hours:.3f}"] for a in g.attempts]
+        rows.append(["job", dur(g.queue_wait_s), dur(g.wall_s), "", "", dur(g.productive_s), dur(g.lost_work_s),
+                     "" if g.ettr is None else f"{100 * g.ettr:.1f} %",
+                     "" if g.lost_gpu_hours is None else f"{g.lost_gpu_hours:.3f}"])
+        gpus = f"{g.gpus} GPUs ({g.gpus_from})" if g.gpus else "GPU count unknown"
+        parts.append(f"<h2>Goodput</h2><p class=sub>ETTR = productive training time / wall time; {e(gpus)}</p>" + _table(
+            ["#", "queued before", "wall", "first step (evidence)", "training", "productive", "work lost", "ETTR",
+             "GPU-hours not productive"], rows))
     if f.stops:
         rows = []
         for s in f.stops:
@@ -198,13 +299,15 @@ def body(f: Facts) -> str:
         parts.append("<h2>Stop sequences</h2>" + _table(
             ["attempt", "start (UTC)", "reason", "time left", "steps", "total", "margin before the hard kill"], rows))
     c = f.checkpoints
+    restores = "".join(f"<li>{e(r.text)}</li>" for r in c.restores)
     last = f"{c.last.name} ({c.last.pair}) at {utc(c.last.t)} UTC, attempt {c.last.attempt}" if c.last else "none"
     local = "unknown until the attempt ends" if f.verdict.status in ("running", "killed") else ("; ".join(c.not_durable) or "nothing")
-    parts.append("<h2>Checkpoints</h2>" + _table(["published", "lag p50", "lag p95", "interval (median)", "last durable",
+    parts.append("<h2>Checkpoints</h2>" + _table(["published (versions)", "lag p50", "lag p95", "interval (median)", "last durable",
                                                    "only on local disk", "failed syncs"],
-                                                  [[c.published, dur(c.lag_p50_s) if c.lag_p50_s is not None else "n/a",
+                                                  [[f"{c.published} ({c.versions})", dur(c.lag_p50_s) if c.lag_p50_s is not None else "n/a",
                                                     dur(c.lag_p95_s) if c.lag_p95_s is not None else "n/a",
-                                                    dur(c.interval_s) if c.interval_s else "n/a", last, local, c.sync_failures]]))
+                                                    dur(c.interval_s) if c.interval_s else "n/a", last, local, c.sync_failures]])
+                 + (f"<ul>{restores}</ul>" if restores else ""))
     if f.gpus:
         rows = []
         for g in f.gpus:
@@ -241,7 +344,8 @@ pre.summary{margin:6px 0;font-size:14px} li.bad{color:#cf222e} li.warn{color:#9a
 
 
 def page(f: Facts, data: RunData, plotly_js: str) -> str:
-    figures = {"gpu": gpu_figure(f, data) if data.gpus else None, "sync": sync_figure(f, data), "host": host_figure(data)}
+    f = sanitized(f)
+    figures = {"timeline": timeline_figure(f, data), "gpu": gpu_figure(f, data) if data.gpus else None, "sync": sync_figure(f, data), "host": host_figure(data)}
     divs, calls = [], []
     for name, fig in figures.items():
         if fig is None:

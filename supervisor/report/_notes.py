@@ -123,19 +123,34 @@ def warn_lead(f: Facts) -> list[Note]:
 def checkpoint_pace(f: Facts) -> list[Note]:
     c = f.checkpoints
     notes = []
-    if c.interval_s and c.lag_p95_s is not None and c.lag_p95_s > c.interval_s:
-        notes.append(Note("warn", f"Checkpoints come every {_dur(c.interval_s)} but take {c.lag_p95_s:.1f}s (p95) to reach "
-                                  f"persistent storage: they pile up on local disk. Checkpoint less often "
-                                  f"(every ≥ {_dur(c.lag_p95_s * 2)}) or write smaller ones."))
+    copy = c.copy_p95_s
+    if c.interval_s and copy is not None and copy > c.interval_s:
+        notes.append(Note("warn", f"Checkpoints come every {_dur(c.interval_s)} but copying one takes {copy:.1f}s (p95): "
+                                  f"they pile up on local disk. Checkpoint less often (every ≥ {_dur(copy * 2)}) "
+                                  f"or write smaller ones."))
+    elif c.interval_s and c.lag_p95_s is not None and c.lag_p95_s > c.interval_s and c.settled:
+        notes.append(Note("warn", f"{c.settled} checkpoint{'s' if c.settled != 1 else ''} had no completion marker, so "
+                                  f"each became durable only after the settle time (lag p95 {c.lag_p95_s:.1f}s, "
+                                  f"the copy itself {copy or 0:.1f}s): the newest is always at risk. Write a marker "
+                                  f"last (markers = [...] in the [[sync]] table, docs/sync.md) so it is published at once."))
     writes = [s.seconds for st in f.stops for s in st.steps if s.step == "checkpoint" and s.outcome == "published"]
     if c.interval_s and writes and max(writes) > c.interval_s:
         notes.append(Note("warn", f"Writing a checkpoint took {max(writes):.1f}s, longer than the {_dur(c.interval_s)} "
                                   f"between checkpoints: the training spends most of its time checkpointing. "
                                   f"Checkpoint every ≥ {_dur(max(writes) * 5)}."))
     if c.not_durable:
+        last = f.attempts[-1].number if f.attempts else None
+        short = any(st.attempt == last and st.reason == "deadline"
+                    and any(s.step in ("checkpoint", "flush", "final-flush") and s.outcome in ("timeout", "no-time")
+                            for s in st.steps) for st in f.stops)
+        fix = ("raise --warn-before so the final flush has time" if short else
+               "it was not complete when the attempt ended (see why above), not short of time: write a completion "
+               "marker last (docs/sync.md) so the newest checkpoint is published as soon as it is written")
         notes.append(Note("bad", "Left only on local disk at the end (not on persistent storage): "
-                                 + "; ".join(c.not_durable) + ". Copy it by hand before the node is cleaned, "
-                                 "and raise --warn-before so the final flush has time."))
+                                 + "; ".join(c.not_durable) + ". Copy it by hand before the node is cleaned; " + fix + "."))
+    for r in c.restores:
+        if r.outcome in ("not-resumed", "refused", "failed"):
+            notes.append(Note("bad" if r.outcome != "refused" else "warn", f"Restore, {r.text}."))
     if c.sync_failures:
         notes.append(Note("warn", f"{c.sync_failures} sync pass{'es' if c.sync_failures != 1 else ''} failed "
                                   f"(see sync-failed in events.jsonl); check quota and the persistent path."))
@@ -198,8 +213,6 @@ def run_shape(f: Facts) -> list[Note]:
         r = refused[-1]
         notes.append(Note("bad", f"A requeue was refused: {r.get('restart_count')} requeues already, --max-requeues "
                                  f"{r.get('max_requeues')}. Raise --max-requeues, or resubmit with the same --run-dir."))
-    if not f.gpus and f.gpu_none:
-        notes.append(Note("info", "No GPU data: " + "; ".join(f.gpu_none) + "."))
     if f.journal["torn_last_line"]:
         notes.append(Note("info", "The journal's last line is torn: the supervisor was killed while writing it "
                                   "(SIGKILL or a full disk). Everything before it is reported."))

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import textwrap
 import time
+from typing import Any
 
 from supervisor.report._facts import Facts, Gpu, throttled
 
 WIDTH = 100
-STATUS_COLOUR = {"finished": "32", "failed": "31", "cancelled": "33", "stopped": "31", "requeued": "33", "running": "36", "killed": "31"}
+STATUS_COLOUR = {"finished": "32", "local-only": "31", "failed": "31", "cancelled": "33", "stopped": "31", "requeued": "33", "running": "36", "killed": "31"}
 NOTE_MARK = {"bad": ("✗", "31"), "warn": ("!", "33"), "info": ("·", "36")}
 
 
@@ -59,22 +62,51 @@ def meter(p: float | None, width: int = 20) -> str:
     return "[" + "|" * n + " " * (width - n) + f"] {p:3.0f}%"
 
 
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def escape(s: str) -> str:
+    """Control characters from the journal (a checkpoint's name, a detail) shown, not obeyed."""
+    return CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), s)
+
+
+def sanitized(obj: Any) -> Any:
+    """A copy of the facts with every string's control characters escaped (text and HTML views)."""
+    if isinstance(obj, str):
+        return escape(obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: sanitized(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                                           if f.init})
+    if isinstance(obj, list):
+        return [sanitized(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: sanitized(v) for k, v in obj.items()}
+    return obj
+
+
 def render(f: Facts, *, colour: bool = False) -> str:
+    f = sanitized(f)
     st = Style(colour)
     out: list[str] = []
     v = f.verdict
+    if v.local_only:
+        out.append(st("31;1", v.local_only))
     out.append(st(STATUS_COLOUR.get(v.status, "1") + ";1", v.headline))
     for a in f.attempts:
         how = a.reason or "no end recorded"
         extra = f" ({a.detail})" if a.detail and a.detail != a.reason else ""
         status = f", exit status {a.exit_status}" if a.exit_status is not None and "exit status" not in extra else ""
         req = ", requeued" if a.requeued else ""
-        out.append(f"  attempt {a.number}: {how}{extra}{status}{req}")
+        came = {"requeue": " (requeued)", "rerun": " (rerun into the same run directory)"}.get(a.came_by or "", "")
+        out.append(f"  attempt {a.number}{came}: {how}{extra}{status}{req}")
+        if a.exit_note:
+            out.append(f"    ({a.exit_note})")
     out += [f"  {line}" for line in summary(f)]
     job = f.job
     out.append(f"run dir {f.run_dir}" + (f" · job {job['job_id']}" if job.get("job_id") else "")
                + (f" ({job['job_name']})" if job.get("job_name") else "") + (f" · {job['scheduler']}" if job.get("scheduler") else ""))
-    out += _timeline(f, st) + _stops(f, st) + _checkpoints(f, st) + _gpus(f, st) + _host(f, st) + _notes(f, st)
+    out += (_timeline(f, st) + _stops(f, st) + _checkpoints(f, st) + _goodput(f, st) + _gpus(f, st) + _host(f, st)
+            + _notes(f, st))
     j = f.journal
     if j["torn_last_line"] or j["bad_lines"] or j["malformed_events"]:
         out.append(st("2", f"journal: {j['events']} events; torn last line: {'yes' if j['torn_last_line'] else 'no'}; "
@@ -88,6 +120,8 @@ def summary(f: Facts) -> list[str]:
     c = f.checkpoints
     if c.last:
         ck = f"checkpoints: {c.published} durable, last {c.last.name} (attempt {c.last.attempt})"
+        if c.versions != c.published:
+            ck += f", {c.versions} versions published"
     else:
         ck = "checkpoints: none durable" if c.pairs else "checkpoints: not mirrored"
     if c.not_durable:
@@ -99,6 +133,11 @@ def summary(f: Facts) -> list[str]:
         lines.append(f"GPUs: {len(f.gpus)}, utilisation {meter(sum(utils) / len(utils))} mean of all, {energy:.3f} kWh")
     elif not f.gpus:
         lines.append("GPUs: no data")
+    g = f.goodput
+    if g is not None and g.ettr is not None:
+        gpu_h = f", {g.lost_gpu_hours:.3f} GPU-hours lost on {g.gpus} GPUs" if g.lost_gpu_hours is not None else ""
+        lines.append(f"goodput: ETTR {100 * g.ettr:.0f}% ({dur(g.productive_s)} productive of {dur(g.wall_s)} wall)"
+                     f", work lost {dur(g.lost_work_s)}, queue wait {dur(g.queue_wait_s)}{gpu_h}")
     return lines
 
 
@@ -106,8 +145,8 @@ def _timeline(f: Facts, st: Style) -> list[str]:
     out = ["", st.head("Attempts"), f"  {'#':>2}  {'start (UTC)':19}  {'ran':>9}  {'host':14}  {'ended':14}  {'exit':>4}  what else"]
     for a in f.attempts:
         what = []
-        if a.restored_from:
-            what.append(f"resumed from {a.restored_from}")
+        if a.restore:
+            what.append(a.restore.split(" (")[0] if a.restore.startswith("resumed") else a.restore)
         if a.restarts:
             what.append(f"{a.restarts} in-place restart{'s' if a.restarts > 1 else ''}")
         if a.signals:
@@ -132,7 +171,8 @@ def _stops(f: Facts, st: Style) -> list[str]:
             out.append(f"    {step.step:12} {dur(step.seconds):>7}  " + (st("31", outcome) if bad else outcome))
         margin = ""
         if s.margin_s is not None:
-            text = f"{dur(s.margin_s)} left before the hard kill"
+            by = {"kill-wait": " (KillWait after the scheduler's TERM)", "time-limit": " (the job's end)"}.get(s.kill_by or "", "")
+            text = f"{dur(s.margin_s)} left before the hard kill{by}"
             margin = " · " + (st("31", text) if s.margin_s < 0 else text)
         out.append(f"    {'total':12} {dur(s.seconds):>7}{margin}")
     return out
@@ -145,7 +185,10 @@ def _checkpoints(f: Facts, st: Style) -> list[str]:
         return out + ["  no checkpoint mirroring configured (--checkpoints LOCAL PERSISTENT)"]
     lag = f" · lag to persistent storage p50 {dur(c.lag_p50_s)} p95 {dur(c.lag_p95_s)}" if c.lag_p50_s is not None else ""
     every = f" · one every {dur(c.interval_s)} (median)" if c.interval_s else ""
-    out.append(f"  {c.published} published ({', '.join(c.pairs) or '?'}){lag}{every}")
+    versions = f", {c.versions} versions" if c.versions != c.published else ""
+    copy = f" · copy p95 {dur(c.copy_p95_s)}" if c.copy_p95_s is not None else ""
+    settled = f" · {c.settled} with no marker (durable only after the settle time)" if c.settled else ""
+    out.append(f"  {c.published} published{versions} ({', '.join(c.pairs) or '?'}){lag}{copy}{every}{settled}")
     if c.last:
         out.append(f"  last durable: {st('1', c.last.name)} ({c.last.pair}) at {utc(c.last.t)} UTC, attempt {c.last.attempt}")
     else:
@@ -158,8 +201,39 @@ def _checkpoints(f: Facts, st: Style) -> list[str]:
         out.append("  only on local disk: nothing")
     if c.sync_failures:
         out.append("  " + st("33", f"{c.sync_failures} failed sync passes"))
-    if c.restores:
-        out.append("  restored: " + "; ".join(c.restores))
+    for r in c.restores:
+        line = f"  restore, {r.text}"
+        out.append(st("31", line) if r.outcome in ("not-resumed", "failed", "refused") else line)
+    for t in c.torn:
+        out.append("  " + st("31", f"torn (the training died writing it; never published): {t}"))
+    for p in c.profiles:
+        out.append(f"  completeness: {p}")
+    return out
+
+
+def _goodput(f: Facts, st: Style) -> list[str]:
+    g = f.goodput
+    if g is None or not g.attempts:
+        return []
+    gpus = f"{g.gpus} GPUs ({g.gpus_from})" if g.gpus else "GPU count unknown"
+    out = ["", st.head("Goodput") + f" (ETTR = productive training time / wall time; {gpus})",
+           f"  {'#':>2}  {'queued':>8}  {'wall':>8}  {'1st step':>8}  {'training':>8}  {'productive':>10}  "
+           f"{'lost work':>9}  {'ETTR':>5}  lost GPU-h"]
+    for a in g.attempts:
+        steps = ""
+        if a.lost_steps:
+            steps = f" ({'' if a.lost_steps_exact else '≈'}{a.lost_steps} steps)"
+        first = dur(a.first_step_s) + ("*" if a.first_step_by in ("log growth", "checkpoint") else "")
+        out.append(f"  {a.attempt:>2}  {dur(a.queue_wait_s) if a.queue_wait_s is not None else '':>8}  {dur(a.wall_s):>8}  "
+                   f"{first:>8}  {dur(a.training_s):>8}  {dur(a.productive_s):>10}  {dur(a.lost_work_s):>9}  "
+                   f"{'' if a.ettr is None else f'{100 * a.ettr:.0f}%':>5}  "
+                   f"{'' if a.lost_gpu_hours is None else f'{a.lost_gpu_hours:.3f}'}{steps}")
+    out.append(f"  job: {dur(g.wall_s)} wall ({dur(g.queue_wait_s)} queued between attempts), {dur(g.productive_s)} "
+               f"productive, {dur(g.lost_work_s)} of work lost, ETTR "
+               f"{'?' if g.ettr is None else f'{100 * g.ettr:.1f}%'}"
+               + (f", {g.lost_gpu_hours:.3f} GPU-hours not productive" if g.lost_gpu_hours is not None else ""))
+    if any(a.first_step_by in ("log growth", "checkpoint") for a in g.attempts):
+        out.append("  * first step seen only at the first log growth or checkpoint: an upper bound")
     return out
 
 
@@ -187,7 +261,7 @@ def _gpu_line(g: Gpu) -> list[str]:
 def _gpus(f: Facts, st: Style) -> list[str]:
     out = ["", st.head("GPUs")]
     if not f.gpus:
-        return out + ["  no GPU data" + (": " + "; ".join(f.gpu_none) if f.gpu_none else "")]
+        return out + ["  no GPU data" + (": " + "; ".join(f.gpu_none) if f.gpu_none else "")]  # the one place it is said
     for g in f.gpus:
         lines = _gpu_line(g)
         if g.util_mean_pct is not None and g.util_mean_pct < 25:

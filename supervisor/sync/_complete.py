@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
+from supervisor._units import natural_key
 from supervisor.sync._exclude import excluded, within
 from supervisor.sync._profiles import GENERIC, Profile, detect, torn_file
 
@@ -49,11 +50,6 @@ TEMP_GLOBS = (".*", "*.tmp", "*.temp", "*.part", "*.partial", "*.incomplete", "*
               "*.orbax-checkpoint-tmp*", "*.lock")
 
 _DIGITS = re.compile(r"(\d+)")
-
-
-def natural_key(name: str) -> tuple:
-    """``step_9`` < ``step_10``: digits compare as numbers, so "newest" means the highest step."""
-    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in _DIGITS.split(name) if p)
 
 
 def shape(name: str) -> str:
@@ -339,6 +335,9 @@ def _judge(root: Path, name: str, snap: Snap, listing: Listing, globs: tuple[str
     found = _marker_files(snap, globs + prof.markers)
     if found:
         when = max(snap.files[m][1] for m in found) / 1e9
+        quiet_until = snap.newest_ns / 1e9 + prof.after_marker
+        if prof.after_marker and not ctx.exited and now < quiet_until:
+            return Entry(name, True, snap, False, f"marker {found[0]}; files may follow it", ready_at=quiet_until, **kw)
         return Entry(name, True, snap, True, f"marker {found[0]}", when, tuple(sorted(found)), **kw)
     for p in listing.pointers.values():
         if p.target == name and not p.link:

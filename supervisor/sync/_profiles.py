@@ -26,6 +26,7 @@ class Profile:
     needs_marker: bool = False     # a directory without a marker is never complete (torn once the training is gone)
     step: str = r"(\d+)"           # the step in a checkpoint's name (the last match counts)
     links: tuple[str, ...] = ()    # top-level names that may be symlinks to a checkpoint (Lightning last.ckpt)
+    after_marker: float = 0.0      # quiet seconds after the marker (files may follow it in the same save)
     resume: str = ""               # how the training resumes (docs, `supervise check`)
 
     def is_checkpoint(self, name: str, is_dir: bool) -> bool:
@@ -44,8 +45,9 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
             resume="dcp.load(state, checkpoint_id=os.environ['SUPERVISE_RESTORED_FROM'])"),
     Profile("hf-trainer", ("checkpoint-*",), True, markers=("trainer_state.json",), needs_marker=True,
             step=r"checkpoint-(\d+)$", resume="trainer.train(resume_from_checkpoint=True)"),
+    # save_state writes random_states_<rank>.pkl, then one custom_checkpoint_<i>.pkl per registered object
     Profile("accelerate", ("checkpoint_*",), True, markers=("random_states_*.pkl",), needs_marker=True,
-            step=r"checkpoint_(\d+)$", resume="accelerator.load_state(os.environ['SUPERVISE_RESTORED_FROM'])"),
+            after_marker=0.5, step=r"checkpoint_(\d+)$", resume="accelerator.load_state(os.environ['SUPERVISE_RESTORED_FROM'])"),
     Profile("lightning", ("*.ckpt",), False, step=r"step=(\d+)", links=("last*.ckpt",),
             resume='trainer.fit(model, ckpt_path="last")'),
     Profile("torch-save", ("*.pt", "*.pth", "*.bin", "*.tar", "*.safetensors", "*.pkl"), False,
@@ -84,8 +86,10 @@ def detect(entries: Iterable[tuple[str, bool]], pointers: Iterable[str], inside:
             return PROFILES["orbax"], f"{name}/{sorted(names & {'commit_success.txt', '_CHECKPOINT_METADATA'})[0]}"
         if not is_dir and name.endswith(".ckpt"):
             return PROFILES["lightning"], name
+    if any(d for _, d in entries):
+        return None  # files beside directories (HF's training_args.bin): wait for the directories to tell
     for name, is_dir in entries:
-        if not is_dir and PROFILES["torch-save"].is_checkpoint(name, False):
+        if PROFILES["torch-save"].is_checkpoint(name, False):
             return PROFILES["torch-save"], name
     return None
 

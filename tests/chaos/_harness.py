@@ -622,8 +622,10 @@ class Trial:
             return
         end = next(e for e in events if e["kind"] == "end")
         # What is not yet durable, less what never was a complete checkpoint: a checkpoint still
-        # being written, or a local side that was never created (stopped before the spawn).
-        not_durable = [x for x in end.get("not_durable", []) if "incomplete" not in x and "does not exist" not in x]
+        # being written, one the training died in (torn), or a local side that was never
+        # created (stopped before the spawn).
+        not_durable = [x for x in end.get("not_durable", [])
+                       if "incomplete" not in x and "(torn:" not in x and "does not exist" not in x]
 
         def owned_up(name: str) -> bool:  # end.not_durable names this checkpoint
             return any(f" {name} " in f" {x} " for x in not_durable)

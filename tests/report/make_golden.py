@@ -101,6 +101,63 @@ async def _attempt(run: Path, args: list[str], gpus: list[FakeGpu] | None, *, te
     return await anyio.to_thread.run_sync(proc.wait)
 
 
+HF_LIKE = [sys.executable, str(ROOT / "tests" / "report" / "hf_like.py")]
+
+
+def config(work: Path, name: str, local: Path, persist: Path, **sync: Any) -> str:
+    """A TOML config with one checkpoint pair (``restore``, ``settle``, …) for the HF-like cases."""
+    extra = "".join(f"{k} = {v!r}\n".replace("'", '"').replace("True", "true").replace("False", "false")
+                    for k, v in sync.items())
+    path = work / f"{name}.toml"
+    path.write_text(f'checkpoint_timeout = "2s"\ngrace = "5s"\n[[sync]]\nname = "ckpt"\nkind = "checkpoint"\n'
+                    f'from = "{local}"\nto = "{persist}"\n{extra}')
+    return str(path)
+
+
+def make_truth_cases(work: Path) -> dict[str, Path]:
+    """The cases of issue 16: what the report used to say wrongly, each run by the real agent."""
+    runs: dict[str, Path] = {}
+    # local-only: HF-style checkpoints (no marker), the last written just before a clean exit:
+    # it is still settling when the training ends, so it never reaches persistent storage. The
+    # names carry control characters (ESC, BEL), which the text report must not pass to a terminal.
+    run, local, persist = work / "local-only", work / "l-local", work / "l-persist"
+    cfg = config(work, "l", local, persist, settle="3s")
+    anyio.run(lambda: _attempt(run, ["--config", cfg, "--gpu-every", "0", "--",
+                                     *HF_LIKE, str(local), "--steps", "60", "--every", "20", "--step-time", "0.1",
+                                     "--prefix", "ckpt\x1b[31m\x07-"],
+                               None, term_after=None, every=0.25))
+    runs["local-only"] = run
+
+    # from-scratch: attempt 1 checkpoints to checkpoint-40 and is stopped; attempt 2 (a rerun,
+    # restore on) is handed checkpoint-40 but starts over: its next checkpoint is checkpoint-10.
+    run, local, persist = work / "from-scratch", work / "s-local", work / "s-persist"
+    cfg = config(work, "s", local, persist, settle="0.5s", restore=True)
+    train = [*HF_LIKE, str(local), "--steps", "100", "--every", "10", "--step-time", "0.1"]
+    anyio.run(lambda: _attempt(run, ["--config", cfg, "--gpu-every", "0", "--", *train],
+                               None, term_after=5.0, every=0.25))
+    anyio.run(lambda: _attempt(run, ["--config", cfg, "--gpu-every", "0", "--", *train, "--from-scratch",
+                                     "--steps", "20"], None, term_after=None, every=0.25))
+    runs["from-scratch"] = run
+
+    # rewritten: one file, model.pt, saved by rename 20 times: 20 versions of one checkpoint.
+    run, local, persist = work / "rewritten", work / "r-local", work / "r-persist"
+    cfg = config(work, "r", local, persist, settle="0.3s")
+    anyio.run(lambda: _attempt(run, ["--config", cfg, "--gpu-every", "0", "--", *HF_LIKE, str(local), "--rewrite",
+                                     "--steps", "20", "--every", "1", "--step-time", "0.8", "--linger", "2"],
+                               None, term_after=None, every=0.25))
+    runs["rewritten"] = run
+    return runs
+
+
+def make_five_minutes(work: Path) -> dict[str, Path]:
+    """A 5-minute run sampled every 10 s (the default): every plot must draw marks."""
+    run, local, persist = work / "five-minutes", work / "m-local", work / "m-persist"
+    anyio.run(lambda: _attempt(run, ["--checkpoints", str(local), str(persist), "--gpu-every", "10s", "--",
+                                     *TRAINER, str(local), "--steps", "3000", "--step-time", "0.1", "--every", "300"],
+                               four_gpus(), term_after=None, every=10.0))
+    return {"five-minutes": run}
+
+
 def make(work: Path) -> dict[str, Path]:
     runs: dict[str, Path] = {}
     every = "0.25s"
@@ -160,18 +217,29 @@ def expected() -> None:
         (d / "expected.json").write_text(report(d.name, "--json"))
 
 
+MAKERS = {"base": make, "truth": make_truth_cases, "five-minutes": make_five_minutes}
+
+
 def main() -> None:
+    """``--only base|truth|five-minutes`` re-makes one group of cases (the five-minute one takes 5 min)."""
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
     if "--expected" not in sys.argv:
         with tempfile.TemporaryDirectory() as tmp:
-            runs = make(Path(tmp))
-            shutil.rmtree(GOLDEN, ignore_errors=True)
-            GOLDEN.mkdir(parents=True)
+            runs: dict[str, Path] = {}
+            for group, maker in MAKERS.items():
+                if only in (None, group):
+                    runs.update(maker(Path(tmp)))
+            if only in (None, "base"):
+                shutil.rmtree(GOLDEN / "torn", ignore_errors=True)
+            GOLDEN.mkdir(parents=True, exist_ok=True)
             for name, run in runs.items():
+                shutil.rmtree(GOLDEN / name, ignore_errors=True)
                 (GOLDEN / name).mkdir()
                 for f in KEEP:
                     if (run / f).exists():
                         shutil.copy2(run / f, GOLDEN / name / f)
-            tear(GOLDEN / "finished", GOLDEN / "torn")
+            if only in (None, "base"):
+                tear(GOLDEN / "finished", GOLDEN / "torn")
     expected()
     size = sum(p.stat().st_size for p in GOLDEN.rglob("*") if p.is_file())
     print(f"golden run directories in {GOLDEN}: {size // 1024} KiB")

@@ -9,6 +9,7 @@ when that is missing or UPDATE_SCREENSHOT=1 is set).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -38,8 +39,10 @@ def test_html_is_self_contained_and_carries_the_facts(tmp_path: Path) -> None:
     # Nothing is fetched at view time: no external script, stylesheet, image or font.
     assert not re.search(r"<(script|link|img|iframe)[^>]+(src|href)=", page, re.I)
     assert "@import" not in page and "url(http" not in page
-    assert page.count("Plotly.newPlot(") == 3  # GPUs, sync lag, training processes
-    assert "FINISHED · requeued 2 times · 3 attempts" in page
+    assert page.count("Plotly.newPlot(") == 4  # the job's timeline, GPUs, sync lag, training processes
+    assert "FINISHED · rerun 2 times · 3 attempts" in page
+    ettr = json.loads((GOLDEN / "attempts" / "expected.json").read_text())["goodput"]["ettr"]
+    assert "<h2>Goodput</h2>" in page and f"{100 * ettr:.1f} %" in page
     assert "XID 79" in page and "Raise --warn-before to" in page
     for i in range(4):
         assert f'"name": "GPU {i}"' in page
@@ -49,7 +52,7 @@ def test_html_is_self_contained_and_carries_the_facts(tmp_path: Path) -> None:
 def test_html_without_gpu_data_has_no_gpu_plot(tmp_path: Path) -> None:
     page = write_html("failed", tmp_path / "r.html")
     assert "plot-gpu" not in page and "No GPU samples" in page
-    assert page.count("Plotly.newPlot(") == 2
+    assert page.count("Plotly.newPlot(") == 3
 
 
 def _chromium(url: str, profile: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -80,7 +83,7 @@ def test_html_renders_in_chromium_without_console_errors(tmp_path: Path) -> None
     dom = _chromium(html.as_uri(), tmp_path / "profile", "--dump-dom")
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert console_messages(dom.stderr) == []
-    for name in ("gpu", "sync", "host"):
+    for name in ("timeline", "gpu", "sync", "host"):
         m = re.search(rf'<div class="plot[^"]*" id="plot-{name}".*?</div>', dom.stdout, re.S)
         assert m and "main-svg" in m.group(0), f"plot {name} was not drawn"
     shot = tmp_path / "report.png"
@@ -91,3 +94,34 @@ def test_html_renders_in_chromium_without_console_errors(tmp_path: Path) -> None
     if not SCREENSHOT.exists() or os.environ.get("UPDATE_SCREENSHOT"):  # keep the tree clean on every other run
         SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(shot, SCREENSHOT)
+
+
+def _plot_blocks(dom: str) -> dict[str, str]:
+    """Each plot's rendered DOM, from its div to the next plot's (plotly nests many divs)."""
+    parts = re.split(r'(?=<div class="plot[^"]*" id="plot-)', dom)
+    return {m.group(1): p for p in parts if (m := re.match(r'<div class="plot[^"]*" id="plot-(\w+)"', p))}
+
+
+def _segments(block: str) -> int:
+    """Drawn line segments: trace paths whose ``d`` goes somewhere (an M with an L after it)."""
+    return sum(1 for p in re.findall(r"<path[^>]*>", block) if 'class="js-line"' in p and re.search(r'd="M[^"]*L', p))
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+def test_every_plot_draws_marks_for_a_five_minute_run_at_10s_sampling(tmp_path: Path) -> None:
+    """Issue 16: samples sparser than the plot's time buckets drew no segment (the CPU/memory
+    plot of any run under ~2 h at the default 10 s was blank). The golden five-minutes run
+    was sampled every 10 s by the real agent (host) and the real GpuSampler (four GPUs)."""
+    html = tmp_path / "five.html"
+    page = write_html("five-minutes", html)
+    assert '"every": 10.0' in (GOLDEN / "five-minutes" / "events.jsonl").read_text().replace('"every":10.0', '"every": 10.0')
+    dom = _chromium(html.as_uri(), tmp_path / "profile", "--dump-dom")
+    assert dom.returncode == 0 and console_messages(dom.stderr) == [], dom.stderr[-2000:]
+    blocks = _plot_blocks(dom.stdout)
+    assert set(blocks) == set(re.findall(r'id="plot-(\w+)"', page)) == {"timeline", "gpu", "sync", "host"}
+    for name, block in blocks.items():
+        points = len(re.findall(r'class="point"', block))
+        assert "main-svg" in block and (_segments(block) or points), f"plot {name} drew nothing"
+    assert _segments(blocks["host"]) == 2, "CPU and RSS each drawn as a line"
+    assert _segments(blocks["gpu"]) == 12, "utilisation, memory and power of four GPUs, each a line"
+    assert len(re.findall(r'class="point"', blocks["timeline"])) >= 10, "the durable checkpoints on the timeline"

@@ -47,6 +47,9 @@ import json
 import os
 import random
 import re
+import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -113,6 +116,17 @@ def steps_logged(local: Path) -> list[int]:
         head = line.split(",", 1)[0]
         if head.isdigit() and line.count(",") == 2:
             out.append(int(head))
+    return out
+
+
+def step_times(local: Path) -> list[tuple[int, float]]:
+    """(step, wall time at its end) of every step this attempt's training logged in scalars.csv."""
+    f = local / "logs" / "scalars.csv"
+    out = []
+    for line in (f.read_text().splitlines()[1:] if f.exists() else []):
+        cells = line.split(",")
+        if len(cells) == 3 and cells[0].isdigit():
+            out.append((int(cells[0]), float(cells[2])))
     return out
 
 
@@ -279,3 +293,47 @@ def test_journal_four_attempts_three_stops_three_restores(preempted: Preempted) 
     print(f"seed {SEED}: per-attempt `end` of the requeued attempts: {ends}")
     for a, kind in enumerate(preempted.kinds, 1):
         assert len(ends[a]) <= 1 and all(r == expected[kind] for r, _ in ends[a]), why(f"attempt {a} ends {ends[a]}")
+
+
+def test_goodput_agrees_with_the_training_step_log(preempted: Preempted) -> None:
+    """Issue 16: ``supervise report --json`` has a goodput whose ETTR is within 2 % of one computed
+    here from the training's own step log (scalars.csv: step, loss, wall time, per attempt).
+
+    Productive time, independently: per attempt, from the start of its first step (its logged end
+    minus the median step time) to the end of the last step the next attempt kept (the step
+    before the next attempt's first one; every step for the last attempt). Wall time: the
+    journal's first ``start`` to its last ``end``. supervise never reads scalars.csv."""
+    r = subprocess.run([sys.executable, "-m", "supervisor", "report", "--json", str(preempted.run_dir)], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    g = json.loads(r.stdout)["goodput"]
+    for key in ("ettr", "lost_work_s", "lost_gpu_hours", "queue_wait_s"):
+        assert key in g and all(key in a for a in g["attempts"]), key
+    assert [a["attempt"] for a in g["attempts"]] == [1, 2, 3, 4]
+    logs = [step_times(preempted.local(a)) for a in range(4)]
+    assert all(logs), preempted.why(f"step logs {[len(x) for x in logs]}")
+    step_s = statistics.median(t2 - t1 for log in logs for (_, t1), (_, t2) in zip(log, log[1:]))
+    productive = 0.0
+    for a, log in enumerate(logs):
+        kept_to = logs[a + 1][0][0] - 1 if a + 1 < len(logs) else log[-1][0]
+        kept = [t for s, t in log if s <= kept_to]
+        productive += kept[-1] - (log[0][1] - step_s)
+    ev = journal_events(preempted.run_dir)
+    starts = {e["attempt"]: e["t"] for e in ev if e["kind"] == "start"}
+    ends = {e["attempt"]: e["t"] for e in ev if e["kind"] == "end"}
+    wall = max(e["t"] for e in ev if e["kind"] == "end") - min(starts.values())
+    ettr = productive / wall
+    print(f"seed {SEED}: ETTR report {g['ettr']:.4f}, step log {ettr:.4f} ({100 * (g['ettr'] - ettr) / ettr:+.2f} %); "
+          f"productive {g['productive_s']:.2f}s vs {productive:.2f}s of {wall:.2f}s; queue {g['queue_wait_s']:.2f}s; "
+          f"lost work {g['lost_work_s']:.2f}s")
+    assert abs(g["ettr"] - ettr) <= 0.02 * ettr, preempted.why(f"ETTR {g['ettr']} vs {ettr:.4f} from the step log")
+    assert g["wall_s"] == pytest.approx(wall, abs=0.01)
+    # Queue waits: the gaps between one attempt's end and the next one's start (no Slurm start time given).
+    if all(a in ends for a in (1, 2, 3)):
+        gaps = sum(starts[a + 1] - ends[a] for a in (1, 2, 3))
+        assert g["queue_wait_s"] == pytest.approx(gaps, abs=0.01)
+    # Every stop's checkpoint reached persistent storage: the work between the last durable
+    # checkpoint and each stop is under two steps, by the step log as by the report.
+    assert g["lost_work_s"] <= 4 * step_s * 3, g["attempts"]
+    # No GPUs on this cluster: no GPU count, so no GPU-hours are invented.
+    assert g["gpus"] is None and g["lost_gpu_hours"] is None and all(a["lost_gpu_hours"] is None for a in g["attempts"])

@@ -184,6 +184,8 @@ def test_lightning_last_link_comes_back_pointing_at_the_newest_and_links_out_are
     for step in (100, 200):
         (persist / f"epoch=0-step={step}.ckpt").write_bytes(zip_bytes(f"s{step}"))
     (persist / "last.ckpt").write_bytes((persist / "epoch=0-step=100.ckpt").read_bytes())  # stale copy
+    old = (persist / "epoch=0-step=100.ckpt").stat().st_mtime_ns
+    os.utime(persist / "last.ckpt", ns=(old, old))
     (persist / "evil.ckpt").symlink_to("/etc/passwd")
     got, _ = _restored_from(tmp_path, run_dir, local, persist)
     assert got == str(local / "epoch=0-step=200.ckpt")
