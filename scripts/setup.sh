@@ -35,6 +35,7 @@ if [ -z "${SUPERVISE_SETUP_MINIMAL:-}" ]; then
   # installed: their documented layouts are tested with small fake writers.
   .venv/bin/pip install -q 'torch==2.13.0' 'transformers==5.23.0' 'lightning==2.6.6' 'accelerate==1.15.0' \
     2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/python -c 'import sys, torch; v = torch.__version__.split("+")[0]; sys.exit(None if v == "2.13.0" else f"setup: torch {v} was pulled in, not 2.13.0")'
 else
   .venv/bin/pip install -q -e . 2>&1 | grep -v '^WARNING: Location' || true
 fi

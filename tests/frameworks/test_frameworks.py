@@ -23,11 +23,14 @@ ALL = sorted(CASES)
 # The layouts of libraries not installed are edge cases of the engine's pointer and rename rules:
 # the pause test runs them all, the preemption only the pointer-with-a-stray-script one.
 PREEMPTED = [c for c in ALL if not c.endswith(("-layout", "-marker"))] + ["deepspeed-layout"]
+# Lightning writes a .ckpt the same way whatever save_last says: one of the two is enough here.
+PAUSED = [c for c in ALL if c != "lightning-copy"]
 
 
 def not_durable_of(run: Run, end: dict) -> list[str]:
-    """The end event's ``not_durable`` lines that concern checkpoints of this pair."""
-    return [line for line in end.get("not_durable") or [] if "step" in line or "checkpoint" in line or ".pt" in line]
+    """The end event's ``not_durable`` lines (the run has this one pair), but for a checkpoint
+    the training was killed in the middle of, which is rightly listed as torn."""
+    return [line for line in end.get("not_durable") or [] if "torn" not in line]
 
 
 def name_of(run: Run, step: int) -> str:
@@ -72,7 +75,7 @@ def test_preempted_run_resumes_on_an_empty_disk_at_the_newest_durable_step(open_
     assert {s["name"] for s in poller.sightings()} >= {name_of(run, saved[-1])} - {""}
 
 
-@pytest.mark.parametrize("case_id", ALL)
+@pytest.mark.parametrize("case_id", PAUSED)
 def test_a_pause_inside_a_save_longer_than_settle_is_never_published_torn(open_run, case_id):
     """The save stops halfway for longer than ``settle`` (a ZeRO/FSDP optimizer gather, a slow
     disk): model files on disk, the framework's last file not yet. Never published like that."""
@@ -152,7 +155,8 @@ def test_restore_never_overwrites_a_newer_local_checkpoint(open_run, case_id):
 
 
 def test_lightning_restore_never_follows_a_link_out_of_the_pair(open_run, tmp_path):
-    """A ``last.ckpt`` on the persistent side that points outside it is not restored through."""
+    """A ``last.ckpt`` on the persistent side that points outside it is not restored through:
+    the checkpoint it leads to (step 5's, elsewhere) never reaches the node."""
     run, poller = open_run("lightning-link")
     a1 = run.run(steps=10, save_every=5)
     assert a1.rc == 0, run.stderr(a1)
@@ -160,18 +164,19 @@ def test_lightning_restore_never_follows_a_link_out_of_the_pair(open_run, tmp_pa
     poller.stop()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    shutil.copy(run.persistent / "step=10.ckpt", elsewhere / "secret.ckpt")
+    shutil.copy(run.persistent / "step=5.ckpt", elsewhere / "secret.ckpt")
     os.remove(run.persistent / "last.ckpt")
     os.symlink(os.path.relpath(elsewhere / "secret.ckpt", run.persistent), run.persistent / "last.ckpt")
     run.wipe_local()
     a2 = run.run(steps=15, save_every=5)
     assert a2.rc == 0, run.stderr(a2)
+    (restore,) = run.events(a2, "restore")
+    assert restore["checkpoint"] == "step=10.ckpt", restore  # the newest inside the pair
+    assert a2.start_step()["step"] != 5, "resumed from the checkpoint outside the pair"
     for dirpath, dirs, files in os.walk(run.local):
         for n in dirs + files:
             p = Path(dirpath) / n
             assert p.resolve().is_relative_to(run.local.resolve()), f"{p} leads out of the pair: {os.readlink(p)}"
-    restore = run.events(a2, "restore")[0]
-    assert restore.get("checkpoint") != "last.ckpt" or (run.local / "last.ckpt").resolve().parent == run.local.resolve()
 
 
 def test_exclude_that_hides_the_profile_marker_is_a_usage_error(tmp_path):
