@@ -4,6 +4,7 @@ it fails instead: setup builds Horovod there."""
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 HOROVODRUN = Path(sys.executable).parent / "horovodrun"
 
 
+@functools.cache
 def built_controllers() -> tuple[set[str], str]:
     """({'gloo', 'mpi'} or a part of it, why not) from `horovodrun --check-build`."""
     if not HOROVODRUN.exists():

@@ -273,9 +273,13 @@ def reference_digest(tmp_path_factory: pytest.TempPathFactory, horovod_controlle
     return digest
 
 
-def test_deadline_stop_checkpoints_flushes_and_ends_the_tree(mode: str, runs) -> None:
+def test_deadline_stop_checkpoints_flushes_and_ends_the_tree(horovod_controllers: set[str], runs) -> None:
     """The time limit approaching (--time-limit, --warn-before): checkpoint on request, durable,
-    then one stop; the training saves once more and exits 0; nothing is left."""
+    then one stop; the training saves once more and exits 0; nothing is left. (Gloo only: the
+    stop is the preemption's, which both controllers go through below.)"""
+    mode = "gloo"
+    if mode not in horovod_controllers:
+        pytest.skip("horovod was built without the gloo controller (bash scripts/build-horovod.sh)")
     run = runs()
     started = time.monotonic()
     run.start(hvd(mode, *training(run.local, "--steps", "100000", "--step-sleep", "0.05")),
