@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         # One tiny collective per step: any rank asked → every rank agrees (docs/training.md).
         stop = training.stop_requested() or step == args.stop_at_step
         flags = torch.tensor([float(training.checkpoint_requested()), float(stop)])
-        flags = hvd.allreduce(flags, op=hvd.Sum, name="supervise.flags")
+        flags = hvd.allreduce(flags, op=hvd.Max, name="supervise.flags")
         want_ckpt, want_stop = flags[0].item() > 0, flags[1].item() > 0
         periodic = args.ckpt_every > 0 and step % args.ckpt_every == 0
         if (periodic or want_ckpt or want_stop or step == args.steps) and last_saved != step:
