@@ -57,7 +57,7 @@ done
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/horovod-build.XXXXXX")
 log="$work/build.log"
-trap 'rm -rf "$work/src" "$work/sdist"' EXIT
+trap 'rm -rf "$work"' EXIT   # fail() keeps the log in the cache
 
 fail() {
   mkdir -p "$cache" && cp "$log" "$cache/last-failed-build.log" 2>/dev/null
@@ -86,7 +86,9 @@ export MAKEFLAGS="-j${HOROVOD_BUILD_JOBS:-$(nproc)}"
 if command -v mpicxx >/dev/null; then export HOROVOD_WITH_MPI=1; else export HOROVOD_WITHOUT_MPI=1; fi
 say "building $VERSION against torch $torch_version (${HOROVOD_WITH_MPI:+gloo+mpi}${HOROVOD_WITHOUT_MPI:+gloo only}); a few minutes, once"
 if ! .venv/bin/pip wheel -q --no-build-isolation --no-deps -w "$work/wheel" "$src" >>"$log" 2>&1; then
-  reason=$(grep -m1 -E 'error:|Error' "$log" | cut -c1-200)
+  # The first compiler or CMake error says why; pip's own lines only say that it failed.
+  reason=$(grep -E '#error|fatal error:| error: |CMake Error' "$log" | grep -v 'subprocess-exited-with-error' \
+           | head -1 | sed 's/^ *//' | cut -c1-200)
   fail "pip wheel failed: ${reason:-see the log}"
 fi
 built=$(ls "$work"/wheel/horovod-"$VERSION"-*.whl 2>/dev/null | head -1)
@@ -94,5 +96,4 @@ built=$(ls "$work"/wheel/horovod-"$VERSION"-*.whl 2>/dev/null | head -1)
 .venv/bin/pip install -q "$built" >>"$log" 2>&1 || fail "could not install the built wheel"
 works || fail "the built wheel installed but horovod.torch or horovodrun --check-build (Gloo) does not work"
 mkdir -p "$cache" && cp "$built" "$cache/" && rm -f "$cache/last-failed-build.log"
-rm -rf "$work"
 say "built and cached in $((SECONDS - started)) s: $cache/$(basename "$built")"
