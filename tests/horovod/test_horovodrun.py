@@ -17,7 +17,6 @@ its helpers and both ranks, which shows it would see them.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
