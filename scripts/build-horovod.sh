@@ -83,13 +83,24 @@ grep -q 'CMAKE_CXX_STANDARD 14' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeL
 
 export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
 export MAKEFLAGS="-j${HOROVOD_BUILD_JOBS:-$(nproc)}"
-if command -v mpicxx >/dev/null; then export HOROVOD_WITH_MPI=1; else export HOROVOD_WITHOUT_MPI=1; fi
-say "building $VERSION against torch $torch_version (${HOROVOD_WITH_MPI:+gloo+mpi}${HOROVOD_WITHOUT_MPI:+gloo only}); a few minutes, once"
-if ! .venv/bin/pip wheel -q --no-build-isolation --no-deps -w "$work/wheel" "$src" >>"$log" 2>&1; then
+
+build_wheel() {
+  rm -rf "$src/build" "$work/wheel"
+  .venv/bin/pip wheel -q --no-build-isolation --no-deps -w "$work/wheel" "$src" >>"$log" 2>&1 && return 0
   # The first compiler or CMake error says why; pip's own lines only say that it failed.
   reason=$(grep -E '#error|fatal error:| error: |CMake Error' "$log" | grep -v 'subprocess-exited-with-error' \
            | head -1 | sed 's/^ *//' | cut -c1-200)
-  fail "pip wheel failed: ${reason:-see the log}"
+  return 1
+}
+
+reason=""
+if command -v mpicxx >/dev/null; then
+  say "building $VERSION against torch $torch_version with Gloo and MPI; a few minutes, once"
+  HOROVOD_WITH_MPI=1 build_wheel || { say "with MPI it failed (${reason:-see the log}); trying Gloo only"; : >"$log"; }
+fi
+if [ ! -d "$work/wheel" ] || [ -z "$(ls "$work"/wheel/*.whl 2>/dev/null)" ]; then
+  command -v mpicxx >/dev/null || say "building $VERSION against torch $torch_version with Gloo (no mpicxx); a few minutes, once"
+  HOROVOD_WITHOUT_MPI=1 build_wheel || fail "pip wheel failed: ${reason:-see the log}"
 fi
 built=$(ls "$work"/wheel/horovod-"$VERSION"-*.whl 2>/dev/null | head -1)
 [ -n "$built" ] || fail "pip wheel made no wheel"
