@@ -11,6 +11,10 @@ project's machine, docs/launchers.md):
   after ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``.
 * ``horovodrun --gloo`` and ``deepspeed`` die on SIGUSR1 too; ``srun`` forwards USR1 but turns
   SIGTERM into SIGKILL of its tasks.
+* ``horovodrun --mpi`` replaces itself with ``/bin/sh -c "mpirun …"``, a shell that passes no
+  signal on (TERM kills it and orphans mpirun and the ranks), so the profile walks down to
+  mpirun; and after a TERM to mpirun, Horovod's ranks hang in ``MPI_Finalize`` until mpirun's
+  SIGKILL, so its stop goes to the ranks themselves.
 
 So each launcher gets a :class:`LauncherProfile` that says where each message goes: to the
 launcher pid (``'launcher'``), to the rank processes found below it (``'ranks'``), or nowhere
@@ -339,11 +343,14 @@ PROFILES: Mapping[str, LauncherProfile] = {p.name: p for p in (
        note="the runner dies on USR1: USR1 goes to the ranks"),
     _p("horovodrun-gloo", "ranks", "launcher", False, programs=("horovodrun",),
        modules=("horovod.runner.launch",), rank_vars=("HOROVOD_RANK",),
-       note="dies on USR1 (its workers get TERM, then KILL 5 s later): USR1 goes to the ranks"),
-    _p("horovodrun-mpi", "launcher", "launcher", True, programs=("horovodrun", "mpirun", "mpiexec"),
+       note="dies on USR1 (its ranks get TERM, then KILL 5 s later): USR1 goes to the ranks; "
+            "TERM reaches every rank at once"),
+    _p("horovodrun-mpi", "launcher", "ranks", True, programs=("horovodrun", "mpirun", "mpiexec"),
        modules=("horovod.runner.launch",), rank_vars=("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"),
-       env_from_grace=_OMPI_ENV, note="execs mpirun: OpenMPI semantics"),
-    _p("horovodrun", "ranks", "launcher", True, programs=("horovodrun", "mpirun", "mpiexec"),
+       env_from_grace=_OMPI_ENV,
+       note="a /bin/sh around mpirun: USR1 to mpirun; TERM to the ranks (after mpirun's TERM they "
+            "hang in MPI_Finalize until its SIGKILL)"),
+    _p("horovodrun", "ranks", "ranks", True, programs=("horovodrun", "mpirun", "mpiexec"),
        modules=("horovod.runner.launch",), rank_vars=("HOROVOD_RANK",) + _RANK_VARS_MPI,
        env_from_grace=_OMPI_ENV, note="mode unknown (gloo or MPI): safe in both"),
     _p("csrun", "file", "ranks", False, programs=("csrun_wse", "csrun_cpu"),
