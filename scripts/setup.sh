@@ -40,3 +40,5 @@ else
   .venv/bin/pip install -q -e . 2>&1 | grep -v '^WARNING: Location' || true
 fi
 .venv/bin/python -c 'import supervisor, anyio, watchfiles, httpx' || { echo "setup: install failed" >&2; exit 1; }
+# Horovod with PyTorch + Gloo (+ MPI), patched and built once, then reused (never fails setup).
+if [ -z "${SUPERVISE_SETUP_MINIMAL:-}" ]; then bash scripts/build-horovod.sh; fi
