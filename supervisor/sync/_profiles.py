@@ -80,8 +80,8 @@ def detect(entries: Iterable[tuple[str, bool]], pointers: Iterable[str], inside:
             return PROFILES["hf-trainer"], f"{name}/"
         if is_dir and re.fullmatch(r"checkpoint_\d+", name):
             return PROFILES["accelerate"], f"{name}/"
-        if is_dir and ".metadata" in names:
-            return PROFILES["dcp"], f"{name}/.metadata"
+        if is_dir and (".metadata" in names or any(n.endswith(".distcp") for n in names)):
+            return PROFILES["dcp"], f"{name}/.metadata" if ".metadata" in names else f"{name}/*.distcp"
         if is_dir and names & {"commit_success.txt", "_CHECKPOINT_METADATA"}:
             return PROFILES["orbax"], f"{name}/{sorted(names & {'commit_success.txt', '_CHECKPOINT_METADATA'})[0]}"
         if not is_dir and name.endswith(".ckpt"):
