@@ -263,8 +263,9 @@ def classify(root: Path, *, markers: tuple[str, ...] = (), exclude: tuple[str, .
         elif target in candidates:
             out.pointers[name] = Pointer(name, target.encode(), st.st_mtime_ns, target, link=True)
     snaps: dict[str, Snap] = {}
+    wanted = _only_and_its_elder(only, candidates) if only is not None else None
     for name in candidates:
-        if only is not None and name != only:
+        if wanted is not None and name not in wanted:
             continue
         try:
             st = os.lstat(root / name)
@@ -285,9 +286,16 @@ def classify(root: Path, *, markers: tuple[str, ...] = (), exclude: tuple[str, .
         if found is not None:
             out.profile, out.evidence = found
     busy = _busy(root, ctx.writing)
-    for name, snap in snaps.items():
-        out.entries[name] = _judge(root, name, snap, out, markers, settle, now, ctx, busy)
+    for name in sorted(snaps, key=natural_key):  # an earlier sibling first: a later one may need its verdict
+        out.entries[name] = _judge(root, name, snaps[name], out, markers, settle, now, ctx, busy)
     return out
+
+
+def _only_and_its_elder(only: str, candidates: list[str]) -> set[str]:
+    """A re-check of one entry also looks at the sibling saved just before it: a save's
+    completeness may be judged against the previous one's files (``_files_may_follow``)."""
+    elder = [n for n in candidates if shape(n) == shape(only) and natural_key(n) < natural_key(only)]
+    return {only, max(elder, key=natural_key)} if elder else {only}
 
 
 def _nofollow(path: str, flags: int) -> int:
@@ -335,9 +343,11 @@ def _judge(root: Path, name: str, snap: Snap, listing: Listing, globs: tuple[str
     found = _marker_files(snap, globs + prof.markers)
     if found:
         when = max(snap.files[m][1] for m in found) / 1e9
-        quiet_until = snap.newest_ns / 1e9 + prof.after_marker
-        if prof.after_marker and not ctx.exited and now < quiet_until:
-            return Entry(name, True, snap, False, f"marker {found[0]}; files may follow it", ready_at=quiet_until, **kw)
+        if prof.after_marker and not ctx.exited:
+            waiting = _files_may_follow(name, snap, listing, prof.after_marker, settle, now)
+            if waiting is not None:
+                why, ready = waiting
+                return Entry(name, True, snap, False, why, ready_at=ready, markers=tuple(sorted(found)), **kw)
         return Entry(name, True, snap, True, f"marker {found[0]}", when, tuple(sorted(found)), **kw)
     for p in listing.pointers.values():
         if p.target == name and not p.link:
@@ -362,6 +372,21 @@ def _judge(root: Path, name: str, snap: Snap, listing: Listing, globs: tuple[str
     if ctx.exited:
         return Entry(name, True, snap, True, "training exited", snap.newest_ns / 1e9, **kw)
     return _settled(name, True, snap, settle, now, kw)
+
+
+def _files_may_follow(name: str, snap: Snap, listing: Listing, after: float, settle: float,
+                      now: float) -> tuple[str, float] | None:
+    """Files the save writes after its marker (Accelerate's registered objects): the previous
+    save of the series (one with its marker) says which; for the first, quiet time (the longer
+    of the profile's and ``settle``). None when nothing more is expected."""
+    before = [e for e in listing.entries.values() if e.is_dir and e.markers and shape(e.name) == shape(name)
+              and natural_key(e.name) < natural_key(name)]
+    if before:
+        prev = max(before, key=lambda e: natural_key(e.name))
+        missing = sorted({shape(r) for r in prev.snap.files} - {shape(r) for r in snap.files})
+        return (f"waiting for the files {prev.name} had: {', '.join(missing)}", now + WRITE_POLL) if missing else None
+    quiet_until = snap.newest_ns / 1e9 + max(after, settle)
+    return ("marker there; files may follow it", quiet_until) if now < quiet_until else None
 
 
 def _settled(name: str, is_dir: bool, snap: Snap, settle: float, now: float, kw: dict,

@@ -24,7 +24,11 @@ ALL = sorted(CASES)
 # the pause test runs them all, the preemption only the pointer-with-a-stray-script one.
 PREEMPTED = [c for c in ALL if not c.endswith(("-layout", "-marker"))] + ["deepspeed-layout"]
 # Lightning writes a .ckpt the same way whatever save_last says: one of the two is enough here.
-PAUSED = [c for c in ALL if c != "lightning-copy"]
+# Accelerate writes no marker: its first save of a run is judged by quiet time after
+# random_states_N.pkl (later saves by the files the previous one had), so a pause longer than
+# that inside a registered object's state_dict, before custom_checkpoint_N.pkl, is not seen.
+PAUSED = [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="Accelerate's first save: docs/sync.md, Known limit"))
+          if c == "accelerate" else c for c in ALL if c != "lightning-copy"]
 
 
 def not_durable_of(run: Run, end: dict) -> list[str]:
