@@ -18,7 +18,7 @@ from typing import Any, Sequence
 from supervisor import __version__, logs
 from supervisor.errors import UsageError
 
-SUBCOMMANDS = ("run", "check", "env", "report", "node-agent")
+SUBCOMMANDS = ("run", "check", "env", "report", "node-agent", "init")
 
 DESCRIPTION = """\
 Supervise one training run inside a batch job: mirror checkpoints and logs to persistent
@@ -36,6 +36,7 @@ subcommands:
   check           validate the options and show what supervise sees here; starts nothing
   env             the job as supervise sees it: scheduler, nodes, GPUs, launcher
   report RUN_DIR  what happened in a run, and what to change
+  init            write a job script and config for this cluster: supervise init -- torchrun … train.py
   node-agent      multi-node jobs: mirror this node's part of each checkpoint (one per node;
                   see docs/sync.md)
 
@@ -132,6 +133,10 @@ def _parser(sub: str) -> _Parser:
         return p
     if sub == "node-agent":
         return _node_agent_parser()
+    if sub == "init":
+        from supervisor.init import parser
+
+        return parser(_Parser)  # type: ignore[return-value]
     if sub == "env":
         p = _Parser(prog=prog, allow_abbrev=False, description="The job as supervise sees it: scheduler, job id, attempt, nodes, GPUs, launcher, and a suggested launch command.")
         p.add_argument("--json", action="store_true", help="as JSON")
@@ -259,6 +264,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _env(ns, command)
         if sub == "node-agent":
             return _node_agent(ns, command)
+        if sub == "init":
+            from supervisor.init import main as init_main
+
+            return init_main(ns, command)
         return _report(ns)
     except UsageError as e:
         print(f"supervise: {e}", file=sys.stderr)
