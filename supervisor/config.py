@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import signal
 import sys
 from dataclasses import dataclass, field, fields, replace
@@ -166,10 +167,21 @@ def _choice(*options: str) -> Callable[[Any], str]:
     return convert
 
 
+_UNSET_VAR = re.compile(r"\$(\w+|\{[^}]*\})")
+
+
 def _path(v: Any) -> Path:
+    """A path with ``~`` and ``$VARIABLE``s expanded; a variable left unset is an error, not a
+    directory literally named ``$LOCAL_DIR`` (os.path.expandvars leaves unknown ones as they are)."""
     if not isinstance(v, (str, os.PathLike)) or not str(v).strip():
         raise ValueError("a path")
-    return Path(os.path.expandvars(os.path.expanduser(str(v))))
+    expanded = os.path.expandvars(os.path.expanduser(str(v)))
+    unset = _UNSET_VAR.search(expanded)
+    if unset:
+        name = unset.group(1).strip("{}")
+        raise ValueError(f"a path whose variables are set: ${name} is not set in the environment "
+                         f"(export {name}=… in the job script, or write the path out)")
+    return Path(expanded)
 
 
 def _urls(v: Any) -> tuple[str, ...]:

@@ -98,7 +98,7 @@ def detect_gpus(env: Mapping[str, str]) -> int | None:
 
 # ---------------------------------------------------------------------------- rendering
 def _set_directive(lines: list[str], pattern: str, new: str | None) -> None:
-    """Replace the first line matching ``pattern`` (its trailing comment kept); None deletes it."""
+    """Replace what ``pattern`` matches in the first line it matches (the rest kept); None deletes it."""
     rx = re.compile(pattern)
     for i, line in enumerate(lines):
         m = rx.match(line)
@@ -106,8 +106,7 @@ def _set_directive(lines: list[str], pattern: str, new: str | None) -> None:
             if new is None:
                 del lines[i]
             else:
-                comment = line[m.end():]
-                lines[i] = new + (comment if comment.lstrip().startswith("#") else "")
+                lines[i] = new + line[m.end():]
             return
 
 
@@ -133,6 +132,7 @@ def _set_command(lines: list[str], command: Sequence[str]) -> None:
 def _drop_unused(lines: list[str]) -> None:
     """Drop the template's example variables (STEPS, NPROC, REPO, …) the new command does not read."""
     assign = re.compile(r"^([A-Z_]+)=\$\{\1:[-?]")
+    dropped: list[str] = []
     changed = True
     while changed:
         changed = False
@@ -140,9 +140,14 @@ def _drop_unused(lines: list[str]) -> None:
         for i, line in enumerate(lines):
             m = assign.match(line)
             if m and not re.search(rf"\$\{{?{m.group(1)}\b", text.replace(line, "")):
+                dropped.append(m.group(1))
                 del lines[i]
                 changed = True
                 break
+    for i, line in enumerate(lines):  # a trailing comment that names a dropped variable goes too
+        code, sep, comment = line.partition("  #")
+        if sep and code.strip() and any(re.search(rf"\b{name}\b", comment) for name in dropped):
+            lines[i] = code.rstrip()
     # a comment line left describing a dropped block ("# The training (examples/…)")
     lines[:] = [ln for ln in lines if "examples/" not in ln or not ln.startswith("#")]
 
