@@ -120,11 +120,22 @@ def _set_default(lines: list[str], name: str, value: str) -> None:
             return
 
 
+def shell_words(command: Sequence[str]) -> str:
+    """The command as a shell line. A word with ``$`` is double-quoted so that the job's own
+    variables expand there (``--ckpt-dir '$LOCAL_DIR/ckpt'`` given to init → the job's LOCAL_DIR)."""
+    def word(w: str) -> str:
+        if "$" in w:
+            return '"' + re.sub(r'(["\\`])', r"\\\1", w) + '"'
+        return shlex.quote(w)
+
+    return " ".join(word(w) for w in command)
+
+
 def _set_command(lines: list[str], command: Sequence[str]) -> None:
     """Everything after the ``exec supervise … -- \\`` line becomes the training command."""
     for i, line in enumerate(lines):
         if line.startswith("exec supervise "):
-            lines[i + 1:] = ["    " + shlex.join(command)]
+            lines[i + 1:] = ["    " + shell_words(command)]
             return
     raise AssertionError("template without an exec supervise line")
 
@@ -281,5 +292,7 @@ def _tell(c: Choices, template: Template, script: Path, config: Path) -> None:
     print("check it (the job script sets LOCAL_DIR and PERSISTENT_DIR; give them here):")
     print(f"  LOCAL_DIR={shlex.quote(local)} PERSISTENT_DIR={shlex.quote(persistent)} "
           f"supervise check --config {shlex.quote(str(config))} -- {shlex.join(c.command)}")
+    if any("$" in w for w in c.command):
+        print("  (words with $VARIABLE are left to the job's shell to expand)")
     submit = "sbatch" if c.scheduler == "slurm" else "qsub -A PROJECT"
     print(f"then: {submit} {shlex.quote(str(script))}")
