@@ -26,10 +26,16 @@ fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+# The distribution was called "supervise" before (a name PyPI gives to another project).
+.venv/bin/pip uninstall -q -y supervise >/dev/null 2>&1 || true
+# pip's and setuptools' chatter (editable-install banners, index warnings) goes to a log,
+# shown only when the install fails.
+PIPLOG=.venv/setup-pip.log
 if [ -z "${SUPERVISE_SETUP_MINIMAL:-}" ]; then
   # Exactly this pin: it takes the CPU wheel on disk; anything else pulls gigabytes of CUDA.
-  .venv/bin/pip install -q -e '.[test]' 'torch==2.13.0' numpy mpi4py 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/pip install -q -e '.[test]' 'torch==2.13.0' numpy mpi4py >"$PIPLOG" 2>&1 || true
 else
-  .venv/bin/pip install -q -e . 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/pip install -q -e . >"$PIPLOG" 2>&1 || true
 fi
-.venv/bin/python -c 'import supervisor, anyio, watchfiles, httpx' || { echo "setup: install failed" >&2; exit 1; }
+.venv/bin/python -c 'import supervisor, anyio, watchfiles, httpx, pynvml' 2>/dev/null \
+  || { tail -n 30 "$PIPLOG" >&2; echo "setup: install failed (all of pip's output: $PIPLOG)" >&2; exit 1; }
