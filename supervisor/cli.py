@@ -8,7 +8,6 @@ line on stderr and exit status 2, before anything is started.
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import os
 import sys
@@ -183,6 +182,8 @@ def _check_flags(p: argparse.ArgumentParser, opts: Sequence[str]) -> None:
         if word.startswith("-") and word != "-" and not word.lstrip("-")[:1].isdigit():
             flag = word.split("=", 1)[0]
             if flag not in known:
+                import difflib  # only for a mistake
+
                 close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
                 hint = f"; did you mean {close[0]}?" if close else "; see supervise --help"
                 raise UsageError(f"unknown option {flag}{hint}")

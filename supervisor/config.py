@@ -7,7 +7,6 @@ what would be right (exit status 2). Keys are documented in ``configs/example.to
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import signal
@@ -19,11 +18,6 @@ from typing import Any, Callable, Mapping
 
 from supervisor._units import parse_duration, parse_signal
 from supervisor.errors import ConfigError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
 
 ENV_PREFIX = "SUPERVISE_"
 # Variables supervise itself sets for the child; never read as configuration.
@@ -277,6 +271,8 @@ TOP_LEVEL_TABLES = ("sync",)
 
 
 def _did_you_mean(word: str, options: list[str] | tuple[str, ...]) -> str:
+    import difflib  # only for a mistake
+
     close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
 
@@ -294,6 +290,10 @@ def _convert(key: str, value: Any, source: str) -> Any:
 
 def load_toml(path: Path) -> dict[str, Any]:
     """Read a config file; unreadable or malformed files are usage errors."""
+    if sys.version_info >= (3, 11):  # imported here: a run without --config does not pay for it
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only
+        import tomli as tomllib
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
