@@ -194,23 +194,28 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=20, help="start-ups measured")
     ap.add_argument("--files", type=int, default=100_000, help="files in the many-file checkpoint")
     ap.add_argument("--work", type=Path, default=None, help="scratch directory (default: a temp dir, removed)")
+    ap.add_argument("--sections", default="cpu,startup,files", help="which of cpu, startup, files to run")
     a = ap.parse_args()
+    sections = set(a.sections.split(","))
     if a.quick:
         a.seconds, a.runs, a.files = 40.0, 10, 20_000
     work = Path(tempfile.mkdtemp(prefix="costs-", dir=a.work))
     try:
-        seed, sup = training_cpu(work / "train", a.seconds)
-        print(f"cpu       {a.seconds:.0f} s training (log every 1 s, checkpoint every 60 s): seed loop "
-              f"{seed:.2f} s CPU ({100 * seed / a.seconds:.2f} % of a core); supervise {sup:.2f} s CPU "
-              f"({100 * sup / a.seconds:.2f} % of a core; goal < 1 %)", flush=True)
-        (bw, bc), (sw, sc) = startup(a.runs, work)
-        print(f"startup   median of {a.runs}: bare true {bw * 1000:.1f} ms wall; supervise -- true {sw * 1000:.1f} ms "
-              f"wall, {sc * 1000:.1f} ms CPU: added {(sw - bw) * 1000:.1f} ms wall, {(sc - bc) * 1000:.1f} ms CPU "
-              f"(goal < 150 ms; load {os.getloadavg()[0]:.2f})", flush=True)
-        plain, took, hwm = many_files(work, a.files)
-        print(f"files     one checkpoint of {a.files} x 4 KiB: plain rsync -a {plain:.2f} s; supervise marker → "
-              f"published {took:.2f} s ({took / plain:.2f}x; goal ≤ 1.2x), peak RSS {hwm / 1024:.1f} MB "
-              f"(goal < 100 MB)", flush=True)
+        if "cpu" in sections:
+            seed, sup = training_cpu(work / "train", a.seconds)
+            print(f"cpu       {a.seconds:.0f} s training (log every 1 s, checkpoint every 60 s): seed loop "
+                  f"{seed:.2f} s CPU ({100 * seed / a.seconds:.2f} % of a core); supervise {sup:.2f} s CPU "
+                  f"({100 * sup / a.seconds:.2f} % of a core; goal < 1 %)", flush=True)
+        if "startup" in sections:
+            (bw, bc), (sw, sc) = startup(a.runs, work)
+            print(f"startup   median of {a.runs}: bare true {bw * 1000:.1f} ms wall; supervise -- true {sw * 1000:.1f} ms "
+                  f"wall, {sc * 1000:.1f} ms CPU: added {(sw - bw) * 1000:.1f} ms wall, {(sc - bc) * 1000:.1f} ms CPU "
+                  f"(goal < 150 ms; load {os.getloadavg()[0]:.2f})", flush=True)
+        if "files" in sections:
+            plain, took, hwm = many_files(work, a.files)
+            print(f"files     one checkpoint of {a.files} x 4 KiB: plain rsync -a {plain:.2f} s; supervise marker → "
+                  f"published {took:.2f} s ({took / plain:.2f}x; goal ≤ 1.2x), peak RSS {hwm / 1024:.1f} MB "
+                  f"(goal < 100 MB)", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -108,6 +108,7 @@ def _check_sync(cfg: Config) -> bool:
         print(f"{WARN:4}  {'sync':10} {w}")
     for status, text in mirror.describe():
         print(f"{status:4}  {'sync':10} {text}")
+    print(f"{OK:4}  {'sync':10} backend {mirror.backend_name} (sync_backend = {cfg.sync_backend})")
     return False
 
 

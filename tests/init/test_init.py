@@ -56,6 +56,8 @@ def test_check_accepts_what_init_wrote_and_names_an_unset_directory_variable(tmp
     # every pair, with its resolved paths
     assert f"checkpoint {tmp_path}/local/checkpoints -> {tmp_path}/persistent/checkpoints" in ok.stdout
     assert f"log {tmp_path}/local/logs -> {tmp_path}/persistent/logs" in ok.stdout
+    assert "checkpoints: checkpoint" in ok.stdout and ", profile " in ok.stdout
+    assert "backend rsync (sync_backend = auto)" in ok.stdout or "backend python" in ok.stdout
 
 
 def test_srun_command_gets_one_task_per_gpu(tmp_path: Path) -> None:
