@@ -91,24 +91,20 @@ def probe_command(command: Sequence[str]) -> tuple[str, str]:
         return FAIL, str(e)
 
 
-def _check_sync(cfg: Config) -> bool:
-    """The sync pairs as the run would see them: hard errors, doubts, each pair's profile."""
-    if not cfg.sync:
-        return False
+def _check_plan(cfg: Config) -> bool:
+    """The plan the run would follow (plan.describe): the same validation, the same lines."""
     from supervisor.errors import ConfigError
-    from supervisor.sync import Mirror
+    from supervisor.plan import describe, make_plan
 
-    mirror = Mirror(cfg.sync, emit=lambda kind, **f: f, backend=cfg.sync_backend, writers=lambda: set())
     try:
-        warnings = mirror.check()
+        plan = make_plan(cfg)
     except ConfigError as e:
-        print(f"{FAIL:4}  {'sync':10} {e}")
+        print(f"{FAIL:4}  {'plan':10} {e}")
         return True
-    for w in warnings:
-        print(f"{WARN:4}  {'sync':10} {w}")
-    for status, text in mirror.describe():
-        print(f"{status:4}  {'sync':10} {text}")
-    print(f"{OK:4}  {'sync':10} backend {mirror.backend_name} (sync_backend = {cfg.sync_backend})")
+    for w in plan.warnings[len(cfg.warnings):]:
+        print(f"{WARN:4}  {'plan':10} {w}")
+    for status, topic, text in describe(plan):
+        print(f"{status:4}  {topic:10} {text}")
     return False
 
 
@@ -126,7 +122,7 @@ def run_check(cfg: Config, command: Sequence[str]) -> int:
     failed = False
     for warning in cfg.warnings:
         print(f"{WARN:4}  {'env':10} {warning}")
-    failed |= _check_sync(cfg)
+    failed |= _check_plan(cfg)
     for name, probe in probes:
         try:
             status, text = probe()

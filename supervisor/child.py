@@ -101,12 +101,11 @@ def exit_status(returncode: int) -> int:
 
 @dataclass(frozen=True)
 class Delivery:
-    """One signal sent: to whom and how long after ``since`` (for the journal)."""
+    """One signal sent: to whom, by which route (for the journal)."""
 
     signal: str
     targets: list[int]
     route: str
-    latency_ms: float | None = None
 
 
 class Child:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from supervisor import __version__, logs
+from supervisor.config import KEYS, SyncPair
 from supervisor.errors import UsageError
 
 SUBCOMMANDS = ("run", "check", "env", "report", "node-agent", "init")
@@ -63,20 +64,40 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     S = argparse.SUPPRESS
     g = p.add_argument_group("run")
     g.add_argument("-c", "--config", metavar="FILE", default=S, help="TOML config file (see configs/example.toml)")
-    g.add_argument("--run-dir", metavar="DIR", default=S,
-                   help="where events.jsonl, gpu.csv, host.csv and supervise.log go; put it on persistent storage "
-                        "(default: ./supervise-$SLURM_JOB_ID, or a new timestamped directory)")
+    run_dir = next(k for k in KEYS if k.name == "run_dir")
+    g.add_argument(run_dir.flag, metavar=run_dir.metavar, default=S, help=f"{run_dir.help} (default {run_dir.shown})")
     g.add_argument("-q", "--quiet", action="count", default=0, help="only warnings and errors on stderr")
     g.add_argument("-v", "--verbose", action="count", default=0, help="more detail on stderr")
     g.add_argument("-V", "--version", action="version", version=f"supervise {__version__}")
 
-    g = p.add_argument_group("child and signals")
-    g.add_argument("--grace", metavar="DURATION", default=S, help="stop signal → SIGKILL of every process the command started (default 30s)")
-    g.add_argument("--stop-signal", metavar="SIG", default=S, help="what stops the command politely (default TERM)")
-    g.add_argument("--forward", metavar="POLICY", default=S, help="launcher (default): signals go to the launcher process; group: to its whole process group")
-    g.add_argument("--launcher", metavar="NAME", default=S, help="override launcher detection (auto, horovodrun, mpiexec, srun, torchrun, deepspeed, csrun, python, generic)")
+    groups = {"run": g}
+    for key in KEYS:
+        if key.name == "run_dir" or key.name in SPECIAL:
+            continue
+        if key.group not in groups:
+            groups[key.group] = p.add_argument_group(key.group)
+            if key.group == "mirroring to persistent storage":
+                _pair_options(groups[key.group])
+        default = key.shown or ("none" if key.default is None else "off" if key.default is False
+                                else str(getattr(key.default, "name", key.default)))
+        help_text = f"{key.help} (default {default.removeprefix('SIG')})"
+        if key.metavar is None:
+            groups[key.group].add_argument(key.flag, dest=key.name, action="store_const", const="true", default=S,
+                                           help=help_text)
+        else:
+            groups[key.group].add_argument(key.flag, dest=key.name, metavar=key.metavar, default=S, help=help_text,
+                                           action="append" if key.name in REPEATABLE else "store")
+    groups["time limit, preemption and requeue"].add_argument("--no-requeue", dest="requeue", action="store_const",
+                                                              const="false", default=S, help=argparse.SUPPRESS)
 
-    g = p.add_argument_group("mirroring to persistent storage")
+
+REPEATABLE = ("notify",)
+SPECIAL = ("sync_nice", "sync_ionice", "dmon_log", "restart_backoff", "notify_timeout")  # config file and environment only
+
+
+def _pair_options(g: argparse._ArgumentGroup) -> None:
+    """The pairs themselves and the options of the --checkpoints pairs."""
+    S = argparse.SUPPRESS
     g.add_argument("--checkpoints", nargs=2, metavar=("LOCAL", "PERSISTENT"), action="append", default=S,
                    help="mirror checkpoints: complete ones only, never torn; repeatable")
     g.add_argument("--logs", nargs=2, metavar=("LOCAL", "PERSISTENT"), action="append", default=S,
@@ -90,36 +111,12 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--marker", dest="markers", metavar="GLOB", action="append", default=S,
                    help="a file your training writes last into each checkpoint directory; repeatable")
     g.add_argument("--settle", metavar="DURATION", default=S,
-                   help="quiet time after which a checkpoint without other evidence counts as complete (default 5s)")
-    g.add_argument("--sync-every", metavar="DURATION", default=S, help="safety-net period; changes trigger a sync sooner (default 10m)")
-    g.add_argument("--sync-backend", metavar="NAME", default=S, help="auto (rsync if on PATH), rsync, or python")
+                   help="quiet time after which a checkpoint without other evidence counts as complete "
+                        f"(default {SyncPair.settle:g}s)")
     g.add_argument("--nodes", metavar="N|auto", default=S,
                    help="every node writes its shards of a --checkpoints checkpoint to its own local disk: publish "
                         "each one only when all N nodes' parts are durable (auto: the job's node count; "
                         "start one `supervise node-agent` per node)")
-
-    g = p.add_argument_group("sampling")
-    g.add_argument("--gpu-every", metavar="DURATION", default=S, help="GPU and host sampling period; 0 disables (default 10s)")
-    g.add_argument("--gpu-backend", metavar="NAME", default=S, help="auto, nvml, dmon or none")
-
-    g = p.add_argument_group("time limit, preemption and requeue")
-    g.add_argument("--time-limit", metavar="DURATION", default=S, help="the job ends this long after supervise starts (overrides the scheduler)")
-    g.add_argument("--deadline", metavar="TIME", default=S, help="the job ends at this time, e.g. 2026-11-21T18:00:00 (overrides the scheduler)")
-    g.add_argument("--warn-before", metavar="DURATION|auto", default=S, help="start the stop sequence this long before the end (default auto: learned from earlier attempts)")
-    g.add_argument("--checkpoint-signal", metavar="SIG", default=S, help="what 'checkpoint now' sends to the training (default per launcher)")
-    g.add_argument("--warn-signal", metavar="SIG", default=S, help="a signal that means 'the end is near' (default USR2, as sent by #SBATCH --signal=B:USR2@600); none to pass it on")
-    g.add_argument("--checkpoint-timeout", metavar="DURATION", default=S, help="how long to wait for the requested checkpoint (default 10m)")
-    g.add_argument("--requeue", dest="requeue", action="store_const", const="true", default=S, help="requeue the job after a deadline or a preemption")
-    g.add_argument("--no-requeue", dest="requeue", action="store_const", const="false", default=S, help=argparse.SUPPRESS)
-    g.add_argument("--max-requeues", metavar="N", default=S, help="stop requeueing after N requeues (default 3)")
-    g.add_argument("--requeue-on-failure", action="store_const", const="true", default=S, help="also requeue after the training failed")
-    g.add_argument("--max-restarts", metavar="N", default=S, help="restart a crashed training in place up to N times (default 0)")
-    g.add_argument("--hang-after", metavar="DURATION", default=S, help="no checkpoint, no log growth (and idle GPUs) this long → hang")
-    g.add_argument("--hang-action", metavar="ACTION", default=S, help="report (default) or stop")
-
-    g = p.add_argument_group("notifications")
-    g.add_argument("--notify", metavar="URL", action="append", default=S, help="webhook to tell of start, warning, preemption, requeue, end; repeatable (never logged)")
-    g.add_argument("--notify-format", metavar="FORMAT", default=S, help="json (default), slack, teams or ntfy")
 
 
 def _parser(sub: str) -> _Parser:
@@ -215,16 +212,14 @@ def parse(argv: Sequence[str]) -> tuple[str, argparse.Namespace, list[str]]:
     return sub, ns, command
 
 
-CONFIG_FLAGS = ("run_dir", "grace", "stop_signal", "forward", "launcher", "sync_every", "sync_backend",
-                "gpu_every", "gpu_backend", "time_limit", "deadline", "warn_before", "checkpoint_signal", "warn_signal",
-                "checkpoint_timeout", "requeue", "max_requeues", "requeue_on_failure", "max_restarts",
-                "hang_after", "hang_action", "notify", "notify_format")
+CONFIG_FLAGS = tuple(k.name for k in KEYS if k.name not in SPECIAL)
 
 
 PAIR_FLAGS = ("restore", "markers", "settle", "profile")  # options of the --checkpoints pairs
 
 
-def config_from(ns: argparse.Namespace, command: Sequence[str], *, for_check: bool = False):  # noqa: ANN201
+def config_from(ns: argparse.Namespace, command: Sequence[str], *, for_check: bool = False,  # noqa: ANN201
+                create_run_dir: bool | None = None):
     """Build the validated Config from parsed options (file < env < flags)."""
     from supervisor.config import build_config
 
@@ -240,7 +235,8 @@ def config_from(ns: argparse.Namespace, command: Sequence[str], *, for_check: bo
         raise UsageError(f"{flag} applies to --checkpoints pairs, and none was given "
                          "(in a config file, set it in the [[sync]] table)")
     cfg = build_config(flags=flags, flag_pairs=pairs, command=tuple(command), config_file=cfg_file,
-                       require_command=not for_check, create_run_dir=not for_check, flag_nodes=given.get("nodes"),
+                       require_command=not for_check,
+                       create_run_dir=not for_check if create_run_dir is None else create_run_dir, flag_nodes=given.get("nodes"),
                        pair_flags=pair_flags)
     from dataclasses import replace
 
@@ -256,6 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         sub, ns, command = parse(argv)
         if sub == "run":
+            _hold_signals()
             return _run(ns, command)
         if sub == "check":
             from supervisor.check import run_check
@@ -280,17 +277,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
+_EARLY: list[int] = []  # stop and pass-on signals that came before the agent listened
+
+
+def _hold_signals() -> None:
+    """From here until the agent's receiver takes over, a stop or pass-on signal is kept,
+    not acted on: a KeyboardInterrupt raised inside an import is swallowed by importlib,
+    and the agent replays what came (a stop before the spawn exits 128+N)."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, lambda n, _frame: _EARLY.append(n))
+
+
 def _run(ns: argparse.Namespace, command: list[str]) -> int:
     import anyio
 
     from supervisor.agent import supervise
     from supervisor.child import become_subreaper
 
-    cfg = config_from(ns, command)
+    from supervisor.config import check_run_dir
+    from supervisor.plan import make_plan
+
+    cfg = config_from(ns, command, create_run_dir=False)
     logs.setup(cfg.verbosity)
+    plan = make_plan(cfg)  # every ConfigError here: exit 2, nothing started, nothing made
+    check_run_dir(plan.run_dir)
     become_subreaper()
     try:
-        return anyio.run(supervise, cfg)
+        return anyio.run(supervise, cfg, plan, _EARLY)
     finally:
         logs.close()
 

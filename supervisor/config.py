@@ -16,13 +16,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from supervisor import childenv
 from supervisor._units import parse_duration, parse_signal
 from supervisor.errors import ConfigError
 
 ENV_PREFIX = "SUPERVISE_"
-# Variables supervise itself sets for the child; never read as configuration.
-CHILD_ENV = frozenset({"SUPERVISE_RUN_DIR_ACTIVE", "SUPERVISE_ATTEMPT", "SUPERVISE_CHECKPOINT_REQUEST",
-                       "SUPERVISE_RESTORED_FROM", "SUPERVISE_CHECKPOINT_SIGNAL", "SUPERVISE_NODE_RANK"})
 FORWARD_POLICIES = ("launcher", "group")
 SYNC_KINDS = ("checkpoint", "log")
 LAUNCHERS = ("auto", "horovodrun", "mpiexec", "srun", "torchrun", "deepspeed", "csrun", "python", "generic")
@@ -47,56 +45,13 @@ class SyncPair:
     profile: str = "auto"  # the framework's layout (supervisor/sync/_profiles.py), or auto: detected
 
 
-@dataclass(frozen=True)
-class Config:
-    """Everything one supervised run needs to know, validated."""
-
-    command: tuple[str, ...] = ()
-    run_dir: Path | None = None
-    config_file: Path | None = None
-    # child and signals
-    grace: float = 30.0
-    stop_signal: signal.Signals = signal.SIGTERM
-    forward: str = "launcher"
-    launcher: str = "auto"
-    # sync
-    sync: tuple[SyncPair, ...] = ()
-    sync_every: float = 600.0
-    sync_backend: str = "auto"
-    sync_nice: int = 10
-    sync_ionice: str = "idle"
-    # sampling
-    gpu_every: float = 10.0
-    gpu_backend: str = "auto"
-    dmon_log: bool = False
-    # deadline and stop
-    time_limit: float | None = None
-    deadline: float | None = None
-    warn_before: float | None = None  # None means "auto"
-    checkpoint_signal: signal.Signals | None = None  # None: the launcher's default
-    warn_signal: signal.Signals | None = signal.SIGUSR2  # "the end is near", e.g. --signal=B:USR2@600
-    checkpoint_timeout: float = 600.0
-    # requeue and restarts
-    requeue: bool = False
-    max_requeues: int = 3
-    requeue_on_failure: bool = False
-    max_restarts: int = 0
-    restart_backoff: float = 10.0
-    hang_after: float | None = None
-    hang_action: str = "report"
-    # notifications (URLs are secrets: never logged)
-    notify: tuple[str, ...] = ()
-    notify_format: str = "json"
-    notify_timeout: float = 5.0
-    # logs
-    verbosity: int = 0
-    warnings: tuple[str, ...] = field(default=(), compare=False)
-
-
 # --- converters: each returns the typed value or raises ValueError(what would be right) ---
 
 def _duration(v: Any) -> float:
-    return parse_duration(v)
+    d = parse_duration(v)
+    if d != d or d in (float("inf"), float("-inf")):
+        raise ValueError("a finite duration such as 30s or 10m")
+    return d
 
 
 def _opt_duration(v: Any) -> float | None:
@@ -169,6 +124,8 @@ def _path(v: Any) -> Path:
     directory literally named ``$LOCAL_DIR`` (os.path.expandvars leaves unknown ones as they are)."""
     if not isinstance(v, (str, os.PathLike)) or not str(v).strip():
         raise ValueError("a path")
+    if "\0" in str(v):
+        raise ValueError("a path without NUL bytes")
     expanded = os.path.expandvars(os.path.expanduser(str(v)))
     unset = _UNSET_VAR.search(expanded)
     if unset:
@@ -233,41 +190,120 @@ def _nodes(v: Any) -> int:
     return n
 
 
-# Scalar keys: TOML name → (converter, Config field). Flags and SUPERVISE_* use the same names.
-SCALAR_KEYS: dict[str, Callable[[Any], Any]] = {
-    "run_dir": _run_dir,
-    "grace": _duration,
-    "stop_signal": _signal,
-    "forward": _choice(*FORWARD_POLICIES),
-    "launcher": _choice(*LAUNCHERS),
-    "sync_every": _duration,
-    "sync_backend": _choice("auto", "rsync", "python"),
-    "sync_nice": _nice,
-    "sync_ionice": _choice("idle", "best-effort", "none"),
-    "gpu_every": _duration,
-    "gpu_backend": _choice("auto", "nvml", "dmon", "none"),
-    "dmon_log": _bool,
-    "time_limit": _opt_duration,
-    "deadline": _deadline,
-    "warn_before": _warn_before,
-    "checkpoint_signal": _opt_signal,
-    "warn_signal": _opt_signal,
-    "checkpoint_timeout": _duration,
-    "requeue": _bool,
-    "max_requeues": _count,
-    "requeue_on_failure": _bool,
-    "max_restarts": _count,
-    "restart_backoff": _duration,
-    "hang_after": _opt_duration,
-    "hang_action": _choice("report", "stop"),
-    "notify": _urls,
-    "notify_format": _choice("json", "slack", "teams", "ntfy"),
-    "notify_timeout": _duration,
-}
+@dataclass(frozen=True)
+class Key:
+    """One scalar setting: its TOML name (also ``SUPERVISE_<NAME>`` and ``--name``), how a
+    value is read, its default, and the help line. The CLI, the TOML and environment readers,
+    the Config's defaults and configs/example.toml's check all come from ``KEYS``."""
+
+    name: str
+    convert: Callable[[Any], Any]
+    default: Any
+    help: str
+    metavar: str | None = "VALUE"  # None: a switch (--name sets true)
+    group: str = "run"
+    shown: str | None = None  # the default as --help says it, when not the value itself
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+_G_CHILD, _G_SYNC, _G_SAMPLE = "child and signals", "mirroring to persistent storage", "sampling"
+_G_END, _G_NOTIFY = "time limit, preemption and requeue", "notifications"
+KEYS: tuple[Key, ...] = (
+    Key("run_dir", _run_dir, None, "where events.jsonl, gpu.csv, host.csv and supervise.log go; put it on persistent "
+        "storage", "DIR", shown="./supervise-$SLURM_JOB_ID, or a new timestamped directory"),
+    Key("grace", _duration, 30.0, "stop signal → SIGKILL of every process the command started", "DURATION", _G_CHILD, "30s"),
+    Key("stop_signal", _opt_signal, None, "what stops the command politely", "SIG", _G_CHILD,
+        "the launcher's own: INT for srun, TERM otherwise; a plain process gets the stop signal supervise got"),
+    Key("forward", _choice(*FORWARD_POLICIES), "launcher", "where passed-on signals go: launcher (the launcher process) "
+        "or group (its whole process group)", "POLICY", _G_CHILD),
+    Key("launcher", _choice(*LAUNCHERS), "auto", "override launcher detection (" + ", ".join(LAUNCHERS) + ")", "NAME", _G_CHILD),
+    Key("sync_every", _duration, 600.0, "safety-net period; changes trigger a sync sooner", "DURATION", _G_SYNC, "10m"),
+    Key("sync_backend", _choice("auto", "rsync", "python"), "auto", "auto (rsync if on PATH), rsync, or python", "NAME", _G_SYNC),
+    Key("sync_nice", _nice, 10, "CPU niceness of copies (0-19)", "N", _G_SYNC),
+    Key("sync_ionice", _choice("idle", "best-effort", "none"), "idle", "I/O class of copies: idle, best-effort or none",
+        "CLASS", _G_SYNC),
+    Key("gpu_every", _duration, 10.0, "GPU and host sampling period; 0 disables", "DURATION", _G_SAMPLE, "10s"),
+    Key("gpu_backend", _choice("auto", "nvml", "dmon", "none"), "auto", "auto, nvml, dmon or none", "NAME", _G_SAMPLE),
+    Key("dmon_log", _bool, False, "keep nvidia-smi dmon's raw output beside gpu.csv", None, _G_SAMPLE),
+    Key("time_limit", _opt_duration, None, "the job ends this long after supervise starts (overrides the scheduler)",
+        "DURATION", _G_END, "the scheduler's"),
+    Key("deadline", _deadline, None, "the job ends at this time, e.g. 2026-11-21T18:00:00 (overrides the scheduler)",
+        "TIME", _G_END, "the scheduler's"),
+    Key("warn_before", _warn_before, None, "start the stop sequence this long before the end", "DURATION|auto", _G_END,
+        "auto: learned from earlier attempts"),
+    Key("checkpoint_signal", _opt_signal, None, "what 'checkpoint now' sends to the training", "SIG", _G_END, "per launcher"),
+    Key("warn_signal", _opt_signal, signal.SIGUSR2, "a signal that means 'the end is near' (as sent by "
+        "#SBATCH --signal=B:USR2@600); none to pass it on", "SIG", _G_END, "USR2"),
+    Key("checkpoint_timeout", _duration, 600.0, "how long to wait for the requested checkpoint", "DURATION", _G_END, "10m"),
+    Key("requeue", _bool, False, "requeue the job after a deadline or a preemption", None, _G_END),
+    Key("max_requeues", _count, 3, "stop requeueing after N requeues", "N", _G_END),
+    Key("requeue_on_failure", _bool, False, "also requeue after the training failed", None, _G_END),
+    Key("max_restarts", _count, 0, "restart a crashed training in place up to N times", "N", _G_END),
+    Key("restart_backoff", _duration, 10.0, "wait before an in-place restart, doubled each time", "DURATION", _G_END, "10s"),
+    Key("hang_after", _opt_duration, None, "no checkpoint, no log growth (and idle GPUs) this long → hang", "DURATION",
+        _G_END, "off"),
+    Key("hang_action", _choice("report", "stop"), "report", "report or stop", "ACTION", _G_END),
+    Key("notify", _urls, (), "webhook to tell of start, warning, preemption, requeue, end; repeatable (never logged)",
+        "URL", _G_NOTIFY, "none"),
+    Key("notify_format", _choice("json", "slack", "teams", "ntfy"), "json", "json, slack, teams or ntfy", "FORMAT", _G_NOTIFY),
+    Key("notify_timeout", _duration, 5.0, "per-attempt deadline of a webhook post", "DURATION", _G_NOTIFY, "5s"),
+)
+SCALAR_KEYS: dict[str, Callable[[Any], Any]] = {k.name: k.convert for k in KEYS}
+DEFAULT: dict[str, Any] = {k.name: k.default for k in KEYS}
 SECRET_KEYS = frozenset({"notify"})
 SYNC_KEYS = ("name", "kind", "from", "to", "markers", "every", "restore", "exclude", "keep_local", "settle", "fsync", "profile",
              "nodes")
 TOP_LEVEL_TABLES = ("sync",)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything one supervised run needs to know, validated."""
+
+    command: tuple[str, ...] = ()
+    run_dir: Path | None = DEFAULT["run_dir"]
+    config_file: Path | None = None
+    # child and signals
+    grace: float = DEFAULT["grace"]
+    stop_signal: signal.Signals | None = DEFAULT["stop_signal"]  # None: the launcher's own (launchers.py)
+    forward: str = DEFAULT["forward"]
+    launcher: str = DEFAULT["launcher"]
+    # sync
+    sync: tuple[SyncPair, ...] = ()
+    sync_every: float = DEFAULT["sync_every"]
+    sync_backend: str = DEFAULT["sync_backend"]
+    sync_nice: int = DEFAULT["sync_nice"]
+    sync_ionice: str = DEFAULT["sync_ionice"]
+    # sampling
+    gpu_every: float = DEFAULT["gpu_every"]
+    gpu_backend: str = DEFAULT["gpu_backend"]
+    dmon_log: bool = DEFAULT["dmon_log"]
+    # deadline and stop
+    time_limit: float | None = DEFAULT["time_limit"]
+    deadline: float | None = DEFAULT["deadline"]
+    warn_before: float | None = DEFAULT["warn_before"]  # None means "auto"
+    checkpoint_signal: signal.Signals | None = DEFAULT["checkpoint_signal"]  # None: the launcher's default
+    warn_signal: signal.Signals | None = DEFAULT["warn_signal"]  # "the end is near", e.g. --signal=B:USR2@600
+    checkpoint_timeout: float = DEFAULT["checkpoint_timeout"]
+    # requeue and restarts
+    requeue: bool = DEFAULT["requeue"]
+    max_requeues: int = DEFAULT["max_requeues"]
+    requeue_on_failure: bool = DEFAULT["requeue_on_failure"]
+    max_restarts: int = DEFAULT["max_restarts"]
+    restart_backoff: float = DEFAULT["restart_backoff"]
+    hang_after: float | None = DEFAULT["hang_after"]
+    hang_action: str = DEFAULT["hang_action"]
+    # notifications (URLs are secrets: never logged)
+    notify: tuple[str, ...] = DEFAULT["notify"]
+    notify_format: str = DEFAULT["notify_format"]
+    notify_timeout: float = DEFAULT["notify_timeout"]
+    # logs
+    verbosity: int = 0
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+
 
 
 def _did_you_mean(word: str, options: list[str] | tuple[str, ...]) -> str:
@@ -305,6 +341,8 @@ def load_toml(path: Path) -> dict[str, Any]:
         raise ConfigError("--config", str(path), "not readable (permission denied)") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError("--config", str(path), f"not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError("--config", str(path), f"not UTF-8 text (byte {e.start}); TOML files are UTF-8") from None
 
 
 def _from_file(data: Mapping[str, Any], path: Path) -> tuple[dict[str, Any], list[SyncPair]]:
@@ -323,6 +361,9 @@ def _from_file(data: Mapping[str, Any], path: Path) -> tuple[dict[str, Any], lis
         else:
             raise ConfigError(key, _shown(key, value), f"unknown key{_did_you_mean(key, list(SCALAR_KEYS) + list(TOP_LEVEL_TABLES))}", source)
     return values, pairs
+
+
+_PAIR = SyncPair("", "checkpoint", Path(), Path())  # a pair's defaults, written once (in SyncPair)
 
 
 def _sync_table(t: Mapping[str, Any], index: int, path: Path) -> SyncPair:
@@ -376,15 +417,15 @@ def _sync_table(t: Mapping[str, Any], index: int, path: Path) -> SyncPair:
     return SyncPair(
         name=conv("name", lambda v: v if isinstance(v, str) and v.strip() else (_ for _ in ()).throw(ValueError("a non-empty name")), ""),
         kind=kind, src=src, dst=dst,
-        markers=conv("markers", globs, ()),
-        every=conv("every", _opt_duration, None),
-        restore=conv("restore", _bool, False),
-        exclude=conv("exclude", patterns, ()),
-        keep_local=conv("keep_local", keep, None),
-        settle=conv("settle", settle, 5.0),
-        fsync=conv("fsync", _bool, False),
-        nodes=conv("nodes", _nodes, 1),
-        profile=conv("profile", _profile, "auto"),
+        markers=conv("markers", globs, _PAIR.markers),
+        every=conv("every", _opt_duration, _PAIR.every),
+        restore=conv("restore", _bool, _PAIR.restore),
+        exclude=conv("exclude", patterns, _PAIR.exclude),
+        keep_local=conv("keep_local", keep, _PAIR.keep_local),
+        settle=conv("settle", settle, _PAIR.settle),
+        fsync=conv("fsync", _bool, _PAIR.fsync),
+        nodes=conv("nodes", _nodes, _PAIR.nodes),
+        profile=conv("profile", _profile, _PAIR.profile),
     )
 
 
@@ -393,7 +434,7 @@ def _from_env(env: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
     warnings: list[str] = []
     known = {ENV_PREFIX + k.upper(): k for k in SCALAR_KEYS}
     for name, raw in env.items():
-        if not name.startswith(ENV_PREFIX) or name in CHILD_ENV or name == "SUPERVISE_CONFIG":
+        if not name.startswith(ENV_PREFIX) or name in childenv.NAMES or name == "SUPERVISE_CONFIG":
             continue
         key = known.get(name)
         if key is None:
@@ -414,7 +455,8 @@ def job_nodes(env: Mapping[str, str]) -> int:
 
 
 def _resolve_pairs(pairs: list[SyncPair], env: Mapping[str, str] | None = None) -> tuple[SyncPair, ...]:
-    """Absolute paths, unique names, node counts, and no pair that would copy into itself."""
+    """Absolute paths, unique names, node counts; the sides themselves are checked by the plan
+    (``sync._checks.check_pairs``, through ``Mirror.check``)."""
     out: list[SyncPair] = []
     names: set[str] = set()
     for i, p in enumerate(pairs):
@@ -427,11 +469,6 @@ def _resolve_pairs(pairs: list[SyncPair], env: Mapping[str, str] | None = None) 
             p = replace(p, nodes=job_nodes(os.environ if env is None else env))
         if p.kind == "checkpoint" and p.exclude:
             _check_markers_kept(p, key)
-        if os.path.realpath(src) == os.path.realpath(dst):
-            raise ConfigError(key, f"{src} -> {dst}", "local and persistent sides are the same path")
-        rs, rd = Path(os.path.realpath(src)), Path(os.path.realpath(dst))
-        if rd.is_relative_to(rs) or rs.is_relative_to(rd):
-            raise ConfigError(key, f"{src} -> {dst}", "one side is inside the other; mirror into a separate directory")
         name = p.name or src.name or f"pair{i}"
         base, n = name, 2
         while name in names:
@@ -565,6 +602,8 @@ def _checkpoint_flags(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _abs(p: str | Path, cwd: Path) -> Path:
+    if "\0" in str(p):
+        raise ConfigError("path", str(p).replace("\0", "\\0"), "contains a NUL byte")
     path = Path(os.path.expanduser(str(p)))
     return path if path.is_absolute() else cwd / path
 

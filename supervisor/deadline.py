@@ -20,7 +20,6 @@ attempt from wasting half the allocation. With nothing learned the default (5 mi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Iterable
 
 STOP_STEP = "stop-step"
@@ -114,21 +113,3 @@ def resolve_end(
     if scheduler_end is not None:
         return scheduler_end, "scheduler"
     return None, "none"
-
-
-@dataclass(frozen=True)
-class Deadline:
-    """A resolved end and the lead before it: what the deadline watch sleeps towards."""
-
-    end: float | None
-    source: str
-    lead: float
-
-    @property
-    def warn_at(self) -> float | None:
-        return None if self.end is None else warning_time(self.end, self.lead)
-
-    def seconds_to_warning(self, now: float) -> float | None:
-        """Seconds until the warning (0 when it is due or past); None without an end."""
-        at = self.warn_at
-        return None if at is None else max(0.0, at - now)

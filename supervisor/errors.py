@@ -23,3 +23,16 @@ class ConfigError(UsageError):
         self.source = source
         where = f" (from {source})" if source else ""
         super().__init__(f"{key} = {value!r}{where}: {expected}")
+
+
+try:
+    BaseExceptionGroup
+except NameError:  # Python 3.10: anyio's own dependency backports it
+    from exceptiongroup import BaseExceptionGroup
+
+
+def root_cause(e: BaseException) -> BaseException:
+    """The first real error inside (nested) exception groups: what the journal names."""
+    while isinstance(e, BaseExceptionGroup) and e.exceptions:
+        e = e.exceptions[0]
+    return e

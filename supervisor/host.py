@@ -17,7 +17,7 @@ import anyio
 import anyio.to_thread
 from anyio.abc import TaskStatus
 
-from supervisor.gpu._csv import CsvWriter
+from supervisor._csv import CsvWriter
 from supervisor.journal import Emit
 
 HOST_FILE = "host.csv"

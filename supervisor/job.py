@@ -5,7 +5,7 @@ the environment (cheap, pure, testable with recorded environments) and returns a
 ``Job``; the few facts that need the scheduler's own tools (the end time, requeue) are async
 functions that run argv lists through anyio with a timeout. They never raise into the
 caller: a scheduler that is slow, missing or answers nonsense must not take the supervision
-down (invariant 4), so failures come back as ``None`` / ``(False, why)`` and are reported
+down (docs/design.md, invariant 4), so failures come back as ``None`` / ``(False, why)`` and are reported
 through ``report`` (default: this module's logger).
 
 Facts relied on (docs/slurm.md, docs/pbs.md):
@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -382,6 +383,42 @@ def parse_job_view(text: str) -> JobView | None:
 
 
 DEFAULT_KILL_WAIT = {"slurm": 30.0, "pbs": 10.0}  # KillWait (slurm.conf), kill_delay (PBS Pro)
+JOB_WIDE = 2.0  # a SIGCONT this close to a TERM means the scheduler signalled every process
+
+
+def signalled_all(scheduler: str, sig: int | None, received: float | None, last_cont: float | None) -> bool:
+    """Did Slurm's SIGCONT+SIGTERM to every process of the job (scancel, the time limit, a
+    requeue) come, rather than a TERM to us alone? slurmstepd sends SIGCONT with it; then the
+    launcher got that TERM too, and a TERM of ours would be its second (mpiexec abandons its
+    ranks on a second TERM). Times are ``time.monotonic()``."""
+    if scheduler != "slurm" or sig != signal.SIGTERM or received is None or last_cont is None:
+        return False
+    return abs(last_cont - received) <= JOB_WIDE
+
+
+_STATE_REASONS = {"CANCELLED": "cancelled", "TIMEOUT": "deadline", "DEADLINE": "deadline", "PREEMPTED": "preempted"}
+
+
+def reason_from_view(view: JobView | None, was: str, restart_count: int) -> tuple[str, bool]:
+    """(reason, requeued by the scheduler) from the controller's view after a SIGTERM.
+
+    A job-wide TERM shows as COMPLETING for all of KillWait; then a raised ``Restarts``
+    means a requeue (a preemption with PreemptMode=REQUEUE, or an admin's), a
+    ``PreemptTime`` a preemption, and a TERM we took for a preemption with neither is
+    a cancel. A job still RUNNING got its TERM at the batch shell only (a site's
+    preemption script, ``scancel --signal=TERM --batch``): it stays a preemption.
+    """
+    if view is None:
+        return was, False
+    requeued = view.state.startswith("REQUEUE") or (view.restarts is not None and view.restarts > restart_count)
+    base = view.state.split("+")[0]
+    if base in _STATE_REASONS:
+        return _STATE_REASONS[base], requeued
+    if requeued or view.preempt_time is not None:
+        return ("deadline" if was == "deadline" else "preempted"), requeued
+    if was == "preempted" and base == "COMPLETING":
+        return "cancelled", False
+    return was, False
 
 
 async def kill_wait(job: Job, report: Report | None = None) -> float | None:

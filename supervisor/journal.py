@@ -35,7 +35,7 @@ def redact_env(env: Mapping[str, str], prefixes: Iterable[str]) -> dict[str, str
     """Keep the variables that start with one of ``prefixes``, hiding secret-looking ones.
 
     Scheduler variables are what a post-mortem needs; tokens and webhook URLs are not, and
-    invariant 5 says they never reach the journal.
+    docs/design.md's invariant 5 says they never reach the journal.
     """
     prefixes = tuple(prefixes)
     return {

@@ -34,6 +34,8 @@ import time
 from types import FrameType
 from typing import Any, Callable, Iterable
 
+from supervisor import childenv
+
 __all__ = [
     "checkpoint_requested", "acknowledge", "stop_requested", "install_stop_handler",
     "checkpoint_signal", "request_path", "run_dir", "attempt", "restored_from", "STAT_INTERVAL",
@@ -52,7 +54,7 @@ _handler_installed = False
 
 def checkpoint_signal() -> signal.Signals:
     """The signal that means "checkpoint now": ``$SUPERVISE_CHECKPOINT_SIGNAL`` or USR1."""
-    name = os.environ.get("SUPERVISE_CHECKPOINT_SIGNAL", "").strip().upper() or "USR1"
+    name = os.environ.get(childenv.CHECKPOINT_SIGNAL, "").strip().upper() or "USR1"
     if name.isdigit():
         return signal.Signals(int(name))
     return signal.Signals[name if name.startswith("SIG") else "SIG" + name]
@@ -60,24 +62,24 @@ def checkpoint_signal() -> signal.Signals:
 
 def request_path() -> str | None:
     """Where the supervisor puts the request file, or None outside ``supervise``."""
-    return os.environ.get("SUPERVISE_CHECKPOINT_REQUEST") or None
+    return os.environ.get(childenv.CHECKPOINT_REQUEST) or None
 
 
 def run_dir() -> str | None:
-    return os.environ.get("SUPERVISE_RUN_DIR") or None
+    return os.environ.get(childenv.RUN_DIR) or None
 
 
 def attempt() -> int:
     """1 on the first run, 2 after the first requeue, …; 1 outside ``supervise``."""
     try:
-        return int(os.environ.get("SUPERVISE_ATTEMPT", "1"))
+        return int(os.environ.get(childenv.ATTEMPT, "1"))
     except ValueError:
         return 1
 
 
 def restored_from() -> str | None:
     """The checkpoint the supervisor restored before this attempt, if it did."""
-    return os.environ.get("SUPERVISE_RESTORED_FROM") or None
+    return os.environ.get(childenv.RESTORED_FROM) or None
 
 
 def _on_checkpoint_signal(signum: int, frame: FrameType | None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -97,3 +98,53 @@ def pytest_runtest_makereport(item, call):  # noqa: ANN001, ANN201
         if not any(word in reason.lower() for word in ALLOWED_SKIPS):
             rep.outcome = "failed"
             rep.longrepr = f"skipped in CI, where every component is installed: {reason}"
+
+
+# ---- the journal/notification contract, checked once a whole run is done (tests/test_contract.py) ----
+
+
+def _whole_run(config: pytest.Config) -> bool:
+    opt = config.option
+    if getattr(opt, "keyword", "") or getattr(opt, "markexpr", "") or getattr(opt, "lf", False) or getattr(opt, "deselect", None):
+        return False
+    return all(Path(a).resolve() == ROOT / "tests" for a in config.args)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """After a whole, green run: every kind and notification documented in docs/ was produced by a
+    real `supervise` in some test, and nothing undocumented was (read from every run directory the
+    tests left under pytest's base temp directory)."""
+    if exitstatus != 0 or not _whole_run(session.config) or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    from tests.test_contract import documented
+
+    base = session.config._tmp_path_factory.getbasetemp()  # noqa: SLF001 - pytest's own temp root
+    kinds, notices = set(), set()
+    for journal in base.rglob("events.jsonl"):
+        try:
+            lines = journal.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and isinstance(event.get("kind"), str):
+                kinds.add(event["kind"])
+                if event["kind"] == "notify" and isinstance(event.get("event"), str):
+                    notices.add(event["event"])
+    want_kinds, want_notices = documented("kind"), documented("event", [ROOT / "docs" / "notify.md"])
+    problems = []
+    if want_kinds - kinds:
+        problems.append(f"documented journal kinds no test's supervise produced: {sorted(want_kinds - kinds)}")
+    if kinds - want_kinds:
+        problems.append(f"journal kinds produced but not documented: {sorted(kinds - want_kinds)}")
+    if want_notices - notices:
+        problems.append(f"documented notifications no test's supervise sent: {sorted(want_notices - notices)}")
+    if problems:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        print("\ncontract: " + "\ncontract: ".join(problems), file=sys.stderr)
+    else:
+        print(f"\ncontract: {len(kinds)} journal kinds and {len(notices)} notifications, each produced by a real run",
+              file=sys.stderr)

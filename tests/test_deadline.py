@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.deadline import Deadline, learn_lead, percentile, resolve_end, step_durations, warning_time
+from supervisor.deadline import learn_lead, percentile, resolve_end, step_durations, warning_time
 
 
 def ev(step: str, seconds: object, attempt: int = 1, kind: str = "stop-step") -> dict:
@@ -60,8 +60,6 @@ def test_resolve_end_flags_override_the_scheduler() -> None:
     assert resolve_end(now, None, 60, None, None) == (1060.0, "time-limit")
 
 
-def test_deadline_helper() -> None:
-    d = Deadline(end=1000.0, source="scheduler", lead=300.0)
-    assert d.warn_at == 700.0 and d.seconds_to_warning(600.0) == 100.0 and d.seconds_to_warning(800.0) == 0.0
-    assert Deadline(end=None, source="none", lead=300.0).seconds_to_warning(0.0) is None
+def test_warning_time_is_never_after_the_end() -> None:
+    assert warning_time(1000.0, 300.0) == 700.0
     assert warning_time(1000.0, -5) == 1000.0

@@ -255,9 +255,9 @@ def test_job_view_reads_the_kill_window_fields() -> None:
     (SHOW_CANCELLED.replace("COMPLETING", "REQUEUED"), "preempted", "preempted", True),
 ])
 def test_the_reason_after_a_slurm_term(text: str, was: str, reason: str, requeued: bool) -> None:
-    from supervisor.agent import Reason, _reason_from_view
+    from supervisor.job import reason_from_view
 
-    assert _reason_from_view(parse_job_view(text), Reason(was), 0) == (Reason(reason), requeued)
+    assert reason_from_view(parse_job_view(text), was, 0) == (reason, requeued)
 
 
 def test_kill_wait_from_scontrol_show_config(fake_bin: Path) -> None:

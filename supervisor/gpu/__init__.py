@@ -19,7 +19,7 @@ import anyio
 import anyio.to_thread
 from anyio.abc import TaskStatus
 
-from supervisor.gpu._csv import BatchWriter, CsvWriter
+from supervisor._csv import BatchWriter, CsvWriter
 from supervisor.gpu._types import DeviceInfo, GpuBackend, GpuSample, GpuUnavailable, Opened
 from supervisor.journal import Emit
 
@@ -156,7 +156,7 @@ class GpuSampler:
             self._none(f"the GPU library did not answer within {OPEN_TIMEOUT:g}s")
             task_status.started()
             return
-        except Exception as e:  # invariant 4: an odd driver/binding must not take the run down
+        except Exception as e:  # docs/design.md, invariant 4: an odd driver/binding must not take the run down
             self._none(f"opening the GPU backend failed: {type(e).__name__}: {e}")
             task_status.started()
             return
@@ -192,7 +192,7 @@ class GpuSampler:
             try:
                 samples = await anyio.to_thread.run_sync(tick, abandon_on_cancel=True)
                 backoff = 0.0
-            except Exception as e:  # invariant 4: a broken GPU library never takes us down
+            except Exception as e:  # docs/design.md, invariant 4: a broken GPU library never takes us down
                 text = f"{type(e).__name__}: {e}"
                 if text not in errors_seen:
                     errors_seen.add(text)

@@ -1,7 +1,7 @@
 """What every GPU backend hands the sampler, and the small interface it implements.
 
 Backends are synchronous on purpose: NVML is a blocking C library and ``nvidia-smi`` a
-subprocess, so the sampler calls every method in a worker thread (invariant 6) and the
+subprocess, so the sampler calls every method in a worker thread (docs/design.md, invariant 6) and the
 backends stay plain, testable code.
 """
 

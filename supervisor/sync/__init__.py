@@ -29,6 +29,7 @@ from supervisor.sync._checks import check_pairs
 from supervisor.sync._complete import STAGING_PREFIX
 from supervisor.sync._nodes import PartEngine
 from supervisor.sync._pair import PairEngine
+from supervisor.sync._profiles import GENERIC
 from supervisor.sync._parts import PARTS_DIR, parts_root, remove_parts, waiting
 
 __all__ = ["Mirror"]
@@ -50,7 +51,8 @@ class Mirror:
                  parts_poll: float = 1.0, writers: Callable[[], set[int]] | None = None) -> None:
         self.node_rank = node_rank
         self._pairs = tuple(p for p in pairs if node_rank == 0 or (p.kind == "checkpoint" and p.nodes > 1))
-        self._emit = self._logged(emit)
+        self._sink = emit
+        self._emit = self._logged(lambda kind, **fields: self._sink(kind, **fields))
         emit = self._emit
         self._backend_error: ConfigError | None = None
         try:
@@ -59,6 +61,7 @@ class Mirror:
             self._backend_error = ConfigError("sync_backend", backend, "rsync is not on PATH; use auto or python")
             self._backend = PythonBackend(nice, ionice)
         self._published = 0
+        self._completed: list[float | None] = []  # when each published checkpoint was completed (wall time)
         self._published_event = anyio.Event()
         self._engines: list[PairEngine] = []
         for p in self._pairs:
@@ -90,6 +93,14 @@ class Mirror:
             return emit(kind, **fields)
         return logged
 
+    def attach(self, emit: Emit, writers: Callable[[], set[int]] | None = None) -> None:
+        """Before ``run``: the journal to write to (a plan builds the mirror before the journal
+        is open), and the training's processes, whose open files are the evidence."""
+        self._sink = emit
+        for eng in self._engines:
+            if eng.pair.kind == "checkpoint" and not isinstance(eng, PartEngine):
+                eng.writers = writers
+
     @property
     def pairs(self) -> tuple[SyncPair, ...]:
         """The pairs this mirror handles (a node agent: only the per-node checkpoint pairs)."""
@@ -104,8 +115,9 @@ class Mirror:
         """Checkpoints published so far in this run; the stop sequence waits for it to move."""
         return self._published
 
-    def _count_publish(self) -> None:
+    def _count_publish(self, done_at: float | None = None) -> None:
         self._published += 1
+        self._completed.append(done_at)
         self._published_event.set()
         self._published_event = anyio.Event()
 
@@ -212,10 +224,13 @@ class Mirror:
                 if prof is None:
                     listing = classify(root, exclude=p.exclude, now=time.time())
                     prof, evidence = listing.profile, f"detected from {root / listing.evidence}" if listing.profile else ""
-            quiet = eng.relies_on_quiescence(prof)
-            name = prof.name if prof else "auto (detected when the first checkpoint appears)"
+                    if prof is None and listing.entries:
+                        prof, evidence = GENERIC, f"no known layout in {root}: {sorted(listing.entries)[0]}"
+            quiet = prof is not None and eng.relies_on_quiescence(prof)
+            name = prof.name if prof else "auto (detected when the first checkpoint appears; logged then)"
             how = (f"relies on quiescence alone (settle {p.settle:g}s): set markers or profile" if quiet
-                   else f"complete by evidence (writers {eng.writer_view()})")
+                   else f"complete by evidence (writers {eng.writer_view()})" if prof
+                   else f"writers {eng.writer_view()}")
             out.append(("warn" if quiet else "ok",
                         f"{p.name}: {text}, profile {name}{' (' + evidence + ')' if evidence else ''}, "
                         f"{'restore, ' if p.restore else ''}{how}"))
@@ -229,6 +244,16 @@ class Mirror:
     async def wait_published(self, after: int) -> None:
         """Return once ``published > after``; the caller bounds the wait with a cancel scope."""
         while self._published <= after:
+            await self._published_event.wait()
+
+    async def wait_completed(self, since: float, accept: Callable[[float | None, float], bool]) -> None:
+        """Return once a checkpoint that ``accept(completed_at, since)`` takes is published
+        (the stop sequence: one completed after its request, not any publish)."""
+        seen = 0
+        while True:
+            fresh, seen = self._completed[seen:], len(self._completed)
+            if any(accept(done, since) for done in fresh):
+                return
             await self._published_event.wait()
 
     async def flush(self, reason: str) -> dict[str, Any]:

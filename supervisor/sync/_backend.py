@@ -1,7 +1,7 @@
 """How bytes move: rsync when it is on PATH, the pure-Python copier otherwise.
 
 One small interface, chosen once (as httpx chooses a transport). Both backends run the copy
-in a child process at lowered CPU and I/O priority, as an argv list (invariant 5), through
+in a child process at lowered CPU and I/O priority, as an argv list (docs/design.md, invariant 5), through
 ``run_copier``: a cancelled await kills the copier's process group, so a flush cut
 short by its deadline leaves nothing writing behind our back. Neither backend ever deletes.
 """

@@ -51,7 +51,7 @@ class PartEngine(PairEngine):
     """One per-node checkpoint pair on one node; node 0 (the leader) also assembles."""
 
     def __init__(self, pair: SyncPair, backend: Backend, emit: Emit, *, node: int, every: float,
-                 retry_base: float, retry_cap: float, on_publish: Callable[[], None],
+                 retry_base: float, retry_cap: float, on_publish: Callable[[float | None], None],
                  parts_poll: float = 1.0) -> None:
         super().__init__(pair, backend, emit, every=every, retry_base=retry_base, retry_cap=retry_cap,
                          on_publish=on_publish)
@@ -260,7 +260,7 @@ class PartEngine(PairEngine):
             self.emit("publish", pair=p.name, checkpoint=name, trigger=trigger, files=got.files, bytes=got.bytes,
                       why=f"all {self.nodes} parts", lag_s=lag, nodes=self.nodes,
                       parts={str(k): n for k, n in got.parts.items()}, shared=got.shared, linked=got.linked)
-            self.on_publish()
+            self.on_publish(got.done_at)
             published.append(name)
 
     def _note_pending(self, listing: Listing) -> None:

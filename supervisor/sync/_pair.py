@@ -4,7 +4,7 @@ A pass is the unit of work: scan (in a thread), copy what is complete through a 
 name, check nothing changed while copying, rename into place, then pointers. One pass per
 pair at a time (``lock``); triggers that arrive meanwhile set one flag and so coalesce into
 exactly one more pass. Failures never leave this module: they are journaled and retried
-with capped exponential backoff (invariant 4).
+with capped exponential backoff (docs/design.md, invariant 4).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from supervisor.sync._backend import Backend, CopyError, CopyResult
 from supervisor.sync._complete import (STAGING_PREFIX, Context, Entry, Listing, Snap, classify, matches,
                                        natural_key, newest_complete, snapshot)
 from supervisor.sync._exclude import within
-from supervisor.sync._profiles import PROFILES, Profile, torn_file
+from supervisor.sync._profiles import GENERIC, PROFILES, Profile, torn_file
 from supervisor.sync._writers import open_for_write
 
 # Triggers that go ahead even while backing off after a failure.
@@ -44,7 +44,7 @@ def _to_thread(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
 
 class PairEngine:
     def __init__(self, pair: SyncPair, backend: Backend, emit: Emit, *, every: float,
-                 retry_base: float, retry_cap: float, on_publish: Callable[[], None],
+                 retry_base: float, retry_cap: float, on_publish: Callable[[float | None], None],
                  writers: Callable[[], set[int]] | None = None) -> None:
         self.pair = pair
         # The training's processes on this node (None: not visible, e.g. a node agent).
@@ -53,6 +53,7 @@ class PairEngine:
         self.profile: Profile | None = PROFILES.get(pair.profile)
         self._inodes: dict[str, int] = {}      # top-level name → inode at the last scan (renames)
         self._torn: dict[str, Any] = {}         # checkpoint → Snap journaled as torn
+        self._told_generic = False
         self._torn_cache: dict[tuple[str, Any], str | None] = {}
         self.backend = backend
         self.emit = emit
@@ -253,7 +254,13 @@ class PairEngine:
         return self._torn_cache[key]
 
     def _adopt_profile(self, listing: Listing, where: str) -> None:
-        """Keep the detected profile; a file-only guess (torch-save) gives way to directories."""
+        """Keep the detected profile; a file-only guess (torch-save) gives way to directories.
+        Entries of no known layout are said once (generic rules: quiescence), not kept."""
+        if listing.profile is None and listing.entries and self.profile is None and not self._told_generic:
+            self._told_generic = True
+            self.emit("sync-profile", pair=self.pair.name, profile=GENERIC.name, where=where,
+                      evidence=f"no known layout: {sorted(listing.entries)[0]}", writers=self.writer_view(),
+                      quiescence=self.relies_on_quiescence(GENERIC))
         if listing.profile is None or listing.profile is self.profile:
             return
         if self.profile is not None and (self.profile.name != "torch-save" or self.pair.profile != "auto"):
@@ -383,14 +390,14 @@ class PairEngine:
             lag = round(time.time() - e.done_at, 3) if e.done_at else None
             self.emit("publish", pair=p.name, checkpoint=e.name, trigger=trigger, files=len(e.snap.files),
                       bytes=e.snap.bytes, why=e.why, lag_s=lag)
-            self.on_publish()
+            self.on_publish(e.done_at)
             return True
         self.emit("sync-deferred", pair=p.name, checkpoint=e.name,
                   reason=f"changed while being copied, {RECOPY_TRIES} times; trying again on the next pass")
         return False
 
     async def _publish_pointers(self, listing: Listing) -> None:
-        """A pointer lands only once the checkpoint it names is published (invariant 1)."""
+        """A pointer lands only once the checkpoint it names is published (docs/design.md, invariant 1)."""
         p = self.pair
         for ptr in listing.pointers.values():
             target = ptr.target

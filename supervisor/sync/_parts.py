@@ -12,7 +12,7 @@ commit point: a part without one is work in progress, and a node that sees its l
 change after writing one removes it before it copies again. ``assemble`` hard-links every
 part's files into the ordinary staging directory (``rename`` where the filesystem refuses
 links), markers last, verifies the result against the union of the manifests, and renames it
-into place: a checkpoint appears complete or not at all (DESIGN.md invariant 1).
+into place: a checkpoint appears complete or not at all (docs/design.md, invariant 1).
 Rules and events: docs/sync.md, "Multi-node checkpoints".
 """
 

@@ -29,6 +29,7 @@ from typing import Mapping
 
 import anyio
 
+from supervisor import childenv
 from supervisor.config import Config
 from supervisor.errors import ConfigError
 from supervisor.journal import EVENTS_FILE, Journal, next_attempt
@@ -38,7 +39,7 @@ log = logging.getLogger("supervise")
 NODES_DIR = "nodes"
 # Where a launcher tells a process its place, in the order they are trusted. With one task per
 # node (srun --ntasks-per-node=1, mpiexec --ppn 1) a task's rank is its node's index.
-RANK_VARIABLES = ("SUPERVISE_NODE_RANK", "SLURM_NODEID", "PMIX_RANK", "PMI_RANK", "PALS_RANKID",
+RANK_VARIABLES = (childenv.NODE_RANK, "SLURM_NODEID", "PMIX_RANK", "PMI_RANK", "PALS_RANKID",
                   "OMPI_COMM_WORLD_RANK")
 FINAL_FLUSH_S = 60.0
 LEADER_POLL_S = 1.0

@@ -92,7 +92,7 @@ def test_a_plan_is_a_function_of_its_seed() -> None:
 
 
 def test_concurrent_checkpoint_requests_do_not_race(tmp_path: Path) -> None:
-    from supervisor.agent import _write_request
+    from supervisor.childenv import write_request as _write_request
 
     path = tmp_path / "checkpoint.request"
     errors: list[OSError] = []

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.config import SCALAR_KEYS, SYNC_KEYS, build_config
+from supervisor.config import KEYS, SCALAR_KEYS, SYNC_KEYS, build_config, load_toml
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,6 +18,17 @@ def test_example_documents_every_key() -> None:
         assert re.search(rf"^#? ?{key} = ", text, re.M), f"configs/example.toml does not document {key}"
     for key in SYNC_KEYS:
         assert re.search(rf"^# {key} = ", text, re.M), f"configs/example.toml does not document sync.{key}"
+
+
+def test_example_values_are_the_registrys_defaults() -> None:
+    """configs/example.toml says "every key, with its default": each value written there,
+    read as supervise reads it, is the default of the one registry of keys (config.KEYS)."""
+    data = load_toml(ROOT / "configs" / "example.toml")
+    written = {k: v for k, v in data.items() if k != "sync"}
+    assert written, "example.toml sets no key"
+    for key in KEYS:
+        if key.name in written:
+            assert key.convert(written[key.name]) == key.default, f"example.toml: {key.name}"
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.toml")), ids=lambda p: p.name)

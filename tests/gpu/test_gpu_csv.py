@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from supervisor.gpu._csv import CsvWriter
+from supervisor._csv import CsvWriter
 
 
 def test_gpu_csv_appends_after_a_torn_line(tmp_path: Path) -> None:

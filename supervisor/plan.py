@@ -1,0 +1,125 @@
+"""Plan, then conduct: everything a run needs, built and validated before anything starts.
+
+``make_plan`` turns the Config and the environment into the job, the launcher profile,
+the signals, the mirror (its pairs checked, each with its profile), the notifier's URLs
+and the time budget. Every failure here is a ``ConfigError``: exit 2, one line, no process
+started. ``supervise check`` prints the same plan (``describe``); the conductor
+(``agent.Agent``) only runs it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from supervisor import __version__, childenv, deadline, launchers
+from supervisor._units import format_duration
+from supervisor.config import Config, public_view
+from supervisor.errors import ConfigError
+from supervisor.job import Job, detect_job
+from supervisor.journal import next_attempt, read_journal, redact_env
+
+SCHEDULER_ENV_PREFIXES = ("SLURM_", "PBS_", "SUPERVISE_", "CUDA_VISIBLE_DEVICES", "OMPI_COMM_WORLD", "PMI_", "CS_")
+
+
+@dataclass
+class Plan:
+    cfg: Config
+    env: dict[str, str]
+    job: Job
+    launcher: launchers.LauncherProfile
+    checkpoint_signal: signal.Signals
+    attempt: int
+    previous_events: list[dict[str, Any]]
+    lead: float                       # warn this long before the job's end
+    request_path: Path
+    mirror: Any = None                # supervisor.sync.Mirror, when there are pairs
+    notify_urls: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def run_dir(self) -> Path:
+        assert self.cfg.run_dir is not None
+        return self.cfg.run_dir
+
+
+def make_plan(cfg: Config, env: Mapping[str, str] | None = None) -> Plan:
+    """Build and validate the run; ConfigError for anything that would stop it."""
+    assert cfg.run_dir is not None
+    env = dict(os.environ if env is None else env)
+    job = detect_job(env)
+    profile = launchers.detect(cfg.command, cfg.launcher)
+    previous = read_journal(cfg.run_dir).events if cfg.run_dir.exists() else []
+    plan = Plan(cfg=cfg, env=env, job=job, launcher=profile,
+                checkpoint_signal=cfg.checkpoint_signal or profile.checkpoint_signal,
+                attempt=next_attempt(cfg.run_dir, env) if cfg.run_dir.exists() else 1,
+                previous_events=previous,
+                lead=cfg.warn_before if cfg.warn_before is not None else deadline.learn_lead(previous),
+                request_path=cfg.run_dir / childenv.REQUEST_FILE, warnings=list(cfg.warnings))
+    if cfg.sync:
+        from supervisor.sync import Mirror
+
+        # The training's processes are attached when the agent runs (Mirror.attach); they will be seen.
+        plan.mirror = Mirror(cfg.sync, emit=lambda kind, **f: f, sync_every=cfg.sync_every,
+                             backend=cfg.sync_backend, nice=cfg.sync_nice, ionice=cfg.sync_ionice, writers=set)
+        plan.warnings += plan.mirror.check()
+    if cfg.notify:
+        from supervisor.notify import resolve_urls
+
+        try:
+            plan.notify_urls = resolve_urls(cfg.notify)
+        except ValueError as e:
+            raise ConfigError("notify", "(hidden)", str(e), "--notify") from None
+    return plan
+
+
+def describe(plan: Plan) -> list[tuple[str, str, str]]:
+    """(status, topic, text) lines: what supervise will do, for `supervise check` and the log."""
+    cfg, p = plan.cfg, plan.launcher
+    stop = cfg.stop_signal.name if cfg.stop_signal else f"{p.stop_signal.name} (per launcher)"
+    out = [("ok", "launcher", f"{p.name}: checkpoint {plan.checkpoint_signal.name} via {p.checkpoint_route}, "
+                              f"stop {stop} via {p.stop_route}, grace {format_duration(cfg.grace)}"
+                              + (f"; {p.note}" if p.note else "")),
+           ("ok", "attempt", f"{plan.attempt} in {plan.run_dir}; warns {format_duration(plan.lead)} before the end "
+                             f"({'set' if cfg.warn_before is not None else 'learned'})")]
+    if plan.mirror is not None:
+        out += [(status, "sync", text) for status, text in plan.mirror.describe()]
+        out.append(("ok", "sync", f"backend {plan.mirror.backend_name} (sync_backend = {cfg.sync_backend})"))
+    if plan.notify_urls:
+        out.append(("ok", "notify", f"{len(plan.notify_urls)} webhook(s), {cfg.notify_format}"))
+    return out
+
+
+def start_fields(plan: Plan) -> dict[str, Any]:
+    """The ``start`` event: who, where, what, and the whole configuration (secrets hidden)."""
+    j, cfg = plan.job, plan.cfg
+    return {"version": __version__, "argv": sys.argv, "command": list(cfg.command), "cwd": os.getcwd(),
+            "host": os.uname().nodename, "user": _user(), "pid": os.getpid(),
+            "python": ".".join(map(str, sys.version_info[:3])), "scheduler": j.scheduler, "job_id": j.job_id,
+            "job_name": j.job_name, "restart_count": j.restart_count, "nodes": list(j.nodes),
+            "launcher": plan.launcher.name, "checkpoint_signal": plan.checkpoint_signal.name,
+            "config": public_view(cfg), "scheduler_env": redact_env(plan.env, SCHEDULER_ENV_PREFIXES)}
+
+
+def job_label(plan: Plan) -> str:
+    """How notifications name the job."""
+    j = plan.job
+    if j.job_id:
+        return f"{j.scheduler} job {j.job_id}" + (f" ({j.job_name})" if j.job_name else "")
+    return f"{os.uname().nodename}:{plan.run_dir.name}"
+
+
+def _user() -> str:
+    name = os.environ.get("USER") or os.environ.get("LOGNAME")
+    if name:
+        return name
+    import pwd  # only when the environment does not say
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())

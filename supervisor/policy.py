@@ -1,0 +1,179 @@
+"""The stop policy: what the conductor decides, apart from how it acts (docs/design.md).
+
+As torch elastic's agent keeps ``_invoke_run`` (deciding) apart from ``PContext`` (acting),
+every decision of the stop sequence is a pure function here: why a signal came, how long
+each step may take, which signal stops the training, whether a published checkpoint is
+the one that was asked for, whether to signal a tree that is already leaving, whether to
+requeue, which notification tells the end, and the exit status. No I/O, no clock: every
+time is an argument. tests/core/test_conductor.py drives them through a fake run.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import signal
+from dataclasses import dataclass
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
+PASS_SIGNALS = (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+SAFETY = 5.0  # seconds kept in hand before the job's end for the last steps
+
+
+class State(str, enum.Enum):
+    """The worker group's states, named as torch.distributed.elastic names its own."""
+
+    STARTING = "starting"
+    RESTORING = "restoring"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+class Reason(str, enum.Enum):
+    """Why the run ended. Each is distinct in the journal and in the report."""
+
+    DEADLINE = "deadline"  # the time limit approached (our watch, or the warn signal)
+    PREEMPTED = "preempted"  # SIGTERM before the deadline: the scheduler wants the node back
+    CANCELLED = "cancelled"  # scancel, qdel, Ctrl-C (INT), QUIT
+    CHILD_EXIT = "child-exit"  # the training ended by itself with status 0
+    CHILD_FAILED = "child-failed"  # the training ended by itself with a non-zero status
+    SPAWN_FAILED = "spawn-failed"  # the command could not be started (127/126)
+    HANG = "hang"  # the hang watchdog stopped the run (hang_action = stop)
+    ERROR = "supervisor-error"  # the supervisor itself failed; the child is stopped safely
+
+
+REQUEUE_REASONS = frozenset({Reason.DEADLINE, Reason.PREEMPTED})
+NO_CHECKPOINT = frozenset({Reason.CHILD_EXIT, Reason.CHILD_FAILED, Reason.SPAWN_FAILED, Reason.CANCELLED})
+END_NOTICE = {Reason.CHILD_EXIT: "finished", Reason.CHILD_FAILED: "failed", Reason.SPAWN_FAILED: "failed",
+              Reason.ERROR: "failed", Reason.HANG: "failed", Reason.PREEMPTED: "preempted",
+              Reason.DEADLINE: "preempted", Reason.CANCELLED: "preempted"}
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """What started the stop sequence."""
+
+    reason: Reason
+    detail: str = ""
+    signal: signal.Signals | None = None
+    at: float = 0.0  # time.monotonic()
+
+
+def classify_signal(sig: signal.Signals, *, warn_signal: signal.Signals | None, end: float | None,
+                    now: float) -> Reason:
+    """TERM near the end is the time limit; TERM before it a preemption; the warn signal the
+    deadline; INT and QUIT a person. The scheduler's view refines it later (job.reason_from_view)."""
+    if sig == warn_signal:
+        return Reason.DEADLINE
+    if sig != signal.SIGTERM:
+        return Reason.CANCELLED
+    if end is not None and now >= end - 2 * SAFETY:
+        return Reason.DEADLINE
+    return Reason.PREEMPTED
+
+
+def killed_at(trigger: Trigger | None, *, scheduler_signalled_all: bool, kill_wait: float | None,
+              now: float, mono: float) -> float | None:
+    """Unix time of the SIGKILL that follows a job-wide TERM from the scheduler, when one came."""
+    if trigger is None or kill_wait is None or not scheduler_signalled_all:
+        return None
+    return now - (mono - trigger.at) + kill_wait
+
+
+def hard_kill(*, end: float | None, kill: float | None) -> float | None:
+    """When the SIGKILL comes: KillWait after a job-wide TERM, else the job's end."""
+    if kill is not None and (end is None or kill < end):
+        return kill
+    return end
+
+
+def kill_fields(*, end: float | None, kill: float | None, kill_wait: float | None, now: float) -> dict[str, object]:
+    """For the ``stop`` event (the report's margins): when the hard kill comes, and why."""
+    if kill is None:
+        return {}
+    if kill != end:
+        return {"kill_in_s": round(kill - now, 3), "kill_by": "kill-wait", "kill_wait_s": kill_wait}
+    return {"kill_in_s": round(kill - now, 3), "kill_by": "time-limit"}
+
+
+def time_left(*, end: float | None, kill: float | None, lead: float, kill_wait: float | None, now: float) -> float:
+    """Seconds the remaining steps may take before the job is killed (inf if never). A few
+    seconds are kept in hand for the journal's last lines; less when the window is short."""
+    if kill is not None and (end is None or kill < end):
+        return max(0.0, kill - now - min(SAFETY, 0.2 * (kill_wait or 0.0)))
+    if end is None:
+        return math.inf
+    return max(0.0, end - now - min(SAFETY, 0.1 * lead))
+
+
+def checkpoint_bound(timeout: float, left: float, grace: float) -> float:
+    """How long to wait for the requested checkpoint: time is kept to stop the training."""
+    return min(timeout, left - min(grace, 0.25 * left))
+
+
+def flush_bound(left: float, grace: float, *, child_running: bool) -> float:
+    """The flush before the stop keeps time for the grace period; the final one takes all."""
+    return left - (min(grace, 0.25 * left) if child_running else 0.0)
+
+
+def grace_for(grace: float, left: float, *, already_signalled: bool, since_trigger: float) -> float:
+    """The one place the grace period is computed: ``--grace``, no more than the time left
+    (at least 1 s), and when the scheduler already sent its TERM to the whole tree, what is
+    left of the grace since then."""
+    g = min(grace, max(1.0, left))
+    if already_signalled:
+        g = max(0.0, min(g, grace - since_trigger))
+    return round(g, 3)
+
+
+def stop_signal_for(*, configured: signal.Signals | None, launcher_signal: signal.Signals, plain: bool,
+                    trigger_signal: signal.Signals | None) -> signal.Signals:
+    """``--stop-signal`` when given; else a plain process gets the stop signal the person
+    sent (INT stays INT), and a launcher the one its profile says stops it cleanly."""
+    if configured is not None:
+        return configured
+    if plain and trigger_signal in STOP_SIGNALS:
+        return trigger_signal  # type: ignore[return-value]
+    return launcher_signal
+
+
+def signal_checkpoint(*, scheduler_signalled_all: bool) -> bool:
+    """After the scheduler's TERM to every process, the training is already saving and
+    leaving: a checkpoint signal now could kill a rank past its handler (it exits 138)."""
+    return not scheduler_signalled_all
+
+
+def is_requested(done_at: float | None, requested_at: float) -> bool:
+    """A published checkpoint answers the request only when it was completed after it."""
+    return done_at is not None and done_at >= requested_at
+
+
+def wants_checkpoint(reason: Reason) -> bool:
+    return reason not in NO_CHECKPOINT
+
+
+def requeue_decision(reason: Reason, *, requeue: bool, on_failure: bool, scheduler: str, already: bool,
+                     restart_count: int, max_requeues: int) -> tuple[bool, str]:
+    """(requeue?, why not)."""
+    if not requeue:
+        return False, "requeue is off"
+    if reason not in REQUEUE_REASONS and not (on_failure and reason == Reason.CHILD_FAILED):
+        return False, f"not after {reason.value}"
+    if scheduler == "local":
+        return False, "no scheduler to requeue with"
+    if already:
+        return False, "the scheduler already requeued the job"
+    if restart_count >= max_requeues:
+        return False, f"max_requeues {max_requeues} reached"
+    return True, ""
+
+
+def exit_status(child_status: int | None, trigger: Trigger) -> int:
+    """The training's status; 128+N when signal N stopped us before it ran; else 1."""
+    if child_status is not None:
+        return child_status
+    if trigger.signal is not None:
+        return 128 + trigger.signal
+    return 1

@@ -1,0 +1,247 @@
+"""The one stop sequence (docs/design.md), acted out step by step; ``policy`` decides.
+
+trigger → checkpoint (request it, wait for one completed after the request, or the
+child's exit) → flush → stop-child (stop signal once → grace → SIGKILL of the tree) →
+final-flush → the scheduler's view → end notice → requeue. Each step is bounded by what is
+left before the hard kill and journaled with its outcome and duration, so the report and
+the next attempt's deadline learning can read them.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal as signal_module
+import time
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+import anyio
+
+from supervisor import childenv, job as jobs, policy
+from supervisor._units import format_duration
+from supervisor.child import exit_status
+from supervisor.policy import Reason, Trigger
+
+if TYPE_CHECKING:
+    from supervisor.agent import Agent
+    from supervisor.plan import Plan
+
+log = logging.getLogger("supervise")
+REQUEST_SLACK = 0.02  # a file's mtime can trail the wall clock by a tick
+
+
+def ignore_stop_signals() -> None:
+    """Once the stop is done, a TERM (``scontrol requeue`` sends one at once) must not cut
+    the journal's last line: nothing is left to stop."""
+    for sig in policy.STOP_SIGNALS:
+        signal_module.signal(sig, signal_module.SIG_IGN)
+
+
+async def request_checkpoint(plan: "Plan", child: Any, emit: Any, why: str, *, received: float | None = None,
+                             signal: bool = True) -> dict[str, Any]:
+    """"Checkpoint now": a fresh request file, plus the checkpoint signal to the ranks when
+    ``signal`` (policy.signal_checkpoint); journaled as ``checkpoint-request``."""
+    def prepare() -> Any:
+        # The file first: a rank that saw the signal must not count the file of the same
+        # request as a second one. Finding ranks reads /proc: off the loop, in one hop.
+        childenv.write_request(plan.request_path, why)
+        return plan.launcher.checkpoint_targets(child.pid, plan.checkpoint_signal) if signal else None
+
+    targets = await anyio.to_thread.run_sync(prepare)
+    fields: dict[str, Any] = {"request_file": str(plan.request_path), "signal": None}
+    if targets is not None:
+        delivery = child.send_to(set(targets.pids), plan.checkpoint_signal, targets.route)
+        fields.update(signal=plan.checkpoint_signal.name, route=targets.route, to=delivery.targets,
+                      skipped={str(k): v for k, v in targets.skipped.items()})
+    else:
+        fields["why_no_signal"] = "the scheduler already sent SIGTERM to every process: the training is leaving"
+    if received is not None:
+        fields["latency_ms"] = round((time.monotonic() - received) * 1000, 3)
+    emit("checkpoint-request", why=why, **fields)
+    log.info("checkpoint requested (%s)%s", why, f": {fields['signal']} to {fields['to']}" if targets else "")
+    return fields
+
+
+class StopSequence:
+    """Runs the steps for one conductor; reads its public state, never decides alone."""
+
+    def __init__(self, run: "Agent") -> None:
+        self.run = run
+
+    async def __call__(self) -> None:
+        run = self.run
+        await self.step("checkpoint", self.checkpoint)
+        await self.step("flush", lambda: self.flush("stop"))
+        await self.step("stop-child", self.stop_child)
+        await self.no_orphans()
+        if run.mirror is not None and not run.tree_pids():
+            run.mirror.training_exited()  # nothing can change now: no checkpoint waits for quiescence
+        await self.step("final-flush", lambda: self.flush("final"))
+        with anyio.move_on_after(10):
+            await self.refine_reason()
+        await self.tell_end()
+        await self.step("requeue", self.requeue)
+
+    async def step(self, name: str, fn: Callable[[], Awaitable[dict[str, Any] | None]]) -> dict[str, Any]:
+        """Run one stop step, journaling its outcome and duration (deadline learning reads them)."""
+        t0 = time.monotonic()
+        try:
+            outcome = await fn() or {}
+        except Exception as e:  # noqa: BLE001 - a failed step must not skip the ones after it
+            log.exception("stop step %s failed", name)
+            outcome = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        seconds = round(time.monotonic() - t0, 3)
+        self.run.journal.emit("stop-step", **{**outcome, "step": name, "seconds": seconds})
+        if not outcome.get("skipped"):
+            log.info("stop step %s: %s", name, format_duration(seconds))
+        return outcome
+
+    async def checkpoint(self) -> dict[str, Any]:
+        """Ask for a checkpoint and wait until one completed after the request is durable."""
+        run = self.run
+        trigger = run.trigger
+        assert trigger is not None
+        if not policy.wants_checkpoint(trigger.reason):
+            return {"skipped": f"not wanted after {trigger.reason.value}"}
+        child = run.child
+        if child is None or child.returncode is not None:
+            return {"skipped": "the training is not running"}
+        asked_at = time.time()
+        request = await run.request_checkpoint(trigger.detail or trigger.reason.value,
+                                               signal=policy.signal_checkpoint(scheduler_signalled_all=run.signalled_all()))
+        mirror = run.mirror
+        if mirror is None or not any(p.kind == "checkpoint" for p in run.cfg.sync):
+            return {"outcome": "requested", "why": "no checkpoint pair: completion cannot be seen", **request}
+        bound = policy.checkpoint_bound(run.cfg.checkpoint_timeout, run.time_left(), run.cfg.grace)
+        if bound <= 0:
+            return {"outcome": "no-time", "bound_s": round(bound, 3), **request}
+        before = mirror.published
+        outcome = "timeout"
+        with anyio.move_on_after(bound):
+            async with anyio.create_task_group() as tg:
+                async def completed() -> None:
+                    nonlocal outcome
+                    await mirror.wait_completed(asked_at - REQUEST_SLACK, policy.is_requested)
+                    outcome = "published"
+                    tg.cancel_scope.cancel()
+
+                async def exited() -> None:
+                    nonlocal outcome
+                    await child.exited.wait()
+                    outcome = "child-exited"
+                    tg.cancel_scope.cancel()
+
+                async def nudge() -> None:
+                    # Watch events wait out a failed copy's backoff; the stop cannot wait that long.
+                    while True:
+                        mirror.request("stop-checkpoint")
+                        await anyio.sleep(1.0)
+
+                tg.start_soon(completed)
+                tg.start_soon(exited)
+                tg.start_soon(nudge)
+        if outcome == "timeout":
+            log.warning("no checkpoint completed after the request within %s", format_duration(bound))
+        return {"outcome": outcome, "bound_s": round(bound, 3), "published": mirror.published - before,
+                "signalled": request.get("signal") is not None}
+
+    async def flush(self, reason: str) -> dict[str, Any]:
+        run = self.run
+        if run.mirror is None:
+            return {"skipped": "no sync pairs"}
+        bound = policy.flush_bound(run.time_left(), run.cfg.grace, child_running=reason == "stop" and run.child_running())
+        if bound <= 0:
+            return {"outcome": "no-time", "pending": run.mirror.pending()}
+        with anyio.move_on_after(bound) as scope:
+            result = await run.mirror.flush(reason)
+        if scope.cancelled_caught:
+            return {"outcome": "timeout", "bound_s": round(bound, 3), "pending": run.mirror.pending()}
+        return {"outcome": "done", **(result or {})}
+
+    async def stop_child(self) -> dict[str, Any]:
+        """Stop signal once → grace → SIGKILL of the whole tree; also ends leftovers after an exit."""
+        run = self.run
+        child, trigger = run.child, run.trigger
+        if child is None:
+            return {"skipped": "no child was started"}
+        launcher = run.plan.launcher
+        sig = policy.stop_signal_for(configured=run.cfg.stop_signal, launcher_signal=launcher.stop_signal,
+                                     plain=launcher.name in ("python", "generic"),
+                                     trigger_signal=trigger.signal if trigger else None)
+        already = run.signalled_all()
+        grace = policy.grace_for(run.cfg.grace, run.time_left(), already_signalled=already,
+                                 since_trigger=time.monotonic() - trigger.at if trigger else 0.0)
+        targets = None
+        if child.returncode is None:
+            targets = await anyio.to_thread.run_sync(launcher.stop_targets, child.pid)
+        result = await child.stop(sig, grace, targets=set(targets.pids) if targets else None,
+                                  route=targets.route if targets else run.cfg.forward, already_signalled=already)
+        if already:
+            result["already_signalled"] = "the scheduler sent SIGTERM to every process of the job; not sent twice"
+        with anyio.move_on_after(grace + 5):
+            await child.exited.wait()
+        if child.returncode is not None:
+            run.exit_status = exit_status(child.returncode)
+        return result
+
+    async def no_orphans(self) -> None:
+        """Nothing of the tree survives us (docs/design.md, invariant 7), whatever the steps did."""
+        child = self.run.child
+        if child is None:
+            return
+        if await anyio.to_thread.run_sync(child.tree):
+            killed = await child.kill_all()
+            self.run.journal.emit("orphans-killed", pids=killed)
+            log.warning("killed %d leftover process(es) of the training", len(killed))
+
+    async def refine_reason(self) -> None:
+        """After a SIGTERM under Slurm, the controller tells cancel, requeue, preemption and
+        the time limit apart (they all send the same TERM)."""
+        run = self.run
+        trigger = run.trigger
+        if trigger is None or trigger.signal is None or trigger.signal.name != "SIGTERM" or run.plan.job.scheduler != "slurm":
+            return
+        view = await jobs.job_view(run.plan.job, report=log.warning)
+        reason, requeued = jobs.reason_from_view(view, trigger.reason.value, run.plan.job.restart_count)
+        run.requeued_by_scheduler = requeued
+        state = view.state if view else None
+        run.journal.emit("reason", state=state, reason=reason, was=trigger.reason.value,
+                         requeued_by_scheduler=requeued, restarts=view.restarts if view else None,
+                         preempted=bool(view and view.preempt_time))
+        if reason != trigger.reason.value:
+            run.trigger = Trigger(Reason(reason), f"{trigger.detail}; scheduler state {state}", trigger.signal, trigger.at)
+
+    async def tell_end(self) -> None:
+        """The end's notice (finished, failed, preempted), delivered before a requeue's TERM."""
+        run = self.run
+        if run.notifier is None or run.trigger is None:
+            return
+        reason = run.trigger.reason
+        status = policy.exit_status(run.exit_status, run.trigger)
+        run.notifier.post(policy.END_NOTICE[reason], reason=reason.value, exit_status=status, attempt=run.plan.attempt)
+        with anyio.CancelScope(shield=True):
+            await run.notifier.drain(min(run.cfg.notify_timeout, max(0.0, run.time_left())))
+
+    async def requeue(self) -> dict[str, Any]:
+        run, cfg = self.run, self.run.cfg
+        trigger = run.trigger
+        assert trigger is not None
+        job = run.plan.job
+        wanted, why = policy.requeue_decision(trigger.reason, requeue=cfg.requeue, on_failure=cfg.requeue_on_failure,
+                                              scheduler=job.scheduler, already=run.requeued_by_scheduler,
+                                              restart_count=job.restart_count, max_requeues=cfg.max_requeues)
+        if not wanted:
+            if why.startswith("max_requeues"):
+                run.journal.emit("requeue-refused", restart_count=job.restart_count, max_requeues=cfg.max_requeues)
+                log.warning("not requeueing: %d requeues already (max %d)", job.restart_count, cfg.max_requeues)
+                return {"requeued": False, "why": why}
+            return {"skipped": why}
+        if run.notifier is not None:
+            run.notifier.post("requeued", attempt=run.plan.attempt, reason=trigger.reason.value)
+            with anyio.CancelScope(shield=True):
+                await run.notifier.drain(min(cfg.notify_timeout, max(0.0, run.time_left())))
+        # Requeueing sends us SIGTERM at once (Slurm): it is the very last thing we do, and
+        # that TERM must not cut the journal's `end` (the training is already stopped).
+        ignore_stop_signals()
+        ok, message = await jobs.requeue(job, timeout=min(60.0, max(5.0, run.time_left())), report=log.warning)
+        log.info("requeue: %s", message)
+        return {"requeued": ok, "message": message, "restart_count": job.restart_count}

@@ -1,0 +1,337 @@
+"""The conductor in-process, with a fake child, mirror, notifier and launcher (as torch's
+``TestAgent`` drives the elastic agent): every branch of the stop sequence in milliseconds.
+The end-to-end tests (test_stop_sequence.py, tests/slurm) keep the real parts honest."""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from supervisor import policy
+from supervisor.agent import Agent
+from supervisor.config import build_config
+from supervisor.journal import read_journal
+from supervisor.plan import make_plan
+from supervisor.policy import Reason, Trigger
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@dataclass
+class Targets:
+    pids: list[int]
+    route: str = "launcher"
+    skipped: dict = field(default_factory=dict)
+
+
+@dataclass
+class FakeLauncher:
+    name: str = "torchrun"
+    checkpoint_route: str = "ranks"
+    stop_route: str = "launcher"
+    checkpoint_signal: signal.Signals = signal.SIGUSR1
+    stop_signal: signal.Signals = signal.SIGTERM
+    note: str = ""
+
+    def child_env(self, grace: float) -> dict[str, str]:
+        return {}
+
+    def checkpoint_targets(self, pid: int, sig: signal.Signals) -> Targets:
+        return Targets([pid + 1, pid + 2], "ranks")
+
+    def stop_targets(self, pid: int) -> Targets:
+        return Targets([pid])
+
+
+class FakeChild:
+    """A training that answers a checkpoint signal by saving (through the fake mirror) and a
+    stop signal by exiting 0; ``on_stop=None`` ignores the stop signal."""
+
+    def __init__(self, mirror: "FakeMirror", *, answers: bool = True, on_stop: int | None = 0, save_takes: float = 0.01,
+                 broken: bool = False):
+        self.broken = broken
+        self.pid, self.pgid = 4242, 4242
+        self.returncode: int | None = None
+        self.exited = anyio.Event()
+        self.mirror, self.answers, self.on_stop, self.save_takes = mirror, answers, on_stop, save_takes
+        self.sent: list[tuple[str, str, list[int]]] = []   # (signal, route, pids)
+        self.stops: list[dict[str, Any]] = []
+
+    async def wait(self) -> int:
+        if self.broken:
+            raise RuntimeError("the wait broke")
+        await self.exited.wait()
+        return self.returncode or 0
+
+    def exit(self, status: int) -> None:
+        if self.returncode is None:
+            self.returncode = status
+            self.exited.set()
+
+    def tree(self) -> set[int]:
+        return set() if self.returncode is not None else {self.pid}
+
+    def send_to(self, pids: set[int], sig: int, route: str) -> Any:
+        self.sent.append((signal.Signals(sig).name, route, sorted(pids)))
+        if sig == signal.SIGUSR1 and self.answers:
+            self.mirror.save_later(self.save_takes)
+        return type("Delivery", (), {"route": route, "targets": sorted(pids)})()
+
+    def send(self, sig: int, route: str = "launcher") -> Any:
+        return self.send_to({self.pid}, sig, route)
+
+    async def stop(self, sig: int, grace: float, *, targets=None, route="launcher", already_signalled=False) -> dict:
+        self.stops.append({"signal": signal.Signals(sig).name, "grace": grace, "already": already_signalled})
+        if not already_signalled and self.on_stop is not None:
+            self.exit(self.on_stop)
+        elif already_signalled:
+            self.exit(0)
+        else:
+            await anyio.sleep(grace)
+            self.exit(128 + 9)
+        return {"signal": signal.Signals(sig).name, "grace_s": grace, "killed": [], "sent_to": [self.pid]}
+
+    async def kill_all(self, bound: float = 10.0) -> list[int]:
+        self.exit(137)
+        return [self.pid]
+
+    def zombie_orphan_waiting(self) -> bool:
+        return False
+
+    def reap_orphans(self) -> list[int]:
+        return []
+
+
+class FakeMirror:
+    """The mirror's contract with the agent (docs/sync.md), nothing copied."""
+
+    def __init__(self, *, earlier: float | None = None) -> None:
+        self.published = 0
+        self._completed: list[float | None] = [earlier] if earlier is not None else []
+        self._event = anyio.Event()
+        self.calls: list[str] = []
+        self.exited = False
+        self.pairs = ()
+        self.backend_name = "fake"
+        self.tg: Any = None
+
+    def attach(self, emit, writers=None) -> None:
+        self.calls.append("attach")
+
+    async def restore(self):
+        self.calls.append("restore")
+        return None
+
+    async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        self.calls.append("prepared")
+        async with anyio.create_task_group() as tg:
+            self.tg = tg
+            task_status.started()
+            await anyio.sleep_forever()
+
+    def save_later(self, delay: float) -> None:
+        async def save() -> None:
+            await anyio.sleep(delay)
+            self.published += 1
+            self._completed.append(time.time())
+            self._event.set()
+            self._event = anyio.Event()
+        self.tg.start_soon(save)
+
+    async def wait_completed(self, since: float, accept) -> None:
+        seen = 0
+        while True:
+            fresh, seen = self._completed[seen:], len(self._completed)
+            if any(accept(d, since) for d in fresh):
+                return
+            await self._event.wait()
+
+    def request(self, reason: str) -> None:
+        self.calls.append(f"request:{reason}")
+
+    async def flush(self, reason: str) -> dict:
+        self.calls.append(f"flush:{reason}")
+        return {"reason": reason, "ok": True, "pairs": {}, "pending": []}
+
+    def training_exited(self) -> None:
+        self.exited = True
+        self.calls.append("training-exited")
+
+    def pending(self) -> list[str]:
+        return []
+
+    def last_activity(self) -> float | None:
+        return None
+
+
+class FakeNotifier:
+    def __init__(self) -> None:
+        self.posted: list[str] = []
+
+    async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        await anyio.sleep_forever()
+
+    def post(self, event: str, **facts: Any) -> None:
+        self.posted.append(event)
+
+    async def drain(self, timeout: float) -> None:
+        return None
+
+
+def make_agent(tmp_path: Path, *, env: dict[str, str] | None = None, flags: dict[str, str] | None = None,
+               child_kw: dict[str, Any] | None = None, mirror: FakeMirror | None = None):
+    env = {"PATH": "/usr/bin:/bin", **(env or {})}
+    cfg = build_config(flags={"gpu_every": "0", "checkpoint_timeout": "2s", **(flags or {})},
+                       flag_pairs=[("checkpoint", str(tmp_path / "l"), str(tmp_path / "p"))],
+                       command=("torchrun", "train.py"), env=env, cwd=tmp_path)
+    plan = replace(make_plan(cfg, env), launcher=FakeLauncher())
+    plan.mirror = mirror or FakeMirror()
+    notifier = FakeNotifier()
+    children: list[FakeChild] = []
+
+    async def spawn(command, env):
+        children.append(FakeChild(plan.mirror, **(child_kw or {})))
+        return children[-1]
+
+    agent = Agent(plan, spawn=spawn, notifier=notifier)
+    return agent, children, notifier
+
+
+async def run_with(agent: Agent, children: list, action) -> int:
+    """Run the agent; once the child is up, ``action(agent, child)``."""
+    result: list[int] = []
+    async with anyio.create_task_group() as tg:
+        async def go() -> None:
+            result.append(await agent.run())
+        tg.start_soon(go)
+        with anyio.fail_after(10):
+            while not children:
+                await anyio.sleep(0.005)
+        await action(agent, children[0])
+    return result[0]
+
+
+def events(agent: Agent, kind: str) -> list[dict]:
+    return [e for e in read_journal(agent.plan.run_dir).events if e["kind"] == kind]
+
+
+def steps(agent: Agent) -> dict[str, dict]:
+    return {e["step"]: e for e in events(agent, "stop-step")}
+
+
+async def test_preemption_takes_the_requested_checkpoint_then_stops_and_tells(tmp_path):
+    agent, children, notifier = make_agent(tmp_path)
+    status = await run_with(agent, children, lambda a, c: a.deliver(signal.SIGTERM))
+    child = children[0]
+    assert status == 0
+    assert steps(agent)["checkpoint"]["outcome"] == "published"
+    assert ("SIGUSR1", "ranks", [4243, 4244]) in child.sent
+    assert child.stops[0]["signal"] == "SIGTERM"
+    assert events(agent, "end")[0]["reason"] == "preempted"
+    assert notifier.posted == ["start", "preempted"]
+    mirror = agent.mirror
+    assert mirror.calls.index("prepared") < mirror.calls.index("flush:stop")
+    assert mirror.calls.index("training-exited") < mirror.calls.index("flush:final")
+
+
+async def test_a_checkpoint_completed_before_the_request_is_not_the_requested_one(tmp_path):
+    """The stop's checkpoint step waited for any publish; one finished before the request
+    made the journal say the stop checkpoint was durable when it was never taken."""
+    agent, children, _ = make_agent(tmp_path, flags={"checkpoint_timeout": "0.3s"},
+                                    child_kw={"answers": False}, mirror=FakeMirror(earlier=time.time() - 60))
+    await run_with(agent, children, lambda a, c: a.deliver(signal.SIGTERM))
+    assert steps(agent)["checkpoint"]["outcome"] == "timeout"
+
+
+async def test_stop_signal_flag_is_what_the_stop_sequence_sends(tmp_path):
+    agent, children, _ = make_agent(tmp_path, flags={"stop_signal": "INT"})
+    await run_with(agent, children, lambda a, c: a.deliver(signal.SIGTERM))
+    assert [s["signal"] for s in children[0].stops] == ["SIGINT"]
+
+
+async def test_after_slurms_term_to_every_process_no_checkpoint_signal_and_no_second_term(tmp_path):
+    """scancel: SIGCONT then SIGTERM to every process. The training is already saving and
+    leaving; a USR1 now could kill a rank past its handler (exit 138)."""
+    env = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "n1", "SLURM_NNODES": "1"}
+    agent, children, _ = make_agent(tmp_path, env=env)
+
+    async def scancel(a: Agent, c: FakeChild) -> None:
+        await a.deliver(signal.SIGCONT)
+        await a.deliver(signal.SIGTERM)
+        await anyio.sleep(0.05)
+        c.mirror.save_later(0.0)  # the training's own save on TERM
+
+    await run_with(agent, children, scancel)
+    child = children[0]
+    assert not any(s[0] == "SIGUSR1" for s in child.sent)
+    req = events(agent, "checkpoint-request")[0]
+    assert req["signal"] is None and "leaving" in req["why_no_signal"]
+    assert child.stops[0]["already"] is True
+
+
+@pytest.mark.parametrize("status, notice, reason", [(0, "finished", "child-exit"), (3, "failed", "child-failed")])
+async def test_the_end_is_told(tmp_path, status, notice, reason):
+    agent, children, notifier = make_agent(tmp_path)
+
+    async def exit_(a: Agent, c: FakeChild) -> None:
+        c.exit(status)
+
+    assert await run_with(agent, children, exit_) == status
+    assert notifier.posted == ["start", notice]
+    assert events(agent, "end")[0]["reason"] == reason
+    assert steps(agent)["checkpoint"]["skipped"].startswith("not wanted")
+
+
+async def test_a_part_that_breaks_is_named_not_its_exception_group(tmp_path):
+    agent, children, _ = make_agent(tmp_path, child_kw={"broken": True})
+    status = await run_with(agent, children, lambda a, c: anyio.sleep(0))
+    assert status == 1
+    assert events(agent, "error")[0]["error"] == "RuntimeError: the wait broke"
+    end = events(agent, "end")[0]
+    assert end["reason"] == "supervisor-error" and end["detail"] == "RuntimeError: the wait broke"
+
+
+# ---- the policy, as pure functions ----------------------------------------------------
+
+
+def test_grace_is_cut_to_what_is_left_and_to_what_remains_after_the_schedulers_term():
+    assert policy.grace_for(30, 100, already_signalled=False, since_trigger=0) == 30
+    assert policy.grace_for(30, 10, already_signalled=False, since_trigger=0) == 10
+    assert policy.grace_for(30, 0.2, already_signalled=False, since_trigger=0) == 1.0
+    assert policy.grace_for(30, 100, already_signalled=True, since_trigger=12) == 18
+
+
+def test_time_left_is_measured_to_the_kill_that_comes_first():
+    assert policy.time_left(end=None, kill=None, lead=60, kill_wait=None, now=0) == float("inf")
+    assert policy.time_left(end=1000, kill=None, lead=60, kill_wait=None, now=900) == 95
+    assert policy.time_left(end=1000, kill=30, lead=60, kill_wait=30, now=0) == 25
+
+
+def test_a_term_near_the_end_is_the_deadline_before_it_a_preemption():
+    assert policy.classify_signal(signal.SIGTERM, warn_signal=signal.SIGUSR2, end=100, now=95) == Reason.DEADLINE
+    assert policy.classify_signal(signal.SIGTERM, warn_signal=signal.SIGUSR2, end=100, now=10) == Reason.PREEMPTED
+    assert policy.classify_signal(signal.SIGINT, warn_signal=signal.SIGUSR2, end=None, now=0) == Reason.CANCELLED
+    assert policy.classify_signal(signal.SIGUSR2, warn_signal=signal.SIGUSR2, end=None, now=0) == Reason.DEADLINE
+
+
+def test_requeue_and_exit_status_decisions():
+    kw = dict(requeue=True, on_failure=False, scheduler="slurm", already=False, restart_count=0, max_requeues=3)
+    assert policy.requeue_decision(Reason.PREEMPTED, **kw) == (True, "")
+    assert policy.requeue_decision(Reason.CHILD_FAILED, **kw)[0] is False
+    assert policy.requeue_decision(Reason.PREEMPTED, **{**kw, "restart_count": 3})[1].startswith("max_requeues")
+    assert policy.exit_status(None, Trigger(Reason.CANCELLED, signal=signal.SIGINT)) == 130
+    assert policy.is_requested(10.0, 9.99) and not policy.is_requested(9.0, 9.99)
+    assert policy.stop_signal_for(configured=None, launcher_signal=signal.SIGINT, plain=False,
+                                  trigger_signal=signal.SIGTERM) == signal.SIGINT
