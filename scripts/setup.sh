@@ -39,3 +39,5 @@ else
 fi
 .venv/bin/python -c 'import supervisor, anyio, watchfiles, httpx, pynvml' 2>/dev/null \
   || { tail -n 30 "$PIPLOG" >&2; echo "setup: install failed (all of pip's output: $PIPLOG)" >&2; exit 1; }
+# Horovod with PyTorch + Gloo (+ MPI), patched and built once, then reused (never fails setup).
+if [ -z "${SUPERVISE_SETUP_MINIMAL:-}" ]; then bash scripts/build-horovod.sh; fi

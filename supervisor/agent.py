@@ -29,7 +29,7 @@ from supervisor.journal import Journal
 from supervisor.plan import Plan, job_label, make_plan, start_fields
 from supervisor.parts import guarded
 from supervisor.policy import PASS_SIGNALS, STOP_SIGNALS, Reason, State, Trigger
-from supervisor.stopping import StopSequence, ignore_stop_signals, request_checkpoint
+from supervisor.stopping import StopSequence, ignore_stop_signals, pass_on, request_checkpoint
 from supervisor.watches import deadline_watch, hang_watch
 
 log = logging.getLogger("supervise")
@@ -229,7 +229,7 @@ class Agent:
         elif sig == self.plan.checkpoint_signal:
             await self.request_checkpoint(f"received {name}", received=received)
         else:
-            delivery = self.child.send(sig, self.cfg.forward)  # type: ignore[union-attr]
+            delivery = await pass_on(self.plan, self.child, sig, self.cfg.forward)
             self.journal.emit("signal", signal=name, action="forwarded", route=delivery.route, to=delivery.targets,
                               latency_ms=round((time.monotonic() - received) * 1000, 3))
             log.info("forwarded %s to %s %s", name, delivery.route, delivery.targets)

@@ -11,6 +11,10 @@ project's machine, docs/launchers.md):
   after ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``.
 * ``horovodrun --gloo`` and ``deepspeed`` die on SIGUSR1 too; ``srun`` forwards USR1 but turns
   SIGTERM into SIGKILL of its tasks.
+* ``horovodrun --mpi`` replaces itself with ``/bin/sh -c "mpirun …"``, a shell that passes no
+  signal on (TERM kills it and orphans mpirun and the ranks), so the profile walks down to
+  mpirun; and after a TERM to mpirun, Horovod's ranks hang in ``MPI_Finalize`` until mpirun's
+  SIGKILL, so its stop goes to the ranks themselves.
 
 So each launcher gets a :class:`LauncherProfile` that says where each message goes: to the
 launcher pid (``'launcher'``), to the rank processes found below it (``'ranks'``), or nowhere
@@ -36,7 +40,6 @@ from typing import Callable, Mapping, Sequence
 from supervisor import proctree
 from supervisor.proctree import ProcInfo
 
-ROUTES = ("launcher", "ranks", "file")
 
 # Processes that stand between a launcher and the real rank: walk through them.
 _WRAPPERS = frozenset({
@@ -70,7 +73,6 @@ class LauncherProfile:
     checkpoint_signal: signal.Signals
     stop_route: str
     stop_signal: signal.Signals
-    stop_once: bool
     programs: tuple[str, ...] = ()        # argv basenames that are this launcher
     modules: tuple[str, ...] = ()         # ``python -m MODULE`` forms
     rank_vars: tuple[str, ...] = ()       # env vars only a rank has
@@ -313,43 +315,46 @@ _MPI_PROGRAMS = ("mpiexec", "mpirun", "orterun", "prterun", "mpiexec.openmpi", "
 USR1, TERM = signal.SIGUSR1, signal.SIGTERM
 
 
-def _p(name: str, ckpt: str, stop: str, once: bool, **kw: object) -> LauncherProfile:
+def _p(name: str, ckpt: str, stop: str, **kw: object) -> LauncherProfile:
     return LauncherProfile(name=name, checkpoint_route=ckpt, checkpoint_signal=USR1, stop_route=stop,
-                           stop_signal=TERM, stop_once=once, **kw)  # type: ignore[arg-type]
+                           stop_signal=TERM, **kw)  # type: ignore[arg-type]
 
 
 PROFILES: Mapping[str, LauncherProfile] = {p.name: p for p in (
-    _p("mpiexec-openmpi", "launcher", "launcher", True, programs=_MPI_PROGRAMS,
+    _p("mpiexec-openmpi", "launcher", "launcher", programs=_MPI_PROGRAMS,
        rank_vars=("OMPI_COMM_WORLD_RANK", "PMIX_RANK"), env_from_grace=_OMPI_ENV,
        note="forwards USR1/USR2 to every rank; a second TERM orphans the ranks"),
-    _p("mpiexec-hydra", "ranks", "launcher", True, programs=_MPI_PROGRAMS, rank_vars=("PMI_RANK",),
+    _p("mpiexec-hydra", "ranks", "launcher", programs=_MPI_PROGRAMS, rank_vars=("PMI_RANK",),
        note="MPICH Hydra: USR1 forwarding not relied on; local ranks signalled, others read the file"),
-    _p("mpiexec-pals", "ranks", "launcher", True, programs=_MPI_PROGRAMS, rank_vars=("PALS_RANKID", "PMI_RANK"),
+    _p("mpiexec-pals", "ranks", "launcher", programs=_MPI_PROGRAMS, rank_vars=("PALS_RANKID", "PMI_RANK"),
        note="Cray PALS (Polaris, Aurora): local ranks signalled, other nodes read the file"),
-    _p("mpiexec", "ranks", "launcher", True, programs=_MPI_PROGRAMS, rank_vars=_RANK_VARS_MPI,
+    _p("mpiexec", "ranks", "launcher", programs=_MPI_PROGRAMS, rank_vars=_RANK_VARS_MPI,
        env_from_grace=_OMPI_ENV, note="MPI of unknown flavour: the cautious choices"),
-    _p("srun", "launcher", "launcher", False, programs=("srun",), rank_vars=("SLURM_PROCID",),
+    _p("srun", "launcher", "launcher", programs=("srun",), rank_vars=("SLURM_PROCID",),
        note="forwards USR1; turns TERM into SIGKILL of the tasks, so the checkpoint must come first"),
-    _p("torchrun", "ranks", "launcher", False, programs=("torchrun",),
+    _p("torchrun", "ranks", "launcher", programs=("torchrun",),
        modules=("torch.distributed.run", "torch.distributed.launch"), rank_vars=_RANK_VARS_TORCH,
        env_from_grace={"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": _torch_timeout},
        note="dies on USR1 and orphans its workers: USR1 goes to the workers"),
-    _p("deepspeed", "ranks", "launcher", False, programs=("deepspeed", "ds"),
+    _p("deepspeed", "ranks", "launcher", programs=("deepspeed", "ds"),
        modules=("deepspeed.launcher.runner", "deepspeed.launcher.launch"), rank_vars=_RANK_VARS_TORCH,
        note="the runner dies on USR1: USR1 goes to the ranks"),
-    _p("horovodrun-gloo", "ranks", "launcher", False, programs=("horovodrun",),
+    _p("horovodrun-gloo", "ranks", "launcher", programs=("horovodrun",),
        modules=("horovod.runner.launch",), rank_vars=("HOROVOD_RANK",),
-       note="dies on USR1 (its workers get TERM, then KILL 5 s later): USR1 goes to the ranks"),
-    _p("horovodrun-mpi", "launcher", "launcher", True, programs=("horovodrun", "mpirun", "mpiexec"),
+       note="dies on USR1 (its ranks get TERM, then KILL 5 s later): USR1 goes to the ranks; "
+            "TERM reaches every rank at once"),
+    _p("horovodrun-mpi", "launcher", "ranks", programs=("horovodrun", "mpirun", "mpiexec"),
        modules=("horovod.runner.launch",), rank_vars=("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"),
-       env_from_grace=_OMPI_ENV, note="execs mpirun: OpenMPI semantics"),
-    _p("horovodrun", "ranks", "launcher", True, programs=("horovodrun", "mpirun", "mpiexec"),
+       env_from_grace=_OMPI_ENV,
+       note="a /bin/sh around mpirun: USR1 to mpirun; TERM to the ranks (after mpirun's TERM they "
+            "hang in MPI_Finalize until its SIGKILL)"),
+    _p("horovodrun", "ranks", "ranks", programs=("horovodrun", "mpirun", "mpiexec"),
        modules=("horovod.runner.launch",), rank_vars=("HOROVOD_RANK",) + _RANK_VARS_MPI,
        env_from_grace=_OMPI_ENV, note="mode unknown (gloo or MPI): safe in both"),
-    _p("csrun", "file", "ranks", False, programs=("csrun_wse", "csrun_cpu"),
+    _p("csrun", "file", "ranks", programs=("csrun_wse", "csrun_cpu"),
        note="bash scripts around srun + singularity: stop goes to the srun they started"),
-    _p("python", "launcher", "launcher", False, note="the child is the one rank"),
-    _p("generic", "file", "launcher", False, note="unknown launcher: the request file only"),
+    _p("python", "launcher", "launcher", note="the child is the one rank"),
+    _p("generic", "file", "launcher", note="unknown launcher: the request file only"),
 )}
 
 # Config.launcher names (coarse) → profile, when argv does not say more.

@@ -36,6 +36,15 @@ def ignore_stop_signals() -> None:
         signal_module.signal(sig, signal_module.SIG_IGN)
 
 
+async def pass_on(plan: "Plan", child: Any, sig: int, forward: str) -> Any:
+    """A passed-on signal: to the launcher process itself (found behind a wrapper shell:
+    ``horovodrun --mpi`` execs ``sh -c mpirun``), or to the launcher's whole process group."""
+    if forward == "group":
+        return child.send(sig, "group")
+    pid = await anyio.to_thread.run_sync(plan.launcher.find_launcher, child.pid)
+    return child.send_to({pid}, sig, "launcher")
+
+
 async def request_checkpoint(plan: "Plan", child: Any, emit: Any, why: str, *, received: float | None = None,
                              signal: bool = True) -> dict[str, Any]:
     """"Checkpoint now": a fresh request file, plus the checkpoint signal to the ranks when

@@ -85,8 +85,9 @@ def reaper():
 
 
 # In CI every component is installed, so a skip means something is broken: fail it.
-# Only skips that no CI machine can satisfy (a real GPU, Horovod) stay skips.
-ALLOWED_SKIPS = ("gpu", "nvml", "driver", "horovod")
+# Only skips that no CI machine can satisfy (a real GPU) stay skips. Horovod is built by
+# scripts/setup.sh (scripts/build-horovod.sh), so a Horovod skip fails in CI too.
+ALLOWED_SKIPS = ("gpu", "nvml", "driver")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -116,7 +117,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     tests left under pytest's base temp directory)."""
     if exitstatus != 0 or not _whole_run(session.config) or os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    from tests.test_contract import documented
+    from tests.test_contract import NOT_END_TO_END, documented
 
     base = session.config._tmp_path_factory.getbasetemp()  # noqa: SLF001 - pytest's own temp root
     kinds, notices = set(), set()
@@ -125,6 +126,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             lines = journal.read_text(errors="replace").splitlines()
         except OSError:
             continue
+        if not lines or '"kind":"start"' not in lines[0] and '"kind":"node-start"' not in lines[0]:
+            continue  # a journal a unit test wrote by hand, not a real supervise's
         for line in lines:
             try:
                 event = json.loads(line)
@@ -134,12 +137,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                 kinds.add(event["kind"])
                 if event["kind"] == "notify" and isinstance(event.get("event"), str):
                     notices.add(event["event"])
-    want_kinds, want_notices = documented("kind"), documented("event", [ROOT / "docs" / "notify.md"])
+    want_kinds, want_notices = documented("kind") - set(NOT_END_TO_END), documented("event", [ROOT / "docs" / "notify.md"])
     problems = []
     if want_kinds - kinds:
         problems.append(f"documented journal kinds no test's supervise produced: {sorted(want_kinds - kinds)}")
-    if kinds - want_kinds:
-        problems.append(f"journal kinds produced but not documented: {sorted(kinds - want_kinds)}")
+    if kinds - want_kinds - set(NOT_END_TO_END):
+        problems.append(f"journal kinds produced but not documented: {sorted(kinds - want_kinds - set(NOT_END_TO_END))}")
     if want_notices - notices:
         problems.append(f"documented notifications no test's supervise sent: {sorted(want_notices - notices)}")
     if problems:

@@ -89,8 +89,7 @@ class PartEngine(PairEngine):
         if not cheap:
             return super()._scan(root=root, only=only, settle=settle, pids=pids, finished=finished)
         p = self.pair
-        known = {**self.parted, **self.published}
-        reuse = {n: (self._sigs[n], snap) for n, snap in known.items() if n in self._sigs}
+        reuse = self.reusable({**self.parted, **self.published})
         return classify(root or p.src, markers=p.markers, exclude=p.exclude, settle=p.settle, now=time.time(),
                         marker_seen=self.marker_seen, only=only, reuse=reuse, ctx=Context(profile=self.profile))
 

@@ -54,6 +54,7 @@ class PairEngine:
         self._inodes: dict[str, int] = {}      # top-level name → inode at the last scan (renames)
         self._torn: dict[str, Any] = {}         # checkpoint → Snap journaled as torn
         self._told_generic = False
+        self.dirty: set[str] = set()           # top-level names with file events since the last cheap scan
         self._torn_cache: dict[tuple[str, Any], str | None] = {}
         self.backend = backend
         self.emit = emit
@@ -164,9 +165,10 @@ class PairEngine:
         async def consume() -> None:
             nonlocal error
             try:
-                async for _changes in awatch(src, watch_filter=None, debounce=400, step=50, stop_event=stop,
-                                             recursive=True, ignore_permission_denied=True):
+                async for changes in awatch(src, watch_filter=None, debounce=400, step=50, stop_event=stop,
+                                            recursive=True, ignore_permission_denied=True):
                     self.last_activity = time.monotonic()
+                    self._note_dirty(src, changes)
                     self.trigger("watch")
                 error = RuntimeError(f"watching {src} stopped")
             except Exception as e:  # noqa: BLE001 - reported by the caller
@@ -182,6 +184,19 @@ class PairEngine:
                 stop.set()
         if error is not None:
             raise error
+
+    def _note_dirty(self, src: Path, changes: Any) -> None:
+        """The top-level entries a batch of file events touched: a watch pass walks them again
+        even when their own stat did not change (a file rewritten in place inside a directory)."""
+        root = str(src).rstrip("/") + "/"
+        for _change, path in changes:
+            if path.startswith(root):
+                self.dirty.add(path[len(root):].split("/", 1)[0])
+
+    def reusable(self, known: dict[str, Any]) -> dict[str, Any]:
+        """Snapshots a cheap scan may trust: unchanged top-level stat, and no file event inside."""
+        dirty, self.dirty = self.dirty, set()
+        return {n: (self._sigs[n], snap) for n, snap in known.items() if n in self._sigs and n not in dirty}
 
     # ---- one pass -------------------------------------------------------------------
 
@@ -229,7 +244,7 @@ class PairEngine:
         open files are the evidence; ``finished``: judge as if nothing can change any more
         (the training is gone, or ``root`` is a side nobody writes)."""
         p = self.pair
-        reuse = {n: (self._sigs[n], snap) for n, snap in self.published.items() if n in self._sigs} if cheap else None
+        reuse = self.reusable(self.published) if cheap else None
         local = root is None
         writing = None
         if local and pids is not None and not self.exited:

@@ -66,7 +66,7 @@ def _run(seed: int, expected: str, tmp_path: Path) -> None:
     mounts = can_mount()
     if plan.fault in MOUNT_FAULTS and not mounts:
         pytest.skip("the read-only and full destinations need root, to mount a small tmpfs")
-    result = run_plan(plan, tmp_path / f"seed-{seed}", mounts=mounts)
+    result = run_plan(plan, tmp_path / f"seed-{seed}", mounts=mounts, keep=True)  # the contract check reads its journal
     assert result.ok, result.explain()
 
 

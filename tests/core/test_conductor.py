@@ -53,6 +53,9 @@ class FakeLauncher:
     def stop_targets(self, pid: int) -> Targets:
         return Targets([pid])
 
+    def find_launcher(self, pid: int) -> int:
+        return pid
+
 
 class FakeChild:
     """A training that answers a checkpoint signal by saving (through the fake mirror) and a

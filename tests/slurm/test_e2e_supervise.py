@@ -26,10 +26,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
 from supervisor.journal import read_journal
+from tests.test_notify import Server
 from supervisor.launchers import catches
 from tests.slurm.conftest import ACTIVE, Slurm
 
@@ -372,11 +374,20 @@ MAX_REQUEUES = 2
 
 
 @pytest.fixture(scope="module")
-def requeue_job(slurm: Slurm, tmp_path_factory: pytest.TempPathFactory) -> Job:
+def hooks() -> Iterator[Server]:
+    """A webhook on 127.0.0.1 for the jobs (they run on this machine)."""
+    server = Server()
+    yield server
+    server.httpd.shutdown()
+    server.httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def requeue_job(slurm: Slurm, tmp_path_factory: pytest.TempPathFactory, hooks: Server) -> Job:
     """Deadline → requeue, MAX_REQUEUES times; the attempt after that is refused a requeue."""
     job = submit(slurm, tmp_path_factory.mktemp("requeue"), "requeue",
                  supervise=["--time-limit", "6s", "--warn-before", "3s", "--grace", "5s",
-                            "--requeue", "--max-requeues", str(MAX_REQUEUES)],
+                            "--requeue", "--max-requeues", str(MAX_REQUEUES), "--notify", hooks.url("json")],
                  trainer=["--every", "20", "--write-time", "0.3"], sbatch=["--time=5", "--requeue"])
     for attempt in range(1, MAX_REQUEUES + 1):
         # Not "end": see test_a_requeued_attempt_journals_its_end.
@@ -414,6 +425,14 @@ def test_requeue_after_the_deadline_until_max_requeues(requeue_job: Job) -> None
             end = job.one("end", a)
             assert end["reason"] == "deadline" and end["exit_status"] == 0 and end["not_durable"] == [], end
     assert job.slurm.show(job.jobid).get("Restarts") == str(MAX_REQUEUES)
+
+
+def test_each_attempt_tells_of_the_warning_the_preemption_and_the_requeue(requeue_job: Job, hooks: Server) -> None:
+    from collections import Counter
+
+    sent = Counter(json.loads(h["body"])["event"] for h in hooks.hits("json"))
+    attempts = MAX_REQUEUES + 1
+    assert sent == {"start": attempts, "warning": attempts, "preempted": attempts, "requeued": MAX_REQUEUES}, sent
 
 
 def test_each_attempt_restores_the_last_durable_checkpoint_and_resumes_there(requeue_job: Job) -> None:

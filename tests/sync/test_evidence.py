@@ -291,3 +291,28 @@ def test_check_names_each_pairs_profile_and_warns_when_it_relies_on_quiescence(t
     gen_line = next(line for line in lines if f"{generic} ->" in line)
     assert "profile hf-trainer" in hf_line and hf_line.startswith("ok")
     assert "relies on quiescence" in gen_line and gen_line.startswith("warn")
+
+
+def test_a_file_rewritten_in_place_inside_a_published_checkpoint_is_published_again(tmp_path, run_dir):
+    """The directory's own stat does not change when a file inside is rewritten at the same
+    size: the watch's events, not the top-level stat, say it must be walked again."""
+    local, persist = tmp_path / "local", tmp_path / "persist"
+    cmd = script(tmp_path, f"""
+        d = Path({str(local)!r}) / "step_1"; d.mkdir(parents=True)
+        (d / "w.bin").write_bytes(b"a" * 1000)
+        (d / ".metadata").write_text("m")
+        time.sleep(1.5)
+        with open(d / "w.bin", "r+b") as f:
+            f.write(b"b" * 1000)
+        Path({str(tmp_path / 'rewritten')!r}).write_text(repr(time.time()))
+        time.sleep(3)
+    """)
+    p = start_supervise("--run-dir", str(run_dir), "--checkpoints", str(local), str(persist), "--sync-every", "1h",
+                        "--gpu-every", "0", "--", *cmd)
+    try:
+        wait_for(lambda: (persist / "step_1" / "w.bin").exists() and
+                 (persist / "step_1" / "w.bin").read_bytes() == b"b" * 1000 and p.poll() is None,
+                 timeout=20, what="the rewritten version published while the training still runs")
+    finally:
+        p.wait(timeout=60)
+    assert len([e for e in events(run_dir, "publish") if e["checkpoint"] == "step_1"]) == 2
