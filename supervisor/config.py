@@ -327,7 +327,7 @@ def _convert(key: str, value: Any, source: str) -> Any:
 def load_toml(path: Path) -> dict[str, Any]:
     """Read a config file; unreadable or malformed files are usage errors."""
     if sys.version_info >= (3, 11):  # imported here: a run without --config does not pay for it
-        import tomllib
+        import tomllib  # novermin - 3.11 and later
     else:  # pragma: no cover - exercised on 3.10 only
         import tomli as tomllib
     try:
