@@ -254,6 +254,10 @@ def main(ns: argparse.Namespace, command: Sequence[str], env: Mapping[str, str] 
     if scheduler is None:
         raise UsageError("supervise init: no scheduler found here (no job, no sbatch or qsub on PATH): "
                          "give --scheduler slurm or --scheduler pbs")
+    from supervisor.config import LAUNCHERS
+
+    if ns.launcher is not None and ns.launcher not in LAUNCHERS[1:]:
+        raise UsageError(f"--launcher {ns.launcher!r}: one of {', '.join(LAUNCHERS[1:])}")
     launcher = ns.launcher or detect_launcher(command)
     if not re.fullmatch(r"[\w.-]+", ns.name):
         raise UsageError(f"--name {ns.name!r}: letters, digits, '.', '_' and '-' only")

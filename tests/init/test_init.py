@@ -92,6 +92,7 @@ def test_pbs_script_has_walltime_select_and_rerunnable(tmp_path: Path) -> None:
     (["--scheduler", "lsf", "--", "python", "t.py"], ["--scheduler", "lsf"]),
     (["--scheduler", "slurm", "--name", "a/b", "--", "python", "t.py"], ["--name", "a/b"]),
     (["--scheduler", "slurm", "--nodes", "0", "--", "python", "t.py"], ["--nodes 0"]),
+    (["--scheduler", "slurm", "--launcher", "torchrn", "--", "python", "t.py"], ["--launcher 'torchrn'", "torchrun"]),
 ])
 def test_bad_init_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], words: list[str]) -> None:
     r = run_supervise("init", "--dir", str(tmp_path), *args, cwd=tmp_path)
