@@ -167,7 +167,8 @@ def many_files(work: Path, n: int) -> tuple[float, float, int]:
     wait = f"import os, time\nwhile not os.path.exists({str(published)!r}): time.sleep(0.05)"
     p = subprocess.Popen([*SUPERVISE, "-q", "--gpu-every", "0", "--run-dir", str(work / "many" / "run"),
                           "--checkpoints", str(local), str(persistent), "--", sys.executable, "-c", wait],
-                         env=_env(), stderr=subprocess.DEVNULL)
+                         env={**_env(), "SUPERVISE_SYNC_NICE": "0", "SUPERVISE_SYNC_IONICE": "none"},
+                         stderr=subprocess.DEVNULL)
     try:
         time.sleep(3.0)  # started, watching, the initial pass done
         (step / ".metadata").write_bytes(b"m")
