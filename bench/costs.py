@@ -13,7 +13,8 @@
 2. **Start-up** added by ``supervise -- true`` against bare ``true``, median of ``--runs``
    (``bench/core.py``'s measurement). Goal: < 150 ms.
 3. **One checkpoint of ``--files`` small files**: the time from its marker to its publication
-   on the persistent side by a running supervise (default backend), against plain ``rsync -a``
+   on the persistent side by a running supervise (default backend, its copier at plain rsync's
+   priority: sync_nice 0, sync_ionice none), against plain ``rsync -a``
    of the same tree (run before and after; the better is the baseline), and supervise's peak
    RSS (``VmHWM``). Goals: ≤ 1.2× rsync, < 100 MB.
 """
