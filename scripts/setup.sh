@@ -34,6 +34,13 @@ PIPLOG=.venv/setup-pip.log
 if [ -z "${SUPERVISE_SETUP_MINIMAL:-}" ]; then
   # Exactly this pin: it takes the CPU wheel on disk; anything else pulls gigabytes of CUDA.
   .venv/bin/pip install -q -e '.[test]' 'torch==2.13.0' numpy mpi4py >"$PIPLOG" 2>&1 || true
+  # The training libraries tests/frameworks checkpoints with (issue 12), pinned; torch stays
+  # pinned beside them so none of them resolves another torch (checked with pip --dry-run:
+  # ~20 s from the cache, no CUDA wheel). DeepSpeed (an op build) and Orbax (jax) are not
+  # installed: their documented layouts are tested with small fake writers.
+  .venv/bin/pip install -q 'torch==2.13.0' 'transformers==5.23.0' 'lightning==2.6.6' 'accelerate==1.15.0' \
+    >>"$PIPLOG" 2>&1 || true
+  .venv/bin/python -c 'import sys, torch; v = torch.__version__.split("+")[0]; sys.exit(None if v == "2.13.0" else f"setup: torch {v} was pulled in, not 2.13.0")'
 else
   .venv/bin/pip install -q -e . >"$PIPLOG" 2>&1 || true
 fi

@@ -353,11 +353,12 @@ def _judge(root: Path, name: str, snap: Snap, listing: Listing, globs: tuple[str
     if any(r in ORBAX_RENAMED for r in snap.files):
         return Entry(name, True, snap, True, "renamed into place (Orbax)", snap.newest_ns / 1e9, **kw)
     if prof.needs_marker or listing.marker_seen:
-        want = " or ".join((*prof.markers, *globs)) or "its marker"
+        want = " or ".join((*prof.markers, *globs)) or prof.pointer or "its marker"
         if ctx.exited and kw["restorable"]:
             torn = f"the training ended before writing {want}"
             return Entry(name, True, snap, False, f"torn: {torn}", torn=torn, **kw)
-        return Entry(name, True, snap, False, "waiting for marker", **kw)
+        return Entry(name, True, snap, False, f"waiting for {prof.pointer}" if prof.pointer and not prof.markers
+                     else "waiting for marker", **kw)
     if ctx.exited:
         return Entry(name, True, snap, True, "training exited", snap.newest_ns / 1e9, **kw)
     return _settled(name, True, snap, settle, now, kw)

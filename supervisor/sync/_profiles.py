@@ -27,6 +27,7 @@ class Profile:
     step: str = r"(\d+)"           # the step in a checkpoint's name (the last match counts)
     links: tuple[str, ...] = ()    # top-level names that may be symlinks to a checkpoint (Lightning last.ckpt)
     after_marker: float = 0.0      # quiet seconds after the marker (files may follow it in the same save)
+    pointer: str = ""              # the top-level file that names the newest complete one (written after it)
     resume: str = ""               # how the training resumes (docs, `supervise check`)
 
     def is_checkpoint(self, name: str, is_dir: bool) -> bool:
@@ -52,9 +53,10 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
             resume='trainer.fit(model, ckpt_path="last")'),
     Profile("torch-save", ("*.pt", "*.pth", "*.bin", "*.tar", "*.safetensors", "*.pkl"), False,
             resume="torch.load(os.environ['SUPERVISE_RESTORED_FROM'])"),
-    Profile("deepspeed", ("global_step*",), True, step=r"global_step(\d+)$",
+    Profile("deepspeed", ("global_step*",), True, step=r"global_step(\d+)$", needs_marker=True, pointer="latest",
             resume="engine.load_checkpoint(ckpt_dir)  # reads 'latest'"),
-    Profile("megatron", ("iter_*",), True, step=r"iter_(\d+)$", resume="--load CKPT_DIR  # reads the tracker file"),
+    Profile("megatron", ("iter_*",), True, step=r"iter_(\d+)$", needs_marker=True,
+            pointer="latest_checkpointed_iteration.txt", resume="--load CKPT_DIR  # reads the tracker file"),
     Profile("orbax", ("[0-9]*",), True, markers=("commit_success.txt",),
             step=r"^(\d+)", resume="CheckpointManager(dir).latest_step()"),
     GENERIC,
@@ -80,8 +82,12 @@ def detect(entries: Iterable[tuple[str, bool]], pointers: Iterable[str], inside:
             return PROFILES["hf-trainer"], f"{name}/"
         if is_dir and re.fullmatch(r"checkpoint_\d+", name):
             return PROFILES["accelerate"], f"{name}/"
-        if is_dir and ".metadata" in names:
-            return PROFILES["dcp"], f"{name}/.metadata"
+        if is_dir and re.fullmatch(r"global_step\d+", name):  # before its first `latest`
+            return PROFILES["deepspeed"], f"{name}/"
+        if is_dir and re.fullmatch(r"iter_\d{7}", name):  # before its first tracker file
+            return PROFILES["megatron"], f"{name}/"
+        if is_dir and (".metadata" in names or any(n.endswith(".distcp") for n in names)):
+            return PROFILES["dcp"], f"{name}/.metadata" if ".metadata" in names else f"{name}/*.distcp"
         if is_dir and names & {"commit_success.txt", "_CHECKPOINT_METADATA"}:
             return PROFILES["orbax"], f"{name}/{sorted(names & {'commit_success.txt', '_CHECKPOINT_METADATA'})[0]}"
         if not is_dir and name.endswith(".ckpt"):
