@@ -676,7 +676,7 @@ def report(a: argparse.Namespace, seed: Run, sup: Run, copy: float) -> None:
     row("supervising processes seen by the 10 Hz sampler", str(seed.helpers_seen), str(sup.helpers_seen))
 
     if sup.syncs:
-        print(f"\nsupervise's sync passes (journal `sync` events, by pair and trigger): "
+        print("\nsupervise's sync passes (journal `sync` events, by pair and trigger): "
               + ", ".join(f"{k} {v}" for k, v in sorted(sup.syncs.items()))
               + f"; the seed's loop ran 2 rsync per {a.period:g} s.")
     interval = a.every + a.write_seconds

@@ -26,19 +26,25 @@ fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+# The distribution was called "supervise" before (a name PyPI gives to another project).
+.venv/bin/pip uninstall -q -y supervise >/dev/null 2>&1 || true
+# pip's and setuptools' chatter (editable-install banners, index warnings) goes to a log,
+# shown only when the install fails.
+PIPLOG=.venv/setup-pip.log
 if [ -z "${SUPERVISE_SETUP_MINIMAL:-}" ]; then
   # Exactly this pin: it takes the CPU wheel on disk; anything else pulls gigabytes of CUDA.
-  .venv/bin/pip install -q -e '.[test]' 'torch==2.13.0' numpy mpi4py 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/pip install -q -e '.[test]' 'torch==2.13.0' numpy mpi4py >"$PIPLOG" 2>&1 || true
   # The training libraries tests/frameworks checkpoints with (issue 12), pinned; torch stays
   # pinned beside them so none of them resolves another torch (checked with pip --dry-run:
   # ~20 s from the cache, no CUDA wheel). DeepSpeed (an op build) and Orbax (jax) are not
   # installed: their documented layouts are tested with small fake writers.
   .venv/bin/pip install -q 'torch==2.13.0' 'transformers==5.23.0' 'lightning==2.6.6' 'accelerate==1.15.0' \
-    2>&1 | grep -v '^WARNING: Location' || true
+    >>"$PIPLOG" 2>&1 || true
   .venv/bin/python -c 'import sys, torch; v = torch.__version__.split("+")[0]; sys.exit(None if v == "2.13.0" else f"setup: torch {v} was pulled in, not 2.13.0")'
 else
-  .venv/bin/pip install -q -e . 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/pip install -q -e . >"$PIPLOG" 2>&1 || true
 fi
-.venv/bin/python -c 'import supervisor, anyio, watchfiles, httpx' || { echo "setup: install failed" >&2; exit 1; }
+.venv/bin/python -c 'import supervisor, anyio, watchfiles, httpx, pynvml' 2>/dev/null \
+  || { tail -n 30 "$PIPLOG" >&2; echo "setup: install failed (all of pip's output: $PIPLOG)" >&2; exit 1; }
 # Horovod with PyTorch + Gloo (+ MPI), patched and built once, then reused (never fails setup).
 if [ -z "${SUPERVISE_SETUP_MINIMAL:-}" ]; then bash scripts/build-horovod.sh; fi

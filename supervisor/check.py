@@ -57,7 +57,7 @@ def probe_nvml() -> tuple[str, str]:
         import pynvml  # type: ignore[import-not-found]
     except ImportError:
         smi = shutil.which("nvidia-smi")
-        return WARN, "nvidia-ml-py not installed" + (f"; {smi} will be used" if smi else "; no GPU sampling")
+        return WARN, "nvidia-ml-py not installed (a dependency of supervise-hpc: pip install supervise-hpc)" + (f"; {smi} will be used" if smi else "; no GPU sampling")
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as e:

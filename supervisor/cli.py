@@ -8,7 +8,6 @@ line on stderr and exit status 2, before anything is started.
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import os
 import sys
@@ -19,7 +18,7 @@ from supervisor import __version__, logs
 from supervisor.config import KEYS, SyncPair
 from supervisor.errors import UsageError
 
-SUBCOMMANDS = ("run", "check", "env", "report", "node-agent")
+SUBCOMMANDS = ("run", "check", "env", "report", "node-agent", "init")
 
 DESCRIPTION = """\
 Supervise one training run inside a batch job: mirror checkpoints and logs to persistent
@@ -37,6 +36,7 @@ subcommands:
   check           validate the options and show what supervise sees here; starts nothing
   env             the job as supervise sees it: scheduler, nodes, GPUs, launcher
   report RUN_DIR  what happened in a run, and what to change
+  init            write a job script and config for this cluster: supervise init -- torchrun … train.py
   node-agent      multi-node jobs: mirror this node's part of each checkpoint (one per node;
                   see docs/sync.md)
 
@@ -129,6 +129,10 @@ def _parser(sub: str) -> _Parser:
         return p
     if sub == "node-agent":
         return _node_agent_parser()
+    if sub == "init":
+        from supervisor.init import parser
+
+        return parser(_Parser)  # type: ignore[return-value]
     if sub == "env":
         p = _Parser(prog=prog, allow_abbrev=False, description="The job as supervise sees it: scheduler, job id, attempt, nodes, GPUs, launcher, and a suggested launch command.")
         p.add_argument("--json", action="store_true", help="as JSON")
@@ -175,6 +179,8 @@ def _check_flags(p: argparse.ArgumentParser, opts: Sequence[str]) -> None:
         if word.startswith("-") and word != "-" and not word.lstrip("-")[:1].isdigit():
             flag = word.split("=", 1)[0]
             if flag not in known:
+                import difflib  # only for a mistake
+
                 close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
                 hint = f"; did you mean {close[0]}?" if close else "; see supervise --help"
                 raise UsageError(f"unknown option {flag}{hint}")
@@ -256,6 +262,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _env(ns, command)
         if sub == "node-agent":
             return _node_agent(ns, command)
+        if sub == "init":
+            from supervisor.init import main as init_main
+
+            return init_main(ns, command)
         return _report(ns)
     except UsageError as e:
         print(f"supervise: {e}", file=sys.stderr)

@@ -7,8 +7,8 @@ what would be right (exit status 2). Keys are documented in ``configs/example.to
 
 from __future__ import annotations
 
-import difflib
 import os
+import re
 import signal
 import sys
 from dataclasses import dataclass, field, fields, replace
@@ -19,11 +19,6 @@ from typing import Any, Callable, Mapping
 from supervisor import childenv
 from supervisor._units import parse_duration, parse_signal
 from supervisor.errors import ConfigError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
 
 ENV_PREFIX = "SUPERVISE_"
 FORWARD_POLICIES = ("launcher", "group")
@@ -121,12 +116,23 @@ def _choice(*options: str) -> Callable[[Any], str]:
     return convert
 
 
+_UNSET_VAR = re.compile(r"\$(\w+|\{[^}]*\})")
+
+
 def _path(v: Any) -> Path:
+    """A path with ``~`` and ``$VARIABLE``s expanded; a variable left unset is an error, not a
+    directory literally named ``$LOCAL_DIR`` (os.path.expandvars leaves unknown ones as they are)."""
     if not isinstance(v, (str, os.PathLike)) or not str(v).strip():
         raise ValueError("a path")
     if "\0" in str(v):
         raise ValueError("a path without NUL bytes")
-    return Path(os.path.expandvars(os.path.expanduser(str(v))))
+    expanded = os.path.expandvars(os.path.expanduser(str(v)))
+    unset = _UNSET_VAR.search(expanded)
+    if unset:
+        name = unset.group(1).strip("{}")
+        raise ValueError(f"a path whose variables are set: ${name} is not set in the environment "
+                         f"(export {name}=… in the job script, or write the path out)")
+    return Path(expanded)
 
 
 def _urls(v: Any) -> tuple[str, ...]:
@@ -301,6 +307,8 @@ class Config:
 
 
 def _did_you_mean(word: str, options: list[str] | tuple[str, ...]) -> str:
+    import difflib  # only for a mistake
+
     close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
 
@@ -318,6 +326,10 @@ def _convert(key: str, value: Any, source: str) -> Any:
 
 def load_toml(path: Path) -> dict[str, Any]:
     """Read a config file; unreadable or malformed files are usage errors."""
+    if sys.version_info >= (3, 11):  # imported here: a run without --config does not pay for it
+        import tomllib  # novermin - 3.11 and later
+    else:  # pragma: no cover - exercised on 3.10 only
+        import tomli as tomllib
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)

@@ -26,9 +26,9 @@ class ConfigError(UsageError):
 
 
 try:
-    BaseExceptionGroup
+    BaseExceptionGroup  # noqa: B018  # novermin - the name's existence is the test
 except NameError:  # Python 3.10: anyio's own dependency backports it
-    from exceptiongroup import BaseExceptionGroup
+    from exceptiongroup import BaseExceptionGroup  # novermin - the backport
 
 
 def root_cause(e: BaseException) -> BaseException:

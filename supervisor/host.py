@@ -45,7 +45,7 @@ def read_proc(pid: int) -> tuple[int, int] | None:
 
 def read_meminfo() -> dict[str, int]:
     """MemTotal, MemAvailable, ... in bytes."""
-    out = {}
+    out: dict[str, int] = {}
     try:
         text = (PROC / "meminfo").read_text()
     except OSError:

@@ -85,7 +85,9 @@ def expand_hostlist(text: str) -> tuple[str, ...]:
 
 
 def _split_top_level(text: str) -> list[str]:
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    depth = 0
+    cur: list[str] = []
     for ch in text:
         if ch == "[":
             depth += 1

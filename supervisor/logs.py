@@ -18,10 +18,8 @@ LOGGER = "supervise"
 
 
 class _UTCFormatter(logging.Formatter):
-    converter = time.gmtime
-
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
-        t = time.strftime("%Y-%m-%dT%H:%M:%S", self.converter(record.created))
+        t = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
         return f"{t}.{int(record.msecs):03d}Z"
 
 

@@ -48,7 +48,7 @@ def run_supervise(*args: str, timeout: float = 60, **kw) -> subprocess.Completed
     except subprocess.TimeoutExpired:
         p.kill()
         out, err = p.communicate()
-        raise AssertionError(f"supervise did not finish in {timeout}s: {err}")
+        raise AssertionError(f"supervise did not finish in {timeout}s: {err}") from None
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import pytest
 
 PY = sys.executable
 
@@ -40,7 +39,7 @@ def finish(p: subprocess.Popen[str], timeout: float = 20) -> tuple[int, str]:
     except subprocess.TimeoutExpired:
         p.kill()
         out, _ = p.communicate()
-        raise AssertionError(f"child did not finish: {out}")
+        raise AssertionError(f"child did not finish: {out}") from None
     return p.returncode, out
 
 

@@ -50,7 +50,7 @@ class NVMLError(Exception):
         return _STRINGS.get(self.value, f"NVML Error with code {self.value}")
 
 
-def _err_class(name: str, code: int) -> type[NVMLError]:
+def _err_class(name: str, code: int) -> Any:  # a subclass whose __init__ takes no code (type checkers cannot see it)
     def init(self: NVMLError, *_: Any) -> None:
         NVMLError.__init__(self, code)
 

@@ -64,7 +64,7 @@ def main(run_dir: Path, *, as_json: bool = False, html: Path | None = None) -> i
         print(f"supervise report: {e}", file=sys.stderr)
         return 2
     except ImportError as e:
-        print(f"supervise report: --html needs the plotting library: pip install 'supervise[report]' ({e})", file=sys.stderr)
+        print(f"supervise report: --html needs the plotting library: pip install 'supervise-hpc[report]' ({e})", file=sys.stderr)
         return 2
     except OSError as e:
         print(f"supervise report: cannot write {html}: {e.strerror or e}", file=sys.stderr)

@@ -310,15 +310,15 @@ def body(f: Facts) -> str:
                  + (f"<ul>{restores}</ul>" if restores else ""))
     if f.gpus:
         rows = []
-        for g in f.gpus:
-            slow = throttled(g)
-            thr = ", ".join(f"{k} {100 * t / g.sampled_s:.0f}%" for k, t in slow.items()) if slow and g.sampled_s else "none"
-            errs = ", ".join(filter(None, ["XID " + ",".join(map(str, g.xids)) if g.xids else "",
-                                           f"ECC unc. {g.ecc_uncorrected}" if g.ecc_uncorrected else "",
-                                           "lost" if g.lost else ""])) or "none"
-            rows.append([g.index, g.name or "", _fmt(g.util_mean_pct, " %"), _fmt(g.util_p95_pct, " %"),
-                         f"{_fmt(g.mem_peak_mib and g.mem_peak_mib / 1024, '', 1)} / {_fmt(g.mem_total_mib and g.mem_total_mib / 1024, ' GiB', 0)}"
-                         f" ({_fmt(g.mem_peak_pct, ' %')})", _fmt(g.power_mean_w, " W"), _fmt(g.energy_kwh, " kWh", 3), thr, errs])
+        for gpu in f.gpus:
+            slow = throttled(gpu)
+            thr = ", ".join(f"{k} {100 * t / gpu.sampled_s:.0f}%" for k, t in slow.items()) if slow and gpu.sampled_s else "none"
+            errs = ", ".join(filter(None, ["XID " + ",".join(map(str, gpu.xids)) if gpu.xids else "",
+                                           f"ECC unc. {gpu.ecc_uncorrected}" if gpu.ecc_uncorrected else "",
+                                           "lost" if gpu.lost else ""])) or "none"
+            rows.append([gpu.index, gpu.name or "", _fmt(gpu.util_mean_pct, " %"), _fmt(gpu.util_p95_pct, " %"),
+                         f"{_fmt(gpu.mem_peak_mib and gpu.mem_peak_mib / 1024, '', 1)} / {_fmt(gpu.mem_total_mib and gpu.mem_total_mib / 1024, ' GiB', 0)}"
+                         f" ({_fmt(gpu.mem_peak_pct, ' %')})", _fmt(gpu.power_mean_w, " W"), _fmt(gpu.energy_kwh, " kWh", 3), thr, errs])
         parts.append("<h2>GPUs</h2>" + _table(["GPU", "model", "util mean", "util p95", "memory peak", "power mean",
                                                "energy", "throttled", "errors"], rows))
     else:

@@ -242,7 +242,7 @@ GPU_FIELDS = ("time", "gpu", "uuid", "util_gpu_pct", "mem_used_mib", "mem_total_
 
 
 def _scan_gpu(path: Path, data: RunData, every: float, *, times_known: bool) -> None:
-    accs: dict[str, GpuAcc] = {}
+    accs: dict[int, GpuAcc] = {}
     gap = 2.5 * every  # a longer silence is a gap (another attempt), not time spent in a state
     header: dict[str, int] | None = None
     for cols, row in _rows(path):

@@ -42,8 +42,8 @@ def _slurm_time(seconds: float) -> str:
 
 def gpu_use(f: Facts) -> list[Note]:
     sampled = [g for g in f.gpus if g.util_mean_pct is not None and g.samples >= MIN_SAMPLES]
-    unused = [g.index for g in sampled if g.util_mean_pct < GPU_UNUSED_PCT]
-    low = [g for g in sampled if GPU_UNUSED_PCT <= g.util_mean_pct < GPU_LOW_PCT]
+    unused = [g.index for g in sampled if (g.util_mean_pct or 0.0) < GPU_UNUSED_PCT]  # `or`: for the type checker
+    low = [g for g in sampled if GPU_UNUSED_PCT <= (g.util_mean_pct or 0.0) < GPU_LOW_PCT]
     notes = []
     if unused:
         n = len(unused)
@@ -62,9 +62,10 @@ def gpu_use(f: Facts) -> list[Note]:
 
 def gpu_memory(f: Facts) -> list[Note]:
     with_mem = [g for g in f.gpus if g.mem_peak_pct is not None]
-    if not with_mem or any(g.mem_peak_pct >= GPU_MEM_LOW_PCT for g in with_mem):
+    peaks = [g.mem_peak_pct for g in with_mem if g.mem_peak_pct is not None]
+    if not peaks or any(p >= GPU_MEM_LOW_PCT for p in peaks):
         return []
-    peak = max(g.mem_peak_pct for g in with_mem)
+    peak = max(peaks)
     peak_gib = max(g.mem_peak_mib or 0 for g in with_mem) / 1024
     total_gib = max(g.mem_total_mib or 0 for g in with_mem) / 1024
     return [Note("info", f"GPU memory peaked at {peak:.0f} % of capacity ({peak_gib:.1f} of {total_gib:.0f} GiB). "

@@ -70,8 +70,10 @@ class Backend(Protocol):
     async def copy_file(self, src: Path, dst: Path, *, fsync: bool = False) -> CopyResult:
         """One file to one path, through a temp name."""
 
-    async def grow(self, src: Path, dst: Path, *, exclude: Sequence[str] = (), fsync: bool = False) -> CopyResult:
-        """Logs: grow destination files in place (same inode)."""
+    async def grow(self, src: Path, dst: Path, *, exclude: Sequence[str] = (), fsync: bool = False,
+                   only: Sequence[str] | None = None) -> CopyResult:
+        """Logs: grow destination files in place (same inode); ``only``: just these files
+        (relative to ``src``), not a walk of the whole tree."""
 
 
 def priority_prefix(nice: int, ionice: str) -> list[str]:
@@ -221,10 +223,14 @@ class RsyncBackend:
         args = [f"--partial-dir={PARTIAL_DIR}", "--modify-window=-1", *await self._fsync_flag(fsync)]
         return await self._run([*args, "--", str(src), str(dst)], fsync_tree=dst if fsync else None)
 
-    async def grow(self, src, dst, *, exclude=(), fsync=False):
+    async def grow(self, src, dst, *, exclude=(), fsync=False, only=None):
         # --append-verify implies --inplace: same inode, so open readers see new data.
         args = ["--append-verify", *await self._fsync_flag(fsync), *[f"--exclude={p}" for p in exclude]]
-        return await self._run([*args, "--", f"{src}/", f"{dst}/"], fsync_tree=dst if fsync else None)
+        listed = None
+        if only is not None:  # NUL-separated names on stdin: any byte but NUL is allowed in a name
+            args += ["--from0", "--files-from=-"]
+            listed = b"\0".join(os.fsencode(rel) for rel in only)
+        return await self._run([*args, "--", f"{src}/", f"{dst}/"], stdin=listed, fsync_tree=dst if fsync else None)
 
 
 def _escape(rel: str) -> str:
@@ -260,8 +266,11 @@ class PythonBackend:
     async def copy_file(self, src, dst, *, fsync=False):
         return await self._run({"mode": "file", "src": src, "dst": dst, "fsync": fsync})
 
-    async def grow(self, src, dst, *, exclude=(), fsync=False):
-        return await self._run({"mode": "grow", "src": src, "dst": dst, "exclude": list(exclude), "fsync": fsync})
+    async def grow(self, src, dst, *, exclude=(), fsync=False, only=None):
+        req = {"mode": "grow", "src": src, "dst": dst, "exclude": list(exclude), "fsync": fsync}
+        if only is not None:
+            req["only"] = list(only)
+        return await self._run(req)
 
 
 def choose_backend(name: str = "auto", *, nice: int = 10, ionice: str = "idle") -> Backend:

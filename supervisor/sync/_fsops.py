@@ -7,6 +7,7 @@ import errno
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from supervisor.sync._complete import OURS_PREFIX, STAGING_PREFIX, Snap, snapshot
 
@@ -14,7 +15,7 @@ _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 try:
     _libc = ctypes.CDLL(None, use_errno=True)
-    _renameat2 = _libc.renameat2
+    _renameat2: Any = _libc.renameat2
 except (OSError, AttributeError):  # pragma: no cover - very old glibc
     _renameat2 = None
 

@@ -35,6 +35,7 @@ from supervisor.sync._writers import open_for_write
 URGENT = ("start", "retry", "request", "flush", "appeared")
 RECOPY_TRIES = 3
 WATCH_GAP = {"checkpoint": 0.05, "log": 1.0}  # gather a burst of file events into one pass
+LOG_BATCH = 10.0  # s: while logs are written, a log pair copies what grew at most this often
 
 
 def _to_thread(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
@@ -76,6 +77,8 @@ class PairEngine:
         self._newest_ns = 0
         self.last_activity: float | None = None
         self.pending: list[str] = [f"{pair.name}: not synced yet"]
+        self._log_copied: dict[str, tuple[int, int]] = {}  # log file → (size, mtime) copied
+        self._log_next = 0.0                   # monotonic time before which watch passes wait
 
     # ---- triggers -------------------------------------------------------------------
 
@@ -210,7 +213,7 @@ class PairEngine:
             if self.pair.kind == "checkpoint":
                 await self._checkpoint_pass(trigger, stats, published)
             else:
-                await self._log_pass(stats)
+                await self._log_pass(stats, trigger)
         except (OSError, CopyError) as e:
             return self._failed(trigger, e, time.monotonic() - t0)
         seconds = round(time.monotonic() - t0, 3)
@@ -473,14 +476,35 @@ class PairEngine:
     def _retention_fields(self) -> dict[str, object]:
         return {}
 
-    async def _log_pass(self, stats: CopyResult) -> None:
+    async def _log_pass(self, stats: CopyResult, trigger: str) -> None:
+        """Logs grow in place. A file event copies only the files whose size or mtime changed
+        since they were last copied, at most every LOG_BATCH s (the ticker comes back for what
+        a skipped event left); every other trigger (start, flush, request, the periodic net)
+        compares the whole tree with the persistent side, as rsync does, and at once."""
         p = self.pair
-        r = await self.backend.grow(p.src, p.dst, exclude=p.exclude, fsync=p.fsync)
+        now = time.monotonic()
+        if trigger in ("watch", "settle") and now < self._log_next:
+            self.recheck_at = self._log_next
+            self._poke_ticker()
+            return
+        snap = await _to_thread(snapshot, p.src, p.exclude)
+        files = dict(snap.files) if snap else {}
+        if trigger in ("watch", "settle"):
+            grown = sorted(rel for rel, sig in files.items() if self._log_copied.get(rel) != sig)
+            if not grown:
+                return
+            self._log_next = now + LOG_BATCH
+            r = await self.backend.grow(p.src, p.dst, exclude=p.exclude, fsync=p.fsync, only=grown)
+            self._log_copied.update((rel, files[rel]) for rel in grown)
+            self.pending = []
+        else:
+            r = await self.backend.grow(p.src, p.dst, exclude=p.exclude, fsync=p.fsync)
+            self._log_copied = files
+            behind = await _to_thread(_fsops.log_lag, p.src, p.dst, p.exclude)
+            self.pending = [f"{p.name}: {b}" for b in behind]
         stats += r
         if r.files:
             self.last_activity = time.monotonic()
-        behind = await _to_thread(_fsops.log_lag, p.src, p.dst, p.exclude)
-        self.pending = [f"{p.name}: {b}" for b in behind]
 
     # ---- restore --------------------------------------------------------------------
 

@@ -241,5 +241,5 @@ def assemble(dst: Path, name: str, manifests: Mapping[int, Mapping[str, Any]], *
     if fsync:
         fsync_all(staging)
     swap_in(staging, final, is_dir=is_dir, fsync=fsync)
-    done = [m.get("done_at") for m in manifests.values() if isinstance(m.get("done_at"), (int, float))]
+    done = [float(m["done_at"]) for m in manifests.values() if isinstance(m.get("done_at"), (int, float))]
     return Assembled(len(union), want.bytes, parts, sorted(set(shared)), max(done) if done else None, linked)

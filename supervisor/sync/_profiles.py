@@ -94,7 +94,7 @@ def detect(entries: Iterable[tuple[str, bool]], pointers: Iterable[str], inside:
             return PROFILES["lightning"], name
     if any(d for _, d in entries):
         return None  # files beside directories (HF's training_args.bin): wait for the directories to tell
-    for name, is_dir in entries:
+    for name, _is_dir in entries:
         if PROFILES["torch-save"].is_checkpoint(name, False):
             return PROFILES["torch-save"], name
     return None

@@ -211,10 +211,22 @@ def one_file(req: dict, stats: Stats) -> None:
         _copy_one(req["src"], req["dst"], st, bool(req.get("fsync")), stats)
 
 
+def _listed(src: str, names: list[str]):
+    """``(rel, lstat or None)`` for the named files only (``grow``'s ``only``), parents created."""
+    for rel in names:
+        try:
+            yield rel, os.lstat(os.path.join(src, rel))
+        except FileNotFoundError:
+            yield rel, None
+
+
 def grow(req: dict, stats: Stats) -> None:
     src, dst, fsync = req["src"], req["dst"], bool(req.get("fsync"))
     os.makedirs(dst, exist_ok=True)
-    for rel, st in _walk(src, list(req.get("exclude", ()))):
+    only = req.get("only")
+    for rel, st in _walk(src, list(req.get("exclude", ()))) if only is None else _listed(src, only):
+        if only is not None and "/" in rel:
+            os.makedirs(os.path.join(dst, os.path.dirname(rel)), exist_ok=True)
         if st is None:
             stats.vanished += 1
             continue

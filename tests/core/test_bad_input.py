@@ -34,6 +34,8 @@ CASES = [
     ("config-wrong-type", [], "requeue = 3\n", {}, ["requeue", "3", "true or false"]),
     ("config-bad-duration", [], 'grace = "soon"\n', {}, ["grace", "soon", "duration"]),
     ("config-unknown-table", [], "[synk]\nfrom = 'a'\n", {}, ["synk", "unknown table", "did you mean 'sync'"]),
+    ("config-unset-variable", [], "[[sync]]\nfrom = '$SUPERVISE_TEST_UNSET/ckpt'\nto = '/tmp/b'\n", {}, ["sync[0].from", "$SUPERVISE_TEST_UNSET is not set"]),
+    ("config-unset-variable-braces", [], "[[sync]]\nfrom = '/tmp/a'\nto = '${SUPERVISE_TEST_UNSET}/b'\n", {}, ["sync[0].to", "$SUPERVISE_TEST_UNSET is not set"]),
     ("config-sync-missing-to", [], "[[sync]]\nfrom = '/tmp/a'\n", {}, ["sync[0].to", "missing"]),
     ("config-sync-bad-kind", [], "[[sync]]\nfrom = '/tmp/a'\nto = '/tmp/b'\nkind = 'model'\n", {}, ["sync[0].kind", "model", "checkpoint, log"]),
     ("config-sync-unknown-key", [], "[[sync]]\nfrom = '/tmp/a'\nto = '/tmp/b'\nmarker = 'x'\n", {}, ["sync[0].marker", "did you mean 'markers'"]),

@@ -32,6 +32,11 @@ def test_example_values_are_the_registrys_defaults() -> None:
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.toml")), ids=lambda p: p.name)
-def test_shipped_configs_validate(path: Path, tmp_path: Path) -> None:
+def test_shipped_configs_validate(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the presets' [[sync]] paths read the two directories the job scripts export
+    monkeypatch.setenv("LOCAL_DIR", str(tmp_path / "local"))
+    monkeypatch.setenv("PERSISTENT_DIR", str(tmp_path / "persistent"))
     cfg = build_config(flags={"run_dir": str(tmp_path / "run")}, command=("true",), config_file=path, env={})
     assert cfg.run_dir == tmp_path / "run"
+    for pair in cfg.sync:
+        assert pair.src.is_relative_to(tmp_path / "local") and pair.dst.is_relative_to(tmp_path / "persistent"), pair

@@ -187,7 +187,7 @@ class Run:
         except subprocess.TimeoutExpired:
             os.killpg(a.proc.pid, signal.SIGKILL)
             a.proc.wait()
-            raise AssertionError(f"supervise attempt {a.n} did not finish in {timeout}s:\n{self.stderr(a)}")
+            raise AssertionError(f"supervise attempt {a.n} did not finish in {timeout}s:\n{self.stderr(a)}") from None
         return a.rc
 
     def run(self, timeout: float = 120, **kw: Any) -> Attempt:

@@ -3,7 +3,6 @@ against a stand-in ``nvidia-smi`` (a real subprocess)."""
 
 from __future__ import annotations
 
-import os
 import stat
 import sys
 from pathlib import Path

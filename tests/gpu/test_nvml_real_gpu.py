@@ -18,7 +18,7 @@ pynvml = pytest.importorskip("pynvml")
 def _driver() -> str | None:
     try:
         pynvml.nvmlInit()
-    except pynvml.NVMLError as e:
+    except pynvml.NVMLError:
         return None
     try:
         return str(pynvml.nvmlSystemGetDriverVersion())

@@ -176,7 +176,7 @@ def test_html_without_the_plotting_library_fails_with_one_line(tmp_path: Path) -
     code = ("import sys; sys.modules['plotly'] = None; from pathlib import Path; from supervisor import report; "
             f"sys.exit(report.main(Path('tests/report/golden/finished'), as_json=False, html=Path({str(tmp_path / 'r.html')!r})))")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "pip install 'supervise[report]'" in r.stderr
+    assert r.returncode == 2 and "pip install 'supervise-hpc[report]'" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "r.html").exists()
 

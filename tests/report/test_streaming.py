@@ -101,7 +101,7 @@ def test_a_requeue_onto_another_node_is_still_the_jobs_gpu_0(tmp_path: Path) -> 
     with open(run / "gpu.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(GPU_COLUMNS)
-        for attempt, (start, node) in enumerate([(t0, "a"), (t0 + 1000, "b")]):
+        for start, node in [(t0, "a"), (t0 + 1000, "b")]:
             for k in range(50):
                 for g in range(2):
                     w.writerow([start + 10 * k, g, f"GPU-{node}{g}", 50, "", 100, 1000, 200, 2000.0 * (k + 1), "", "", "",

@@ -11,6 +11,7 @@ import pytest
 from supervisor.config import SyncPair
 from supervisor.errors import ConfigError
 from supervisor.sync import Mirror
+from supervisor.sync._pair import LOG_BATCH
 
 from ._util import many_files, poll, problems, running, visible, write_checkpoint
 
@@ -75,7 +76,8 @@ async def test_tensorboard_event_file_grows_in_place(tmp_path, backend, events):
             for chunk in (b"B" * 500, b"C" * 300):
                 with open(ev, "ab") as f:
                     f.write(chunk)
-                await poll(lambda: target.stat().st_size == ev.stat().st_size, 10, what="watcher-driven growth")
+                await poll(lambda: target.stat().st_size == ev.stat().st_size, 10 + LOG_BATCH,
+                           what="watcher-driven growth (batched)")
             assert reader.read() == b"B" * 500 + b"C" * 300  # new points through the old handle
         assert target.stat().st_ino == inode
     assert target.read_bytes() == ev.read_bytes()
