@@ -35,7 +35,6 @@ from supervisor.watches import deadline_watch, hang_watch
 log = logging.getLogger("supervise")
 
 
-
 class Agent:
     """Conducts one attempt of one run. ``await Agent(plan).run()`` returns the exit status.
 
@@ -53,9 +52,11 @@ class Agent:
         self.notifier: Any = notifier
         self.gpu: Any = None
         self.end: float | None = None  # unix seconds when the job ends, when known
+        self.lead = plan.lead  # fitted to the allocation once the end is known (deadline.fit)
         self.kill_wait = jobs.DEFAULT_KILL_WAIT.get(plan.job.scheduler)
         self.trigger: Trigger | None = None
-        self.exit_status: int | None = None
+        self.exit_status: int | None = None  # the launcher's own; the end's may differ (status())
+        self.stopped_cleanly = self.no_progress = False  # set by the stop sequence
         self.requeued_by_scheduler = False
         self.last_cont: float | None = None
         self.restored_from = None
@@ -81,7 +82,6 @@ class Agent:
                         await self._spawn(tg)
                     await self._stop_wanted.wait()
                     self._set_state(State.STOPPING, reason=self.trigger.reason.value, detail=self.trigger.detail)
-                    self._journal_stop()
                     await StopSequence(self)()
                     self._set_state(State.STOPPED)
                     ignore_stop_signals()
@@ -215,9 +215,16 @@ class Agent:
         if sig == signal.SIGCONT:
             self.last_cont = received  # slurmstepd sends it with the TERM to every process
             return
-        if sig in STOP_SIGNALS or sig == self.cfg.warn_signal:
+        action = "stop" if sig in STOP_SIGNALS else policy.signal_action(
+            sig, warn_signal=self.cfg.warn_signal, checkpoint_signal=self.plan.checkpoint_signal, end=self.end,
+            now=time.time(), lead=self.lead)
+        if action == "defer" and self.trigger is None:  # docs/slurm.md, "Warning signals"
+            self.journal.emit("signal", signal=name, action="deferred", stop_at=self.end - self.lead)  # type: ignore[operator]
+            log.warning("received %s: the end is near; stopping %s before it", name, format_duration(self.lead))
+        elif action in ("stop", "defer"):
             if self.trigger is None:
-                reason = policy.classify_signal(sig, warn_signal=self.cfg.warn_signal, end=self.end, now=time.time())
+                reason = Reason.DEADLINE if sig not in STOP_SIGNALS else policy.classify_signal(
+                    sig, warn_signal=self.cfg.warn_signal, end=self.end, now=time.time())
                 self.journal.emit("signal", signal=name, action="stop", reason=reason.value)
                 log.warning("received %s: stopping (%s)", name, reason.value)
                 self._request_stop(Trigger(reason, f"received {name}", sig, received))
@@ -255,15 +262,13 @@ class Agent:
                 self.notifier.post("warning", left=shown)
             self._request_stop(Trigger(Reason.DEADLINE, f"{shown} before the end ({source})", at=time.monotonic()))
 
-        await deadline_watch(cfg=self.cfg, job=self.plan.job, lead=self.plan.lead, started_wall=self._started_wall,
-                             emit=self.journal.emit, set_end=partial(setattr, self, "end"), stopping=self._stop_wanted,
-                             warn=warn)
+        await deadline_watch(cfg=self.cfg, job=self.plan.job, lead=self.plan.lead, basis=self.plan.lead_basis,
+                             started_wall=self._started_wall, emit=self.journal.emit, set_end=partial(setattr, self, "end"),
+                             set_lead=partial(setattr, self, "lead"), stopping=self._stop_wanted, warn=warn)
 
     async def _learn_kill_wait(self) -> None:
         """KillWait, read once at start: after Slurm's TERM to the whole job it is all we have."""
-        learned = await jobs.kill_wait(self.plan.job, report=log.warning)
-        if learned is not None:
-            self.kill_wait = learned
+        self.kill_wait = await jobs.kill_wait(self.plan.job, report=log.warning) or self.kill_wait
 
     async def _hang_watch(self) -> None:
         def marks() -> list[float]:
@@ -288,15 +293,15 @@ class Agent:
         t = self.trigger
         return jobs.signalled_all(self.plan.job.scheduler, t.signal if t else None, t.at if t else None, self.last_cont)
 
-    def _kill(self) -> float | None:
+    def kill(self) -> float | None:
         return policy.hard_kill(end=self.end, kill=policy.killed_at(
             self.trigger, scheduler_signalled_all=self.signalled_all(), kill_wait=self.kill_wait,
             now=time.time(), mono=time.monotonic()))
 
     def time_left(self) -> float:
         """Seconds the remaining steps may take before the job is killed (inf if never)."""
-        kill = self._kill()
-        return policy.time_left(end=self.end, kill=kill if kill != self.end else None, lead=self.plan.lead,
+        kill = self.kill()
+        return policy.time_left(end=self.end, kill=kill if kill != self.end else None, lead=self.lead,
                                 kill_wait=self.kill_wait, now=time.time())
 
     async def _emergency_stop(self) -> None:
@@ -314,20 +319,18 @@ class Agent:
         self.journal.emit("start", durable=True, **start_fields(self.plan))
         log.info("run directory %s, attempt %d", self.plan.run_dir, self.plan.attempt)
 
-    def _journal_stop(self) -> None:
-        t = self.trigger
-        assert t is not None
-        now = time.time()
-        self.journal.emit("stop", reason=t.reason.value, detail=t.detail, signal=t.signal.name if t.signal else None,
-                          time_left_s=None if self.end is None else round(self.end - now, 3),
-                          **policy.kill_fields(end=self.end, kill=self._kill(), kill_wait=self.kill_wait, now=now))
+    def status(self) -> int:
+        """The exit status (policy.exit_status); the launcher's own stays in the journal."""
+        clean = self.cfg.stopped_status if self.stopped_cleanly else None
+        return policy.exit_status(self.exit_status, self.trigger or policy.NO_TRIGGER, clean_status=clean,
+                                  no_progress=self.no_progress)
 
     def _finish(self) -> int:
-        trigger = self.trigger or Trigger(Reason.ERROR, "ended without a trigger")
-        status = policy.exit_status(self.exit_status, trigger)
+        trigger, status = self.trigger or policy.NO_TRIGGER, self.status()
         duration = round(time.monotonic() - self._started, 3)
         pending = self.mirror.pending() if self.mirror is not None else []
         self.journal.emit("end", reason=trigger.reason.value, detail=trigger.detail, exit_status=status,
+                          launcher_status=self.exit_status, stopped_cleanly=self.stopped_cleanly,
                           seconds=duration, restarts=self.restarts, not_durable=pending)
         if pending:
             log.warning("not yet on persistent storage: %s", ", ".join(pending))

@@ -61,6 +61,9 @@ class Trigger:
     at: float = 0.0  # time.monotonic()
 
 
+NO_TRIGGER = Trigger(Reason.ERROR, "ended without a trigger")
+
+
 def classify_signal(sig: signal.Signals, *, warn_signal: signal.Signals | None, end: float | None,
                     now: float) -> Reason:
     """TERM near the end is the time limit; TERM before it a preemption; the warn signal the
@@ -170,10 +173,93 @@ def requeue_decision(reason: Reason, *, requeue: bool, on_failure: bool, schedul
     return True, ""
 
 
-def exit_status(child_status: int | None, trigger: Trigger) -> int:
-    """The training's status; 128+N when signal N stopped us before it ran; else 1."""
+def exit_status(child_status: int | None, trigger: Trigger, *, clean_status: int | None = None,
+                no_progress: bool = False) -> int:
+    """``NO_PROGRESS_STATUS`` for a run given up on; ``clean_status`` (``stopped_status``) when
+    supervise stopped the training cleanly (``stopped_cleanly``), whatever the launcher said
+    (torchrun exits 1 after a TERM even when every rank saved and exited 0); else the
+    training's status; 128+N when signal N stopped us before it ran; else 1."""
+    if no_progress:
+        return NO_PROGRESS_STATUS
+    if clean_status is not None:
+        return clean_status
     if child_status is not None:
         return child_status
     if trigger.signal is not None:
         return 128 + trigger.signal
     return 1
+
+
+# ---- issue 15: warning signals, answered requests, clean stops, runs that cannot progress ----
+
+NEAR_END = 3600.0  # a checkpoint signal this close to a known end means "the end is near" (docs/slurm.md)
+PERIODIC_TOLERANCE = 0.15  # share of the save period within which a save is "the next periodic one"
+CLEAN_STOP = "stopped-cleanly"  # the exit status's meaning when supervise stopped the training and all went right
+
+
+def signal_action(sig: signal.Signals, *, warn_signal: signal.Signals | None, checkpoint_signal: signal.Signals,
+                  end: float | None, now: float, lead: float) -> str:
+    """What a delivered warning-like signal means (docs/slurm.md, "Warning signals").
+
+    The warn signal (USR2 by default), and the checkpoint signal (USR1) within ``NEAR_END``
+    (or twice the lead) of a known end, say "the end is near": ``stop`` at once, or ``defer``
+    when the end is known and further away than the lead: the deadline watch stops at end −
+    lead, so an early ``--signal=B:USR1@N`` (Slurm sends it up to 60 s early) does not cut
+    the training short. Anything else with the checkpoint signal is a ``checkpoint`` request;
+    other signals are ``forward``ed (STOP_SIGNALS never reach here)."""
+    near = end is not None and end - now <= max(NEAR_END, 2 * lead)
+    if sig == warn_signal or (sig == checkpoint_signal and near):
+        return "defer" if end is not None and end - now > lead + SAFETY else "stop"
+    return "checkpoint" if sig == checkpoint_signal else "forward"
+
+
+def answered_request(saves: list[float], asked_at: float, done_at: float | None) -> bool | None:
+    """Whether the checkpoint completed after the request answered it (True), or was only the
+    training's next periodic save, due then anyway (False); None when no rhythm is known (fewer
+    than two saves before the request). ``saves``: when earlier checkpoints were published."""
+    before = sorted(t for t in saves if t < asked_at)
+    if done_at is None or len(before) < 2:
+        return None
+    gaps = sorted(b - a for a, b in zip(before, before[1:]))
+    period = gaps[len(gaps) // 2]
+    tolerance = max(PERIODIC_TOLERANCE * period, 1.0)
+    due = before[-1] + period
+    while due < asked_at - tolerance:  # a save may have been skipped
+        due += period
+    return not (done_at - asked_at > tolerance and abs(done_at - due) <= tolerance)
+
+
+def stopped_cleanly(reason: Reason, steps: dict[str, dict[str, object]]) -> bool:
+    """supervise stopped the training, the requested checkpoint (when one was wanted) is
+    durable, the flushes finished, and every process ended within the grace (no SIGKILL)."""
+    if reason in (Reason.CHILD_EXIT, Reason.CHILD_FAILED, Reason.SPAWN_FAILED, Reason.ERROR):
+        return False
+    cp, stop = steps.get("checkpoint", {}), steps.get("stop-child", {})
+    if wants_checkpoint(reason) and cp.get("outcome") != "published":
+        return False
+    if any(steps.get(s, {}).get("outcome") not in (None, "done") for s in ("flush", "final-flush")):
+        return False
+    return bool(stop.get("graceful")) and not stop.get("killed") and "error" not in stop
+
+
+def no_progress(progress: list[bool], attempts: int) -> bool:
+    """The newest durable checkpoint has not advanced over the last ``attempts`` attempts
+    (``progress``: one bool per attempt, oldest first, this one last); 0 turns it off."""
+    return attempts > 0 and len(progress) >= attempts and not any(progress[-attempts:])
+
+
+NO_PROGRESS_STATUS = 3  # the exit status of a run not requeued because it made no progress (docs/slurm.md)
+
+
+def progress_by_attempt(events: list[dict[str, object]]) -> list[bool]:
+    """Per attempt seen in the journal (oldest first): was a checkpoint published in it?"""
+    seen: dict[int, bool] = {}
+    for e in events:
+        a = e.get("attempt")
+        if not isinstance(a, int):
+            continue
+        if e.get("kind") == "start":
+            seen.setdefault(a, False)
+        elif e.get("kind") == "publish" and not e.get("pointer"):
+            seen[a] = True
+    return [seen[a] for a in sorted(seen)]

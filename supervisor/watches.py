@@ -22,10 +22,11 @@ log = logging.getLogger("supervise")
 END_REFRESH = 300.0  # re-read the scheduler's end time this often: limits change (scontrol update)
 
 
-async def deadline_watch(*, cfg: Config, job: jobs.Job, lead: float, started_wall: float, emit: Emit,
-                         set_end: Callable[[float | None], None], stopping: anyio.Event,
-                         warn: Callable[[float, str], None]) -> None:
-    """Sleep until end − lead, re-reading the scheduler's end every few minutes; then ``warn``."""
+async def deadline_watch(*, cfg: Config, job: jobs.Job, lead: float, basis: deadline.Lead | None, started_wall: float,
+                         emit: Emit, set_end: Callable[[float | None], None], set_lead: Callable[[float], None],
+                         stopping: anyio.Event, warn: Callable[[float, str], None]) -> None:
+    """Sleep until end − lead, re-reading the scheduler's end every few minutes; then ``warn``.
+    A learned (``auto``) lead is fitted to the allocation once the end is known (deadline.fit)."""
     overridden = cfg.time_limit is not None or cfg.deadline is not None
     if job.scheduler == "local" and not overridden:
         return
@@ -36,8 +37,15 @@ async def deadline_watch(*, cfg: Config, job: jobs.Job, lead: float, started_wal
         set_end(end)
         if (end, source) != shown:
             shown = (end, source)
+            fields: dict[str, object] = {}
+            if basis is not None:
+                allocation = None if end is None else end - started_wall
+                lead, bound = deadline.fit(basis, allocation)
+                set_lead(lead)
+                fields = {**basis.fields(), "unfitted_s": round(basis.seconds, 3), "bound": bound,
+                          "allocation_s": None if allocation is None else round(allocation, 3)}
             emit("deadline", end=end, source=source, lead_s=round(lead, 3),
-                 warn_at=None if end is None else end - lead, learned=cfg.warn_before is None)
+                 warn_at=None if end is None else end - lead, **{"learned": False, **fields})
             if end is not None:
                 log.info("the job ends at %s (%s); warning %s before",
                          time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(end)), source, format_duration(lead))
