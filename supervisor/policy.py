@@ -209,7 +209,7 @@ def signal_action(sig: signal.Signals, *, warn_signal: signal.Signals | None, ch
     other signals are ``forward``ed (STOP_SIGNALS never reach here)."""
     near = end is not None and end - now <= max(NEAR_END, 2 * lead)
     if sig == warn_signal or (sig == checkpoint_signal and near):
-        return "defer" if end is not None and end - now > lead + SAFETY else "stop"
+        return "defer" if end is not None and end - now > lead + 1.0 else "stop"
     return "checkpoint" if sig == checkpoint_signal else "forward"
 
 
@@ -222,7 +222,7 @@ def answered_request(saves: list[float], asked_at: float, done_at: float | None)
         return None
     gaps = sorted(b - a for a, b in zip(before, before[1:]))
     period = gaps[len(gaps) // 2]
-    tolerance = max(PERIODIC_TOLERANCE * period, 1.0)
+    tolerance = max(PERIODIC_TOLERANCE * period, 0.2)
     due = before[-1] + period
     while due < asked_at - tolerance:  # a save may have been skipped
         due += period

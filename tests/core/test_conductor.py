@@ -93,6 +93,7 @@ class FakeChild:
 
     async def stop(self, sig: int, grace: float, *, targets=None, route="launcher", already_signalled=False) -> dict:
         self.stops.append({"signal": signal.Signals(sig).name, "grace": grace, "already": already_signalled})
+        killed = []
         if not already_signalled and self.on_stop is not None:
             self.exit(self.on_stop)
         elif already_signalled:
@@ -100,7 +101,9 @@ class FakeChild:
         else:
             await anyio.sleep(grace)
             self.exit(128 + 9)
-        return {"signal": signal.Signals(sig).name, "grace_s": grace, "killed": [], "sent_to": [self.pid]}
+            killed = [self.pid]
+        return {"signal": signal.Signals(sig).name, "grace_s": grace, "killed": killed, "sent_to": [self.pid],
+                "graceful": not killed}
 
     async def kill_all(self, bound: float = 10.0) -> list[int]:
         self.exit(137)
@@ -128,6 +131,7 @@ class FakeMirror:
 
     def attach(self, emit, writers=None) -> None:
         self.calls.append("attach")
+        self.emit = emit
 
     async def restore(self):
         self.calls.append("restore")
@@ -145,6 +149,7 @@ class FakeMirror:
             await anyio.sleep(delay)
             self.published += 1
             self._completed.append(time.time())
+            self.emit("publish", pair="checkpoint", checkpoint=f"step{self.published}")
             self._event.set()
             self._event = anyio.Event()
         self.tg.start_soon(save)
@@ -335,3 +340,150 @@ def test_requeue_and_exit_status_decisions():
     assert policy.is_requested(10.0, 9.99) and not policy.is_requested(9.0, 9.99)
     assert policy.stop_signal_for(configured=None, launcher_signal=signal.SIGINT, plain=False,
                                   trigger_signal=signal.SIGTERM) == signal.SIGINT
+
+
+# ---- issue 15 ----------------------------------------------------------------------------
+
+SLURM = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "n1", "SLURM_NNODES": "1"}
+
+
+@pytest.mark.parametrize("stopped_status, expected", [(None, 0), ("child", 1), ("7", 7)])
+async def test_a_clean_stop_says_so_whatever_the_launchers_status(tmp_path, stopped_status, expected):
+    """torchrun exits 1 after a TERM even when every rank saved and exited 0: Slurm said FAILED."""
+    flags = {} if stopped_status is None else {"stopped_status": stopped_status}
+    agent, children, _ = make_agent(tmp_path, flags=flags, child_kw={"on_stop": 1})
+    assert await run_with(agent, children, lambda a, c: a.deliver(signal.SIGTERM)) == expected
+    end = events(agent, "end")[0]
+    assert end["launcher_status"] == 1 and end["stopped_cleanly"] is True and end["exit_status"] == expected
+
+
+async def test_a_stop_that_needed_sigkill_or_lost_its_checkpoint_is_not_clean(tmp_path):
+    agent, children, _ = make_agent(tmp_path, flags={"grace": "0.1s"}, child_kw={"on_stop": None})
+    assert await run_with(agent, children, lambda a, c: a.deliver(signal.SIGTERM)) == 137
+    assert events(agent, "end")[0]["stopped_cleanly"] is False
+    agent, children, _ = make_agent(tmp_path / "b", flags={"checkpoint_timeout": "0.2s"},
+                                    child_kw={"answers": False, "on_stop": 1})
+    assert await run_with(agent, children, lambda a, c: a.deliver(signal.SIGTERM)) == 1
+
+
+async def test_an_early_warning_signal_waits_for_end_minus_lead_then_stops_and_checkpoints(tmp_path):
+    """#SBATCH --signal=B:USR1@60 on a 2-minute job: Slurm may send it at second 0."""
+    agent, children, _ = make_agent(tmp_path, flags={"time_limit": "3s", "warn_before": "1s"})
+
+    async def early_usr1(a: Agent, c: FakeChild) -> None:
+        while a.end is None:
+            await anyio.sleep(0.01)
+        await a.deliver(signal.SIGUSR1)
+        await anyio.sleep(0.3)
+        assert a.trigger is None  # deferred, not a checkpoint-and-go-on either
+        assert not any(s[0] == "SIGUSR1" for s in c.sent)
+
+    t0 = time.monotonic()
+    await run_with(agent, children, early_usr1)
+    assert time.monotonic() - t0 >= 1.8
+    assert events(agent, "signal")[0]["action"] == "deferred"
+    assert events(agent, "stop")[0]["reason"] == "deadline"
+    assert steps(agent)["checkpoint"]["outcome"] == "published"
+
+
+async def test_a_checkpoint_signal_far_from_the_end_is_a_checkpoint_request(tmp_path):
+    agent, children, _ = make_agent(tmp_path, flags={"time_limit": "3h"})
+
+    async def usr1(a: Agent, c: FakeChild) -> None:
+        while a.end is None:
+            await anyio.sleep(0.01)
+        await a.deliver(signal.SIGUSR1)
+        assert a.trigger is None
+        await a.deliver(signal.SIGINT)
+
+    await run_with(agent, children, usr1)
+    assert events(agent, "checkpoint-request")[0]["why"] == "received SIGUSR1"
+
+
+def test_warning_signals_decided_by_the_schedulers_end():
+    kw = dict(warn_signal=signal.SIGUSR2, checkpoint_signal=signal.SIGUSR1, lead=30.0)
+    assert policy.signal_action(signal.SIGUSR1, end=None, now=0, **kw) == "checkpoint"
+    assert policy.signal_action(signal.SIGUSR1, end=120, now=0, **kw) == "defer"
+    assert policy.signal_action(signal.SIGUSR1, end=120, now=95, **kw) == "stop"
+    assert policy.signal_action(signal.SIGUSR1, end=86400, now=0, **kw) == "checkpoint"
+    assert policy.signal_action(signal.SIGUSR2, end=None, now=0, **kw) == "stop"
+    assert policy.signal_action(signal.SIGUSR2, end=86400, now=0, **kw) == "defer"
+    assert policy.signal_action(signal.SIGHUP, end=120, now=100, **kw) == "forward"
+
+
+def test_a_save_that_came_when_the_next_periodic_one_was_due_did_not_answer():
+    saves = [100.0, 130.0, 160.0]
+    assert policy.answered_request(saves, 170.0, 190.2) is False   # waited 20 s for the save due at 190
+    assert policy.answered_request(saves, 170.0, 171.5) is True
+    assert policy.answered_request([100.0], 170.0, 190.0) is None   # no rhythm known
+    assert policy.answered_request(saves, 200.0, 220.0) is False  # one periodic save skipped
+
+
+async def test_a_training_that_only_saves_periodically_is_journaled_as_not_answering(tmp_path):
+    agent, children, _ = make_agent(tmp_path, flags={"checkpoint_timeout": "5s"}, child_kw={"answers": False})
+
+    async def periodic(a: Agent, c: FakeChild) -> None:
+        while a.mirror.tg is None:
+            await anyio.sleep(0.01)
+        for pause in (0.5, 0.5, 0.1):
+            a.mirror.save_later(0.0)
+            await anyio.sleep(pause)
+        await a.deliver(signal.SIGTERM)
+        await anyio.sleep(0.4)
+        a.mirror.save_later(0.0)   # the next periodic save, due 0.5 s after the last
+
+    await run_with(agent, children, periodic)
+    cp = steps(agent)["checkpoint"]
+    assert cp["outcome"] == "published" and cp["answered"] is False
+
+
+async def test_an_answered_stop_is_journaled_as_answered(tmp_path):
+    agent, children, _ = make_agent(tmp_path)
+
+    async def periodic_then_term(a: Agent, c: FakeChild) -> None:
+        while a.mirror.tg is None:
+            await anyio.sleep(0.01)
+        for pause in (0.5, 0.5, 0.25):
+            a.mirror.save_later(0.0)
+            await anyio.sleep(pause)
+        await a.deliver(signal.SIGTERM)
+
+    await run_with(agent, children, periodic_then_term)
+    assert steps(agent)["checkpoint"]["answered"] is True
+
+
+def journal_of(tmp_path: Path, attempts: list[bool]) -> None:
+    """Earlier attempts in the run directory; True: that attempt published a checkpoint."""
+    import json
+
+    run_dir = tmp_path / "supervise-77"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "events.jsonl", "a") as f:
+        for n, progressed in enumerate(attempts, 1):
+            f.write(json.dumps({"v": 1, "t": float(n), "attempt": n, "kind": "start"}) + "\n")
+            if progressed:
+                f.write(json.dumps({"v": 1, "t": float(n), "attempt": n, "kind": "publish", "checkpoint": f"s{n}"}) + "\n")
+
+
+async def test_a_run_that_cannot_progress_is_not_requeued(tmp_path):
+    """Attempt 1 published nothing, this attempt neither (a crash or hang before its next
+    checkpoint): a requeue would only spend another allocation."""
+    journal_of(tmp_path, [False])
+    agent, children, notifier = make_agent(tmp_path, env={**SLURM, "SLURM_RESTART_COUNT": "1"},
+                                           flags={"requeue": "true", "checkpoint_timeout": "0.2s"},
+                                           child_kw={"answers": False})
+    assert agent.plan.attempt == 2
+    status = await run_with(agent, children, lambda a, c: a.deliver(signal.SIGTERM))
+    assert status == policy.NO_PROGRESS_STATUS
+    refused = events(agent, "requeue-refused")[0]
+    assert refused["why"] == "no-progress" and refused["attempts"] == 2
+    assert steps(agent)["requeue"]["requeued"] is False
+    assert "no-progress" in notifier.posted
+    assert events(agent, "end")[0]["exit_status"] == 3
+
+
+def test_progress_over_the_last_k_attempts():
+    assert policy.progress_by_attempt([{"attempt": 1, "kind": "start"}, {"attempt": 2, "kind": "start"},
+                                       {"attempt": 2, "kind": "publish", "pointer": True}]) == [False, False]
+    assert policy.no_progress([True, False, False], 2) and not policy.no_progress([False, True, False], 2)
+    assert not policy.no_progress([False], 2) and not policy.no_progress([False, False], 0)
