@@ -230,12 +230,13 @@ def answered_request(saves: list[float], asked_at: float, done_at: float | None)
 
 
 def stopped_cleanly(reason: Reason, steps: dict[str, dict[str, object]]) -> bool:
-    """supervise stopped the training, the requested checkpoint (when one was wanted) is
-    durable, the flushes finished, and every process ended within the grace (no SIGKILL)."""
-    if reason in (Reason.CHILD_EXIT, Reason.CHILD_FAILED, Reason.SPAWN_FAILED, Reason.ERROR):
+    """supervise stopped the training for a deadline, a preemption or a hang, the requested
+    checkpoint is durable, the flushes finished, and every process ended within the grace
+    (no SIGKILL). A stop without a requested checkpoint (Ctrl-C, scancel) keeps the child's status."""
+    if reason in NO_CHECKPOINT or reason == Reason.ERROR:
         return False
     cp, stop = steps.get("checkpoint", {}), steps.get("stop-child", {})
-    if wants_checkpoint(reason) and cp.get("outcome") != "published":
+    if cp.get("outcome") != "published":
         return False
     if any(steps.get(s, {}).get("outcome") not in (None, "done") for s in ("flush", "final-flush")):
         return False
