@@ -72,3 +72,38 @@ def test_an_early_warning_signal_is_deferred_to_end_minus_lead(tmp_path: Path) -
     stop = _events(run, "stop")[0]
     assert stop["reason"] == "deadline" and stop["t"] - t0 >= 7.0
     assert _step(run, "checkpoint")["outcome"] == "published"
+
+
+def test_a_run_that_cannot_progress_is_not_requeued_and_says_why(tmp_path: Path) -> None:
+    """Two attempts under Slurm (its environment; scontrol is not reached on the refusal) whose
+    training never got a checkpoint to persistent storage: the second is not requeued, exits 3,
+    notifies ``no-progress``, and the report names the cause."""
+    from tests.test_notify import Server
+
+    run, local, persist = tmp_path / "run", tmp_path / "local", tmp_path / "persist"
+    server = Server()
+    try:
+        def attempt(restart: str | None, *flags: str) -> subprocess.CompletedProcess:
+            env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "localhost", "SLURM_NNODES": "1",
+                   **({"SLURM_RESTART_COUNT": restart} if restart else {})}
+            p = start_supervise("--run-dir", str(run), "--checkpoints", str(local), str(persist), "--time-limit", "4s",
+                                "--warn-before", "2s", "--checkpoint-timeout", "1s", "--grace", "2s", "--gpu-every", "0",
+                                "--requeue", "--notify", server.url("np"), *flags, "--",
+                                *TRAINER, str(local), "--no-answer", "--ignore-stop", env=env)
+            out, err = p.communicate(timeout=120)
+            return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+        first = attempt(None)
+        assert first.returncode != 3, first.stderr
+        assert not _events(run, "requeue-refused")
+        second = attempt("1", "--no-progress-attempts", "2")
+        assert second.returncode == 3, second.stderr
+        refused = _events(run, "requeue-refused")[0]
+        assert refused["why"] == "no-progress" and refused["attempt"] == 2
+        assert any(b"no-progress" in h["body"] for h in server.hits("np"))
+        report = subprocess.run([sys.executable, "-m", "supervisor", "report", str(run)], capture_output=True,
+                                text=True, cwd=ROOT, timeout=60)
+        assert "no new checkpoint reached persistent storage in the last 2 attempts" in report.stdout, report.stdout
+    finally:
+        server.httpd.shutdown()
+        server.httpd.server_close()
