@@ -25,6 +25,7 @@ from supervisor._units import format_duration
 from supervisor.child import Child, SpawnError
 from supervisor.config import Config
 from supervisor.errors import root_cause
+from supervisor.health import Faults
 from supervisor.journal import Journal
 from supervisor.plan import Plan, job_label, make_plan, start_fields
 from supervisor.parts import guarded
@@ -57,6 +58,7 @@ class Agent:
         self.trigger: Trigger | None = None
         self.exit_status: int | None = None  # the launcher's own; the end's may differ (status())
         self.stopped_cleanly = self.no_progress = False  # set by the stop sequence
+        self.faults = Faults()  # GPU faults that make this node suspect (health.py)
         self.requeued_by_scheduler = False
         self.last_cont: float | None = None
         self.restored_from = None
@@ -112,7 +114,7 @@ class Agent:
             from supervisor.gpu import GpuSampler
             from supervisor.host import HostSampler
 
-            self.gpu = GpuSampler(run_dir=self.plan.run_dir, emit=self.journal.emit, every=cfg.gpu_every,
+            self.gpu = GpuSampler(run_dir=self.plan.run_dir, emit=self.faults.through(self.journal.emit), every=cfg.gpu_every,
                                   backend=cfg.gpu_backend, env=self.plan.env, dmon_log=cfg.dmon_log)
             host = HostSampler(run_dir=self.plan.run_dir, emit=self.journal.emit, every=cfg.gpu_every)
             await tg.start(self._guarded("gpu", partial(self.gpu.run, tree_pids=self.tree_pids)))
@@ -178,7 +180,8 @@ class Agent:
         log.info("training exited with status %d", status)
         if self.trigger is not None or child is not self.child:
             return
-        if status != 0 and self.restarts < self.cfg.max_restarts:
+        if policy.restart_in_place(status, restarts=self.restarts, max_restarts=self.cfg.max_restarts,
+                                   faults=self.faults.reasons):
             self._set_state(State.RESTARTING)
             await child.stop(self.cfg.stop_signal or self.plan.launcher.stop_signal, min(self.cfg.grace, 10.0))
             delay = self.cfg.restart_backoff * 2**self.restarts
@@ -234,17 +237,12 @@ class Agent:
         elif not self.child_running():
             self.journal.emit("signal", signal=name, action="dropped", why="no running child")
         elif sig == self.plan.checkpoint_signal:
-            await self.request_checkpoint(f"received {name}", received=received)
+            await request_checkpoint(self.plan, self.child, self.journal.emit, f"received {name}", received=received)
         else:
             delivery = self.child.send(sig, self.cfg.forward)  # type: ignore[union-attr]
             self.journal.emit("signal", signal=name, action="forwarded", route=delivery.route, to=delivery.targets,
                               latency_ms=round((time.monotonic() - received) * 1000, 3))
             log.info("forwarded %s to %s %s", name, delivery.route, delivery.targets)
-
-    async def request_checkpoint(self, why: str, *, received: float | None = None, signal: bool = True) -> dict[str, Any]:
-        """"Checkpoint now": a fresh request file, plus the checkpoint signal where it is safe."""
-        assert self.child is not None
-        return await request_checkpoint(self.plan, self.child, self.journal.emit, why, received=received, signal=signal)
 
     def _request_stop(self, trigger: Trigger) -> None:
         if self.trigger is None:

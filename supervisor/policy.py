@@ -14,6 +14,7 @@ import enum
 import math
 import signal
 from dataclasses import dataclass
+from typing import Mapping
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 PASS_SIGNALS = (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -44,8 +45,9 @@ class Reason(str, enum.Enum):
     ERROR = "supervisor-error"  # the supervisor itself failed; the child is stopped safely
 
 
-REQUEUE_REASONS = frozenset({Reason.DEADLINE, Reason.PREEMPTED})
-NO_CHECKPOINT = frozenset({Reason.CHILD_EXIT, Reason.CHILD_FAILED, Reason.SPAWN_FAILED, Reason.CANCELLED})
+REQUEUE_REASONS = frozenset({Reason.DEADLINE, Reason.PREEMPTED, Reason.HANG})
+# A hung training cannot answer a checkpoint request: the hang stop is checkpoint-free.
+NO_CHECKPOINT = frozenset({Reason.CHILD_EXIT, Reason.CHILD_FAILED, Reason.SPAWN_FAILED, Reason.CANCELLED, Reason.HANG})
 END_NOTICE = {Reason.CHILD_EXIT: "finished", Reason.CHILD_FAILED: "failed", Reason.SPAWN_FAILED: "failed",
               Reason.ERROR: "failed", Reason.HANG: "failed", Reason.PREEMPTED: "preempted",
               Reason.DEADLINE: "preempted", Reason.CANCELLED: "preempted"}
@@ -158,11 +160,11 @@ def wants_checkpoint(reason: Reason) -> bool:
 
 
 def requeue_decision(reason: Reason, *, requeue: bool, on_failure: bool, scheduler: str, already: bool,
-                     restart_count: int, max_requeues: int) -> tuple[bool, str]:
-    """(requeue?, why not)."""
+                     restart_count: int, max_requeues: int, suspect: bool = False) -> tuple[bool, str]:
+    """(requeue?, why not). A crash on a suspect node (a GPU fault) is requeued elsewhere."""
     if not requeue:
         return False, "requeue is off"
-    if reason not in REQUEUE_REASONS and not (on_failure and reason == Reason.CHILD_FAILED):
+    if reason not in REQUEUE_REASONS and not ((on_failure or suspect) and reason == Reason.CHILD_FAILED):
         return False, f"not after {reason.value}"
     if scheduler == "local":
         return False, "no scheduler to requeue with"
@@ -264,3 +266,27 @@ def progress_by_attempt(events: list[dict[str, object]]) -> list[bool]:
         elif e.get("kind") == "publish" and not e.get("pointer"):
             seen[a] = True
     return [seen[a] for a in sorted(seen)]
+
+
+# XIDs that say the GPU, not the training, failed: 48 double-bit ECC, 64 row-remap failure,
+# 79 fallen off the bus, 94/95 contained/uncontained ECC (NVIDIA's XID catalogue).
+SUSPECT_XIDS = frozenset({48, 64, 79, 94, 95})
+
+
+def gpu_fault(kind: str, fields: Mapping[str, object]) -> str | None:
+    """Why a GPU event makes this node suspect, or None."""
+    if kind == "gpu-xid" and fields.get("xid") in SUSPECT_XIDS:
+        return f"XID {fields['xid']} on GPU {fields.get('device')}"
+    if kind == "gpu-lost":
+        return f"GPU {fields.get('device')} lost"
+    return None
+
+
+def exclude_node(reason: Reason, faults: list[str]) -> list[str]:
+    """Why the requeued job must leave this node behind: its GPU faults, or a hang here."""
+    return faults + (["hang"] if reason == Reason.HANG else [])
+
+
+def restart_in_place(status: int, *, restarts: int, max_restarts: int, faults: list[str]) -> bool:
+    """The health gate: a crash is restarted on the same GPUs only when no GPU fault was seen."""
+    return status != 0 and restarts < max_restarts and not faults

@@ -19,6 +19,7 @@ import anyio
 from supervisor import childenv, job as jobs, policy
 from supervisor._units import format_duration
 from supervisor.child import exit_status
+from supervisor.health import this_node
 from supervisor.journal import read_journal
 from supervisor.policy import Reason, Trigger
 
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from supervisor.plan import Plan
 
 log = logging.getLogger("supervise")
+EXCLUDE_BOUND = 4.0  # seconds for the node exclusion after the requeue (KillWait is 30 s by default, 5 in tests)
 REQUEST_SLACK = 0.02  # a file's mtime can trail the wall clock by a tick
 
 
@@ -121,8 +123,8 @@ class StopSequence:
         if child is None or child.returncode is not None:
             return {"skipped": "the training is not running"}
         asked_at = time.time()
-        request = await run.request_checkpoint(trigger.detail or trigger.reason.value,
-                                               signal=policy.signal_checkpoint(scheduler_signalled_all=run.signalled_all()))
+        request = await request_checkpoint(run.plan, child, run.journal.emit, trigger.detail or trigger.reason.value,
+                                           signal=policy.signal_checkpoint(scheduler_signalled_all=run.signalled_all()))
         mirror = run.mirror
         if mirror is None or not any(p.kind == "checkpoint" for p in run.cfg.sync):
             return {"outcome": "requested", "why": "no checkpoint pair: completion cannot be seen", **request}
@@ -268,7 +270,8 @@ class StopSequence:
         job = run.plan.job
         wanted, why = policy.requeue_decision(trigger.reason, requeue=cfg.requeue, on_failure=cfg.requeue_on_failure,
                                               scheduler=job.scheduler, already=run.requeued_by_scheduler,
-                                              restart_count=job.restart_count, max_requeues=cfg.max_requeues)
+                                              restart_count=job.restart_count, max_requeues=cfg.max_requeues,
+                                              suspect=bool(run.faults.reasons))
         if wanted and await anyio.to_thread.run_sync(self.no_progress):
             run.no_progress = True
             k = cfg.no_progress_attempts
@@ -295,4 +298,11 @@ class StopSequence:
         ignore_stop_signals()
         ok, message = await jobs.requeue(job, timeout=min(60.0, max(5.0, run.time_left())), report=log.warning)
         log.info("requeue: %s", message)
-        return {"requeued": ok, "message": message, "restart_count": job.restart_count}
+        result: dict[str, Any] = {"requeued": ok, "message": message, "restart_count": job.restart_count}
+        suspect = policy.exclude_node(trigger.reason, run.faults.reasons)
+        if ok and suspect:  # after the requeue: Slurm changes ExcNodeList only on a pending job
+            node = this_node(run.plan.env)
+            done, text = await jobs.exclude_nodes(job, [node], timeout=EXCLUDE_BOUND, report=log.warning)
+            log.warning("node %s is suspect (%s): %s", node, "; ".join(suspect), "excluded" if done else text)
+            result.update(excluded=[node] if done else [], suspect=suspect, exclude_message=text)
+        return result

@@ -487,3 +487,45 @@ def test_progress_over_the_last_k_attempts():
                                        {"attempt": 2, "kind": "publish", "pointer": True}]) == [False, False]
     assert policy.no_progress([True, False, False], 2) and not policy.no_progress([False, True, False], 2)
     assert not policy.no_progress([False], 2) and not policy.no_progress([False, False], 0)
+
+
+async def test_after_a_gpu_fault_a_crash_is_not_restarted_in_place_but_requeued(tmp_path):
+    """The health gate: a new XID means the GPUs, not the code, failed; the same GPUs would fail again."""
+    agent, children, _ = make_agent(tmp_path, env=SLURM, flags={"max_restarts": "3", "requeue": "true",
+                                                                "restart_backoff": "0.01s"})
+
+    async def xid_then_crash(a: Agent, c: FakeChild) -> None:
+        a.faults.through(a.journal.emit)("gpu-xid", durable=True, device=0, uuid="GPU-0", xid=79)
+        c.exit(1)
+
+    await run_with(agent, children, xid_then_crash)
+    assert len(children) == 1 and not events(agent, "restart")
+    assert events(agent, "end")[0]["reason"] == "child-failed"
+    requeue = steps(agent)["requeue"]
+    assert "requeued" in requeue and "skipped" not in requeue  # tried (no scontrol here), not refused
+
+
+async def test_without_a_fault_a_crash_is_restarted_in_place(tmp_path):
+    agent, children, _ = make_agent(tmp_path, flags={"max_restarts": "1", "restart_backoff": "0.01s"})
+
+    async def crash_twice(a: Agent, c: FakeChild) -> None:
+        a.faults.through(a.journal.emit)("gpu-xid", durable=True, device=0, uuid="GPU-0", xid=13)  # an application XID
+        c.exit(1)
+        with anyio.fail_after(5):
+            while len(children) < 2:
+                await anyio.sleep(0.01)
+        children[1].exit(1)
+
+    await run_with(agent, children, crash_twice)
+    assert len(events(agent, "restart")) == 1
+
+
+def test_which_gpu_events_make_a_node_suspect():
+    assert policy.gpu_fault("gpu-xid", {"xid": 79, "device": 2}) == "XID 79 on GPU 2"
+    assert policy.gpu_fault("gpu-xid", {"xid": 13, "device": 2}) is None
+    assert policy.gpu_fault("gpu-lost", {"device": 1}) == "GPU 1 lost"
+    assert policy.exclude_node(Reason.HANG, []) == ["hang"]
+    assert policy.exclude_node(Reason.DEADLINE, []) == []
+    kw = dict(requeue=True, on_failure=False, scheduler="slurm", already=False, restart_count=0, max_requeues=3)
+    assert policy.requeue_decision(Reason.CHILD_FAILED, **kw, suspect=True) == (True, "")
+    assert policy.requeue_decision(Reason.HANG, **kw) == (True, "")
