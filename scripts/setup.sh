@@ -28,7 +28,7 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 if [ -z "${SUPERVISE_SETUP_MINIMAL:-}" ]; then
   # Exactly this pin: it takes the CPU wheel on disk; anything else pulls gigabytes of CUDA.
-  .venv/bin/pip install -q -e '.[test]' 'torch==2.13.0' numpy mpi4py 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/pip install -q -e '.[test]' 'torch==2.13.0' numpy mpi4py py-spy 2>&1 | grep -v '^WARNING: Location' || true
 else
   .venv/bin/pip install -q -e . 2>&1 | grep -v '^WARNING: Location' || true
 fi

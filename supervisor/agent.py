@@ -31,7 +31,7 @@ from supervisor.plan import Plan, job_label, make_plan, start_fields
 from supervisor.parts import guarded
 from supervisor.policy import PASS_SIGNALS, STOP_SIGNALS, Reason, State, Trigger
 from supervisor.stopping import StopSequence, ignore_stop_signals, request_checkpoint
-from supervisor.watches import deadline_watch, hang_watch
+from supervisor.watches import ProgressGaps, deadline_watch, hang_watch
 
 log = logging.getLogger("supervise")
 
@@ -59,6 +59,7 @@ class Agent:
         self.exit_status: int | None = None  # the launcher's own; the end's may differ (status())
         self.stopped_cleanly = self.no_progress = False  # set by the stop sequence
         self.faults = Faults()  # GPU faults that make this node suspect (health.py)
+        self.gaps = ProgressGaps(plan.previous_events)  # the hang bound learns from them
         self.requeued_by_scheduler = False
         self.last_cont: float | None = None
         self.restored_from = None
@@ -273,8 +274,9 @@ class Agent:
             seen = [self._started, self.mirror.last_activity() if self.mirror else None, self.gpu.last_busy() if self.gpu else None]
             return [m for m in seen if m is not None]
 
-        def hang(idle: float) -> bool:
-            self.journal.emit("hang", idle_s=round(idle, 1), action=self.cfg.hang_action)
+        def hang(idle: float, bound: float) -> bool:
+            self.journal.emit("hang", idle_s=round(idle, 1), action=self.cfg.hang_action, bound_s=round(bound, 3),
+                              longest_gap_s=self.gaps.longest, earlier_gaps_s=self.gaps.earlier)
             log.warning("no checkpoint, log growth or GPU work for %s: the training may hang", format_duration(idle))
             if self.notifier is not None:
                 self.notifier.post("hang", idle=format_duration(idle))
@@ -283,7 +285,7 @@ class Agent:
             return self.cfg.hang_action == "stop"
 
         assert self.cfg.hang_after
-        await hang_watch(limit=self.cfg.hang_after, marks=marks, running=self.child_running, hang=hang)
+        await hang_watch(limit=self.cfg.hang_after, marks=marks, running=self.child_running, hang=hang, gaps=self.gaps)
 
     # ------------------------------------------------------------------ time
 

@@ -290,3 +290,23 @@ def exclude_node(reason: Reason, faults: list[str]) -> list[str]:
 def restart_in_place(status: int, *, restarts: int, max_restarts: int, faults: list[str]) -> bool:
     """The health gate: a crash is restarted on the same GPUs only when no GPU fault was seen."""
     return status != 0 and restarts < max_restarts and not faults
+
+
+HANG_FACTOR = 5.0   # a hang is this many times the longest normal gap between progress marks…
+HANG_MIN_GAPS = 5   # …once this attempt has seen this many gaps, or an earlier attempt taught one
+HANG_FLOOR = 10.0   # seconds: never quicker than this
+
+
+def hang_bound(hang_after: float, gaps: list[float], earlier: list[float]) -> tuple[float, float | None]:
+    """(seconds of no progress that make a hang, the learned part or None). Learned from the
+    longest gap between progress marks (checkpoints, log growth, busy GPUs) of earlier attempts
+    and, once it has ``HANG_MIN_GAPS``, of this one, smoothed (EWMA, oldest first), times
+    ``HANG_FACTOR``; ``hang_after`` is the upper bound (docs/slurm.md, "Hangs")."""
+    longest = [*earlier, max(gaps)] if len(gaps) >= HANG_MIN_GAPS else list(earlier)
+    if not longest:
+        return hang_after, None
+    s = longest[0]
+    for v in longest[1:]:
+        s = 0.5 * v + 0.5 * s
+    learned = HANG_FACTOR * s
+    return min(hang_after, max(HANG_FLOOR, learned)), round(learned, 3)

@@ -12,11 +12,12 @@ from __future__ import annotations
 import logging
 import signal as signal_module
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import anyio
 
-from supervisor import childenv, job as jobs, policy
+from supervisor import childenv, job as jobs, policy, stacks
 from supervisor._units import format_duration
 from supervisor.child import exit_status
 from supervisor.health import this_node
@@ -74,6 +75,8 @@ class StopSequence:
     async def __call__(self) -> None:
         run = self.run
         self.journal_stop()
+        if run.trigger is not None and run.trigger.reason == Reason.HANG:
+            await self.step("stacks", self.stacks)
         await self.step("checkpoint", self.checkpoint)
         await self.step("flush", lambda: self.flush("stop"))
         await self.step("stop-child", self.stop_child)
@@ -95,7 +98,7 @@ class StopSequence:
         now = time.time()
         run.journal.emit("stop", reason=t.reason.value, detail=t.detail, signal=t.signal.name if t.signal else None,
                          time_left_s=None if run.end is None else round(run.end - now, 3),
-                         **policy.kill_fields(end=run.end, kill=run.kill(), kill_wait=run.kill_wait, now=now))
+                         longest_gap_s=run.gaps.longest, **policy.kill_fields(end=run.end, kill=run.kill(), kill_wait=run.kill_wait, now=now))
 
     async def step(self, name: str, fn: Callable[[], Awaitable[dict[str, Any] | None]]) -> dict[str, Any]:
         """Run one stop step, journaling its outcome and duration (deadline learning reads them)."""
@@ -111,6 +114,16 @@ class StopSequence:
         if not outcome.get("skipped"):
             log.info("stop step %s: %s", name, format_duration(seconds))
         return outcome
+
+    async def stacks(self) -> dict[str, Any]:
+        """Where it hangs: every rank's Python stacks into the run directory (stacks.py), before the stop."""
+        run = self.run
+        pids = await anyio.to_thread.run_sync(run.tree_pids)
+        out = run.plan.run_dir / stacks.STACKS_DIR / f"attempt-{run.plan.attempt}"
+        bound = max(1.0, min(60.0, run.time_left() / 4))
+        with anyio.move_on_after(bound + 5):
+            return await anyio.to_thread.run_sync(partial(stacks.dump, pids, out, timeout=bound), abandon_on_cancel=True)
+        return {"outcome": "timeout", "bound_s": round(bound, 3)}
 
     async def checkpoint(self) -> dict[str, Any]:
         """Ask for a checkpoint and wait until one completed after the request is durable."""
