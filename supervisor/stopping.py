@@ -174,7 +174,7 @@ class StopSequence:
         answered = None
         if outcome == "published":
             saves = await anyio.to_thread.run_sync(self.publish_times)
-            done = min((t for t in saves if t >= asked_at - REQUEST_SLACK), default=None)
+            done = min((t for t in saves if t >= asked_at), default=None)  # the publish comes after the completion
             answered = policy.answered_request(saves, asked_at, done)
             if answered is False:
                 log.warning("the stop waited %s for the training's next periodic save: it does not answer checkpoint "

@@ -41,10 +41,19 @@ def test_a_clean_stop_exits_with_the_stopped_status_whatever_the_launchers(tmp_p
 
 def test_a_training_that_ignores_requests_is_journaled_reported_and_teaches_no_lead(tmp_path: Path) -> None:
     run, local, persist = tmp_path / "run", tmp_path / "local", tmp_path / "persist"
-    r = run_supervise("--run-dir", str(run), "--checkpoints", str(local), str(persist), "--time-limit", "9s",
-                      "--warn-before", "3s", "--grace", "5s", "--gpu-every", "0", "--",
-                      *TRAINER, str(local), "--no-answer", "--every", "20", "--step-time", "0.1", timeout=120)
-    assert r.returncode == 0, r.stderr
+    p = start_supervise("--run-dir", str(run), "--checkpoints", str(local), str(persist), "--grace", "5s",
+                        "--gpu-every", "0", "--", *TRAINER, str(local), "--no-answer", "--every", "20",
+                        "--step-time", "0.1")
+
+    def saves() -> int:
+        return len([e for e in _events(run, "publish") if not e.get("pointer")]) if (run / "events.jsonl").exists() else 0
+
+    wait_for(lambda: saves() >= 3, timeout=60, what="three periodic saves")
+    n = saves()
+    wait_for(lambda: saves() > n, timeout=30, what="the next periodic save")
+    p.send_signal(signal.SIGUSR2)  # right after a save: the next periodic one is a whole period away
+    p.communicate(timeout=60)
+    assert p.returncode == 0
     cp = _step(run, "checkpoint")
     assert cp["outcome"] == "published" and cp["answered"] is False, cp
     report = subprocess.run([sys.executable, "-m", "supervisor", "report", str(run)], capture_output=True, text=True,
