@@ -47,9 +47,8 @@ class Agent:
         self.plan, self.cfg = plan, plan.cfg
         self._spawner, self._early = spawn, early if early is not None else []
         self.journal = Journal(plan.run_dir, plan.attempt)
-        self.state = State.STARTING
+        self.state, self.mirror = State.STARTING, plan.mirror
         self.child: Child | None = None
-        self.mirror = plan.mirror
         self.notifier: Any = notifier
         self.gpu: Any = None
         self.end: float | None = None  # unix seconds when the job ends, when known
@@ -58,12 +57,11 @@ class Agent:
         self.trigger: Trigger | None = None
         self.exit_status: int | None = None  # the launcher's own; the end's may differ (status())
         self.stopped_cleanly = self.no_progress = False  # set by the stop sequence
-        self.faults = Faults()  # GPU faults that make this node suspect (health.py)
+        self.faults = Faults(self.journal.emit)  # GPU faults that make this node suspect (health.py)
         self.gaps = ProgressGaps(plan.previous_events)  # the hang bound learns from them
-        self.requeued_by_scheduler = False
+        self.requeued_by_scheduler, self.restarts = False, 0
         self.last_cont: float | None = None
         self.restored_from = None
-        self.restarts = 0
         self._stop_wanted = anyio.Event()
         self._started_wall, self._started = time.time(), time.monotonic()
 
@@ -190,11 +188,13 @@ class Agent:
             self.journal.emit("restart", number=self.restarts, of=self.cfg.max_restarts, exit_status=status, backoff_s=delay)
             log.warning("training failed with status %d: restart %d of %d in %s", status, self.restarts,
                         self.cfg.max_restarts, format_duration(delay))
+            since = time.monotonic()
             with anyio.move_on_after(delay):
                 await self._stop_wanted.wait()
-            if self.trigger is None:
+            if self.trigger is None and await self.faults.gate(self.gpu, since, 2 * self.cfg.gpu_every):
                 await self._spawn(tg)
-            return
+            if self.trigger is not None or self.child is not child:
+                return
         reason = Reason.CHILD_EXIT if status == 0 else Reason.CHILD_FAILED
         self._request_stop(Trigger(reason, f"exit status {status}", at=time.monotonic()))
 

@@ -12,6 +12,8 @@ import os
 import time
 from typing import Any, Mapping
 
+import anyio
+
 from supervisor import policy
 from supervisor.journal import Emit
 
@@ -19,8 +21,9 @@ from supervisor.journal import Emit
 class Faults:
     """The suspect faults of this attempt, in order: ``{"t", "kind", "why"}``."""
 
-    def __init__(self) -> None:
+    def __init__(self, emit: Emit) -> None:
         self.seen: list[dict[str, Any]] = []
+        self._emit = emit
 
     def through(self, emit: Emit) -> Emit:
         """An emit that journals as ``emit`` does and keeps the suspect faults."""
@@ -34,6 +37,25 @@ class Faults:
     @property
     def reasons(self) -> list[str]:
         return [f["why"] for f in self.seen]
+
+    async def gate(self, gpu: Any, since: float, wait: float) -> bool:
+        """The health gate before an in-place restart: no GPU fault seen, and the GPUs' memory
+        back to what it was before the training (a sample after ``since``, waited for up to
+        ``wait`` s). Without GPU sampling only the faults count. A failed gate makes the node
+        suspect: the run stops and is requeued elsewhere (docs/slurm.md, "Suspect nodes")."""
+        if self.reasons:
+            return False
+        held = None
+        if gpu is not None:
+            with anyio.move_on_after(wait):
+                while (held := gpu.memory_held(since)) is None:
+                    await anyio.sleep(0.2)
+        if policy.gpu_memory_freed(held):
+            return True
+        why = f"{held / 2**20:.0f} MiB of GPU memory still in use after the crash"  # type: ignore[operator]
+        self.seen.append({"t": time.time(), "kind": "health-gate", "why": why})
+        self._emit("health-gate", ok=False, why=why, held_mib=round(held / 2**20, 1))  # type: ignore[operator]
+        return False
 
 
 def this_node(env: Mapping[str, str]) -> str:

@@ -310,3 +310,11 @@ def hang_bound(hang_after: float, gaps: list[float], earlier: list[float]) -> tu
         s = 0.5 * v + 0.5 * s
     learned = HANG_FACTOR * s
     return min(hang_after, max(HANG_FLOOR, learned)), round(learned, 3)
+
+
+GATE_HELD = 256 * 2**20  # bytes: GPU memory still in use after a crash beyond this fails the health gate
+
+
+def gpu_memory_freed(held: int | None) -> bool:
+    """The crashed training's GPU memory is free again (unknown counts as free)."""
+    return held is None or held <= GATE_HELD

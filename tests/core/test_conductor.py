@@ -529,3 +529,41 @@ def test_which_gpu_events_make_a_node_suspect():
     kw = dict(requeue=True, on_failure=False, scheduler="slurm", already=False, restart_count=0, max_requeues=3)
     assert policy.requeue_decision(Reason.CHILD_FAILED, **kw, suspect=True) == (True, "")
     assert policy.requeue_decision(Reason.HANG, **kw) == (True, "")
+
+
+class HeldGpu:
+    """A GPU sampler whose memory stays in use after the crash (a rank stuck in the driver)."""
+
+    def __init__(self, held: int) -> None:
+        self.held = held
+
+    def memory_held(self, since: float) -> int:
+        return self.held
+
+    def last_busy(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("held_mib, restarted", [(4096, False), (0, True)])
+async def test_the_health_gate_checks_that_the_crashed_trainings_gpu_memory_is_free(tmp_path, held_mib, restarted):
+    agent, children, _ = make_agent(tmp_path, env=SLURM, flags={"max_restarts": "1", "requeue": "true",
+                                                                "restart_backoff": "0.01s"})
+    agent.gpu = HeldGpu(held_mib * 2**20)   # gpu_every is 0 in these tests: the part is not started
+
+    async def crash(a: Agent, c: FakeChild) -> None:
+        c.exit(1)
+        with anyio.fail_after(5):
+            while len(children) < 2 and a.trigger is None:
+                await anyio.sleep(0.01)
+        if len(children) == 2:
+            children[1].exit(0)
+
+    await run_with(agent, children, crash)
+    assert (len(children) == 2) is restarted
+    gate = events(agent, "health-gate")
+    if restarted:
+        assert not gate and events(agent, "end")[0]["reason"] == "child-exit"
+    else:
+        assert gate[0]["held_mib"] == 4096 and "still in use" in gate[0]["why"]
+        assert events(agent, "end")[0]["reason"] == "child-failed"
+        assert "skipped" not in steps(agent)["requeue"]  # requeued elsewhere (no scontrol here)
