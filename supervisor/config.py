@@ -251,7 +251,8 @@ KEYS: tuple[Key, ...] = (
         "durable, no SIGKILL), whatever the launcher's; child: the launcher's own", "STATUS|child", _G_END),
     Key("max_restarts", _count, 0, "restart a crashed training in place up to N times", "N", _G_END),
     Key("restart_backoff", _duration, 10.0, "wait before an in-place restart, doubled each time", "DURATION", _G_END, "10s"),
-    Key("hang_after", _opt_duration, None, "no checkpoint, no log growth (and idle GPUs) this long → hang", "DURATION",
+    Key("hang_after", _opt_duration, None, "no checkpoint, no log growth (and idle GPUs) this long → hang; the "
+        "upper bound of the learned one (5x the longest normal gap)", "DURATION",
         _G_END, "off"),
     Key("hang_action", _choice("report", "stop"), "report", "report or stop", "ACTION", _G_END),
     Key("notify", _urls, (), "webhook to tell of start, warning, preemption, requeue, end; repeatable (never logged)",
