@@ -194,7 +194,7 @@ def exit_status(child_status: int | None, trigger: Trigger, *, clean_status: int
 
 # ---- issue 15: warning signals, answered requests, clean stops, runs that cannot progress ----
 
-NEAR_END = 3600.0  # a checkpoint signal this close to a known end means "the end is near" (docs/slurm.md)
+NEAR_END = 300.0  # a checkpoint signal this close to a known end means "the end is near" (docs/slurm.md)
 PERIODIC_TOLERANCE = 0.15  # share of the save period within which a save is "the next periodic one"
 CLEAN_STOP = "stopped-cleanly"  # the exit status's meaning when supervise stopped the training and all went right
 

@@ -98,7 +98,8 @@ class StopSequence:
         now = time.time()
         run.journal.emit("stop", reason=t.reason.value, detail=t.detail, signal=t.signal.name if t.signal else None,
                          time_left_s=None if run.end is None else round(run.end - now, 3),
-                         longest_gap_s=run.gaps.longest, **policy.kill_fields(end=run.end, kill=run.kill(), kill_wait=run.kill_wait, now=now))
+                         longest_gap_s=run.gaps.longest,
+                         **policy.kill_fields(end=run.end, kill=run.kill(), kill_wait=run.kill_wait, now=now))
 
     async def step(self, name: str, fn: Callable[[], Awaitable[dict[str, Any] | None]]) -> dict[str, Any]:
         """Run one stop step, journaling its outcome and duration (deadline learning reads them)."""

@@ -406,6 +406,7 @@ def test_warning_signals_decided_by_the_schedulers_end():
     assert policy.signal_action(signal.SIGUSR1, end=120, now=0, **kw) == "defer"
     assert policy.signal_action(signal.SIGUSR1, end=120, now=95, **kw) == "stop"
     assert policy.signal_action(signal.SIGUSR1, end=86400, now=0, **kw) == "checkpoint"
+    assert policy.signal_action(signal.SIGUSR1, end=600, now=0, **kw) == "checkpoint"  # scancel --signal=USR1 mid-job
     assert policy.signal_action(signal.SIGUSR2, end=None, now=0, **kw) == "stop"
     assert policy.signal_action(signal.SIGUSR2, end=86400, now=0, **kw) == "defer"
     assert policy.signal_action(signal.SIGHUP, end=120, now=100, **kw) == "forward"
