@@ -103,6 +103,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds to sleep after each step, to pace a demo (no effect on the result)")
     p.add_argument("--stop-at-step", type=int, default=0,
                    help="for tests: behave as if SIGTERM arrived right after this step")
+    p.add_argument("--ignore-requests", action="store_true",
+                   help="behave like a script that knows nothing of supervise (pytorch/examples): save only "
+                        "every --ckpt-every steps, and die on SIGTERM without saving")
     return p.parse_args(argv)
 
 
@@ -257,7 +260,8 @@ class ScalarLog:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    training.install_stop_handler()          # TERM/INT become a flag: we save, then exit 0
+    if not args.ignore_requests:
+        training.install_stop_handler()      # TERM/INT become a flag: we save, then exit 0
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)                 # reductions in one fixed order
     rank, world, _ = setup_distributed()
@@ -294,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
 
         # One tiny collective per step: any rank asked → every rank agrees (docs/training.md).
         stop = training.stop_requested() or step == args.stop_at_step
-        flags = torch.tensor([float(training.checkpoint_requested()), float(stop)])
+        asked = training.checkpoint_requested() and not args.ignore_requests
+        flags = torch.tensor([float(asked), float(stop)])
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         want_ckpt, want_stop = flags[0].item() > 0, flags[1].item() > 0
         periodic = args.ckpt_every > 0 and step % args.ckpt_every == 0

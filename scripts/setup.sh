@@ -33,7 +33,7 @@ PY=${PYTHON:-python3}
 PIPLOG=.venv/setup-pip.log
 if [ -z "${SUPERVISE_SETUP_MINIMAL:-}" ]; then
   # Exactly this pin: it takes the CPU wheel on disk; anything else pulls gigabytes of CUDA.
-  .venv/bin/pip install -q -e '.[test]' 'torch==2.13.0' numpy mpi4py >"$PIPLOG" 2>&1 || true
+  .venv/bin/pip install -q -e '.[test]' 'torch==2.13.0' numpy mpi4py py-spy >"$PIPLOG" 2>&1 || true
   # The training libraries tests/frameworks checkpoints with (issue 12), pinned; torch stays
   # pinned beside them so none of them resolves another torch (checked with pip --dry-run:
   # ~20 s from the cache, no CUDA wheel). DeepSpeed (an op build) and Orbax (jax) are not

@@ -25,15 +25,15 @@ from supervisor._units import format_duration
 from supervisor.child import Child, SpawnError
 from supervisor.config import Config
 from supervisor.errors import root_cause
+from supervisor.health import Faults
 from supervisor.journal import Journal
 from supervisor.plan import Plan, job_label, make_plan, start_fields
 from supervisor.parts import guarded
 from supervisor.policy import PASS_SIGNALS, STOP_SIGNALS, Reason, State, Trigger
 from supervisor.stopping import StopSequence, ignore_stop_signals, pass_on, request_checkpoint
-from supervisor.watches import deadline_watch, hang_watch
+from supervisor.watches import ProgressGaps, deadline_watch, hang_watch
 
 log = logging.getLogger("supervise")
-
 
 
 class Agent:
@@ -47,19 +47,21 @@ class Agent:
         self.plan, self.cfg = plan, plan.cfg
         self._spawner, self._early = spawn, early if early is not None else []
         self.journal = Journal(plan.run_dir, plan.attempt)
-        self.state = State.STARTING
+        self.state, self.mirror = State.STARTING, plan.mirror
         self.child: Child | None = None
-        self.mirror = plan.mirror
         self.notifier: Any = notifier
         self.gpu: Any = None
         self.end: float | None = None  # unix seconds when the job ends, when known
+        self.lead = plan.lead  # fitted to the allocation once the end is known (deadline.fit)
         self.kill_wait = jobs.DEFAULT_KILL_WAIT.get(plan.job.scheduler)
         self.trigger: Trigger | None = None
-        self.exit_status: int | None = None
-        self.requeued_by_scheduler = False
+        self.exit_status: int | None = None  # the launcher's own; the end's may differ (status())
+        self.stopped_cleanly = self.no_progress = False  # set by the stop sequence
+        self.faults = Faults(self.journal.emit)  # GPU faults that make this node suspect (health.py)
+        self.gaps = ProgressGaps(plan.previous_events)  # the hang bound learns from them
+        self.requeued_by_scheduler, self.restarts = False, 0
         self.last_cont: float | None = None
         self.restored_from = None
-        self.restarts = 0
         self._stop_wanted = anyio.Event()
         self._started_wall, self._started = time.time(), time.monotonic()
 
@@ -81,7 +83,6 @@ class Agent:
                         await self._spawn(tg)
                     await self._stop_wanted.wait()
                     self._set_state(State.STOPPING, reason=self.trigger.reason.value, detail=self.trigger.detail)
-                    self._journal_stop()
                     await StopSequence(self)()
                     self._set_state(State.STOPPED)
                     ignore_stop_signals()
@@ -112,7 +113,7 @@ class Agent:
             from supervisor.gpu import GpuSampler
             from supervisor.host import HostSampler
 
-            self.gpu = GpuSampler(run_dir=self.plan.run_dir, emit=self.journal.emit, every=cfg.gpu_every,
+            self.gpu = GpuSampler(run_dir=self.plan.run_dir, emit=self.faults.through(self.journal.emit), every=cfg.gpu_every,
                                   backend=cfg.gpu_backend, env=self.plan.env, dmon_log=cfg.dmon_log)
             host = HostSampler(run_dir=self.plan.run_dir, emit=self.journal.emit, every=cfg.gpu_every)
             await tg.start(self._guarded("gpu", partial(self.gpu.run, tree_pids=self.tree_pids)))
@@ -178,7 +179,8 @@ class Agent:
         log.info("training exited with status %d", status)
         if self.trigger is not None or child is not self.child:
             return
-        if status != 0 and self.restarts < self.cfg.max_restarts:
+        if policy.restart_in_place(status, restarts=self.restarts, max_restarts=self.cfg.max_restarts,
+                                   faults=self.faults.reasons):
             self._set_state(State.RESTARTING)
             await child.stop(self.cfg.stop_signal or self.plan.launcher.stop_signal, min(self.cfg.grace, 10.0))
             delay = self.cfg.restart_backoff * 2**self.restarts
@@ -186,11 +188,13 @@ class Agent:
             self.journal.emit("restart", number=self.restarts, of=self.cfg.max_restarts, exit_status=status, backoff_s=delay)
             log.warning("training failed with status %d: restart %d of %d in %s", status, self.restarts,
                         self.cfg.max_restarts, format_duration(delay))
+            since = time.monotonic()
             with anyio.move_on_after(delay):
                 await self._stop_wanted.wait()
-            if self.trigger is None:
+            if self.trigger is None and await self.faults.gate(self.gpu, since, 2 * self.cfg.gpu_every):
                 await self._spawn(tg)
-            return
+            if self.trigger is not None or self.child is not child:
+                return
         reason = Reason.CHILD_EXIT if status == 0 else Reason.CHILD_FAILED
         self._request_stop(Trigger(reason, f"exit status {status}", at=time.monotonic()))
 
@@ -215,9 +219,16 @@ class Agent:
         if sig == signal.SIGCONT:
             self.last_cont = received  # slurmstepd sends it with the TERM to every process
             return
-        if sig in STOP_SIGNALS or sig == self.cfg.warn_signal:
+        action = "stop" if sig in STOP_SIGNALS else policy.signal_action(
+            sig, warn_signal=self.cfg.warn_signal, checkpoint_signal=self.plan.checkpoint_signal, end=self.end,
+            now=time.time(), lead=self.lead)
+        if action == "defer" and self.trigger is None:  # docs/slurm.md, "Warning signals"
+            self.journal.emit("signal", signal=name, action="deferred", stop_at=self.end - self.lead)  # type: ignore[operator]
+            log.warning("received %s: the end is near; stopping %s before it", name, format_duration(self.lead))
+        elif action in ("stop", "defer"):
             if self.trigger is None:
-                reason = policy.classify_signal(sig, warn_signal=self.cfg.warn_signal, end=self.end, now=time.time())
+                reason = Reason.DEADLINE if sig not in STOP_SIGNALS else policy.classify_signal(
+                    sig, warn_signal=self.cfg.warn_signal, end=self.end, now=time.time())
                 self.journal.emit("signal", signal=name, action="stop", reason=reason.value)
                 log.warning("received %s: stopping (%s)", name, reason.value)
                 self._request_stop(Trigger(reason, f"received {name}", sig, received))
@@ -227,17 +238,12 @@ class Agent:
         elif not self.child_running():
             self.journal.emit("signal", signal=name, action="dropped", why="no running child")
         elif sig == self.plan.checkpoint_signal:
-            await self.request_checkpoint(f"received {name}", received=received)
+            await request_checkpoint(self.plan, self.child, self.journal.emit, f"received {name}", received=received)
         else:
             delivery = await pass_on(self.plan, self.child, sig, self.cfg.forward)
             self.journal.emit("signal", signal=name, action="forwarded", route=delivery.route, to=delivery.targets,
                               latency_ms=round((time.monotonic() - received) * 1000, 3))
             log.info("forwarded %s to %s %s", name, delivery.route, delivery.targets)
-
-    async def request_checkpoint(self, why: str, *, received: float | None = None, signal: bool = True) -> dict[str, Any]:
-        """"Checkpoint now": a fresh request file, plus the checkpoint signal where it is safe."""
-        assert self.child is not None
-        return await request_checkpoint(self.plan, self.child, self.journal.emit, why, received=received, signal=signal)
 
     def _request_stop(self, trigger: Trigger) -> None:
         if self.trigger is None:
@@ -255,23 +261,22 @@ class Agent:
                 self.notifier.post("warning", left=shown)
             self._request_stop(Trigger(Reason.DEADLINE, f"{shown} before the end ({source})", at=time.monotonic()))
 
-        await deadline_watch(cfg=self.cfg, job=self.plan.job, lead=self.plan.lead, started_wall=self._started_wall,
-                             emit=self.journal.emit, set_end=partial(setattr, self, "end"), stopping=self._stop_wanted,
-                             warn=warn)
+        await deadline_watch(cfg=self.cfg, job=self.plan.job, lead=self.plan.lead, basis=self.plan.lead_basis,
+                             started_wall=self._started_wall, emit=self.journal.emit, set_end=partial(setattr, self, "end"),
+                             set_lead=partial(setattr, self, "lead"), stopping=self._stop_wanted, warn=warn)
 
     async def _learn_kill_wait(self) -> None:
         """KillWait, read once at start: after Slurm's TERM to the whole job it is all we have."""
-        learned = await jobs.kill_wait(self.plan.job, report=log.warning)
-        if learned is not None:
-            self.kill_wait = learned
+        self.kill_wait = await jobs.kill_wait(self.plan.job, report=log.warning) or self.kill_wait
 
     async def _hang_watch(self) -> None:
         def marks() -> list[float]:
             seen = [self._started, self.mirror.last_activity() if self.mirror else None, self.gpu.last_busy() if self.gpu else None]
             return [m for m in seen if m is not None]
 
-        def hang(idle: float) -> bool:
-            self.journal.emit("hang", idle_s=round(idle, 1), action=self.cfg.hang_action)
+        def hang(idle: float, bound: float) -> bool:
+            self.journal.emit("hang", idle_s=round(idle, 1), action=self.cfg.hang_action, bound_s=round(bound, 3),
+                              longest_gap_s=self.gaps.longest, earlier_gaps_s=self.gaps.earlier)
             log.warning("no checkpoint, log growth or GPU work for %s: the training may hang", format_duration(idle))
             if self.notifier is not None:
                 self.notifier.post("hang", idle=format_duration(idle))
@@ -280,7 +285,7 @@ class Agent:
             return self.cfg.hang_action == "stop"
 
         assert self.cfg.hang_after
-        await hang_watch(limit=self.cfg.hang_after, marks=marks, running=self.child_running, hang=hang)
+        await hang_watch(limit=self.cfg.hang_after, marks=marks, running=self.child_running, hang=hang, gaps=self.gaps)
 
     # ------------------------------------------------------------------ time
 
@@ -288,15 +293,15 @@ class Agent:
         t = self.trigger
         return jobs.signalled_all(self.plan.job.scheduler, t.signal if t else None, t.at if t else None, self.last_cont)
 
-    def _kill(self) -> float | None:
+    def kill(self) -> float | None:
         return policy.hard_kill(end=self.end, kill=policy.killed_at(
             self.trigger, scheduler_signalled_all=self.signalled_all(), kill_wait=self.kill_wait,
             now=time.time(), mono=time.monotonic()))
 
     def time_left(self) -> float:
         """Seconds the remaining steps may take before the job is killed (inf if never)."""
-        kill = self._kill()
-        return policy.time_left(end=self.end, kill=kill if kill != self.end else None, lead=self.plan.lead,
+        kill = self.kill()
+        return policy.time_left(end=self.end, kill=kill if kill != self.end else None, lead=self.lead,
                                 kill_wait=self.kill_wait, now=time.time())
 
     async def _emergency_stop(self) -> None:
@@ -314,20 +319,18 @@ class Agent:
         self.journal.emit("start", durable=True, **start_fields(self.plan))
         log.info("run directory %s, attempt %d", self.plan.run_dir, self.plan.attempt)
 
-    def _journal_stop(self) -> None:
-        t = self.trigger
-        assert t is not None
-        now = time.time()
-        self.journal.emit("stop", reason=t.reason.value, detail=t.detail, signal=t.signal.name if t.signal else None,
-                          time_left_s=None if self.end is None else round(self.end - now, 3),
-                          **policy.kill_fields(end=self.end, kill=self._kill(), kill_wait=self.kill_wait, now=now))
+    def status(self) -> int:
+        """The exit status (policy.exit_status); the launcher's own stays in the journal."""
+        clean = self.cfg.stopped_status if self.stopped_cleanly else None
+        return policy.exit_status(self.exit_status, self.trigger or policy.NO_TRIGGER, clean_status=clean,
+                                  no_progress=self.no_progress)
 
     def _finish(self) -> int:
-        trigger = self.trigger or Trigger(Reason.ERROR, "ended without a trigger")
-        status = policy.exit_status(self.exit_status, trigger)
+        trigger, status = self.trigger or policy.NO_TRIGGER, self.status()
         duration = round(time.monotonic() - self._started, 3)
         pending = self.mirror.pending() if self.mirror is not None else []
         self.journal.emit("end", reason=trigger.reason.value, detail=trigger.detail, exit_status=status,
+                          launcher_status=self.exit_status, stopped_cleanly=self.stopped_cleanly,
                           seconds=duration, restarts=self.restarts, not_durable=pending)
         if pending:
             log.warning("not yet on persistent storage: %s", ", ".join(pending))

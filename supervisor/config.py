@@ -101,6 +101,16 @@ def _count(v: Any) -> int:
     return n
 
 
+def _status(v: Any) -> int | None:
+    """An exit status 0-255, or "child": keep the launcher's own."""
+    if isinstance(v, str) and v.strip().lower() == "child":
+        return None
+    n = _count(v)
+    if n > 255:
+        raise ValueError("an exit status 0-255, or child")
+    return n
+
+
 def _nice(v: Any) -> int:
     n = _count(v)
     if n > 19:
@@ -241,9 +251,14 @@ KEYS: tuple[Key, ...] = (
     Key("requeue", _bool, False, "requeue the job after a deadline or a preemption", None, _G_END),
     Key("max_requeues", _count, 3, "stop requeueing after N requeues", "N", _G_END),
     Key("requeue_on_failure", _bool, False, "also requeue after the training failed", None, _G_END),
+    Key("no_progress_attempts", _count, 2, "do not requeue when no new checkpoint was published in the last N "
+        "attempts (exit status 3); 0: off", "N", _G_END),
+    Key("stopped_status", _status, 0, "the exit status when supervise stopped the training cleanly (checkpoint "
+        "durable, no SIGKILL), whatever the launcher's; child: the launcher's own", "STATUS|child", _G_END),
     Key("max_restarts", _count, 0, "restart a crashed training in place up to N times", "N", _G_END),
     Key("restart_backoff", _duration, 10.0, "wait before an in-place restart, doubled each time", "DURATION", _G_END, "10s"),
-    Key("hang_after", _opt_duration, None, "no checkpoint, no log growth (and idle GPUs) this long → hang", "DURATION",
+    Key("hang_after", _opt_duration, None, "no checkpoint, no log growth (and idle GPUs) this long → hang; the "
+        "upper bound of the learned one (5x the longest normal gap)", "DURATION",
         _G_END, "off"),
     Key("hang_action", _choice("report", "stop"), "report", "report or stop", "ACTION", _G_END),
     Key("notify", _urls, (), "webhook to tell of start, warning, preemption, requeue, end; repeatable (never logged)",
@@ -292,6 +307,8 @@ class Config:
     requeue: bool = DEFAULT["requeue"]
     max_requeues: int = DEFAULT["max_requeues"]
     requeue_on_failure: bool = DEFAULT["requeue_on_failure"]
+    no_progress_attempts: int = DEFAULT["no_progress_attempts"]
+    stopped_status: int | None = DEFAULT["stopped_status"]  # None: the launcher's own status
     max_restarts: int = DEFAULT["max_restarts"]
     restart_backoff: float = DEFAULT["restart_backoff"]
     hang_after: float | None = DEFAULT["hang_after"]

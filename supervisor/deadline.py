@@ -4,26 +4,55 @@ The warning must come early enough for the stop sequence to finish before the sc
 SIGKILL: "checkpoint now" and wait for the checkpoint to be written (step ``checkpoint``),
 flush every sync pair (``flush``), stop the child, flush again (``final-flush``). How long
 those take is known best from earlier attempts of the same run (the agent journals each
-step's duration as a ``stop-step`` event), so ``--warn-before auto`` learns the lead:
+step as a ``stop-step`` event), so ``--warn-before auto`` learns the lead (docs/slurm.md,
+"The warning lead"):
 
-    need = p95(checkpoint) + p95(flush) + p95(final-flush)   (seconds; a step never seen counts 0)
-    lead = clamp(margin * need + extra, floor, cap)
+* **Only stops the training answered teach.** An attempt is a sample when its ``checkpoint``
+  step ended ``published`` (a checkpoint completed *after* the request, made durable) and
+  the training answered the request (``answered`` is not false: a stop that waited for the
+  training's next periodic save says ``answered: false`` and teaches nothing, or the lead
+  would grow with the save period, issue 15).
+* ``need`` of a sample = checkpoint + flush + final-flush seconds (the steps run one after
+  the other); the samples are smoothed in attempt order (EWMA, weight ``SMOOTHING`` for the
+  newest), and ``lead = margin × smoothed + extra``, at most ``cap``.
+* **The lead fits the job** (``fit``): with nothing learned it is the default (5 min) but
+  never more than a quarter of the allocation (``FIRST_SHARE``); any lead is at least
+  ``floor`` (itself at most that quarter) and never so long that the training runs less
+  than ``MIN_SHARE`` of its allocation before the warning.
 
-p95 is the nearest-rank percentile (the ceil(0.95·n)-th smallest), so with fewer than 20
-samples it is the slowest one seen: one slow checkpoint is enough to warn earlier next time.
 ``margin`` (25 %) covers growth of the checkpoint; ``extra`` (30 s) covers what is not
 measured: the request's way to every rank and the training step in flight when it arrives.
-``floor`` keeps a sane minimum when past steps were instant, ``cap`` keeps one pathological
-attempt from wasting half the allocation. With nothing learned the default (5 min) is used.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 STOP_STEP = "stop-step"
 LEARNED_STEPS = ("checkpoint", "flush", "final-flush")
+DEFAULT_LEAD = 300.0   # seconds, with nothing learned (then cut to FIRST_SHARE of the allocation)
+FLOOR, CAP = 60.0, 1800.0
+MARGIN, EXTRA = 1.25, 30.0
+SMOOTHING = 0.5        # weight of the newest attempt in the smoothed need
+FIRST_SHARE = 0.25     # the unlearned lead is at most this share of the allocation
+MIN_SHARE = 0.6        # the training runs at least this share of its allocation before a warning
+
+
+@dataclass(frozen=True)
+class Lead:
+    """The lead and what it was learned from (journaled in the ``deadline`` event)."""
+
+    seconds: float
+    learned: bool
+    samples: tuple[dict[str, Any], ...] = ()   # per answered stop: attempt, the steps' seconds, need_s
+    ignored: tuple[dict[str, Any], ...] = ()   # stops that teach nothing, and why
+    smoothed_need_s: float | None = None
+
+    def fields(self) -> dict[str, Any]:
+        return {"learned": self.learned, "samples": list(self.samples), "ignored": list(self.ignored),
+                "smoothed_need_s": self.smoothed_need_s}
 
 
 def warning_time(end: float, lead: float) -> float:
@@ -40,53 +69,101 @@ def percentile(values: Iterable[float], q: float) -> float:
     return ordered[rank - 1]
 
 
-def step_durations(events: Iterable[dict[str, Any]], *, before_attempt: int | None = None) -> dict[str, list[float]]:
-    """Durations of the learned stop steps, by step name, from journal events.
+def _seconds(ev: dict[str, Any]) -> float | None:
+    try:
+        s = float(ev.get("seconds"))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return s if math.isfinite(s) and s >= 0 else None
 
-    Ignores events that are not ``stop-step``, steps not in LEARNED_STEPS, and unreadable or
-    negative ``seconds`` (a torn or foreign journal must not break the deadline).
-    """
-    out: dict[str, list[float]] = {name: [] for name in LEARNED_STEPS}
+
+def _attempt(ev: dict[str, Any]) -> int | None:
+    try:
+        return int(ev.get("attempt", 0))
+    except (TypeError, ValueError):
+        return None
+
+
+def stops_by_attempt(events: Iterable[dict[str, Any]], *,
+                     before_attempt: int | None = None) -> dict[int, dict[str, dict[str, Any]]]:
+    """The learned stop steps of each attempt: {attempt: {step: event}}. Events that are not
+    ``stop-step``, other steps and unreadable ``seconds`` are left out (a torn or foreign
+    journal must not break the deadline)."""
+    out: dict[int, dict[str, dict[str, Any]]] = {}
     for ev in events:
-        if not isinstance(ev, dict) or ev.get("kind") != STOP_STEP or ev.get("step") not in out:
+        if not isinstance(ev, dict) or ev.get("kind") != STOP_STEP or ev.get("step") not in LEARNED_STEPS:
             continue
-        if before_attempt is not None:
-            try:
-                if int(ev.get("attempt", 0)) >= before_attempt:
-                    continue
-            except (TypeError, ValueError):
-                continue
-        try:
-            seconds = float(ev.get("seconds"))  # type: ignore[arg-type]
-        except (TypeError, ValueError):
+        attempt = _attempt(ev)
+        if attempt is None or (before_attempt is not None and attempt >= before_attempt):
             continue
-        if math.isfinite(seconds) and seconds >= 0:
-            out[ev["step"]].append(seconds)
+        if _seconds(ev) is None:
+            continue
+        out.setdefault(attempt, {})[ev["step"]] = ev
     return out
 
 
-def learn_lead(
-    events: Iterable[dict[str, Any]],
-    *,
-    floor: float = 60.0,
-    cap: float = 1800.0,
-    margin: float = 1.25,
-    extra: float = 30.0,
-    default: float = 300.0,
-    before_attempt: int | None = None,
-) -> float:
-    """Seconds of warning before the end, learned from earlier attempts (formula above).
+def sample_of(attempt: int, steps: dict[str, dict[str, Any]]) -> tuple[dict[str, Any] | None, str]:
+    """(the sample an attempt's stop gives, or None and why it teaches nothing)."""
+    cp = steps.get("checkpoint")
+    if cp is None:
+        return None, "no checkpoint step"
+    if cp.get("outcome") != "published":
+        return None, f"checkpoint {cp.get('outcome') or 'not taken'}"
+    if cp.get("answered") is False:
+        return None, "waited for a periodic save: the training did not answer the request"
+    sample: dict[str, Any] = {"attempt": attempt}
+    for name in LEARNED_STEPS:
+        ev = steps.get(name)
+        sample[name.replace("-", "_") + "_s"] = _seconds(ev) if ev is not None else 0.0
+    sample["need_s"] = round(sum(sample[n.replace("-", "_") + "_s"] for n in LEARNED_STEPS), 3)
+    return sample, ""
 
-    The steps are summed because the stop sequence runs them one after the other.
 
-    ``before_attempt`` limits learning to attempts before it (the current attempt's own
-    events, if any, are not "earlier"). Returns ``default`` when no duration was recorded.
-    """
-    durations = step_durations(events, before_attempt=before_attempt)
-    if not any(durations.values()):
-        return default
-    need = sum(percentile(v, 95) for v in durations.values() if v)
-    return min(cap, max(floor, margin * need + extra))
+def smooth(values: Iterable[float], weight: float = SMOOTHING) -> float:
+    """Exponentially weighted mean, oldest first; the newest value weighs ``weight``."""
+    it = iter(values)
+    s = next(it)
+    for v in it:
+        s = weight * v + (1 - weight) * s
+    return s
+
+
+def learn(events: Iterable[dict[str, Any]], *, before_attempt: int | None = None, default: float = DEFAULT_LEAD,
+          margin: float = MARGIN, extra: float = EXTRA, cap: float = CAP) -> Lead:
+    """The lead learned from earlier attempts' answered stops (module docstring); ``default``
+    when none answered. ``before_attempt`` keeps the current attempt's own events out."""
+    samples, ignored = [], []
+    for attempt, steps in sorted(stops_by_attempt(events, before_attempt=before_attempt).items()):
+        sample, why = sample_of(attempt, steps)
+        if sample is None:
+            ignored.append({"attempt": attempt, "why": why})
+        else:
+            samples.append(sample)
+    if not samples:
+        return Lead(default, False, ignored=tuple(ignored))
+    need = smooth(s["need_s"] for s in samples)
+    return Lead(min(cap, margin * need + extra), True, tuple(samples), tuple(ignored), round(need, 3))
+
+
+def learn_lead(events: Iterable[dict[str, Any]], **kw: Any) -> float:
+    """Seconds of warning, before fitting to the job (``learn(...).seconds``)."""
+    return learn(events, **kw).seconds
+
+
+def fit(lead: Lead, allocation: float | None, *, floor: float = FLOOR) -> tuple[float, str | None]:
+    """(the lead this job can afford, what bounded it or None). ``allocation``: seconds from
+    the attempt's start to the job's end, when known."""
+    if allocation is None or allocation <= 0:
+        return (max(floor, lead.seconds), "floor") if lead.learned and lead.seconds < floor else (lead.seconds, None)
+    first, most = FIRST_SHARE * allocation, (1 - MIN_SHARE) * allocation
+    seconds, bound = lead.seconds, None
+    if not lead.learned and seconds > first:
+        seconds, bound = first, "first-share"
+    if lead.learned and seconds < min(floor, first):
+        seconds, bound = min(floor, first), "floor"
+    if seconds > most:
+        seconds, bound = most, "min-share"
+    return round(seconds, 3), bound
 
 
 def resolve_end(

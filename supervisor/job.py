@@ -455,6 +455,41 @@ async def requeue(job: Job, timeout: float = REQUEUE_TIMEOUT, report: Report | N
     return False, f"{' '.join(argv)}: " + (f"exit {rc}" if rc is not None else "did not run") + (f": {text}" if text else "")
 
 
+EXCLUDE_RETRY = 0.25  # seconds between tries while the requeued job is still leaving RUNNING
+
+
+def excluded_nodes(view_text: str) -> tuple[str, ...]:
+    """``ExcNodeList=`` of ``scontrol show job -o`` output, expanded; () for ``(null)``."""
+    m = re.search(r"\bExcNodeList=(\S*)", view_text)
+    return () if not m or m.group(1) in ("", "(null)") else expand_hostlist(m.group(1))
+
+
+async def exclude_nodes(job: Job, nodes: list[str], *, timeout: float, report: Report | None = None) -> tuple[bool, str]:
+    """Add ``nodes`` to the requeued job's ``ExcNodeList`` (docs/slurm.md, "Suspect nodes").
+
+    Slurm 22.05 refuses ``ExcNodeList+=`` ("does not accept [+|-]= syntax") and any change to a
+    running job ("Job is no longer pending execution"), both measured: so this runs *after*
+    ``scontrol requeue``, reads the list, and sets the union, retried until the job is pending
+    (bounded by ``timeout``). PBS has no per-job exclusion a job can set on itself: (False, why)."""
+    if job.scheduler != "slurm" or not job.job_id:
+        return False, f"no node exclusion on a {job.scheduler} job (docs/pbs.md)"
+    report = report or log.warning
+    message = "not tried"
+    with anyio.move_on_after(timeout):
+        while True:
+            rc, out = await _run(["scontrol", "show", "job", "-o", job.job_id], 5.0, report)
+            if rc == 0:
+                wanted = ",".join(dict.fromkeys([*excluded_nodes(out), *nodes]))
+                argv = ["scontrol", "update", f"JobId={job.job_id}", f"ExcNodeList={wanted}"]
+                rc, out = await _run(argv, 5.0, lambda _: None)
+                message = f"{' '.join(argv)}: " + ("ok" if rc == 0 else " ".join(out.split())[:300])
+                if rc == 0:
+                    return True, message
+            await anyio.sleep(EXCLUDE_RETRY)
+    report(f"could not exclude {', '.join(nodes)}: {message}")
+    return False, message
+
+
 # ---------------------------------------------------------------------------- time parsing
 
 def parse_slurm_time(text: str) -> float | None:

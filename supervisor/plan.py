@@ -35,11 +35,12 @@ class Plan:
     checkpoint_signal: signal.Signals
     attempt: int
     previous_events: list[dict[str, Any]]
-    lead: float                       # warn this long before the job's end
+    lead: float                       # warn this long before the job's end (before fitting to the job)
     request_path: Path
     mirror: Any = None                # supervisor.sync.Mirror, when there are pairs
     notify_urls: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    lead_basis: deadline.Lead | None = None  # what ``auto`` learned it from; None when --warn-before is set
 
     @property
     def run_dir(self) -> Path:
@@ -54,11 +55,12 @@ def make_plan(cfg: Config, env: Mapping[str, str] | None = None) -> Plan:
     job = detect_job(env)
     profile = launchers.detect(cfg.command, cfg.launcher)
     previous = read_journal(cfg.run_dir).events if cfg.run_dir.exists() else []
+    basis = deadline.learn(previous) if cfg.warn_before is None else None
     plan = Plan(cfg=cfg, env=env, job=job, launcher=profile,
                 checkpoint_signal=cfg.checkpoint_signal or profile.checkpoint_signal,
                 attempt=next_attempt(cfg.run_dir, env) if cfg.run_dir.exists() else 1,
                 previous_events=previous,
-                lead=cfg.warn_before if cfg.warn_before is not None else deadline.learn_lead(previous),
+                lead=cfg.warn_before if basis is None else basis.seconds, lead_basis=basis,
                 request_path=cfg.run_dir / childenv.REQUEST_FILE, warnings=list(cfg.warnings))
     if cfg.sync:
         from supervisor.sync import Mirror

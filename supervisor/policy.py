@@ -14,6 +14,7 @@ import enum
 import math
 import signal
 from dataclasses import dataclass
+from typing import Mapping
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 PASS_SIGNALS = (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -44,8 +45,9 @@ class Reason(str, enum.Enum):
     ERROR = "supervisor-error"  # the supervisor itself failed; the child is stopped safely
 
 
-REQUEUE_REASONS = frozenset({Reason.DEADLINE, Reason.PREEMPTED})
-NO_CHECKPOINT = frozenset({Reason.CHILD_EXIT, Reason.CHILD_FAILED, Reason.SPAWN_FAILED, Reason.CANCELLED})
+REQUEUE_REASONS = frozenset({Reason.DEADLINE, Reason.PREEMPTED, Reason.HANG})
+# A hung training cannot answer a checkpoint request: the hang stop is checkpoint-free.
+NO_CHECKPOINT = frozenset({Reason.CHILD_EXIT, Reason.CHILD_FAILED, Reason.SPAWN_FAILED, Reason.CANCELLED, Reason.HANG})
 END_NOTICE = {Reason.CHILD_EXIT: "finished", Reason.CHILD_FAILED: "failed", Reason.SPAWN_FAILED: "failed",
               Reason.ERROR: "failed", Reason.HANG: "failed", Reason.PREEMPTED: "preempted",
               Reason.DEADLINE: "preempted", Reason.CANCELLED: "preempted"}
@@ -59,6 +61,9 @@ class Trigger:
     detail: str = ""
     signal: signal.Signals | None = None
     at: float = 0.0  # time.monotonic()
+
+
+NO_TRIGGER = Trigger(Reason.ERROR, "ended without a trigger")
 
 
 def classify_signal(sig: signal.Signals, *, warn_signal: signal.Signals | None, end: float | None,
@@ -155,11 +160,11 @@ def wants_checkpoint(reason: Reason) -> bool:
 
 
 def requeue_decision(reason: Reason, *, requeue: bool, on_failure: bool, scheduler: str, already: bool,
-                     restart_count: int, max_requeues: int) -> tuple[bool, str]:
-    """(requeue?, why not)."""
+                     restart_count: int, max_requeues: int, suspect: bool = False) -> tuple[bool, str]:
+    """(requeue?, why not). A crash on a suspect node (a GPU fault) is requeued elsewhere."""
     if not requeue:
         return False, "requeue is off"
-    if reason not in REQUEUE_REASONS and not (on_failure and reason == Reason.CHILD_FAILED):
+    if reason not in REQUEUE_REASONS and not ((on_failure or suspect) and reason == Reason.CHILD_FAILED):
         return False, f"not after {reason.value}"
     if scheduler == "local":
         return False, "no scheduler to requeue with"
@@ -170,10 +175,146 @@ def requeue_decision(reason: Reason, *, requeue: bool, on_failure: bool, schedul
     return True, ""
 
 
-def exit_status(child_status: int | None, trigger: Trigger) -> int:
-    """The training's status; 128+N when signal N stopped us before it ran; else 1."""
+def exit_status(child_status: int | None, trigger: Trigger, *, clean_status: int | None = None,
+                no_progress: bool = False) -> int:
+    """``NO_PROGRESS_STATUS`` for a run given up on; ``clean_status`` (``stopped_status``) when
+    supervise stopped the training cleanly (``stopped_cleanly``), whatever the launcher said
+    (torchrun exits 1 after a TERM even when every rank saved and exited 0); else the
+    training's status; 128+N when signal N stopped us before it ran; else 1."""
+    if no_progress:
+        return NO_PROGRESS_STATUS
+    if clean_status is not None:
+        return clean_status
     if child_status is not None:
         return child_status
     if trigger.signal is not None:
         return 128 + trigger.signal
     return 1
+
+
+# ---- issue 15: warning signals, answered requests, clean stops, runs that cannot progress ----
+
+NEAR_END = 300.0  # a checkpoint signal this close to a known end means "the end is near" (docs/slurm.md)
+PERIODIC_TOLERANCE = 0.15  # share of the save period within which a save is "the next periodic one"
+CLEAN_STOP = "stopped-cleanly"  # the exit status's meaning when supervise stopped the training and all went right
+
+
+def signal_action(sig: signal.Signals, *, warn_signal: signal.Signals | None, checkpoint_signal: signal.Signals,
+                  end: float | None, now: float, lead: float) -> str:
+    """What a delivered warning-like signal means (docs/slurm.md, "Warning signals").
+
+    The warn signal (USR2 by default), and the checkpoint signal (USR1) within ``NEAR_END``
+    (or twice the lead) of a known end, say "the end is near": ``stop`` at once, or ``defer``
+    when the end is known and further away than the lead: the deadline watch stops at end −
+    lead, so an early ``--signal=B:USR1@N`` (Slurm sends it up to 60 s early) does not cut
+    the training short. Anything else with the checkpoint signal is a ``checkpoint`` request;
+    other signals are ``forward``ed (STOP_SIGNALS never reach here)."""
+    near = end is not None and end - now <= max(NEAR_END, 2 * lead)
+    if sig == warn_signal or (sig == checkpoint_signal and near):
+        return "defer" if end is not None and end - now > lead + 1.0 else "stop"
+    return "checkpoint" if sig == checkpoint_signal else "forward"
+
+
+def answered_request(saves: list[float], asked_at: float, done_at: float | None) -> bool | None:
+    """Whether the checkpoint completed after the request answered it (True), or was only the
+    training's next periodic save, due then anyway (False); None when no rhythm is known (fewer
+    than two saves before the request). ``saves``: when earlier checkpoints were published."""
+    before = sorted(t for t in saves if t < asked_at)
+    if done_at is None or len(before) < 2:
+        return None
+    gaps = sorted(b - a for a, b in zip(before, before[1:]))
+    period = gaps[len(gaps) // 2]
+    tolerance = max(PERIODIC_TOLERANCE * period, 0.2)
+    due = before[-1] + period
+    while due < asked_at - tolerance:  # a save may have been skipped
+        due += period
+    return not (done_at - asked_at > tolerance and abs(done_at - due) <= tolerance)
+
+
+def stopped_cleanly(reason: Reason, steps: dict[str, dict[str, object]]) -> bool:
+    """supervise stopped the training for a deadline, a preemption or a hang, the requested
+    checkpoint is durable, the flushes finished, and every process ended within the grace
+    (no SIGKILL). A stop without a requested checkpoint (Ctrl-C, scancel) keeps the child's status."""
+    if reason in NO_CHECKPOINT or reason == Reason.ERROR:
+        return False
+    cp, stop = steps.get("checkpoint", {}), steps.get("stop-child", {})
+    if cp.get("outcome") != "published":
+        return False
+    if any(steps.get(s, {}).get("outcome") not in (None, "done") for s in ("flush", "final-flush")):
+        return False
+    return bool(stop.get("graceful")) and not stop.get("killed") and "error" not in stop
+
+
+def no_progress(progress: list[bool], attempts: int) -> bool:
+    """The newest durable checkpoint has not advanced over the last ``attempts`` attempts
+    (``progress``: one bool per attempt, oldest first, this one last); 0 turns it off."""
+    return attempts > 0 and len(progress) >= attempts and not any(progress[-attempts:])
+
+
+NO_PROGRESS_STATUS = 3  # the exit status of a run not requeued because it made no progress (docs/slurm.md)
+
+
+def progress_by_attempt(events: list[dict[str, object]]) -> list[bool]:
+    """Per attempt seen in the journal (oldest first): was a checkpoint published in it?"""
+    seen: dict[int, bool] = {}
+    for e in events:
+        a = e.get("attempt")
+        if not isinstance(a, int):
+            continue
+        if e.get("kind") == "start":
+            seen.setdefault(a, False)
+        elif e.get("kind") == "publish" and not e.get("pointer"):
+            seen[a] = True
+    return [seen[a] for a in sorted(seen)]
+
+
+# XIDs that say the GPU, not the training, failed: 48 double-bit ECC, 64 row-remap failure,
+# 79 fallen off the bus, 94/95 contained/uncontained ECC (NVIDIA's XID catalogue).
+SUSPECT_XIDS = frozenset({48, 64, 79, 94, 95})
+
+
+def gpu_fault(kind: str, fields: Mapping[str, object]) -> str | None:
+    """Why a GPU event makes this node suspect, or None."""
+    if kind == "gpu-xid" and fields.get("xid") in SUSPECT_XIDS:
+        return f"XID {fields['xid']} on GPU {fields.get('device')}"
+    if kind == "gpu-lost":
+        return f"GPU {fields.get('device')} lost"
+    return None
+
+
+def exclude_node(reason: Reason, faults: list[str]) -> list[str]:
+    """Why the requeued job must leave this node behind: its GPU faults, or a hang here."""
+    return faults + (["hang"] if reason == Reason.HANG else [])
+
+
+def restart_in_place(status: int, *, restarts: int, max_restarts: int, faults: list[str]) -> bool:
+    """The health gate: a crash is restarted on the same GPUs only when no GPU fault was seen."""
+    return status != 0 and restarts < max_restarts and not faults
+
+
+HANG_FACTOR = 5.0   # a hang is this many times the longest normal gap between progress marks…
+HANG_MIN_GAPS = 5   # …once this attempt has seen this many gaps, or an earlier attempt taught one
+HANG_FLOOR = 10.0   # seconds: never quicker than this
+
+
+def hang_bound(hang_after: float, gaps: list[float], earlier: list[float]) -> tuple[float, float | None]:
+    """(seconds of no progress that make a hang, the learned part or None). Learned from the
+    longest gap between progress marks (checkpoints, log growth, busy GPUs) of earlier attempts
+    and, once it has ``HANG_MIN_GAPS``, of this one, smoothed (EWMA, oldest first), times
+    ``HANG_FACTOR``; ``hang_after`` is the upper bound (docs/slurm.md, "Hangs")."""
+    longest = [*earlier, max(gaps)] if len(gaps) >= HANG_MIN_GAPS else list(earlier)
+    if not longest:
+        return hang_after, None
+    s = longest[0]
+    for v in longest[1:]:
+        s = 0.5 * v + 0.5 * s
+    learned = HANG_FACTOR * s
+    return min(hang_after, max(HANG_FLOOR, learned)), round(learned, 3)
+
+
+GATE_HELD = 256 * 2**20  # bytes: GPU memory still in use after a crash beyond this fails the health gate
+
+
+def gpu_memory_freed(held: int | None) -> bool:
+    """The crashed training's GPU memory is free again (unknown counts as free)."""
+    return held is None or held <= GATE_HELD

@@ -12,13 +12,16 @@ from __future__ import annotations
 import logging
 import signal as signal_module
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import anyio
 
-from supervisor import childenv, job as jobs, policy
+from supervisor import childenv, job as jobs, policy, stacks
 from supervisor._units import format_duration
 from supervisor.child import exit_status
+from supervisor.health import this_node
+from supervisor.journal import read_journal
 from supervisor.policy import Reason, Trigger
 
 if TYPE_CHECKING:
@@ -26,6 +29,7 @@ if TYPE_CHECKING:
     from supervisor.plan import Plan
 
 log = logging.getLogger("supervise")
+EXCLUDE_BOUND = 4.0  # seconds for the node exclusion after the requeue (KillWait is 30 s by default, 5 in tests)
 REQUEST_SLACK = 0.02  # a file's mtime can trail the wall clock by a tick
 
 
@@ -75,9 +79,13 @@ class StopSequence:
 
     def __init__(self, run: "Agent") -> None:
         self.run = run
+        self.outcomes: dict[str, dict[str, Any]] = {}
 
     async def __call__(self) -> None:
         run = self.run
+        self.journal_stop()
+        if run.trigger is not None and run.trigger.reason == Reason.HANG:
+            await self.step("stacks", self.stacks)
         await self.step("checkpoint", self.checkpoint)
         await self.step("flush", lambda: self.flush("stop"))
         await self.step("stop-child", self.stop_child)
@@ -87,8 +95,20 @@ class StopSequence:
         await self.step("final-flush", lambda: self.flush("final"))
         with anyio.move_on_after(10):
             await self.refine_reason()
+        assert run.trigger is not None
+        run.stopped_cleanly = policy.stopped_cleanly(run.trigger.reason, self.outcomes)
         await self.tell_end()
         await self.step("requeue", self.requeue)
+
+    def journal_stop(self) -> None:
+        """The ``stop`` event: why, and how long is left before the job's end and its hard kill."""
+        run, t = self.run, self.run.trigger
+        assert t is not None
+        now = time.time()
+        run.journal.emit("stop", reason=t.reason.value, detail=t.detail, signal=t.signal.name if t.signal else None,
+                         time_left_s=None if run.end is None else round(run.end - now, 3),
+                         longest_gap_s=run.gaps.longest,
+                         **policy.kill_fields(end=run.end, kill=run.kill(), kill_wait=run.kill_wait, now=now))
 
     async def step(self, name: str, fn: Callable[[], Awaitable[dict[str, Any] | None]]) -> dict[str, Any]:
         """Run one stop step, journaling its outcome and duration (deadline learning reads them)."""
@@ -99,10 +119,21 @@ class StopSequence:
             log.exception("stop step %s failed", name)
             outcome = {"ok": False, "error": f"{type(e).__name__}: {e}"}
         seconds = round(time.monotonic() - t0, 3)
+        self.outcomes[name] = outcome
         self.run.journal.emit("stop-step", **{**outcome, "step": name, "seconds": seconds})
         if not outcome.get("skipped"):
             log.info("stop step %s: %s", name, format_duration(seconds))
         return outcome
+
+    async def stacks(self) -> dict[str, Any]:
+        """Where it hangs: every rank's Python stacks into the run directory (stacks.py), before the stop."""
+        run = self.run
+        pids = await anyio.to_thread.run_sync(run.tree_pids)
+        out = run.plan.run_dir / stacks.STACKS_DIR / f"attempt-{run.plan.attempt}"
+        bound = max(1.0, min(60.0, run.time_left() / 4))
+        with anyio.move_on_after(bound + 5):
+            return await anyio.to_thread.run_sync(partial(stacks.dump, pids, out, timeout=bound), abandon_on_cancel=True)
+        return {"outcome": "timeout", "bound_s": round(bound, 3)}
 
     async def checkpoint(self) -> dict[str, Any]:
         """Ask for a checkpoint and wait until one completed after the request is durable."""
@@ -115,8 +146,8 @@ class StopSequence:
         if child is None or child.returncode is not None:
             return {"skipped": "the training is not running"}
         asked_at = time.time()
-        request = await run.request_checkpoint(trigger.detail or trigger.reason.value,
-                                               signal=policy.signal_checkpoint(scheduler_signalled_all=run.signalled_all()))
+        request = await request_checkpoint(run.plan, child, run.journal.emit, trigger.detail or trigger.reason.value,
+                                           signal=policy.signal_checkpoint(scheduler_signalled_all=run.signalled_all()))
         mirror = run.mirror
         if mirror is None or not any(p.kind == "checkpoint" for p in run.cfg.sync):
             return {"outcome": "requested", "why": "no checkpoint pair: completion cannot be seen", **request}
@@ -150,8 +181,22 @@ class StopSequence:
                 tg.start_soon(nudge)
         if outcome == "timeout":
             log.warning("no checkpoint completed after the request within %s", format_duration(bound))
+        answered = None
+        if outcome == "published":
+            saves = await anyio.to_thread.run_sync(self.publish_times)
+            done = min((t for t in saves if t >= asked_at), default=None)  # the publish comes after the completion
+            answered = policy.answered_request(saves, asked_at, done)
+            if answered is False:
+                log.warning("the stop waited %s for the training's next periodic save: it does not answer checkpoint "
+                            "requests (docs/training.md)", format_duration(time.time() - asked_at))
         return {"outcome": outcome, "bound_s": round(bound, 3), "published": mirror.published - before,
-                "signalled": request.get("signal") is not None}
+                "signalled": request.get("signal") is not None, "answered": answered}
+
+    def publish_times(self) -> list[float]:
+        """When this attempt's checkpoints were published (its journal's ``publish`` events)."""
+        run = self.run
+        return [float(e["t"]) for e in read_journal(run.plan.run_dir).events
+                if e.get("kind") == "publish" and e.get("attempt") == run.plan.attempt and not e.get("pointer")]
 
     async def flush(self, reason: str) -> dict[str, Any]:
         run = self.run
@@ -225,10 +270,21 @@ class StopSequence:
         if run.notifier is None or run.trigger is None:
             return
         reason = run.trigger.reason
-        status = policy.exit_status(run.exit_status, run.trigger)
+        status = run.status()
         run.notifier.post(policy.END_NOTICE[reason], reason=reason.value, exit_status=status, attempt=run.plan.attempt)
         with anyio.CancelScope(shield=True):
             await run.notifier.drain(min(run.cfg.notify_timeout, max(0.0, run.time_left())))
+
+    def no_progress(self) -> bool:
+        """No checkpoint published over the last ``no_progress_attempts`` attempts (this one
+        included): a requeue would only repeat the failure (issue 15). Unknowable without a
+        checkpoint pair, so never then."""
+        run = self.run
+        if run.mirror is None or not any(p.kind == "checkpoint" for p in run.cfg.sync):
+            return False
+        earlier = [e for e in run.plan.previous_events if e.get("attempt") != run.plan.attempt]
+        progress = policy.progress_by_attempt(earlier) + [run.mirror.published > 0]
+        return policy.no_progress(progress, run.cfg.no_progress_attempts)
 
     async def requeue(self) -> dict[str, Any]:
         run, cfg = self.run, self.run.cfg
@@ -237,7 +293,19 @@ class StopSequence:
         job = run.plan.job
         wanted, why = policy.requeue_decision(trigger.reason, requeue=cfg.requeue, on_failure=cfg.requeue_on_failure,
                                               scheduler=job.scheduler, already=run.requeued_by_scheduler,
-                                              restart_count=job.restart_count, max_requeues=cfg.max_requeues)
+                                              restart_count=job.restart_count, max_requeues=cfg.max_requeues,
+                                              suspect=bool(run.faults.reasons))
+        if wanted and await anyio.to_thread.run_sync(self.no_progress):
+            run.no_progress = True
+            k = cfg.no_progress_attempts
+            run.journal.emit("requeue-refused", why="no-progress", attempts=k, restart_count=job.restart_count,
+                             max_requeues=cfg.max_requeues)
+            log.error("not requeueing: no new checkpoint in the last %d attempt(s); the run cannot progress", k)
+            if run.notifier is not None:
+                run.notifier.post("no-progress", attempts=k, attempt=run.plan.attempt, reason=trigger.reason.value)
+                with anyio.CancelScope(shield=True):
+                    await run.notifier.drain(min(cfg.notify_timeout, max(0.0, run.time_left())))
+            return {"requeued": False, "why": f"no checkpoint published in {k} attempt(s)"}
         if not wanted:
             if why.startswith("max_requeues"):
                 run.journal.emit("requeue-refused", restart_count=job.restart_count, max_requeues=cfg.max_requeues)
@@ -253,4 +321,11 @@ class StopSequence:
         ignore_stop_signals()
         ok, message = await jobs.requeue(job, timeout=min(60.0, max(5.0, run.time_left())), report=log.warning)
         log.info("requeue: %s", message)
-        return {"requeued": ok, "message": message, "restart_count": job.restart_count}
+        result: dict[str, Any] = {"requeued": ok, "message": message, "restart_count": job.restart_count}
+        suspect = policy.exclude_node(trigger.reason, run.faults.reasons)
+        if ok and suspect:  # after the requeue: Slurm changes ExcNodeList only on a pending job
+            node = this_node(run.plan.env)
+            done, text = await jobs.exclude_nodes(job, [node], timeout=EXCLUDE_BOUND, report=log.warning)
+            log.warning("node %s is suspect (%s): %s", node, "; ".join(suspect), "excluded" if done else text)
+            result.update(excluded=[node] if done else [], suspect=suspect, exclude_message=text)
+        return result

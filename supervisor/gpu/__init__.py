@@ -120,6 +120,16 @@ class GpuSampler:
         self.devices: list[DeviceInfo] = []
         self._csv: CsvWriter | None = None
         self._peaks: dict[str, dict[str, float]] = {}  # uuid -> peak memory, for gpu-end
+        self._mem_first: int | None = None  # bytes in use on the job's GPUs at the first sample (before the training)
+        self._mem_last: tuple[float, int] | None = None  # (time.monotonic(), bytes in use) of the latest sample
+
+    def memory_held(self, since: float) -> int | None:
+        """Bytes in use on the job's GPUs beyond what was in use before the training started,
+        from a sample taken after ``since`` (``time.monotonic()``); None without such a sample.
+        The health gate before an in-place restart reads it (supervisor/health.py)."""
+        if self._mem_first is None or self._mem_last is None or self._mem_last[0] < since:
+            return None
+        return max(0, self._mem_last[1] - self._mem_first)
 
     def last_busy(self) -> float | None:
         """``time.monotonic()`` of the last sample with any GPU above 5 % utilisation."""
@@ -216,6 +226,10 @@ class GpuSampler:
         self.samples += 1
         if any(s.util_gpu is not None and s.util_gpu > BUSY_PCT for s in samples):
             self._last_busy = time.monotonic()
+        used = [s.mem_used for s in samples if s.mem_used is not None]
+        if used:
+            self._mem_first = sum(used) if self._mem_first is None else self._mem_first
+            self._mem_last = (time.monotonic(), sum(used))
         for s in samples:
             peak = self._peaks.setdefault(s.uuid, {})
             for key, value in (("peak_mem_used_mib", s.mem_used), ("peak_proc_mem_mib", s.proc_mem)):

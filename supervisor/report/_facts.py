@@ -215,7 +215,7 @@ def build(data: RunData) -> Facts:
         journal={"events": len(events), "torn_last_line": data.journal.torn_last_line is not None,
                  "bad_lines": data.journal.bad_lines, "gpu_bad_rows": data.gpu_bad_rows,
                  "host_bad_rows": data.host_bad_rows, "malformed_events": data.malformed_events},
-        requeue_refused=[{k: e.get(k) for k in ("attempt", "restart_count", "max_requeues")}
+        requeue_refused=[{k: e.get(k) for k in ("attempt", "restart_count", "max_requeues", "why", "attempts")}
                          for e in events if e.get("kind") == "requeue-refused"],
     )
 
@@ -323,6 +323,8 @@ def _stops(n: int, evs: list[dict[str, Any]]) -> list[StopSequence]:
 
 def _outcome(e: dict[str, Any]) -> str | None:
     """One word or phrase for a stop step: its outcome, why it was skipped, or how the child ended."""
+    if e.get("step") == "checkpoint" and e.get("answered") is False:
+        return "published (the next periodic save: the request was not answered)"
     if e.get("outcome"):
         return str(e["outcome"])
     if e.get("skipped"):

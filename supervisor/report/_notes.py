@@ -210,7 +210,13 @@ def run_shape(f: Facts) -> list[Note]:
         notes.append(Note("bad", "The run stopped before its work was done and was not requeued: resubmit with the same "
                                  "--run-dir (it resumes from the last durable checkpoint), or add --requeue."))
     refused = [e for e in f.requeue_refused]
-    if refused:
+    if refused and refused[-1].get("why") == "no-progress":
+        r = refused[-1]
+        notes.append(Note("bad", f"Not requeued: no new checkpoint reached persistent storage in the last "
+                                 f"{r.get('attempts')} attempts, so another attempt would fail the same way (exit status "
+                                 f"3). See supervise.log for how each attempt ended; fix the crash or hang, or "
+                                 f"checkpoint more often, then resubmit with the same --run-dir."))
+    elif refused:
         r = refused[-1]
         notes.append(Note("bad", f"A requeue was refused: {r.get('restart_count')} requeues already, --max-requeues "
                                  f"{r.get('max_requeues')}. Raise --max-requeues, or resubmit with the same --run-dir."))
@@ -220,7 +226,19 @@ def run_shape(f: Facts) -> list[Note]:
     return notes
 
 
-RULES: list[Callable[[Facts], list[Note]]] = [run_shape, warn_lead, checkpoint_pace, gpu_health, gpu_use,
+def requests_ignored(f: Facts) -> list[Note]:
+    waited = [(s.attempt, st.seconds) for s in f.stops for st in s.steps
+              if st.step == "checkpoint" and (st.outcome or "").startswith("published (the next periodic save")]
+    if not waited:
+        return []
+    n, seconds = waited[-1]
+    return [Note("warn", f"The training does not answer checkpoint requests: the stop of attempt {n} waited "
+                         f"{seconds:.1f}s for its next periodic save. Save when supervisor.training."
+                         f"checkpoint_requested() is true (or on $SUPERVISE_CHECKPOINT_SIGNAL), then call acknowledge() "
+                         f"(docs/training.md): stops get shorter and the warning lead can be learned.")]
+
+
+RULES: list[Callable[[Facts], list[Note]]] = [run_shape, requests_ignored, warn_lead, checkpoint_pace, gpu_health, gpu_use,
                                               gpu_memory, host_memory, time_limit]
 
 

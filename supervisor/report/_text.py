@@ -6,6 +6,7 @@ import dataclasses
 import re
 import textwrap
 import time
+from pathlib import Path
 from typing import Any
 
 from supervisor.report._facts import Facts, Gpu, throttled
@@ -105,7 +106,7 @@ def render(f: Facts, *, colour: bool = False) -> str:
     job = f.job
     out.append(f"run dir {f.run_dir}" + (f" · job {job['job_id']}" if job.get("job_id") else "")
                + (f" ({job['job_name']})" if job.get("job_name") else "") + (f" · {job['scheduler']}" if job.get("scheduler") else ""))
-    out += (_timeline(f, st) + _stops(f, st) + _checkpoints(f, st) + _goodput(f, st) + _gpus(f, st) + _host(f, st)
+    out += (_timeline(f, st) + _stops(f, st) + _stacks(f, st) + _checkpoints(f, st) + _goodput(f, st) + _gpus(f, st) + _host(f, st)
             + _notes(f, st))
     j = f.journal
     if j["torn_last_line"] or j["bad_lines"] or j["malformed_events"]:
@@ -176,6 +177,26 @@ def _stops(f: Facts, st: Style) -> list[str]:
             margin = " · " + (st("31", text) if s.margin_s < 0 else text)
         out.append(f"    {'total':12} {dur(s.seconds):>7}{margin}")
     return out
+
+
+def _stacks(f: Facts, st: Style) -> list[str]:
+    """A hang's stack dumps (supervisor/stacks.py), threads grouped by identical stack."""
+    from supervisor.stacks import group
+
+    groups = group(Path(f.run_dir))
+    if not groups:
+        return []
+    out = ["", st.head("Where it hung (py-spy, threads grouped by identical stack, innermost frame first)")]
+    for g in groups:
+        pids = ", ".join(str(p) for p in g["pids"])
+        out.append(f"  attempt {g['attempt']}: {g['count']} thread{'s' if g['count'] != 1 else ''} (pid {pids})")
+        out += [f"    {frame}" for frame in g["frames"][:STACK_FRAMES]]
+        if len(g["frames"]) > STACK_FRAMES:
+            out.append(f"    … {len(g['frames']) - STACK_FRAMES} more")
+    return out
+
+
+STACK_FRAMES = 12  # frames shown per group; the JSON dumps in the run directory have them all
 
 
 def _checkpoints(f: Facts, st: Style) -> list[str]:

@@ -96,6 +96,7 @@ class FakeChild:
 
     async def stop(self, sig: int, grace: float, *, targets=None, route="launcher", already_signalled=False) -> dict:
         self.stops.append({"signal": signal.Signals(sig).name, "grace": grace, "already": already_signalled})
+        killed = []
         if not already_signalled and self.on_stop is not None:
             self.exit(self.on_stop)
         elif already_signalled:
@@ -103,7 +104,9 @@ class FakeChild:
         else:
             await anyio.sleep(grace)
             self.exit(128 + 9)
-        return {"signal": signal.Signals(sig).name, "grace_s": grace, "killed": [], "sent_to": [self.pid]}
+            killed = [self.pid]
+        return {"signal": signal.Signals(sig).name, "grace_s": grace, "killed": killed, "sent_to": [self.pid],
+                "graceful": not killed}
 
     async def kill_all(self, bound: float = 10.0) -> list[int]:
         self.exit(137)
@@ -131,6 +134,7 @@ class FakeMirror:
 
     def attach(self, emit, writers=None) -> None:
         self.calls.append("attach")
+        self.emit = emit
 
     async def restore(self):
         self.calls.append("restore")
@@ -148,6 +152,7 @@ class FakeMirror:
             await anyio.sleep(delay)
             self.published += 1
             self._completed.append(time.time())
+            self.emit("publish", pair="checkpoint", checkpoint=f"step{self.published}")
             self._event.set()
             self._event = anyio.Event()
         self.tg.start_soon(save)
@@ -338,3 +343,231 @@ def test_requeue_and_exit_status_decisions():
     assert policy.is_requested(10.0, 9.99) and not policy.is_requested(9.0, 9.99)
     assert policy.stop_signal_for(configured=None, launcher_signal=signal.SIGINT, plain=False,
                                   trigger_signal=signal.SIGTERM) == signal.SIGINT
+
+
+# ---- issue 15 ----------------------------------------------------------------------------
+
+SLURM = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "n1", "SLURM_NNODES": "1"}
+
+
+@pytest.mark.parametrize("stopped_status, expected", [(None, 0), ("child", 1), ("7", 7)])
+async def test_a_clean_stop_says_so_whatever_the_launchers_status(tmp_path, stopped_status, expected):
+    """torchrun exits 1 after a TERM even when every rank saved and exited 0: Slurm said FAILED."""
+    flags = {} if stopped_status is None else {"stopped_status": stopped_status}
+    agent, children, _ = make_agent(tmp_path, flags=flags, child_kw={"on_stop": 1})
+    assert await run_with(agent, children, lambda a, c: a.deliver(signal.SIGTERM)) == expected
+    end = events(agent, "end")[0]
+    assert end["launcher_status"] == 1 and end["stopped_cleanly"] is True and end["exit_status"] == expected
+
+
+async def test_a_stop_that_needed_sigkill_or_lost_its_checkpoint_is_not_clean(tmp_path):
+    agent, children, _ = make_agent(tmp_path, flags={"grace": "0.1s"}, child_kw={"on_stop": None})
+    assert await run_with(agent, children, lambda a, c: a.deliver(signal.SIGTERM)) == 137
+    assert events(agent, "end")[0]["stopped_cleanly"] is False
+    agent, children, _ = make_agent(tmp_path / "b", flags={"checkpoint_timeout": "0.2s"},
+                                    child_kw={"answers": False, "on_stop": 1})
+    assert await run_with(agent, children, lambda a, c: a.deliver(signal.SIGTERM)) == 1
+
+
+async def test_an_early_warning_signal_waits_for_end_minus_lead_then_stops_and_checkpoints(tmp_path):
+    """#SBATCH --signal=B:USR1@60 on a 2-minute job: Slurm may send it at second 0."""
+    agent, children, _ = make_agent(tmp_path, flags={"time_limit": "3s", "warn_before": "1s"})
+
+    async def early_usr1(a: Agent, c: FakeChild) -> None:
+        while a.end is None:
+            await anyio.sleep(0.01)
+        await a.deliver(signal.SIGUSR1)
+        await anyio.sleep(0.3)
+        assert a.trigger is None  # deferred, not a checkpoint-and-go-on either
+        assert not any(s[0] == "SIGUSR1" for s in c.sent)
+
+    t0 = time.monotonic()
+    await run_with(agent, children, early_usr1)
+    assert time.monotonic() - t0 >= 1.8
+    assert events(agent, "signal")[0]["action"] == "deferred"
+    assert events(agent, "stop")[0]["reason"] == "deadline"
+    assert steps(agent)["checkpoint"]["outcome"] == "published"
+
+
+async def test_a_checkpoint_signal_far_from_the_end_is_a_checkpoint_request(tmp_path):
+    agent, children, _ = make_agent(tmp_path, flags={"time_limit": "3h"})
+
+    async def usr1(a: Agent, c: FakeChild) -> None:
+        while a.end is None:
+            await anyio.sleep(0.01)
+        await a.deliver(signal.SIGUSR1)
+        assert a.trigger is None
+        await a.deliver(signal.SIGINT)
+
+    await run_with(agent, children, usr1)
+    assert events(agent, "checkpoint-request")[0]["why"] == "received SIGUSR1"
+
+
+def test_warning_signals_decided_by_the_schedulers_end():
+    kw = dict(warn_signal=signal.SIGUSR2, checkpoint_signal=signal.SIGUSR1, lead=30.0)
+    assert policy.signal_action(signal.SIGUSR1, end=None, now=0, **kw) == "checkpoint"
+    assert policy.signal_action(signal.SIGUSR1, end=120, now=0, **kw) == "defer"
+    assert policy.signal_action(signal.SIGUSR1, end=120, now=95, **kw) == "stop"
+    assert policy.signal_action(signal.SIGUSR1, end=86400, now=0, **kw) == "checkpoint"
+    assert policy.signal_action(signal.SIGUSR1, end=600, now=0, **kw) == "checkpoint"  # scancel --signal=USR1 mid-job
+    assert policy.signal_action(signal.SIGUSR2, end=None, now=0, **kw) == "stop"
+    assert policy.signal_action(signal.SIGUSR2, end=86400, now=0, **kw) == "defer"
+    assert policy.signal_action(signal.SIGHUP, end=120, now=100, **kw) == "forward"
+
+
+def test_a_save_that_came_when_the_next_periodic_one_was_due_did_not_answer():
+    saves = [100.0, 130.0, 160.0]
+    assert policy.answered_request(saves, 170.0, 190.2) is False   # waited 20 s for the save due at 190
+    assert policy.answered_request(saves, 170.0, 171.5) is True
+    assert policy.answered_request([100.0], 170.0, 190.0) is None   # no rhythm known
+    assert policy.answered_request(saves, 200.0, 220.0) is False  # one periodic save skipped
+
+
+async def test_a_training_that_only_saves_periodically_is_journaled_as_not_answering(tmp_path):
+    agent, children, _ = make_agent(tmp_path, flags={"checkpoint_timeout": "5s"}, child_kw={"answers": False})
+
+    async def periodic(a: Agent, c: FakeChild) -> None:
+        while a.mirror.tg is None:
+            await anyio.sleep(0.01)
+        for pause in (0.5, 0.5, 0.1):
+            a.mirror.save_later(0.0)
+            await anyio.sleep(pause)
+        await a.deliver(signal.SIGTERM)
+        await anyio.sleep(0.4)
+        a.mirror.save_later(0.0)   # the next periodic save, due 0.5 s after the last
+
+    await run_with(agent, children, periodic)
+    cp = steps(agent)["checkpoint"]
+    assert cp["outcome"] == "published" and cp["answered"] is False
+
+
+async def test_an_answered_stop_is_journaled_as_answered(tmp_path):
+    agent, children, _ = make_agent(tmp_path)
+
+    async def periodic_then_term(a: Agent, c: FakeChild) -> None:
+        while a.mirror.tg is None:
+            await anyio.sleep(0.01)
+        for pause in (0.5, 0.5, 0.25):
+            a.mirror.save_later(0.0)
+            await anyio.sleep(pause)
+        await a.deliver(signal.SIGTERM)
+
+    await run_with(agent, children, periodic_then_term)
+    assert steps(agent)["checkpoint"]["answered"] is True
+
+
+def journal_of(tmp_path: Path, attempts: list[bool]) -> None:
+    """Earlier attempts in the run directory; True: that attempt published a checkpoint."""
+    import json
+
+    run_dir = tmp_path / "supervise-77"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "events.jsonl", "a") as f:
+        for n, progressed in enumerate(attempts, 1):
+            f.write(json.dumps({"v": 1, "t": float(n), "attempt": n, "kind": "start"}) + "\n")
+            if progressed:
+                f.write(json.dumps({"v": 1, "t": float(n), "attempt": n, "kind": "publish", "checkpoint": f"s{n}"}) + "\n")
+
+
+async def test_a_run_that_cannot_progress_is_not_requeued(tmp_path):
+    """Attempt 1 published nothing, this attempt neither (a crash or hang before its next
+    checkpoint): a requeue would only spend another allocation."""
+    journal_of(tmp_path, [False])
+    agent, children, notifier = make_agent(tmp_path, env={**SLURM, "SLURM_RESTART_COUNT": "1"},
+                                           flags={"requeue": "true", "checkpoint_timeout": "0.2s"},
+                                           child_kw={"answers": False})
+    assert agent.plan.attempt == 2
+    status = await run_with(agent, children, lambda a, c: a.deliver(signal.SIGTERM))
+    assert status == policy.NO_PROGRESS_STATUS
+    refused = events(agent, "requeue-refused")[0]
+    assert refused["why"] == "no-progress" and refused["attempts"] == 2
+    assert steps(agent)["requeue"]["requeued"] is False
+    assert "no-progress" in notifier.posted
+    assert events(agent, "end")[0]["exit_status"] == 3
+
+
+def test_progress_over_the_last_k_attempts():
+    assert policy.progress_by_attempt([{"attempt": 1, "kind": "start"}, {"attempt": 2, "kind": "start"},
+                                       {"attempt": 2, "kind": "publish", "pointer": True}]) == [False, False]
+    assert policy.no_progress([True, False, False], 2) and not policy.no_progress([False, True, False], 2)
+    assert not policy.no_progress([False], 2) and not policy.no_progress([False, False], 0)
+
+
+async def test_after_a_gpu_fault_a_crash_is_not_restarted_in_place_but_requeued(tmp_path):
+    """The health gate: a new XID means the GPUs, not the code, failed; the same GPUs would fail again."""
+    agent, children, _ = make_agent(tmp_path, env=SLURM, flags={"max_restarts": "3", "requeue": "true",
+                                                                "restart_backoff": "0.01s"})
+
+    async def xid_then_crash(a: Agent, c: FakeChild) -> None:
+        a.faults.through(a.journal.emit)("gpu-xid", durable=True, device=0, uuid="GPU-0", xid=79)
+        c.exit(1)
+
+    await run_with(agent, children, xid_then_crash)
+    assert len(children) == 1 and not events(agent, "restart")
+    assert events(agent, "end")[0]["reason"] == "child-failed"
+    requeue = steps(agent)["requeue"]
+    assert "requeued" in requeue and "skipped" not in requeue  # tried (no scontrol here), not refused
+
+
+async def test_without_a_fault_a_crash_is_restarted_in_place(tmp_path):
+    agent, children, _ = make_agent(tmp_path, flags={"max_restarts": "1", "restart_backoff": "0.01s"})
+
+    async def crash_twice(a: Agent, c: FakeChild) -> None:
+        a.faults.through(a.journal.emit)("gpu-xid", durable=True, device=0, uuid="GPU-0", xid=13)  # an application XID
+        c.exit(1)
+        with anyio.fail_after(5):
+            while len(children) < 2:
+                await anyio.sleep(0.01)
+        children[1].exit(1)
+
+    await run_with(agent, children, crash_twice)
+    assert len(events(agent, "restart")) == 1
+
+
+def test_which_gpu_events_make_a_node_suspect():
+    assert policy.gpu_fault("gpu-xid", {"xid": 79, "device": 2}) == "XID 79 on GPU 2"
+    assert policy.gpu_fault("gpu-xid", {"xid": 13, "device": 2}) is None
+    assert policy.gpu_fault("gpu-lost", {"device": 1}) == "GPU 1 lost"
+    assert policy.exclude_node(Reason.HANG, []) == ["hang"]
+    assert policy.exclude_node(Reason.DEADLINE, []) == []
+    kw = dict(requeue=True, on_failure=False, scheduler="slurm", already=False, restart_count=0, max_requeues=3)
+    assert policy.requeue_decision(Reason.CHILD_FAILED, **kw, suspect=True) == (True, "")
+    assert policy.requeue_decision(Reason.HANG, **kw) == (True, "")
+
+
+class HeldGpu:
+    """A GPU sampler whose memory stays in use after the crash (a rank stuck in the driver)."""
+
+    def __init__(self, held: int) -> None:
+        self.held = held
+
+    def memory_held(self, since: float) -> int:
+        return self.held
+
+    def last_busy(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("held_mib, restarted", [(4096, False), (0, True)])
+async def test_the_health_gate_checks_that_the_crashed_trainings_gpu_memory_is_free(tmp_path, held_mib, restarted):
+    agent, children, _ = make_agent(tmp_path, env=SLURM, flags={"max_restarts": "1", "requeue": "true",
+                                                                "restart_backoff": "0.01s"})
+    agent.gpu = HeldGpu(held_mib * 2**20)   # gpu_every is 0 in these tests: the part is not started
+
+    async def crash(a: Agent, c: FakeChild) -> None:
+        c.exit(1)
+        with anyio.fail_after(5):
+            while len(children) < 2 and a.trigger is None:
+                await anyio.sleep(0.01)
+        if len(children) == 2:
+            children[1].exit(0)
+
+    await run_with(agent, children, crash)
+    assert (len(children) == 2) is restarted
+    gate = events(agent, "health-gate")
+    if restarted:
+        assert not gate and events(agent, "end")[0]["reason"] == "child-exit"
+    else:
+        assert gate[0]["held_mib"] == 4096 and "still in use" in gate[0]["why"]
+        assert events(agent, "end")[0]["reason"] == "child-failed"
+        assert "skipped" not in steps(agent)["requeue"]  # requeued elsewhere (no scontrol here)

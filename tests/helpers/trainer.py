@@ -25,6 +25,8 @@ p.add_argument("--size", type=int, default=4096)
 p.add_argument("--write-time", type=float, default=0.0, help="seconds spent writing each checkpoint")
 p.add_argument("--fail-at", type=int, default=0, help="exit 3 at this step (a crash)")
 p.add_argument("--ignore-stop", action="store_true")
+p.add_argument("--stopped-status", type=int, default=0, help="exit status after a stop (torchrun exits 1)")
+p.add_argument("--no-answer", action="store_true", help="ignore checkpoint requests: save only every --every steps")
 a = p.parse_args()
 
 ckpt = Path(a.ckpt_dir)
@@ -63,11 +65,11 @@ while step < a.steps:
     if a.fail_at and step == a.fail_at:
         print(f"crash {step}", flush=True)
         sys.exit(3)
-    if (a.every and step % a.every == 0) or training.checkpoint_requested():
+    if (a.every and step % a.every == 0) or (not a.no_answer and training.checkpoint_requested()):
         save(step)
         training.acknowledge()
     if training.stop_requested():
         save(step)
         print(f"stopped {step}", flush=True)
-        sys.exit(0)
+        sys.exit(a.stopped_status)
 print(f"done {step}", flush=True)
