@@ -27,7 +27,7 @@ measured: the request's way to every rank and the training step in flight when i
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 STOP_STEP = "stop-step"

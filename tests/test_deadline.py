@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.deadline import Lead, fit, learn, learn_lead, percentile, resolve_end, smooth, warning_time
+from supervisor.deadline import Lead, fit, learn, learn_lead, resolve_end, smooth, warning_time
 
 
 def ev(step: str, seconds: object, attempt: int = 1, kind: str = "stop-step", **more: object) -> dict:

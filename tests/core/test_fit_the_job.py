@@ -62,6 +62,7 @@ def test_a_training_that_ignores_requests_is_journaled_reported_and_teaches_no_l
     # The next attempt (auto lead) learns nothing from it and keeps the default, fitted to the job.
     r = run_supervise("--run-dir", str(run), "--checkpoints", str(local), str(persist), "--time-limit", "8s",
                       "--grace", "5s", "--gpu-every", "0", "--", *TRAINER, str(local), "--steps", "5", timeout=120)
+    assert r.returncode == 0, r.stderr
     deadline = [e for e in _events(run, "deadline") if e["attempt"] == 2][0]
     assert deadline["learned"] is False and deadline["bound"] == "first-share" and deadline["lead_s"] == 2.0
     assert "periodic" in deadline["ignored"][0]["why"]

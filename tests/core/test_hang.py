@@ -3,7 +3,6 @@ one rank stops calling allreduce, the other blocks in it."""
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 

@@ -15,7 +15,6 @@ The queue wait between attempts (BeginTime, 120 s) is skipped with StartTime=now
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 from pathlib import Path
