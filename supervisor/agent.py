@@ -30,9 +30,9 @@ from anyio.abc import TaskGroup
 
 from supervisor import __version__, deadline, job as jobs, launchers, logs
 from supervisor._units import format_duration
-from supervisor.child import Child, SpawnError, exit_status
+from supervisor.child import Child, SpawnError, exit_status, quiet_stray_signals
 from supervisor.config import Config, public_view
-from supervisor.journal import Journal, next_attempt, read_journal, redact_env
+from supervisor.journal import Journal, next_attempt, open_own_file, read_journal, redact_argv, redact_env
 
 log = logging.getLogger("supervise")
 
@@ -98,6 +98,8 @@ class Agent:
         self.previous_events = read_journal(self.run_dir).events
         self.attempt = next_attempt(self.run_dir, self.env)
         self.journal = Journal(self.run_dir, self.attempt)
+        for url in cfg.notify:  # issue 14: before `start`, whose argv may hold them
+            self.journal.add_secret(url)
         self.state = State.STARTING
         self.child: Child | None = None
         self.mirror: Any = None
@@ -123,7 +125,12 @@ class Agent:
         self._journal_start()
         # The receiver outlives the task group: while its parts wind down (a worker thread
         # may sit in a slow NVML call), a TERM must still find a handler, not the default.
-        with anyio.open_signal_receiver(*STOP_SIGNALS, *PASS_SIGNALS, signal.SIGCONT) as signals:
+        # issue 14: the warn and checkpoint signals may be any OPTION_SIGNALS (ALRM killed us);
+        # every other catchable signal is ignored rather than left to kill or stop us.
+        caught = {*STOP_SIGNALS, *PASS_SIGNALS, signal.SIGCONT,
+                  *(s for s in (self.cfg.warn_signal, self.checkpoint_signal) if s is not None)}
+        quiet_stray_signals(caught)
+        with anyio.open_signal_receiver(*caught) as signals:
             try:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._signal_intake, signals)
@@ -146,6 +153,7 @@ class Agent:
                     await self._emergency_stop()
                 self._trigger = self._trigger or Trigger(Reason.ERROR, str(e), at=time.monotonic())
         _ignore_stop_signals()  # the receiver's exit restored the defaults
+        quiet_stray_signals(STOP_SIGNALS)  # issue 14: nor may a HUP or ALRM cut `end`
         return self._finish()
 
     async def _cancel_on_stop(self, scope: anyio.CancelScope) -> None:
@@ -674,7 +682,7 @@ class Agent:
             "start",
             durable=True,
             version=__version__,
-            argv=sys.argv,
+            argv=redact_argv(sys.argv),
             command=list(self.cfg.command),
             cwd=os.getcwd(),
             host=os.uname().nodename,
@@ -751,7 +759,15 @@ def _write_request(path: Path, why: str) -> None:
     """A new file (new inode) each time, so every rank sees a new request. The temp name is
     unique per call: a signal's request and the stop sequence's may be written at once."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{next(_REQUEST_SEQ)}")
-    tmp.write_text(f"{time.time():.3f} {why}\n")
+    try:
+        tmp.unlink()  # a leftover (or a planted link) of a killed earlier attempt with our pid
+    except FileNotFoundError:
+        pass
+    fd = open_own_file(tmp, append=False)  # issue 14: O_EXCL|O_NOFOLLOW, never a planted link
+    try:
+        os.write(fd, f"{time.time():.3f} {why}\n".encode())
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
 
 

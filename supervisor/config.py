@@ -8,15 +8,17 @@ what would be right (exit status 2). Keys are documented in ``configs/example.to
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from supervisor._units import parse_duration, parse_signal
+from supervisor._units import MAX_DURATION, parse_duration, parse_positive_duration, parse_signal
 from supervisor.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -104,10 +106,21 @@ def _duration(v: Any) -> float:
     return parse_duration(v)
 
 
+def _positive_duration(v: Any) -> float:
+    """An interval or a timeout: 0 would spin (``--sync-every 0`` took a core) or never wait."""
+    return parse_positive_duration(v)
+
+
+MAX_TIME_LIMIT = 366 * 86400.0  # past any scheduler's limit: a typo (99999999999999h), not a plan
+
+
 def _opt_duration(v: Any) -> float | None:
     if v in (None, "", "none", "off", 0, "0"):
         return None
-    return parse_duration(v)
+    seconds = parse_duration(v)
+    if seconds > MAX_TIME_LIMIT:
+        raise ValueError("a duration of at most 366 days (no scheduler allows more)")
+    return seconds
 
 
 def _warn_before(v: Any) -> float | None:
@@ -201,6 +214,16 @@ def _deadline(v: Any) -> float:
     raise ValueError("a time such as 2026-11-21T18:00:00 (local), 2026-11-21T18:00:00Z, or unix seconds")
 
 
+def _future_deadline(v: Any) -> float:
+    """A deadline still ahead and finite: one in the past would stop the training as it starts."""
+    t = _deadline(v)
+    if not math.isfinite(t) or t > time.time() + MAX_DURATION:
+        raise ValueError("a time within the next ten years, such as 2026-11-21T18:00:00")
+    if t <= time.time():
+        raise ValueError("a time in the future (this one has passed)")
+    return t
+
+
 def _profile(v: Any) -> str:
     from supervisor.sync._profiles import NAMES
 
@@ -234,7 +257,7 @@ SCALAR_KEYS: dict[str, Callable[[Any], Any]] = {
     "stop_signal": _signal,
     "forward": _choice(*FORWARD_POLICIES),
     "launcher": _choice(*LAUNCHERS),
-    "sync_every": _duration,
+    "sync_every": _positive_duration,
     "sync_backend": _choice("auto", "rsync", "python"),
     "sync_nice": _nice,
     "sync_ionice": _choice("idle", "best-effort", "none"),
@@ -242,11 +265,11 @@ SCALAR_KEYS: dict[str, Callable[[Any], Any]] = {
     "gpu_backend": _choice("auto", "nvml", "dmon", "none"),
     "dmon_log": _bool,
     "time_limit": _opt_duration,
-    "deadline": _deadline,
+    "deadline": _future_deadline,
     "warn_before": _warn_before,
     "checkpoint_signal": _opt_signal,
     "warn_signal": _opt_signal,
-    "checkpoint_timeout": _duration,
+    "checkpoint_timeout": _positive_duration,
     "requeue": _bool,
     "max_requeues": _count,
     "requeue_on_failure": _bool,
@@ -256,7 +279,7 @@ SCALAR_KEYS: dict[str, Callable[[Any], Any]] = {
     "hang_action": _choice("report", "stop"),
     "notify": _urls,
     "notify_format": _choice("json", "slack", "teams", "ntfy"),
-    "notify_timeout": _duration,
+    "notify_timeout": _positive_duration,
 }
 SECRET_KEYS = frozenset({"notify"})
 SYNC_KEYS = ("name", "kind", "from", "to", "markers", "every", "restore", "exclude", "keep_local", "settle", "fsync", "profile",
@@ -462,10 +485,14 @@ def check_run_dir(path: Path) -> None:
         raise ConfigError("run_dir", str(path), "exists and is not a directory") from None
     except OSError as e:
         raise ConfigError("run_dir", str(path), f"cannot be created: {e.strerror}") from None
+    from supervisor.journal import check_run_dir_safe, open_own_file
+
+    unsafe = check_run_dir_safe(path)  # issue 14: others must not plant links in it
+    if unsafe:
+        raise ConfigError("run_dir", str(path), unsafe)
     probe = path / f".supervise-write-test-{os.getpid()}"
     try:
-        with open(probe, "w") as f:
-            f.write("ok")
+        os.close(open_own_file(probe, append=False))  # O_EXCL|O_NOFOLLOW: never a planted link
         probe.unlink()
     except OSError as e:
         raise ConfigError("run_dir", str(path), f"is not writable: {e.strerror}") from None

@@ -29,6 +29,31 @@ def _formatter() -> logging.Formatter:
     return _UTCFormatter(f"%(asctime)s supervise[{os.getpid()}] %(levelname)s %(message)s")
 
 
+def reopen_closed_std_streams() -> list[int]:
+    """Put /dev/null on a closed stdin, stdout or stderr (call first thing).
+
+    Started with ``>&-``, Python's ``sys.stderr`` is None (the log crashed on it), and the
+    first file we open would take descriptor 1 or 2: the journal would become the
+    training's stdout. Returns the descriptors that were closed.
+    """
+    closed = []
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            closed.append(fd)
+    for fd in closed:
+        null = os.open(os.devnull, os.O_RDWR)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+    if 1 in closed or sys.stdout is None:
+        sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+    if 2 in closed or sys.stderr is None:
+        sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+    return closed
+
+
 def setup(verbosity: int = 0) -> logging.Logger:
     """stderr logging, before the run directory is known (config errors go here too)."""
     logger = logging.getLogger(LOGGER)
@@ -42,10 +67,37 @@ def setup(verbosity: int = 0) -> logging.Logger:
     return logger
 
 
+class _RunDirHandler(logging.StreamHandler):
+    """``supervise.log``: opened without following links (O_NOFOLLOW, ours only), and quiet
+    when the run directory is full: the journal already says so once, and logging's own
+    handleError would print a traceback for every line."""
+
+    def __init__(self, path: Path) -> None:
+        from supervisor.journal import open_own_file
+
+        super().__init__(open(open_own_file(path), "a", encoding="utf-8", errors="backslashreplace"))
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802
+        pass
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        try:
+            self.stream.close()
+        except OSError:
+            pass
+        super().close()
+
+
 def add_file(run_dir: Path, verbosity: int = 0) -> logging.Handler:
     """Also log to ``<run_dir>/supervise.log`` (appending across attempts)."""
     logger = logging.getLogger(LOGGER)
-    handler = logging.FileHandler(Path(run_dir) / LOG_FILE, encoding="utf-8")
+    handler = _RunDirHandler(Path(run_dir) / LOG_FILE)
     handler.setFormatter(_formatter())
     handler.setLevel(logging.DEBUG if verbosity > 0 else logging.INFO)
     logger.addHandler(handler)
@@ -56,6 +108,6 @@ def close() -> None:
     logger = logging.getLogger(LOGGER)
     for handler in list(logger.handlers):
         handler.flush()
-        if isinstance(handler, logging.FileHandler):
+        if isinstance(handler, (logging.FileHandler, _RunDirHandler)):
             handler.close()
             logger.removeHandler(handler)
