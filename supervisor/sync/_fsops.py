@@ -6,6 +6,7 @@ import ctypes
 import errno
 import os
 import shutil
+import stat
 from pathlib import Path
 
 from supervisor.sync._complete import OURS_PREFIX, STAGING_PREFIX, Snap, snapshot
@@ -68,19 +69,32 @@ def swap_in(staging: Path, final: Path, *, is_dir: bool, fsync: bool) -> None:
         fsync_dir(final.parent)
 
 
-def write_atomic(path: Path, content: bytes, mtime_ns: int, *, fsync: bool) -> bool:
-    """A pointer file through temp + rename; False when ``path`` already holds ``content``."""
+def create_exclusive(path: Path) -> int:
+    """A new file of ours at ``path`` (a temp name in a directory others may write): a
+    leftover of ours there is removed first (unlinking a planted link removes the link, not
+    its target), then O_EXCL|O_NOFOLLOW, mode 600 until the caller sets the source's."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
+def write_atomic(path: Path, content: bytes, mtime_ns: int, *, fsync: bool, mode: int = 0o644) -> bool:
+    """A pointer file through temp + rename, with the source's mode; False when ``path``
+    already holds ``content``."""
     try:
         if path.read_bytes() == content:
             return False
     except (FileNotFoundError, IsADirectoryError):
         pass
     tmp = path.with_name(f"{STAGING_PREFIX}{path.name}")
-    with open(tmp, "wb") as f:
+    with open(create_exclusive(tmp), "wb") as f:
         f.write(content)
         if fsync:
             f.flush()
             os.fsync(f.fileno())
+        os.fchmod(f.fileno(), mode & 0o7777)
     os.utime(tmp, ns=(mtime_ns, mtime_ns))
     os.replace(tmp, path)
     if fsync:
@@ -115,12 +129,12 @@ def copy_markers(src: Path, dst: Path, rels: tuple[str, ...], *, fsync: bool) ->
         st = os.lstat(s)
         d.parent.mkdir(parents=True, exist_ok=True)
         tmp = d.with_name(f".{d.name.lstrip('.')}.supervise-tmp")
-        with open(s, "rb", opener=_nofollow) as fi, open(tmp, "wb") as fo:
+        with open(s, "rb", opener=_nofollow) as fi, open(create_exclusive(tmp), "wb") as fo:
             shutil.copyfileobj(fi, fo, 1 << 20)
             if fsync:
                 fo.flush()
                 os.fsync(fo.fileno())
-        os.chmod(tmp, st.st_mode & 0o7777)
+            os.fchmod(fo.fileno(), st.st_mode & 0o7777)
         os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
         os.replace(tmp, d)
         n += st.st_size
@@ -130,6 +144,29 @@ def copy_markers(src: Path, dst: Path, rels: tuple[str, ...], *, fsync: bool) ->
 def _nofollow(path: str, flags: int) -> int:
     """A marker that is a symlink is refused (ELOOP), never copied as its target's content."""
     return os.open(path, flags | os.O_NOFOLLOW)
+
+
+def claim_staging(path: Path, *, is_dir: bool) -> bool:
+    """Make sure the staging name is ours before copying into it; True when it holds a
+    leftover of ours to resume.
+
+    The name is predictable and lives on the persistent side: a link or a directory that
+    another user planted there is removed (where the directory lets us) and never written
+    through; a new staging directory is created here, mode 700 until its copy sets the
+    source's, so the copier never creates it through a planted link.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None and st.st_uid == os.geteuid() and not stat.S_ISLNK(st.st_mode) \
+            and stat.S_ISDIR(st.st_mode) == is_dir:
+        return True
+    if st is not None:
+        remove_ours(path)
+    if is_dir:
+        os.mkdir(path, 0o700)  # EEXIST if something not ours could not be removed: the publish fails
+    return False
 
 
 def remove_ours(path: Path) -> None:

@@ -339,7 +339,7 @@ class PairEngine:
         staging = p.dst / f"{STAGING_PREFIX}{e.name}"
         # Staging left by a killed run is resumed (rsync skips what is already whole) but then
         # always verified: it may hold files the source no longer has.
-        leftover = await _to_thread(os.path.lexists, staging)
+        leftover = await _to_thread(_fsops.claim_staging, staging, is_dir=e.is_dir)
         for attempt in range(RECOPY_TRIES):
             got = CopyResult()
             try:
@@ -399,7 +399,8 @@ class PairEngine:
             if ptr.link:
                 wrote = await _to_thread(_fsops.write_link, p.dst / ptr.name, target)
             else:
-                wrote = await _to_thread(_fsops.write_atomic, p.dst / ptr.name, ptr.content, ptr.mtime_ns, fsync=p.fsync)
+                wrote = await _to_thread(_fsops.write_atomic, p.dst / ptr.name, ptr.content, ptr.mtime_ns, fsync=p.fsync,
+                                         mode=ptr.mode)
             self.pointers_done[ptr.name] = ptr.content
             if wrote:
                 self.emit("publish", pair=p.name, checkpoint=ptr.name, pointer=True, target=target,
@@ -527,7 +528,7 @@ class PairEngine:
             if ptr.link:
                 _fsops.write_link(p.src / ptr.name, best.name)
             else:
-                _fsops.write_atomic(p.src / ptr.name, ptr.content, ptr.mtime_ns, fsync=False)
+                _fsops.write_atomic(p.src / ptr.name, ptr.content, ptr.mtime_ns, fsync=False, mode=ptr.mode)
             done.append(ptr.name)
         prof = self.profile
         if prof is not None and prof.links and not any(fnmatch.fnmatchcase(best.name, g) for g in prof.links):
