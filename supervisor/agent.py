@@ -168,7 +168,8 @@ class Agent:
 
             self.mirror = Mirror(cfg.sync, emit=self.journal.emit, sync_every=cfg.sync_every,
                                  backend=cfg.sync_backend, nice=cfg.sync_nice, ionice=cfg.sync_ionice,
-                                 writers=self._tree_pids)
+                                 writers=self._tree_pids,
+                                 published_before=Mirror.published_in(self.previous_events))  # issue 14
             for warning in self.mirror.check():
                 log.warning("%s", warning)
             self.journal.emit("sync-start", backend=self.mirror.backend_name,

@@ -112,8 +112,14 @@ def die_with_us(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
 async def spawn_process(argv: Sequence[str], *, death_signal: int = signal.SIGKILL,
                         **kwargs: object) -> asyncio.subprocess.Process:
     """``asyncio.create_subprocess_exec`` with a death signal (anyio's open_process takes no
-    ``preexec_fn``). supervise always runs on anyio's asyncio backend."""
-    return await asyncio.create_subprocess_exec(*argv, preexec_fn=die_with_us(death_signal), **kwargs)  # type: ignore[arg-type]
+    ``preexec_fn``). supervise always runs on anyio's asyncio backend.
+
+    Shielded: a cancel that lands between fork and the return would leave a process that
+    no one holds (asyncio kills only the direct child, not its group, and waits on nothing);
+    the caller sees the cancel at its next await, holding the process it must kill.
+    """
+    with anyio.CancelScope(shield=True):
+        return await asyncio.create_subprocess_exec(*argv, preexec_fn=die_with_us(death_signal), **kwargs)  # type: ignore[arg-type]
 
 
 def _ignore_signal(signum: int, frame: object) -> None:

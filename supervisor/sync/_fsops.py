@@ -214,3 +214,54 @@ def log_lag(src: Path, dst: Path, exclude: tuple[str, ...]) -> list[str]:
         if got < size:
             out.append(f"{rel} ({size - max(got, 0)} bytes behind)")
     return out
+
+
+LOG_PROBE = 4096  # bytes at the start of a log compared with its persistent copy
+
+
+def keep_restarted_logs(src: Path, dst: Path, exclude: tuple[str, ...], inodes: dict[str, int]) -> list[tuple[str, str]]:
+    """Set aside persistent logs whose local file started over, before they are grown.
+
+    A requeue onto another node (a new local disk), a log reopened with ``"w"`` or rotated
+    gives a local file that is not a continuation of the persistent one: a new inode since
+    the last pass (``inodes``, updated here), other first bytes, or fewer bytes. Growing it
+    would rewrite the persistent copy (``--append-verify`` resends a file whose prefix
+    differs), losing the earlier attempt's lines. The persistent copy is renamed to
+    ``<name>.attempt-N`` (the lowest free N from 1) and the new file starts beside it.
+    Returns ``(relative path, kept as)`` for each one set aside.
+    """
+    s = snapshot(src, exclude)
+    if s is None:
+        return []
+    kept = []
+    for rel in s.files:
+        local, there = src / rel, dst / rel
+        try:
+            lst = os.lstat(local)
+        except FileNotFoundError:
+            continue
+        before, inodes[rel] = inodes.get(rel), lst.st_ino
+        try:
+            dst_st = os.lstat(there)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(dst_st.st_mode) or not stat.S_ISREG(lst.st_mode) or dst_st.st_size == 0:
+            continue
+        restarted = (before is not None and before != lst.st_ino) or lst.st_size < dst_st.st_size \
+            or not _same_start(local, there, min(LOG_PROBE, lst.st_size, dst_st.st_size))
+        if restarted:
+            n = 1
+            while os.path.lexists(there.with_name(f"{there.name}.attempt-{n}")):
+                n += 1
+            kept_as = there.with_name(f"{there.name}.attempt-{n}")
+            os.rename(there, kept_as)
+            kept.append((rel, kept_as.name))
+    return kept
+
+
+def _same_start(a: Path, b: Path, n: int) -> bool:
+    try:
+        with open(a, "rb", opener=_nofollow) as fa, open(b, "rb", opener=_nofollow) as fb:
+            return fa.read(n) == fb.read(n)
+    except OSError:
+        return True  # unreadable now: leave it to the next pass

@@ -74,6 +74,12 @@ class PairEngine:
         self._newest_ns = 0
         self.last_activity: float | None = None
         self.pending: list[str] = [f"{pair.name}: not synced yet"]
+        # Names this run directory published in earlier attempts (None: history unknown,
+        # every entry may be replaced as before); a name on the persistent side in neither
+        # this nor self.published is another run's and is never replaced.
+        self.ours: set[str] | None = None
+        self.refused: set[str] = set()
+        self._log_inodes: dict[str, int] = {}  # log file → local inode at the last pass
 
     # ---- triggers -------------------------------------------------------------------
 
@@ -308,6 +314,9 @@ class PairEngine:
                     if e.name in listing.sigs:
                         self._sigs[e.name] = listing.sigs[e.name]
                     continue
+                if there is not None and self.ours is not None and e.name not in self.ours:
+                    self._refuse(e.name)
+                    continue
             todo.append(e)
         self._note_pending(listing)
         for e in todo:  # newest first: the one most at risk
@@ -331,6 +340,15 @@ class PairEngine:
             self._poke_ticker()
         if p.keep_local:
             await self._retain(listing)
+
+    def _refuse(self, name: str) -> None:
+        """An entry of that name is on the persistent side and this run never published it
+        (another run's, sharing the directory): it is never replaced. Journaled once; the
+        local one stays pending, so ``end.not_durable`` and the report name it."""
+        if name not in self.refused:
+            self.refused.add(name)
+            self.emit("sync-refused", pair=self.pair.name, checkpoint=name,
+                      why="on the persistent side already and not published by this run directory: not replaced")
 
     async def _publish(self, e: Entry, trigger: str, stats: CopyResult) -> bool:
         """Stage, verify, rename. False when the checkpoint vanished or stopped being complete."""
@@ -414,6 +432,8 @@ class PairEngine:
                 out.append(f"{self.pair.name}: {e.name} (torn: {e.torn}; never published)")
             elif not e.complete:
                 out.append(f"{self.pair.name}: {e.name} (incomplete: {e.why})")
+            elif e.name in self.refused and prev is None:
+                out.append(f"{self.pair.name}: {e.name} (refused: another run's {e.name} is on persistent storage)")
             elif prev is None or not prev.same_content(e.snap):
                 out.append(f"{self.pair.name}: {e.name} (complete, not yet on persistent storage)")
         for ptr in listing.pointers.values():
@@ -454,6 +474,9 @@ class PairEngine:
 
     async def _log_pass(self, stats: CopyResult) -> None:
         p = self.pair
+        for rel, kept_as in await _to_thread(_fsops.keep_restarted_logs, p.src, p.dst, p.exclude, self._log_inodes):
+            self.emit("log-restarted", pair=p.name, file=rel, kept_as=kept_as,
+                      why="the local file started over: the persistent copy is kept, not overwritten")
         r = await self.backend.grow(p.src, p.dst, exclude=p.exclude, fsync=p.fsync)
         stats += r
         if r.files:
