@@ -479,17 +479,17 @@ def default_run_dir(env: Mapping[str, str], cwd: Path) -> Path:
 
 def check_run_dir(path: Path) -> None:
     """Create the run directory and prove it writable, or raise one clear line."""
+    from supervisor.journal import check_run_dir_safe, open_own_file
+
+    unsafe = check_run_dir_safe(path)  # issue 14: others must not plant links in it
+    if unsafe:
+        raise ConfigError("run_dir", str(path), unsafe)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
         raise ConfigError("run_dir", str(path), "exists and is not a directory") from None
     except OSError as e:
         raise ConfigError("run_dir", str(path), f"cannot be created: {e.strerror}") from None
-    from supervisor.journal import check_run_dir_safe, open_own_file
-
-    unsafe = check_run_dir_safe(path)  # issue 14: others must not plant links in it
-    if unsafe:
-        raise ConfigError("run_dir", str(path), unsafe)
     probe = path / f".supervise-write-test-{os.getpid()}"
     try:
         os.close(open_own_file(probe, append=False))  # O_EXCL|O_NOFOLLOW: never a planted link

@@ -49,19 +49,31 @@ def redact_env(env: Mapping[str, str], prefixes: Iterable[str]) -> dict[str, str
 
 
 def check_run_dir_safe(run_dir: Path) -> str | None:
-    """Why ``run_dir`` is unsafe to write in, or None.
+    """Why ``run_dir`` is unsafe to write in, or None (it need not exist yet).
 
     Anyone who can write in it can plant ``events.jsonl -> ~victim/.bashrc`` before we
     create it: a directory writable by all is refused unless it is sticky and ours (then
-    others cannot rename or remove our files, and O_NOFOLLOW/O_EXCL do the rest).
+    others cannot rename or remove our files, and O_NOFOLLOW/O_EXCL do the rest). Anyone
+    who can write in a parent without the sticky bit can swap the directory itself for
+    theirs, so such a parent is refused too (``/tmp`` is sticky).
     """
-    try:
-        st = os.stat(run_dir)
-    except OSError as e:
-        return f"cannot be read: {e.strerror}"
-    if st.st_mode & stat.S_IWOTH and not (st.st_mode & stat.S_ISVTX and st.st_uid == os.geteuid()):
-        return ("is writable by every user (mode %o): another user could plant links in it; "
-                "use a directory of your own (chmod o-w, or chmod +t on one you own)" % stat.S_IMODE(st.st_mode))
+    path = Path(os.path.abspath(run_dir))
+    for p in (path, *path.parents):
+        try:
+            st = os.stat(p)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            return f"cannot be read: {e.strerror}"
+        if not st.st_mode & stat.S_IWOTH:
+            continue
+        mode = "%o" % stat.S_IMODE(st.st_mode)
+        if p == path and not (st.st_mode & stat.S_ISVTX and st.st_uid == os.geteuid()):
+            return (f"is writable by every user (mode {mode}): another user could plant links in it; "
+                    "use a directory of your own (chmod o-w, or chmod +t on one you own)")
+        if p != path and not st.st_mode & stat.S_ISVTX:
+            return (f"is inside {p}, writable by every user without the sticky bit (mode {mode}): "
+                    "another user could replace it; use a directory of your own")
     return None
 
 
@@ -77,6 +89,15 @@ def open_own_file(path: Path, *, append: bool = True, mode: int = 0o644) -> int:
     return fd
 
 
+def unsafe_file(path: Path, e: OSError) -> Exception:
+    """One line (exit 2, nothing started) for a run-directory file we will not write."""
+    from supervisor.errors import ConfigError
+
+    why = "it is a link" if e.errno == _errno.ELOOP else (e.strerror or str(e))
+    return ConfigError("run_dir", str(path.parent), f"cannot open {path.name} there: {why} "
+                       "(a link or another user's file is never written through)")
+
+
 class Journal:
     """Appends events to ``<run_dir>/events.jsonl``; safe to call from worker threads.
 
@@ -90,7 +111,10 @@ class Journal:
         self.attempt = attempt
         self._lock = threading.Lock()
         self._secrets: list[str] = []
-        self._fd: int | None = open_own_file(self.path)
+        try:
+            self._fd: int | None = open_own_file(self.path)
+        except OSError as e:
+            raise unsafe_file(self.path, e) from None
         self._torn = os.fstat(self._fd).st_size > 0 and not _ends_with_newline(self.path)
         self._failing: str | None = None
         self.lost = 0  # events that could not be written

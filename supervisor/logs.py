@@ -73,9 +73,13 @@ class _RunDirHandler(logging.StreamHandler):
     handleError would print a traceback for every line."""
 
     def __init__(self, path: Path) -> None:
-        from supervisor.journal import open_own_file
+        from supervisor.journal import open_own_file, unsafe_file
 
-        super().__init__(open(open_own_file(path), "a", encoding="utf-8", errors="backslashreplace"))
+        try:
+            fd = open_own_file(path)
+        except OSError as e:
+            raise unsafe_file(path, e) from None
+        super().__init__(open(fd, "a", encoding="utf-8", errors="backslashreplace"))
 
     def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802
         pass

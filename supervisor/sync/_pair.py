@@ -34,6 +34,7 @@ from supervisor.sync._writers import open_for_write
 # Triggers that go ahead even while backing off after a failure.
 URGENT = ("start", "retry", "request", "flush", "appeared")
 RECOPY_TRIES = 3
+REPLACED_POLL = 1.0  # seconds between checks that the watched directory is still the same inode
 WATCH_GAP = {"checkpoint": 0.05, "log": 1.0}  # gather a burst of file events into one pass
 
 
@@ -150,18 +151,38 @@ class PairEngine:
                 task_status.started()
                 started = True
             try:
-                await self._watch_once(src)
+                if await self._watch_once(src):
+                    # Removed and made again (a new inode): the old watch sees nothing more.
+                    self.emit("sync-source", pair=self.pair.name, path=src, action="replaced")
+                    self.trigger("appeared")
+                    continue
             except Exception as e:  # noqa: BLE001 - a watcher failure must not end supervision
                 self.emit("sync-watch-failed", pair=self.pair.name, error=f"{type(e).__name__}: {e}", retry_in=quiet)
             await anyio.sleep(quiet)
             quiet = min(quiet * 2, 60.0)
 
-    async def _watch_once(self, src: Path) -> None:
+    async def _watch_once(self, src: Path) -> bool:
         """One watchfiles session. awatch's worker thread only notices cancellation through
         its stop event, so a sibling sets it on cancel; otherwise cancelling run() would
-        wait out watchfiles' 5 s Rust timeout."""
+        wait out watchfiles' 5 s Rust timeout. Returns True when ``src`` was removed or
+        replaced (inotify keeps watching the old inode, silently)."""
         stop = anyio.Event()
         error: BaseException | None = None
+        replaced = False
+        inode = (await _to_thread(os.stat, src)).st_ino
+
+        async def same_directory() -> None:
+            nonlocal replaced
+            while True:
+                await anyio.sleep(REPLACED_POLL)
+                try:
+                    now = (await _to_thread(os.stat, src)).st_ino
+                except OSError:
+                    now = None
+                if now != inode:
+                    replaced = True
+                    tg.cancel_scope.cancel()
+                    return
 
         async def consume() -> None:
             nonlocal error
@@ -178,12 +199,16 @@ class PairEngine:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(consume)
+            tg.start_soon(same_directory)
             try:
                 await anyio.sleep_forever()
             finally:
                 stop.set()
+        if replaced:
+            return True
         if error is not None:
             raise error
+        return False
 
     # ---- one pass -------------------------------------------------------------------
 
