@@ -348,13 +348,19 @@ class Agent:
             # The file first: a rank that saw the signal and acknowledged must not count the
             # file of the same request as a second one. Finding ranks reads /proc for every
             # descendant: both off the event loop (invariant 6), in one hop (latency).
-            _write_request(self.request_path, why)
+            try:
+                _write_request(self.request_path, why)
+            except OSError as e:  # issue 14: a full run directory; the signal still goes
+                request_error.append(f"{e.strerror or e}")
             return self.profile.checkpoint_targets(child.pid, self.checkpoint_signal)
 
+        request_error: list[str] = []
         targets = await anyio.to_thread.run_sync(prepare)
         delivery = self.child.send_to(set(targets.pids), self.checkpoint_signal, targets.route)
         fields = {"signal": self.checkpoint_signal.name, "route": targets.route, "to": delivery.targets,
                   "skipped": {str(k): v for k, v in targets.skipped.items()}, "request_file": str(self.request_path)}
+        if request_error:
+            fields["request_file_error"] = request_error[0]
         if received is not None:
             fields["latency_ms"] = round((time.monotonic() - received) * 1000, 3)
         self.journal.emit("checkpoint-request", why=why, **fields)

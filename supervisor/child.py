@@ -234,6 +234,15 @@ class Child:
 
     @property
     def returncode(self) -> int | None:
+        return self._settled()
+
+    def _settled(self) -> int | None:
+        """The launcher's return code, even when no task awaits ``wait()`` any more (the
+        event loop's child watcher records it): an error path that lost the watching task
+        must not wait out the grace and the kill bound for an exit that already happened."""
+        if self._returncode is None and self._process.returncode is not None:
+            self._returncode = self._process.returncode
+            self.exited.set()
         return self._returncode
 
     async def wait(self) -> int:
@@ -319,7 +328,7 @@ class Child:
         what happened, for the journal.
         """
         result: dict = {"signal": signal_name(sig), "grace_s": grace, "killed": [], "sent_to": []}
-        if self._returncode is not None and not self.tree():
+        if self._settled() is not None and not self.tree():
             result["graceful"] = True  # it ended by itself and left nothing behind
             return result
         if not already_signalled:
@@ -335,10 +344,10 @@ class Child:
         with anyio.move_on_after(grace):
             while True:
                 self.reap_orphans()
-                if self._returncode is not None and not self.tree():
+                if self._settled() is not None and not self.tree():
                     break
                 await anyio.sleep(0.05)
-        result["graceful"] = self._returncode is not None and not self.tree()
+        result["graceful"] = self._settled() is not None and not self.tree()
         if not result["graceful"]:
             result["killed"] = await self.kill_all()
         return result
@@ -355,7 +364,7 @@ class Child:
                     pass
                 killed.update(self.send_to(live, signal.SIGKILL, "kill").targets)
                 self.reap_orphans()
-                if not live and self._returncode is not None:
+                if not live and self._settled() is not None:
                     break
                 await anyio.sleep(0.02)
         return sorted(killed)

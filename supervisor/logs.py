@@ -47,6 +47,7 @@ def reopen_closed_std_streams() -> list[int]:
         if null != fd:
             os.dup2(null, fd)
             os.close(null)
+        os.set_inheritable(fd, True)  # os.open's descriptors close on exec: the training needs it
     if 1 in closed or sys.stdout is None:
         sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
     if 2 in closed or sys.stderr is None:
