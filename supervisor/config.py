@@ -477,6 +477,17 @@ def default_run_dir(env: Mapping[str, str], cwd: Path) -> Path:
     return cwd / f"supervise-{stamp}-{os.getpid()}"
 
 
+def check_persistent_sides(pairs: tuple[SyncPair, ...]) -> None:
+    """A persistent side others can plant links in (writable by all, not sticky and ours) is
+    refused: staging and temp names are created there."""
+    from supervisor.journal import check_run_dir_safe
+
+    for p in pairs:
+        unsafe = check_run_dir_safe(p.dst)
+        if unsafe:
+            raise ConfigError(f"sync {p.name}.to", str(p.dst), f"persistent side {unsafe}")
+
+
 def check_run_dir(path: Path) -> None:
     """Create the run directory and prove it writable, or raise one clear line."""
     from supervisor.journal import check_run_dir_safe, open_own_file
@@ -561,6 +572,7 @@ def build_config(
         **values,
     )
     if create_run_dir:
+        check_persistent_sides(cfg.sync)  # issue 14: before anything is created
         check_run_dir(run_dir)
     return cfg
 

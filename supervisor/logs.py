@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -17,8 +18,20 @@ LOG_FILE = "supervise.log"
 LOGGER = "supervise"
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def escape_control(text: str) -> str:
+    """Control characters shown, not obeyed: a checkpoint named with terminal escapes (or a
+    newline that would forge a log line) reaches the terminal as ``\x1b``."""
+    return _CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), text)
+
+
 class _UTCFormatter(logging.Formatter):
     converter = time.gmtime
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802
+        return escape_control(super().formatMessage(record))
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
         t = time.strftime("%Y-%m-%dT%H:%M:%S", self.converter(record.created))
