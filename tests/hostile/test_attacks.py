@@ -364,7 +364,7 @@ def test_escape_sequences_in_a_checkpoint_name_never_reach_the_terminal(tmp_path
 
 
 @pytest.mark.parametrize("line", [
-    '{"v":1,"t":1e308,"attempt":1,"kind":"start","host":"h"}',
+    '{"v":1,"t":1e308,"attempt":1,"kind":"publish","pair":"c","checkpoint":"s1"}',
     '{"v":1,"t":1700000000,"attempt":1,"kind":"end","reason":{"a":1},"exit_status":"zero","not_durable":5}',
     '{"v":1,"t":"soon","attempt":"one","kind":"publish","checkpoint":7,"pair":[1]}',
 ])
