@@ -192,13 +192,13 @@ T_MAX = 1e11  # unix seconds past year 5000: a time no journal can hold (1e308 b
 
 # Fields the report reads, by the type it expects. A field of another type (a hand-edited
 # or foreign journal) is dropped from its event, not trusted: the report then says "unknown".
-_STR_FIELDS = frozenset({"checkpoint", "pair", "pointer", "uuid", "reason", "step", "name", "why", "signal",
+_STR_FIELDS = frozenset({"checkpoint", "pair", "uuid", "reason", "step", "name", "why", "signal",
                          "outcome", "launcher", "source", "scheduler", "job_id", "host", "error", "detail"})
 _NUM_FIELDS = frozenset({"lag_s", "seconds", "every", "end", "lead_s", "ecc_uncorrected_delta",
                          "ecc_corrected_delta", "grace_s", "bound_s", "kill_in_s", "left_s", "time_left_s"})
-_INT_FIELDS = frozenset({"exit_status", "restart_count", "xid", "files", "bytes", "pid", "restarts"})
-_LIST_FIELDS = frozenset({"not_durable", "killed", "devices", "argv", "pairs", "command", "sent_to"})
-_BOOL_FIELDS = frozenset({"graceful", "requeued", "requeued_by_scheduler"})
+_INT_FIELDS = frozenset({"exit_status", "restart_count", "files", "bytes", "pid", "restarts"})
+_LIST_FIELDS = frozenset({"not_durable", "killed", "devices", "argv", "command", "sent_to"})
+_BOOL_FIELDS = frozenset({"graceful", "requeued", "requeued_by_scheduler", "pointer"})
 
 
 def _finite(v: Any) -> bool:
