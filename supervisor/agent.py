@@ -773,9 +773,12 @@ def _write_request(path: Path, why: str) -> None:
     fd = open_own_file(tmp, append=False)  # issue 14: O_EXCL|O_NOFOLLOW, never a planted link
     try:
         os.write(fd, f"{time.time():.3f} {why}\n".encode())
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full run directory: leave no temp name behind
+        raise
     finally:
         os.close(fd)
-    os.replace(tmp, path)
 
 
 def _clock(t: float) -> str:
