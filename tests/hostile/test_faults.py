@@ -107,6 +107,21 @@ def test_a_hanging_nvidia_smi_is_killed_and_never_left_behind(tmp_path: Path, ta
     none_left(tag, 5)
 
 
+def test_a_hanging_scheduler_command_is_killed_and_never_left_behind(tmp_path: Path, tag: str) -> None:
+    """scontrol and squeue that never answer (a controller down): each is killed at its
+    bound, the training runs and ends, and none is left after supervise exits."""
+    bindir = tmp_path / "bin"
+    for tool in ("scontrol", "squeue", "sacct"):
+        fake_tool(bindir, tool, "exec sleep 100000\n")
+    run = tmp_path / "run"
+    p = start_supervise("--run-dir", str(run), "--", sys.executable, "-c", "import time; time.sleep(2)",
+                        env=env_with(tag, bindir, SLURM_JOB_ID="4242", SLURM_JOB_NAME="hostile"))
+    rc, _out, err = finish(p, 60)
+    assert rc == 0 and TRACEBACK not in err, err
+    assert _ended(run)["reason"] == "child-exit"
+    none_left(tag, 5)
+
+
 # ---------------------------------------------------------------- a full run directory
 
 def _tmpfs(path: Path, size: str) -> None:
