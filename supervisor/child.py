@@ -90,26 +90,31 @@ def _prctl() -> Callable[..., int] | None:
         return None
 
 
-def die_with_us(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
-    """A ``preexec_fn``: the child gets ``sig`` when we die, even by SIGKILL.
+def die_with_us(sig: int | None = signal.SIGKILL, *, own_group: bool = False) -> Callable[[], None] | None:
+    """A ``preexec_fn``: the child gets ``sig`` when we die, even by SIGKILL; ``own_group``
+    also makes it a process-group leader in *our* session.
 
-    The kernel sends it when the *thread* that forked dies, so only use it for processes
-    started from the event loop's thread (never from a worker thread, which exits when idle).
+    Our helpers (copiers, nvidia-smi) lead a group of their own so one killpg ends all they
+    fork, but stay in our session: a process of ours in another session is taken for an
+    orphan of the training (``Child.tree``), and the stop would wait out the grace for it.
+    The kernel sends ``sig`` when the *thread* that forked dies, so it is only for processes
+    started from the event loop's thread or from a worker thread that waits for them.
     A parent that died between fork and prctl is caught by comparing the parent pid.
     """
-    prctl = _prctl()
-    if prctl is None:
-        return None
+    prctl = _prctl() if sig is not None else None
     parent = os.getpid()
 
     def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-        if os.getppid() != parent:
-            os.kill(os.getpid(), sig)
-    return preexec
+        if own_group:
+            os.setpgid(0, 0)
+        if prctl is not None and sig is not None:
+            prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+            if os.getppid() != parent:
+                os.kill(os.getpid(), sig)
+    return preexec if (own_group or prctl is not None) else None
 
 
-async def spawn_process(argv: Sequence[str], *, death_signal: int = signal.SIGKILL,
+async def spawn_process(argv: Sequence[str], *, death_signal: int = signal.SIGKILL, own_group: bool = False,
                         **kwargs: object) -> asyncio.subprocess.Process:
     """``asyncio.create_subprocess_exec`` with a death signal (anyio's open_process takes no
     ``preexec_fn``). supervise always runs on anyio's asyncio backend.
@@ -119,7 +124,8 @@ async def spawn_process(argv: Sequence[str], *, death_signal: int = signal.SIGKI
     the caller sees the cancel at its next await, holding the process it must kill.
     """
     with anyio.CancelScope(shield=True):
-        return await asyncio.create_subprocess_exec(*argv, preexec_fn=die_with_us(death_signal), **kwargs)  # type: ignore[arg-type]
+        return await asyncio.create_subprocess_exec(*argv, preexec_fn=die_with_us(death_signal, own_group=own_group),
+                                                    **kwargs)  # type: ignore[arg-type]
 
 
 def _ignore_signal(signum: int, frame: object) -> None:

@@ -88,13 +88,14 @@ def _query(smi: str, what: str, fields: str, timeout: float = QUERY_TIMEOUT) -> 
 
     It is started from the worker thread that waits for it, with a death signal (the
     thread lives until it returns, so the kernel kills it if supervise dies first, even
-    when this call was abandoned), in its own group, and never waited on past 2 s.
+    when this call was abandoned), in its own group of our session, and never waited on
+    past 2 s.
     """
     from supervisor.child import die_with_us
 
     argv = [smi, f"--query-{what}={fields}", "--format=csv,noheader,nounits"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            start_new_session=True, preexec_fn=die_with_us())
+                            preexec_fn=die_with_us(own_group=True))
     _live.add(proc)
     try:
         raw_out, raw_err = proc.communicate(timeout=timeout)
@@ -191,8 +192,10 @@ class DmonBackend:
                 "-i", ",".join(str(i) for i in sorted(self._devs))]
         # No death signal here: we may be on a worker thread that exits while dmon runs on.
         # If supervise dies, dmon's next line hits a closed pipe (SIGPIPE) and it ends.
+        from supervisor.child import die_with_us
+
         self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                                      start_new_session=True)
+                                      preexec_fn=die_with_us(None, own_group=True))
         _live.add(self._proc)
         os.set_blocking(self._proc.stdout.fileno(), False)  # type: ignore[union-attr]
         self._buf = b""

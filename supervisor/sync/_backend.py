@@ -113,7 +113,7 @@ def copier_stall() -> float:
 
 
 async def run_copier(argv: list[str], *, stdin: bytes | None = None, env: dict[str, str] | None = None) -> _Done:
-    """Run one copier in its own process group and collect its output.
+    """Run one copier in its own process group (in our session) and collect its output.
 
     On cancellation, or when the group has read and written nothing for ``copier_stall()``
     seconds, the whole group is SIGKILLed (rsync forks a receiver and a generator; killing
@@ -122,7 +122,7 @@ async def run_copier(argv: list[str], *, stdin: bytes | None = None, env: dict[s
     kernel is given up on rather than waited for. The copier gets SIGKILL if we die.
     """
     proc = await spawn_process(argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, own_group=True)
     out: list[bytes] = []
     err: list[bytes] = []
     stalled = False

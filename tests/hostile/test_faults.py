@@ -311,6 +311,7 @@ def test_a_log_on_a_new_node_keeps_the_earlier_attempts_lines(tmp_path: Path, ta
     lines = "".join(f"attempt 1 line {i}\n" for i in range(2000))
     for attempt, text in ((1, lines), (2, "attempt 2 line 0\n")):
         local = tmp_path / f"node{attempt}"
+        local.mkdir()
         write = f"open({str(local / 'train.log')!r}, 'w').write({text!r})"
         p = start_supervise("--run-dir", str(run), "--logs", str(local), str(persistent),
                             "--", sys.executable, "-c", write, env=env_with(tag))
