@@ -378,3 +378,18 @@ def test_report_on_hostile_events_is_never_a_traceback(tmp_path: Path, line: str
         rep = subprocess.run(supervise_argv("report", str(run), *args), capture_output=True, text=True, timeout=60)
         assert TRACEBACK not in rep.stderr, rep.stderr
         assert rep.returncode in (0, 2) and len(rep.stderr.strip().splitlines()) <= 1
+
+
+def test_a_planted_sample_file_link_is_never_written_through(tmp_path: Path, tag: str) -> None:
+    """host.csv in a sticky run directory of ours, planted as a link to an empty file (an
+    empty authorized_keys) before the run: the sampler's appends never reach it (opened
+    O_NOFOLLOW, ours only)."""
+    victim = _victim(tmp_path, "")
+    run = tmp_path / "run"
+    run.mkdir()
+    run.chmod(0o1777)
+    (run / "host.csv").symlink_to(victim)
+    r = run_supervise("--run-dir", str(run), "--gpu-every", "0.2s", "--", sys.executable, "-c",
+                      "import time; time.sleep(1.5)", env=env_with(tag))
+    assert r.returncode == 0 and TRACEBACK not in r.stderr, r.stderr
+    assert victim.read_text() == ""
