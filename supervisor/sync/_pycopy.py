@@ -250,14 +250,25 @@ def grow(req: dict, stats: Stats) -> None:
 
 
 def _grow_one(src: str, dst: str, st: os.stat_result, fsync: bool, stats: Stats) -> None:
-    """Append to the same inode, so a TensorBoard reading ``dst`` sees new points."""
+    """Append to the same inode, so a TensorBoard reading ``dst`` sees new points.
+
+    A link at ``dst`` for a regular source is not ours (another user planted it in a shared
+    directory): it is removed, never written through."""
     try:
-        have = os.lstat(dst).st_size
+        d = os.lstat(dst)
+        have = d.st_size
+        if stat.S_ISLNK(d.st_mode):
+            os.unlink(dst)
+            have = -1
     except FileNotFoundError:
         have = -1
     if have >= st.st_size:
         return  # --append: a destination as long as the source is skipped
-    with open(src, "rb") as fi, open(dst, "r+b" if have >= 0 else "wb") as fo:
+    if have < 0:
+        out = _create_exclusive(dst)
+    else:
+        out = os.open(dst, os.O_RDWR | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    with open(src, "rb") as fi, open(out, "r+b") as fo:
         start = max(have, 0)
         if have > 0:
             n = min(VERIFY_TAIL, have)

@@ -393,3 +393,21 @@ def test_a_planted_sample_file_link_is_never_written_through(tmp_path: Path, tag
                       "import time; time.sleep(1.5)", env=env_with(tag))
     assert r.returncode == 0 and TRACEBACK not in r.stderr, r.stderr
     assert victim.read_text() == ""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_planted_persistent_log_link_is_never_written_through(tmp_path: Path, tag: str, backend: str) -> None:
+    """In a sticky persistent log directory of ours, another user plants `train.log -> an
+    empty file` before our first copy: the log lands as our own file, the victim stays empty."""
+    victim = _victim(tmp_path, "")
+    logs, plogs = tmp_path / "logs", tmp_path / "plogs"
+    logs.mkdir()
+    plogs.mkdir()
+    plogs.chmod(0o1777)
+    (logs / "train.log").write_text("step 1 loss 0.5\n" * 100)
+    (plogs / "train.log").symlink_to(victim)
+    r = run_supervise("--run-dir", str(tmp_path / "run"), "--logs", str(logs), str(plogs), "--sync-backend", backend,
+                      "--", sys.executable, "-c", "pass", env=env_with(tag))
+    assert r.returncode == 0 and TRACEBACK not in r.stderr, r.stderr
+    assert victim.read_text() == ""
+    assert not (plogs / "train.log").is_symlink() and (plogs / "train.log").read_text() == "step 1 loss 0.5\n" * 100
