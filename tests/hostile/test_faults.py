@@ -326,6 +326,7 @@ def test_a_log_on_a_new_node_keeps_the_earlier_attempts_lines(tmp_path: Path, ta
 def test_a_log_reopened_for_writing_keeps_the_earlier_content(tmp_path: Path, tag: str) -> None:
     """Within one attempt: the training reopens its log with "w" (a new inode, shorter)."""
     run, local, persistent = tmp_path / "run", tmp_path / "logs", tmp_path / "plogs"
+    local.mkdir()
     script = (f"import os, time\np = {str(local / 'train.log')!r}\nopen(p, 'w').write('first run\\n' * 500)\n"
               f"time.sleep(3)\nos.unlink(p)\nopen(p, 'w').write('second\\n')\ntime.sleep(3)\n")
     p = start_supervise("--run-dir", str(run), "--logs", str(local), str(persistent), "--sync-every", "1s",
