@@ -78,7 +78,10 @@ class BatchWriter:
         prefix = "" if self._opened else self._prepare()
         if not lines and not prefix:
             return
-        with open(self.path, "a", encoding="utf-8") as f:
+        from supervisor.journal import open_own_file
+
+        # O_NOFOLLOW, ours only (issue 14): a sticky run directory lets others plant names
+        with open(open_own_file(self.path), "a", encoding="utf-8") as f:
             f.write(prefix + "".join(line + "\n" for line in lines))
         self.rows_written += len(lines)
 

@@ -2,27 +2,33 @@
 
 from __future__ import annotations
 
+import math
 import re
 import signal
 
 _DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)([hms]))")
 _UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0}
+MAX_DURATION = 10 * 366 * 86400.0  # ten years: past any scheduler's limit, and sleep() would overflow
 
 
 def parse_duration(text: str | int | float) -> float:
     """Seconds from ``90``, ``90s``, ``1.5s``, ``10m``, ``1h30m`` or a number.
 
     Raises ValueError with the accepted forms, so callers can build a one-line message.
+    NaN, infinities and anything beyond ten years are refused: a timer armed with them
+    never fires (or overflows), so the watch it feeds would silently be off.
     """
     if isinstance(text, bool):
         raise ValueError("a duration such as 90, 90s, 10m or 1h30m")
     if isinstance(text, (int, float)):
+        if not math.isfinite(text):
+            raise ValueError("a finite duration such as 90s, 10m or 1h30m")
         if text < 0:
             raise ValueError("a duration that is not negative")
-        return float(text)
+        return _bounded(float(text))
     s = str(text).strip().lower()
     if re.fullmatch(r"\d+(?:\.\d+)?", s):
-        return float(s)
+        return _bounded(float(s))
     pos, total = 0, 0.0
     units_seen: list[str] = []
     for m in _DURATION.finditer(s):
@@ -33,7 +39,21 @@ def parse_duration(text: str | int | float) -> float:
         pos = m.end()
     if not s or pos != len(s) or units_seen != sorted(units_seen, key="hms".index):
         raise ValueError("a duration such as 90, 90s, 10m or 1h30m")
-    return total
+    return _bounded(total)
+
+
+def _bounded(seconds: float) -> float:
+    if seconds > MAX_DURATION:
+        raise ValueError("a duration under ten years, such as 90s, 10m or 1h30m")
+    return seconds
+
+
+def parse_positive_duration(text: str | int | float) -> float:
+    """A duration that must be more than zero (an interval, a timeout): 0 would spin or never wait."""
+    seconds = parse_duration(text)
+    if seconds <= 0:
+        raise ValueError("a duration above zero, such as 90s, 10m or 1h30m")
+    return seconds
 
 
 def format_duration(seconds: float) -> str:
@@ -46,24 +66,38 @@ def format_duration(seconds: float) -> str:
     return "".join(f"{v}{u}" for v, u in ((h, "h"), (m, "m"), (s, "s")) if v) or "0s"
 
 
+# Signals an option may name: catchable, not the kernel's fault reports (SEGV, BUS, ILL, FPE,
+# ABRT, TRAP, SYS), not job control (STOP, TSTP, TTIN, TTOU, CONT: CONT is Slurm's job-wide
+# mark) and not CHLD or PIPE, which the runtime itself uses.
+OPTION_SIGNALS = frozenset(getattr(signal, n) for n in (
+    "SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGVTALRM", "SIGPROF",
+    "SIGXCPU", "SIGPWR", "SIGURG", "SIGWINCH", "SIGIO") if hasattr(signal, n))
+_SIGNAL_FORMS = "a signal name such as TERM, INT, USR1 or USR2"
+
+
 def parse_signal(name: str | int) -> signal.Signals:
-    """A signal from ``USR1``, ``SIGUSR1``, ``usr1`` or ``10``."""
-    if isinstance(name, bool):
-        raise ValueError("a signal name such as TERM, INT, USR1 or USR2")
-    if isinstance(name, int) or (isinstance(name, str) and name.strip().isdigit()):
-        try:
-            return signal.Signals(int(name))
-        except ValueError:
-            raise ValueError("a signal name such as TERM, INT, USR1 or USR2") from None
-    s = str(name).strip().upper()
+    """A signal from ``USR1``, ``SIGUSR1`` or ``usr1``.
+
+    Numbers are refused (they differ between architectures: 10 is USR1 on x86 and BUS on
+    others; ``9`` and ``19`` slipped KILL and STOP through), and so is any signal outside
+    OPTION_SIGNALS: one supervise cannot catch, or one whose meaning is taken.
+    """
+    if isinstance(name, bool) or not isinstance(name, str):
+        raise ValueError(f"{_SIGNAL_FORMS} (by name, not by number)")
+    s = name.strip().upper()
+    if s.isdigit():
+        raise ValueError(f"{_SIGNAL_FORMS} (by name, not by number)")
     if not s.startswith("SIG"):
         s = "SIG" + s
     try:
         sig = signal.Signals[s]
     except KeyError:
-        raise ValueError("a signal name such as TERM, INT, USR1 or USR2") from None
+        raise ValueError(_SIGNAL_FORMS) from None
     if sig in (signal.SIGKILL, signal.SIGSTOP):
         raise ValueError("a signal that can be caught (not KILL or STOP)")
+    if sig not in OPTION_SIGNALS:
+        raise ValueError(f"{_SIGNAL_FORMS}; {sig.name} is not one supervise can take "
+                         "(faults, job control, CHLD and PIPE are refused)")
     return sig
 
 

@@ -22,7 +22,7 @@ from anyio.abc import TaskGroup
 
 from supervisor import childenv, job as jobs, logs, policy
 from supervisor._units import format_duration
-from supervisor.child import Child, SpawnError
+from supervisor.child import Child, SpawnError, quiet_stray_signals
 from supervisor.config import Config
 from supervisor.errors import root_cause
 from supervisor.health import Faults
@@ -47,6 +47,8 @@ class Agent:
         self.plan, self.cfg = plan, plan.cfg
         self._spawner, self._early = spawn, early if early is not None else []
         self.journal = Journal(plan.run_dir, plan.attempt)
+        for url in self.cfg.notify:  # before `start`, whose argv may hold them
+            self.journal.add_secret(url)
         self.state, self.mirror = State.STARTING, plan.mirror
         self.child: Child | None = None
         self.notifier: Any = notifier
@@ -72,7 +74,12 @@ class Agent:
         self._journal_start()
         # The receiver outlives the task group: while its parts wind down (a worker thread
         # may sit in a slow NVML call), a TERM must still find a handler, not the default.
-        with anyio.open_signal_receiver(*STOP_SIGNALS, *PASS_SIGNALS, signal.SIGCONT) as signals:
+        # The warn and checkpoint signals may be any of _units.OPTION_SIGNALS (ALRM used to kill
+        # us); every other catchable signal is ignored rather than left to kill or stop us.
+        caught = {*STOP_SIGNALS, *PASS_SIGNALS, signal.SIGCONT,
+                  *(s for s in (self.cfg.warn_signal, self.plan.checkpoint_signal) if s is not None)}
+        quiet_stray_signals(caught)
+        with anyio.open_signal_receiver(*caught) as signals:
             try:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._signal_intake, signals)
@@ -95,6 +102,7 @@ class Agent:
                     await self._emergency_stop()
                 self.trigger = self.trigger or Trigger(Reason.ERROR, f"{type(cause).__name__}: {cause}", at=time.monotonic())
         ignore_stop_signals()  # the receiver's exit restored the defaults
+        quiet_stray_signals(STOP_SIGNALS)  # nor may a HUP or ALRM cut `end`
         return self._finish()
 
     async def _start_parts(self, tg: TaskGroup) -> None:

@@ -10,6 +10,7 @@ the launcher's own exit status (and the statuses of our helper processes such as
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import errno
 import logging
@@ -18,10 +19,9 @@ import shutil
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import anyio
-from anyio.abc import Process
 
 from supervisor import proctree
 from supervisor._units import signal_name
@@ -29,6 +29,15 @@ from supervisor._units import signal_name
 log = logging.getLogger("supervise")
 
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_PDEATHSIG = 1
+# The training's launcher gets TERM when we die, as on a preemption: launchers (torchrun,
+# srun, mpirun) take their ranks down on it. KILL would end the launcher alone and leave
+# its ranks orphaned; our own helpers (copiers, samplers) get KILL.
+TRAINING_DEATH_SIGNAL = signal.SIGTERM
+# Kept at their defaults: the kernel's fault reports, and what the runtime itself needs.
+_LEFT_ALONE = frozenset(getattr(signal, n) for n in (
+    "SIGKILL", "SIGSTOP", "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT", "SIGTRAP", "SIGSYS",
+    "SIGCHLD", "SIGCONT", "SIGURG", "SIGWINCH", "SIGPIPE", "SIGXFSZ") if hasattr(signal, n))
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
 
@@ -65,6 +74,83 @@ class SpawnError(Exception):
     def __init__(self, message: str, exit_status: int) -> None:
         super().__init__(message)
         self.exit_status = exit_status
+
+
+_libc: ctypes.CDLL | None = None
+
+
+def _prctl() -> Callable[..., int] | None:
+    """libc's prctl, loaded in the parent (a forked child only calls it)."""
+    global _libc
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        return _libc.prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def die_with_us(sig: int | None = signal.SIGKILL, *, own_group: bool = False) -> Callable[[], None] | None:
+    """A ``preexec_fn``: the child gets ``sig`` when we die, even by SIGKILL; ``own_group``
+    also makes it a process-group leader in *our* session.
+
+    Our helpers (copiers, nvidia-smi) lead a group of their own so one killpg ends all they
+    fork, but stay in our session: a process of ours in another session is taken for an
+    orphan of the training (``Child.tree``), and the stop would wait out the grace for it.
+    The kernel sends ``sig`` when the *thread* that forked dies, so it is only for processes
+    started from the event loop's thread or from a worker thread that waits for them.
+    A parent that died between fork and prctl is caught by comparing the parent pid.
+    """
+    prctl = _prctl() if sig is not None else None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        if own_group:
+            os.setpgid(0, 0)
+        if prctl is not None and sig is not None:
+            prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+            if os.getppid() != parent:
+                os.kill(os.getpid(), sig)
+    return preexec if (own_group or prctl is not None) else None
+
+
+async def spawn_process(argv: Sequence[str], *, death_signal: int = signal.SIGKILL, own_group: bool = False,
+                        **kwargs: object) -> asyncio.subprocess.Process:
+    """``asyncio.create_subprocess_exec`` with a death signal (anyio's open_process takes no
+    ``preexec_fn``). supervise always runs on anyio's asyncio backend.
+
+    Shielded: a cancel that lands between fork and the return would leave a process that
+    no one holds (asyncio kills only the direct child, not its group, and waits on nothing);
+    the caller sees the cancel at its next await, holding the process it must kill.
+    """
+    with anyio.CancelScope(shield=True):
+        return await asyncio.create_subprocess_exec(*argv, preexec_fn=die_with_us(death_signal, own_group=own_group),
+                                                    **kwargs)  # type: ignore[arg-type]
+
+
+def _ignore_signal(signum: int, frame: object) -> None:
+    """A handler, not SIG_IGN: handlers are reset by exec, so children start with defaults."""
+
+
+def quiet_stray_signals(handled: Iterable[int] = ()) -> list[int]:
+    """Give every catchable signal a meaning: those not ``handled`` are ignored.
+
+    Left at their default, ALRM, VTALRM, PROF, XCPU, PWR, IO, STKFLT and the real-time
+    signals would kill supervise without an ``end`` and orphan the training, and TSTP,
+    TTIN, TTOU would stop it. Faults (SEGV, BUS, ...) keep their default. Returns the
+    signals quieted, for the docs and tests.
+    """
+    keep = set(handled) | set(_LEFT_ALONE)
+    quieted = []
+    for sig in sorted(signal.valid_signals()):
+        if sig in keep:
+            continue
+        try:
+            signal.signal(sig, _ignore_signal)
+        except (OSError, ValueError, RuntimeError):
+            continue  # reserved by the C library (NPTL's real-time signals)
+        quieted.append(int(sig))
+    return quieted
 
 
 def become_subreaper() -> bool:
@@ -115,7 +201,7 @@ class Child:
     re-parented to us that are not in our own session (our helpers, such as rsync, are).
     """
 
-    def __init__(self, process: Process, argv: Sequence[str]) -> None:
+    def __init__(self, process: asyncio.subprocess.Process, argv: Sequence[str]) -> None:
         self._process = process
         self.argv = tuple(argv)
         self.pid: int = process.pid
@@ -128,11 +214,15 @@ class Child:
 
     @classmethod
     async def spawn(cls, argv: Sequence[str], env: Mapping[str, str], cwd: Path | None = None) -> "Child":
-        """Start ``argv`` in its own session, stdio inherited. Raises SpawnError (127/126)."""
+        """Start ``argv`` in its own session, stdio inherited. Raises SpawnError (127/126).
+
+        The launcher gets TRAINING_DEATH_SIGNAL if supervise dies (SIGKILL included), so the
+        tree does not outlive us even where no cgroup would end it.
+        """
         executable = resolve_command(argv, env)
         try:
-            process = await anyio.open_process(
-                [executable, *argv[1:]], stdin=None, stdout=None, stderr=None,
+            process = await spawn_process(
+                [executable, *argv[1:]], death_signal=TRAINING_DEATH_SIGNAL, stdin=None, stdout=None, stderr=None,
                 env=dict(env), cwd=cwd, start_new_session=True, pass_fds=_inherited_fds,
             )
         except FileNotFoundError:
@@ -149,6 +239,15 @@ class Child:
 
     @property
     def returncode(self) -> int | None:
+        return self._settled()
+
+    def _settled(self) -> int | None:
+        """The launcher's return code, even when no task awaits ``wait()`` any more (the
+        event loop's child watcher records it): an error path that lost the watching task
+        must not wait out the grace and the kill bound for an exit that already happened."""
+        if self._returncode is None and self._process.returncode is not None:
+            self._returncode = self._process.returncode
+            self.exited.set()
         return self._returncode
 
     async def wait(self) -> int:
@@ -234,7 +333,7 @@ class Child:
         what happened, for the journal.
         """
         result: dict = {"signal": signal_name(sig), "grace_s": grace, "killed": [], "sent_to": []}
-        if self._returncode is not None and not self.tree():
+        if self._settled() is not None and not self.tree():
             result["graceful"] = True  # it ended by itself and left nothing behind
             return result
         if not already_signalled:
@@ -250,10 +349,10 @@ class Child:
         with anyio.move_on_after(grace):
             while True:
                 self.reap_orphans()
-                if self._returncode is not None and not self.tree():
+                if self._settled() is not None and not self.tree():
                     break
                 await anyio.sleep(0.05)
-        result["graceful"] = self._returncode is not None and not self.tree()
+        result["graceful"] = self._settled() is not None and not self.tree()
         if not result["graceful"]:
             result["killed"] = await self.kill_all()
         return result
@@ -270,7 +369,7 @@ class Child:
                     pass
                 killed.update(self.send_to(live, signal.SIGKILL, "kill").targets)
                 self.reap_orphans()
-                if not live and self._returncode is not None:
+                if not live and self._settled() is not None:
                     break
                 await anyio.sleep(0.02)
         return sorted(killed)

@@ -37,7 +37,16 @@ def write_request(path: Path, why: str) -> None:
     """A new file (new inode) each time, so every rank sees a new request. The temp name is
     unique per call: a signal's request and the stop sequence's may be written at once."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{next(_REQUEST_SEQ)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w") as f:
-        f.write(f"{time.time():.3f} {why}\n")
-    os.replace(tmp, path)
+    try:
+        tmp.unlink()  # a leftover (or a planted link) of a killed earlier attempt with our pid
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)  # never a planted link
+    try:
+        os.write(fd, f"{time.time():.3f} {why}\n".encode())
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full run directory: leave no temp name behind
+        raise
+    finally:
+        os.close(fd)

@@ -358,10 +358,11 @@ def entry() -> None:
     A worker thread stuck for good in a driver call (NVML on a wedged GPU) would keep the
     interpreter from exiting after the journal's last line; nothing is left to do by then.
     """
+    logs.reopen_closed_std_streams()  # issue 14: started with >&- or 2>&-
     status = main()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except (OSError, ValueError):
+        except (OSError, ValueError, AttributeError):
             pass
     os._exit(status)

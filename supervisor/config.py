@@ -7,17 +7,19 @@ what would be right (exit status 2). Keys are documented in ``configs/example.to
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
 import sys
+import time
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from supervisor import childenv
-from supervisor._units import parse_duration, parse_signal
+from supervisor._units import MAX_DURATION, parse_duration, parse_positive_duration, parse_signal
 from supervisor.errors import ConfigError
 
 ENV_PREFIX = "SUPERVISE_"
@@ -54,10 +56,21 @@ def _duration(v: Any) -> float:
     return d
 
 
+def _positive_duration(v: Any) -> float:
+    """An interval or a timeout: 0 would spin (``--sync-every 0`` took a core) or never wait."""
+    return parse_positive_duration(v)
+
+
+MAX_TIME_LIMIT = 366 * 86400.0  # past any scheduler's limit: a typo (99999999999999h), not a plan
+
+
 def _opt_duration(v: Any) -> float | None:
     if v in (None, "", "none", "off", 0, "0"):
         return None
-    return parse_duration(v)
+    seconds = parse_duration(v)
+    if seconds > MAX_TIME_LIMIT:
+        raise ValueError("a duration of at most 366 days (no scheduler allows more)")
+    return seconds
 
 
 def _warn_before(v: Any) -> float | None:
@@ -174,6 +187,16 @@ def _deadline(v: Any) -> float:
     raise ValueError("a time such as 2026-11-21T18:00:00 (local), 2026-11-21T18:00:00Z, or unix seconds")
 
 
+def _future_deadline(v: Any) -> float:
+    """A deadline still ahead and finite: one in the past would stop the training as it starts."""
+    t = _deadline(v)
+    if not math.isfinite(t) or t > time.time() + MAX_DURATION:
+        raise ValueError("a time within the next ten years, such as 2026-11-21T18:00:00")
+    if t <= time.time():
+        raise ValueError("a time in the future (this one has passed)")
+    return t
+
+
 def _profile(v: Any) -> str:
     from supervisor.sync._profiles import NAMES
 
@@ -230,7 +253,7 @@ KEYS: tuple[Key, ...] = (
     Key("forward", _choice(*FORWARD_POLICIES), "launcher", "where passed-on signals go: launcher (the launcher process) "
         "or group (its whole process group)", "POLICY", _G_CHILD),
     Key("launcher", _choice(*LAUNCHERS), "auto", "override launcher detection (" + ", ".join(LAUNCHERS) + ")", "NAME", _G_CHILD),
-    Key("sync_every", _duration, 600.0, "safety-net period; changes trigger a sync sooner", "DURATION", _G_SYNC, "10m"),
+    Key("sync_every", _positive_duration, 600.0, "safety-net period; changes trigger a sync sooner", "DURATION", _G_SYNC, "10m"),
     Key("sync_backend", _choice("auto", "rsync", "python"), "auto", "auto (rsync if on PATH), rsync, or python", "NAME", _G_SYNC),
     Key("sync_nice", _nice, 10, "CPU niceness of copies (0-19)", "N", _G_SYNC),
     Key("sync_ionice", _choice("idle", "best-effort", "none"), "idle", "I/O class of copies: idle, best-effort or none",
@@ -240,14 +263,14 @@ KEYS: tuple[Key, ...] = (
     Key("dmon_log", _bool, False, "keep nvidia-smi dmon's raw output beside gpu.csv", None, _G_SAMPLE),
     Key("time_limit", _opt_duration, None, "the job ends this long after supervise starts (overrides the scheduler)",
         "DURATION", _G_END, "the scheduler's"),
-    Key("deadline", _deadline, None, "the job ends at this time, e.g. 2026-11-21T18:00:00 (overrides the scheduler)",
+    Key("deadline", _future_deadline, None, "the job ends at this time, e.g. 2026-11-21T18:00:00 (overrides the scheduler)",
         "TIME", _G_END, "the scheduler's"),
     Key("warn_before", _warn_before, None, "start the stop sequence this long before the end", "DURATION|auto", _G_END,
         "auto: learned from earlier attempts"),
     Key("checkpoint_signal", _opt_signal, None, "what 'checkpoint now' sends to the training", "SIG", _G_END, "per launcher"),
     Key("warn_signal", _opt_signal, signal.SIGUSR2, "a signal that means 'the end is near' (as sent by "
         "#SBATCH --signal=B:USR2@600); none to pass it on", "SIG", _G_END, "USR2"),
-    Key("checkpoint_timeout", _duration, 600.0, "how long to wait for the requested checkpoint", "DURATION", _G_END, "10m"),
+    Key("checkpoint_timeout", _positive_duration, 600.0, "how long to wait for the requested checkpoint", "DURATION", _G_END, "10m"),
     Key("requeue", _bool, False, "requeue the job after a deadline or a preemption", None, _G_END),
     Key("max_requeues", _count, 3, "stop requeueing after N requeues", "N", _G_END),
     Key("requeue_on_failure", _bool, False, "also requeue after the training failed", None, _G_END),
@@ -264,7 +287,7 @@ KEYS: tuple[Key, ...] = (
     Key("notify", _urls, (), "webhook to tell of start, warning, preemption, requeue, end; repeatable (never logged)",
         "URL", _G_NOTIFY, "none"),
     Key("notify_format", _choice("json", "slack", "teams", "ntfy"), "json", "json, slack, teams or ntfy", "FORMAT", _G_NOTIFY),
-    Key("notify_timeout", _duration, 5.0, "per-attempt deadline of a webhook post", "DURATION", _G_NOTIFY, "5s"),
+    Key("notify_timeout", _positive_duration, 5.0, "per-attempt deadline of a webhook post", "DURATION", _G_NOTIFY, "5s"),
 )
 SCALAR_KEYS: dict[str, Callable[[Any], Any]] = {k.name: k.convert for k in KEYS}
 DEFAULT: dict[str, Any] = {k.name: k.default for k in KEYS}
@@ -520,8 +543,24 @@ def default_run_dir(env: Mapping[str, str], cwd: Path) -> Path:
     return cwd / f"supervise-{stamp}-{os.getpid()}"
 
 
+def check_persistent_sides(pairs: tuple[SyncPair, ...]) -> None:
+    """A persistent side others can plant links in (writable by all, not sticky and ours) is
+    refused: staging and temp names are created there."""
+    from supervisor.journal import check_run_dir_safe
+
+    for p in pairs:
+        unsafe = check_run_dir_safe(p.dst)
+        if unsafe:
+            raise ConfigError(f"sync {p.name}.to", str(p.dst), f"persistent side {unsafe}")
+
+
 def check_run_dir(path: Path) -> None:
     """Create the run directory and prove it writable, or raise one clear line."""
+    from supervisor.journal import check_run_dir_safe, open_own_file
+
+    unsafe = check_run_dir_safe(path)  # issue 14: others must not plant links in it
+    if unsafe:
+        raise ConfigError("run_dir", str(path), unsafe)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
@@ -530,8 +569,7 @@ def check_run_dir(path: Path) -> None:
         raise ConfigError("run_dir", str(path), f"cannot be created: {e.strerror}") from None
     probe = path / f".supervise-write-test-{os.getpid()}"
     try:
-        with open(probe, "w") as f:
-            f.write("ok")
+        os.close(open_own_file(probe, append=False))  # O_EXCL|O_NOFOLLOW: never a planted link
         probe.unlink()
     except OSError as e:
         raise ConfigError("run_dir", str(path), f"is not writable: {e.strerror}") from None
@@ -600,6 +638,7 @@ def build_config(
         **values,
     )
     if create_run_dir:
+        check_persistent_sides(cfg.sync)  # issue 14: before anything is created
         check_run_dir(run_dir)
     return cfg
 

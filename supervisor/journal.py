@@ -9,9 +9,12 @@ fields are documented in ``docs/journal.md``; bump ``SCHEMA_VERSION`` when they 
 
 from __future__ import annotations
 
+import errno as _errno
 import json
 import os
 import re
+import stat
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -45,18 +48,76 @@ def redact_env(env: Mapping[str, str], prefixes: Iterable[str]) -> dict[str, str
     }
 
 
+def check_run_dir_safe(run_dir: Path) -> str | None:
+    """Why ``run_dir`` is unsafe to write in, or None (it need not exist yet).
+
+    Anyone who can write in it can plant ``events.jsonl -> ~victim/.bashrc`` before we
+    create it: a directory writable by all is refused unless it is sticky and ours (then
+    others cannot rename or remove our files, and O_NOFOLLOW/O_EXCL do the rest). Anyone
+    who can write in a parent without the sticky bit can swap the directory itself for
+    theirs, so such a parent is refused too (``/tmp`` is sticky).
+    """
+    path = Path(os.path.abspath(run_dir))
+    for p in (path, *path.parents):
+        try:
+            st = os.stat(p)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            return f"cannot be read: {e.strerror}"
+        if not st.st_mode & stat.S_IWOTH:
+            continue
+        mode = "%o" % stat.S_IMODE(st.st_mode)
+        if p == path and not (st.st_mode & stat.S_ISVTX and st.st_uid == os.geteuid()):
+            return (f"is writable by every user (mode {mode}): another user could plant links in it; "
+                    "use a directory of your own (chmod o-w, or chmod +t on one you own)")
+        if p != path and not st.st_mode & stat.S_ISVTX:
+            return (f"is inside {p}, writable by every user without the sticky bit (mode {mode}): "
+                    "another user could replace it; use a directory of your own")
+    return None
+
+
+def open_own_file(path: Path, *, append: bool = True, mode: int = 0o644) -> int:
+    """Open (or create) a file in a directory others might write: never through a link, and
+    never one another user created. Returns the descriptor; raises OSError."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_APPEND if append else os.O_EXCL)
+    fd = os.open(path, flags, mode)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        raise OSError(_errno.EPERM, "not a regular file of ours", str(path))
+    return fd
+
+
+def unsafe_file(path: Path, e: OSError) -> Exception:
+    """One line (exit 2, nothing started) for a run-directory file we will not write."""
+    from supervisor.errors import ConfigError
+
+    why = "it is a link" if e.errno == _errno.ELOOP else (e.strerror or str(e))
+    return ConfigError("run_dir", str(path.parent), f"cannot open {path.name} there: {why} "
+                       "(a link or another user's file is never written through)")
+
+
 class Journal:
-    """Appends events to ``<run_dir>/events.jsonl``; safe to call from worker threads."""
+    """Appends events to ``<run_dir>/events.jsonl``; safe to call from worker threads.
+
+    A full or failing run directory (ENOSPC, EDQUOT, EIO) never stops the supervision:
+    the failure is said once on stderr, later events are tried again (space may come
+    back; a torn line is ended first), and an ``end`` that cannot be written goes to stderr.
+    """
 
     def __init__(self, run_dir: Path, attempt: int) -> None:
         self.path = Path(run_dir) / EVENTS_FILE
         self.attempt = attempt
         self._lock = threading.Lock()
         self._secrets: list[str] = []
-        self._file = open(self.path, "a", encoding="utf-8")
-        if self._file.tell() > 0 and not _ends_with_newline(self.path):
-            # A killed writer left a torn line: end it, so our first event stays whole.
-            self._file.write("\n")
+        try:
+            self._fd: int | None = open_own_file(self.path)
+        except OSError as e:
+            raise unsafe_file(self.path, e) from None
+        self._torn = os.fstat(self._fd).st_size > 0 and not _ends_with_newline(self.path)
+        self._failing: str | None = None
+        self.lost = 0  # events that could not be written
 
     def add_secret(self, secret: str) -> None:
         """Never write ``secret`` (a webhook URL, a token): it is replaced by ``<redacted>``."""
@@ -68,23 +129,48 @@ class Journal:
         event: dict[str, Any] = {"v": SCHEMA_VERSION, "t": round(time.time(), 6), "attempt": self.attempt, "kind": kind}
         event.update(fields)
         line = json.dumps(event, default=_jsonable, separators=(",", ":"), ensure_ascii=False)
-        for secret in self._secrets:
-            line = line.replace(json.dumps(secret)[1:-1], "<redacted>")
+        line = redact_text(line, self._secrets)
         with self._lock:
-            if self._file.closed:
+            if self._fd is None:
                 return event
-            self._file.write(line + "\n")
-            self._file.flush()
-            if durable or kind in DURABLE_KINDS:
-                os.fsync(self._file.fileno())
+            if not self._append((line + "\n").encode("utf-8", "backslashreplace"), durable or kind in DURABLE_KINDS):
+                self.lost += 1
+                if kind == "end":
+                    _say(f"supervise: the journal could not take its last line: {line}")
         return event
+
+    def _append(self, data: bytes, sync: bool) -> bool:
+        """One whole line or, on failure, a torn one that the next success ends first."""
+        assert self._fd is not None
+        if self._torn:
+            data = b"\n" + data
+        written = 0
+        try:
+            while written < len(data):
+                written += os.write(self._fd, data[written:])
+            self._torn = False
+            if sync:
+                os.fsync(self._fd)
+        except OSError as e:
+            self._torn = self._torn or 0 < written < len(data)
+            if self._failing is None:
+                self._failing = _errno.errorcode.get(e.errno or 0, str(e.errno))
+                _say(f"supervise: cannot write {self.path}: {e.strerror} ({self._failing}); supervising on")
+            return False
+        if self._failing is not None:
+            _say(f"supervise: {self.path} is writable again")
+            self._failing = None
+        return True
 
     def close(self) -> None:
         with self._lock:
-            if not self._file.closed:
-                self._file.flush()
-                os.fsync(self._file.fileno())
-                self._file.close()
+            if self._fd is not None:
+                try:
+                    os.fsync(self._fd)
+                except OSError:
+                    pass
+                os.close(self._fd)
+                self._fd = None
 
     def __enter__(self) -> "Journal":
         return self
@@ -93,10 +179,49 @@ class Journal:
         self.close()
 
 
+def redact_text(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every secret (as written raw or inside a JSON string) replaced."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(json.dumps(secret)[1:-1], "<redacted>").replace(secret, "<redacted>")
+    return text
+
+
+_SECRET_FLAGS = ("--notify",)
+
+
+def redact_argv(argv: Iterable[str]) -> list[str]:
+    """Our command line for the journal: a ``--notify`` URL holds a webhook token. After
+    ``--`` comes the training's own command, written as given (it is journaled as such)."""
+    args = list(argv)
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        if arg == "--":
+            return out + args[i:]
+        if out and out[-1] in _SECRET_FLAGS and not arg.startswith("-"):
+            out.append("<redacted>")
+        elif arg.startswith(tuple(f + "=" for f in _SECRET_FLAGS)):
+            out.append(arg.split("=", 1)[0] + "=<redacted>")
+        else:
+            out.append(arg)
+    return out
+
+
+def _say(message: str) -> None:
+    """One line on stderr, whatever state stderr is in."""
+    try:
+        os.write(2, (message.replace("\n", " ") + "\n").encode("utf-8", "backslashreplace"))
+    except OSError:
+        pass
+
+
 def _ends_with_newline(path: Path) -> bool:
-    with open(path, "rb") as f:
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) == b"\n"
+    try:
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) == b"\n"
+    except OSError:
+        return True
 
 
 def _jsonable(value: Any) -> Any:

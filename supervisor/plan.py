@@ -21,7 +21,7 @@ from supervisor._units import format_duration
 from supervisor.config import Config, public_view
 from supervisor.errors import ConfigError
 from supervisor.job import Job, detect_job
-from supervisor.journal import next_attempt, read_journal, redact_env
+from supervisor.journal import next_attempt, read_journal, redact_argv, redact_env
 
 SCHEDULER_ENV_PREFIXES = ("SLURM_", "PBS_", "SUPERVISE_", "CUDA_VISIBLE_DEVICES", "OMPI_COMM_WORLD", "PMI_", "CS_")
 
@@ -67,7 +67,8 @@ def make_plan(cfg: Config, env: Mapping[str, str] | None = None) -> Plan:
 
         # The training's processes are attached when the agent runs (Mirror.attach); they will be seen.
         plan.mirror = Mirror(cfg.sync, emit=lambda kind, **f: f, sync_every=cfg.sync_every,
-                             backend=cfg.sync_backend, nice=cfg.sync_nice, ionice=cfg.sync_ionice, writers=set)
+                             backend=cfg.sync_backend, nice=cfg.sync_nice, ionice=cfg.sync_ionice, writers=set,
+                             published_before=Mirror.published_in(previous))  # another run's are never replaced
         plan.warnings += plan.mirror.check()
     if cfg.notify:
         from supervisor.notify import resolve_urls
@@ -99,7 +100,7 @@ def describe(plan: Plan) -> list[tuple[str, str, str]]:
 def start_fields(plan: Plan) -> dict[str, Any]:
     """The ``start`` event: who, where, what, and the whole configuration (secrets hidden)."""
     j, cfg = plan.job, plan.cfg
-    return {"version": __version__, "argv": sys.argv, "command": list(cfg.command), "cwd": os.getcwd(),
+    return {"version": __version__, "argv": redact_argv(sys.argv), "command": list(cfg.command), "cwd": os.getcwd(),
             "host": os.uname().nodename, "user": _user(), "pid": os.getpid(),
             "python": ".".join(map(str, sys.version_info[:3])), "scheduler": j.scheduler, "job_id": j.job_id,
             "job_name": j.job_name, "restart_count": j.restart_count, "nodes": list(j.nodes),

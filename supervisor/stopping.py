@@ -56,11 +56,17 @@ async def request_checkpoint(plan: "Plan", child: Any, emit: Any, why: str, *, r
     def prepare() -> Any:
         # The file first: a rank that saw the signal must not count the file of the same
         # request as a second one. Finding ranks reads /proc: off the loop, in one hop.
-        childenv.write_request(plan.request_path, why)
+        try:
+            childenv.write_request(plan.request_path, why)
+        except OSError as e:  # a full run directory: the signal still goes
+            request_error.append(f"{e.strerror or e}")
         return plan.launcher.checkpoint_targets(child.pid, plan.checkpoint_signal) if signal else None
 
+    request_error: list[str] = []
     targets = await anyio.to_thread.run_sync(prepare)
     fields: dict[str, Any] = {"request_file": str(plan.request_path), "signal": None}
+    if request_error:
+        fields["request_file_error"] = request_error[0]
     if targets is not None:
         delivery = child.send_to(set(targets.pids), plan.checkpoint_signal, targets.route)
         fields.update(signal=plan.checkpoint_signal.name, route=targets.route, to=delivery.targets,

@@ -10,6 +10,7 @@ position; ``-`` means "not available".
 from __future__ import annotations
 
 import os
+import signal
 import select as _select_mod
 import shutil
 import subprocess
@@ -74,12 +75,51 @@ def row_to_sample(row: Mapping[str, str], dev: DeviceInfo, t: float) -> GpuSampl
     )
 
 
-def _query(smi: str, what: str, fields: str, timeout: float = 30.0) -> list[list[str]]:
-    out = subprocess.run([smi, f"--query-{what}={fields}", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, timeout=timeout, check=False)
-    if out.returncode != 0:
-        raise GpuUnavailable(f"nvidia-smi failed: {(out.stdout + out.stderr).strip()[:200]}")
-    return [[c.strip() for c in line.split(",")] for line in out.stdout.splitlines() if line.strip()]
+QUERY_TIMEOUT = 10.0  # one --query-gpu; a wedged driver makes nvidia-smi hang for good
+_live: set[subprocess.Popen[bytes]] = set()
+
+
+class SmiHung(GpuUnavailable):
+    """nvidia-smi did not answer in time: asking again with other fields would hang too."""  # every nvidia-smi of ours still running, for close()
+
+
+def _query(smi: str, what: str, fields: str, timeout: float = QUERY_TIMEOUT) -> list[list[str]]:
+    """One ``nvidia-smi --query-*`` run, killed by pid when ``timeout`` passes.
+
+    It is started from the worker thread that waits for it, with a death signal (the
+    thread lives until it returns, so the kernel kills it if supervise dies first, even
+    when this call was abandoned), in its own group of our session, and never waited on
+    past 2 s.
+    """
+    from supervisor.child import die_with_us
+
+    argv = [smi, f"--query-{what}={fields}", "--format=csv,noheader,nounits"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            preexec_fn=die_with_us(own_group=True))
+    _live.add(proc)
+    try:
+        raw_out, raw_err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        raise SmiHung(f"nvidia-smi did not answer in {timeout:g}s: killed") from None
+    finally:
+        _live.discard(proc)
+    out, err = raw_out.decode("utf-8", "replace"), raw_err.decode("utf-8", "replace")
+    if proc.returncode != 0:
+        raise GpuUnavailable(f"nvidia-smi failed: {(out + err).strip()[:200]}")
+    return [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL its group; reap it if it goes within 2 s (one stuck in the driver may not)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 class DmonBackend:
@@ -117,6 +157,8 @@ class DmonBackend:
             try:
                 rows = _query(smi, "gpu", fields)
                 break
+            except SmiHung:
+                raise
             except GpuUnavailable as e:
                 error = str(e)
             except (OSError, subprocess.TimeoutExpired) as e:
@@ -148,7 +190,13 @@ class DmonBackend:
         assert self._smi is not None
         argv = [self._smi, "dmon", "-s", DMON_GROUPS, "-o", "DT", "-d", str(max(1, round(self._every))),
                 "-i", ",".join(str(i) for i in sorted(self._devs))]
-        self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        # No death signal here: we may be on a worker thread that exits while dmon runs on.
+        # If supervise dies, dmon's next line hits a closed pipe (SIGPIPE) and it ends.
+        from supervisor.child import die_with_us
+
+        self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                      preexec_fn=die_with_us(None, own_group=True))
+        _live.add(self._proc)
         os.set_blocking(self._proc.stdout.fileno(), False)  # type: ignore[union-attr]
         self._buf = b""
 
@@ -227,11 +275,15 @@ class DmonBackend:
         return out
 
     def close(self) -> None:
+        """End dmon and any query still running (a hung one too), each bounded."""
         if self._proc is not None and self._proc.poll() is None:
             self._proc.terminate()
             try:
                 self._proc.wait(timeout=2)
             except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+                _kill(self._proc)
+        for proc in list(_live):
+            if proc.poll() is None:
+                _kill(proc)
+            _live.discard(proc)
         self._proc = None

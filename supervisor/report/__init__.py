@@ -43,8 +43,13 @@ def facts_of(run_dir: Path) -> tuple[Facts, RunData]:
         data = load(run_dir)
     except OSError as e:
         raise ReportError(f"{run_dir}: cannot read it: {e.strerror or e}") from None
-    f = build(data)
-    f.notes = notes(f)
+    try:
+        f = build(data)
+        f.notes = notes(f)
+    except (TypeError, ValueError, KeyError, AttributeError, OverflowError, ZeroDivisionError, IndexError) as e:
+        # Events are typed on loading; a value that still does not fit (a hand-edited journal)
+        # is one line, never a traceback.
+        raise ReportError(f"{events}: an event the report cannot read ({type(e).__name__}: {e})") from None
     return f, data
 
 

@@ -188,11 +188,49 @@ class RunData:
     malformed_events: int = 0  # JSON objects without a numeric time or attempt: left out
 
 
+T_MAX = 1e11  # unix seconds past year 5000: a time no journal can hold (1e308 broke the timeline)
+
+# Fields the report reads, by the type it expects. A field of another type (a hand-edited
+# or foreign journal) is dropped from its event, not trusted: the report then says "unknown".
+_STR_FIELDS = frozenset({"checkpoint", "pair", "uuid", "reason", "step", "name", "why", "signal",
+                         "outcome", "launcher", "source", "scheduler", "job_id", "host", "error", "detail"})
+_NUM_FIELDS = frozenset({"lag_s", "seconds", "every", "end", "lead_s", "ecc_uncorrected_delta",
+                         "ecc_corrected_delta", "grace_s", "bound_s", "kill_in_s", "left_s", "time_left_s"})
+_INT_FIELDS = frozenset({"exit_status", "restart_count", "files", "bytes", "pid", "restarts"})
+_LIST_FIELDS = frozenset({"not_durable", "killed", "devices", "argv", "command", "sent_to"})
+_BOOL_FIELDS = frozenset({"graceful", "requeued", "requeued_by_scheduler", "pointer"})
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < 1e300 and v - v == 0
+
+
 def _well_formed(e: dict[str, Any]) -> bool:
-    """An event the report can place: a numeric time and an integer attempt."""
+    """An event the report can place: a finite, plausible time and an integer attempt."""
     t, a = e.get("t"), e.get("attempt", 0)
-    return (isinstance(t, (int, float)) and not isinstance(t, bool) and isinstance(a, int) and not isinstance(a, bool)
+    return (_finite(t) and 0 <= t < T_MAX and isinstance(a, int) and not isinstance(a, bool) and 0 <= a < 10**6
             and isinstance(e.get("kind"), str))
+
+
+def _typed(e: dict[str, Any]) -> dict[str, Any]:
+    """``e`` without the fields whose type is not the one the report reads."""
+    def ok(k: str, v: Any) -> bool:
+        if v is None:
+            return True
+        if k in _STR_FIELDS:
+            return isinstance(v, str)
+        if k in _NUM_FIELDS:
+            return _finite(v)
+        if k in _INT_FIELDS:
+            return isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**63
+        if k in _LIST_FIELDS:
+            return isinstance(v, list)
+        if k in _BOOL_FIELDS:
+            return isinstance(v, bool)
+        if k == "scheduler_env":
+            return isinstance(v, dict)
+        return not isinstance(v, float) or _finite(v)
+    return {k: v for k, v in e.items() if ok(k, v)}
 
 
 def _f(cell: str) -> float | None:
@@ -222,7 +260,7 @@ def _rows(path: Path) -> Iterator[tuple[dict[str, int], list[str]]]:
 def load(run_dir: Path, *, buckets: int = BUCKETS) -> RunData:
     """Read the journal and stream the sample files of ``run_dir``."""
     journal = read_journal(run_dir / EVENTS_FILE)
-    good = [e for e in journal.events if _well_formed(e)]
+    good = [_typed(e) for e in journal.events if _well_formed(e)]
     malformed = len(journal.events) - len(good)
     journal.events = good
     times = [e["t"] for e in journal.events if isinstance(e.get("t"), (int, float))]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import anyio
 from anyio.abc import TaskStatus
@@ -48,7 +48,8 @@ class Mirror:
     def __init__(self, pairs: Sequence[SyncPair], *, emit: Emit, sync_every: float = 600.0,
                  backend: str = "auto", nice: int = 10, ionice: str = "idle",
                  retry_base: float = 2.0, retry_cap: float = 120.0, node_rank: int = 0,
-                 parts_poll: float = 1.0, writers: Callable[[], set[int]] | None = None) -> None:
+                 parts_poll: float = 1.0, writers: Callable[[], set[int]] | None = None,
+                 published_before: Mapping[str, Iterable[str]] | None = None) -> None:
         self.node_rank = node_rank
         self._pairs = tuple(p for p in pairs if node_rank == 0 or (p.kind == "checkpoint" and p.nodes > 1))
         self._sink = emit
@@ -73,6 +74,18 @@ class Mirror:
                 self._engines.append(PairEngine(p, self._backend, emit, every=sync_every, retry_base=retry_base,
                                                 retry_cap=retry_cap, on_publish=self._count_publish,
                                                 writers=writers if p.kind == "checkpoint" else None))
+                if published_before is not None:
+                    self._engines[-1].ours = set(published_before.get(p.name, ()))
+
+    @staticmethod
+    def published_in(events: Iterable[Mapping[str, Any]]) -> dict[str, set[str]]:
+        """Pair name → checkpoints that ``publish`` events of a journal name (the run
+        directory's earlier attempts): what this run may replace on the persistent side."""
+        out: dict[str, set[str]] = {}
+        for e in events:
+            if e.get("kind") == "publish" and isinstance(e.get("pair"), str) and isinstance(e.get("checkpoint"), str):
+                out.setdefault(e["pair"], set()).add(e["checkpoint"])
+        return out
 
     @staticmethod
     def _logged(emit: Emit) -> Emit:

@@ -8,6 +8,7 @@ short by its deadline leaves nothing writing behind our back. Neither backend ev
 
 from __future__ import annotations
 
+import asyncio
 import errno as _errno
 import json
 import os
@@ -16,13 +17,16 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
 
 import anyio
 
+from supervisor import proctree
 from supervisor._units import signal_name
+from supervisor.child import spawn_process
 from supervisor.sync._complete import PARTIAL_DIR
 
 OK_CODES = (0, 24)  # 24: some source files vanished (rotation) — normal, not a failure
@@ -96,45 +100,102 @@ class _Done:
     stderr: bytes
 
 
-async def run_copier(argv: list[str], *, stdin: bytes | None = None, env: dict[str, str] | None = None) -> _Done:
-    """Run one copier in its own process group and collect its output.
+COPIER_STALL = 120.0  # seconds without a byte read or written: a hung copier (a stuck Lustre stat)
+STALL_ENV = "SUPERVISE_COPIER_STALL"  # tests and sites with slow metadata servers change it
+REAP_BOUND = 2.0  # after SIGKILL: a process in uninterruptible sleep may never go; we do not wait on it
 
-    On cancellation the whole group is SIGKILLed (rsync forks a receiver and a generator;
-    killing only the parent leaves them writing for a while) and reaped, shielded and bounded,
-    so a flush cut short by its deadline returns with nothing of ours still writing.
+
+def copier_stall() -> float:
+    """The stall bound, from SUPERVISE_COPIER_STALL when it holds a positive number."""
+    try:
+        value = float(os.environ.get(STALL_ENV, ""))
+    except ValueError:
+        return COPIER_STALL
+    return value if 0 < value < float("inf") else COPIER_STALL
+
+
+async def run_copier(argv: list[str], *, stdin: bytes | None = None, env: dict[str, str] | None = None) -> _Done:
+    """Run one copier in its own process group (in our session) and collect its output.
+
+    On cancellation, or when the group has read and written nothing for ``copier_stall()``
+    seconds, the whole group is SIGKILLed (rsync forks a receiver and a generator; killing
+    only the parent leaves them writing for a while) and reaped, shielded and bounded, so a
+    flush cut short returns with nothing of ours still writing, and a copier stuck in the
+    kernel is given up on rather than waited for. The copier gets SIGKILL if we die.
     """
-    proc = await anyio.open_process(argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                    start_new_session=True)
+    proc = await spawn_process(argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, own_group=True)
     out: list[bytes] = []
     err: list[bytes] = []
+    stalled = False
 
-    async def drain(stream, into: list[bytes]) -> None:
-        async for chunk in stream:
+    async def drain(stream: asyncio.StreamReader | None, into: list[bytes]) -> None:
+        while stream is not None and (chunk := await stream.read(65536)):
             into.append(chunk)
+
+    async def feed() -> None:
+        if proc.stdin is None:
+            return
+        try:
+            if stdin:
+                proc.stdin.write(stdin)
+                await proc.stdin.drain()
+            proc.stdin.close()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    async def watch(scope: anyio.CancelScope) -> None:
+        nonlocal stalled
+        bound, last, since = copier_stall(), -1, time.monotonic()
+        while True:
+            await anyio.sleep(min(1.0, bound / 4))
+            io = await anyio.to_thread.run_sync(_group_io, proc.pid)
+            if io != last:
+                last, since = io, time.monotonic()
+            elif time.monotonic() - since >= bound:
+                stalled = True
+                scope.cancel()
+                return
 
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(drain, proc.stdout, out)
-            tg.start_soon(drain, proc.stderr, err)
-            if proc.stdin is not None:
-                if stdin:
-                    await proc.stdin.send(stdin)
-                await proc.stdin.aclose()
-        rc = await proc.wait()
+            tg.start_soon(watch, tg.cancel_scope)
+            async with anyio.create_task_group() as io_tg:
+                io_tg.start_soon(drain, proc.stdout, out)
+                io_tg.start_soon(drain, proc.stderr, err)
+                io_tg.start_soon(feed)
+            await proc.wait()
+            tg.cancel_scope.cancel()
+        if stalled:
+            raise CopyError(f"copier stalled: nothing read or written for {copier_stall():g}s; killed")
+        rc = proc.returncode
+        assert rc is not None
     except BaseException:
         with anyio.CancelScope(shield=True):
             _killpg(proc.pid)
-            with anyio.move_on_after(2):
+            with anyio.move_on_after(REAP_BOUND):
                 await proc.wait()
             with anyio.move_on_after(0.5):  # the group's other members, reaped by init
                 while _group_alive(proc.pid):
                     await anyio.sleep(0.01)
         raise
-    finally:
-        with anyio.CancelScope(shield=True):
-            await proc.aclose()
     return _Done(rc, b"".join(out), b"".join(err))
+
+
+def _group_io(pgid: int) -> int:
+    """Bytes read and written so far by the live members of a process group (rchar+wchar:
+    they count metadata-free progress too, such as a checksum pass over a local file)."""
+    total = 0
+    for p in proctree.all_processes():
+        if p.pgid != pgid:
+            continue
+        try:
+            with open(f"/proc/{p.pid}/io", "rb") as f:
+                fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
+            total += int(fields.get(b"rchar", 0)) + int(fields.get(b"wchar", 0)) + p.pid
+        except (OSError, ValueError):
+            total += p.pid  # gone, or /proc/PID/io not ours to read: a new member counts as change
+    return total
 
 
 def _killpg(pgid: int) -> None:

@@ -67,6 +67,12 @@ def check_pairs(pairs: Sequence[SyncPair], env: dict[str, str] | None = None) ->
             raise ConfigError(f"{key}.from", str(p.src), "exists and is not a directory")
         if p.dst.exists() and not p.dst.is_dir():
             raise ConfigError(f"{key}.to", str(p.dst), "exists and is not a directory")
+        if p.dst.is_dir():
+            from supervisor.journal import check_run_dir_safe
+
+            unsafe = check_run_dir_safe(p.dst)  # issue 14: staging and temp names live there
+            if unsafe:
+                raise ConfigError(f"{key}.to", str(p.dst), f"persistent side {unsafe}")
         if p.keep_local is not None and p.kind != "checkpoint":
             raise ConfigError(f"{key}.keep_local", p.keep_local, "only checkpoint pairs keep a number of local copies")
         if not p.src.exists():

@@ -153,6 +153,7 @@ class Pointer:
     mtime_ns: int
     target: str | None
     link: bool = False              # a symlink (content: the target's name), not a file
+    mode: int = 0o644               # its permission bits, copied as they are (a 600 stays 600)
 
 
 Sig = tuple[int, int, int]  # (inode, mtime_ns, ctime_ns) of a top-level entry
@@ -246,7 +247,7 @@ def classify(root: Path, *, markers: tuple[str, ...] = (), exclude: tuple[str, .
                     content = f.read(4096)
             except (FileNotFoundError, IsADirectoryError, OSError):
                 continue
-            out.pointers[name] = Pointer(name, content, st.st_mtime_ns, None)
+            out.pointers[name] = Pointer(name, content, st.st_mtime_ns, None, mode=stat.S_IMODE(st.st_mode))
             out.marker_seen = True
         elif not is_temp(name) and not excluded(name, exclude, stat.S_ISDIR(st.st_mode)):
             candidates.append(name)

@@ -6,6 +6,7 @@ import ctypes
 import errno
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -69,19 +70,32 @@ def swap_in(staging: Path, final: Path, *, is_dir: bool, fsync: bool) -> None:
         fsync_dir(final.parent)
 
 
-def write_atomic(path: Path, content: bytes, mtime_ns: int, *, fsync: bool) -> bool:
-    """A pointer file through temp + rename; False when ``path`` already holds ``content``."""
+def create_exclusive(path: Path) -> int:
+    """A new file of ours at ``path`` (a temp name in a directory others may write): a
+    leftover of ours there is removed first (unlinking a planted link removes the link, not
+    its target), then O_EXCL|O_NOFOLLOW, mode 600 until the caller sets the source's."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
+def write_atomic(path: Path, content: bytes, mtime_ns: int, *, fsync: bool, mode: int = 0o644) -> bool:
+    """A pointer file through temp + rename, with the source's mode; False when ``path``
+    already holds ``content``."""
     try:
         if path.read_bytes() == content:
             return False
     except (FileNotFoundError, IsADirectoryError):
         pass
     tmp = path.with_name(f"{STAGING_PREFIX}{path.name}")
-    with open(tmp, "wb") as f:
+    with open(create_exclusive(tmp), "wb") as f:
         f.write(content)
         if fsync:
             f.flush()
             os.fsync(f.fileno())
+        os.fchmod(f.fileno(), mode & 0o7777)
     os.utime(tmp, ns=(mtime_ns, mtime_ns))
     os.replace(tmp, path)
     if fsync:
@@ -116,12 +130,12 @@ def copy_markers(src: Path, dst: Path, rels: tuple[str, ...], *, fsync: bool) ->
         st = os.lstat(s)
         d.parent.mkdir(parents=True, exist_ok=True)
         tmp = d.with_name(f".{d.name.lstrip('.')}.supervise-tmp")
-        with open(s, "rb", opener=_nofollow) as fi, open(tmp, "wb") as fo:
+        with open(s, "rb", opener=_nofollow) as fi, open(create_exclusive(tmp), "wb") as fo:
             shutil.copyfileobj(fi, fo, 1 << 20)
             if fsync:
                 fo.flush()
                 os.fsync(fo.fileno())
-        os.chmod(tmp, st.st_mode & 0o7777)
+            os.fchmod(fo.fileno(), st.st_mode & 0o7777)
         os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
         os.replace(tmp, d)
         n += st.st_size
@@ -131,6 +145,29 @@ def copy_markers(src: Path, dst: Path, rels: tuple[str, ...], *, fsync: bool) ->
 def _nofollow(path: str, flags: int) -> int:
     """A marker that is a symlink is refused (ELOOP), never copied as its target's content."""
     return os.open(path, flags | os.O_NOFOLLOW)
+
+
+def claim_staging(path: Path, *, is_dir: bool) -> bool:
+    """Make sure the staging name is ours before copying into it; True when it holds a
+    leftover of ours to resume.
+
+    The name is predictable and lives on the persistent side: a link or a directory that
+    another user planted there is removed (where the directory lets us) and never written
+    through; a new staging directory is created here, mode 700 until its copy sets the
+    source's, so the copier never creates it through a planted link.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None and st.st_uid == os.geteuid() and not stat.S_ISLNK(st.st_mode) \
+            and stat.S_ISDIR(st.st_mode) == is_dir:
+        return True
+    if st is not None:
+        remove_ours(path)
+    if is_dir:
+        os.mkdir(path, 0o700)  # EEXIST if something not ours could not be removed: the publish fails
+    return False
 
 
 def remove_ours(path: Path) -> None:
@@ -178,3 +215,54 @@ def log_lag(src: Path, dst: Path, exclude: tuple[str, ...]) -> list[str]:
         if got < size:
             out.append(f"{rel} ({size - max(got, 0)} bytes behind)")
     return out
+
+
+LOG_PROBE = 4096  # bytes at the start of a log compared with its persistent copy
+
+
+def keep_restarted_logs(src: Path, dst: Path, exclude: tuple[str, ...], inodes: dict[str, int]) -> list[tuple[str, str]]:
+    """Set aside persistent logs whose local file started over, before they are grown.
+
+    A requeue onto another node (a new local disk), a log reopened with ``"w"`` or rotated
+    gives a local file that is not a continuation of the persistent one: a new inode since
+    the last pass (``inodes``, updated here), other first bytes, or fewer bytes. Growing it
+    would rewrite the persistent copy (``--append-verify`` resends a file whose prefix
+    differs), losing the earlier attempt's lines. The persistent copy is renamed to
+    ``<name>.attempt-N`` (the lowest free N from 1) and the new file starts beside it.
+    Returns ``(relative path, kept as)`` for each one set aside.
+    """
+    s = snapshot(src, exclude)
+    if s is None:
+        return []
+    kept = []
+    for rel in s.files:
+        local, there = src / rel, dst / rel
+        try:
+            lst = os.lstat(local)
+        except FileNotFoundError:
+            continue
+        before, inodes[rel] = inodes.get(rel), lst.st_ino
+        try:
+            dst_st = os.lstat(there)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(dst_st.st_mode) or not stat.S_ISREG(lst.st_mode) or dst_st.st_size == 0:
+            continue
+        restarted = (before is not None and before != lst.st_ino) or lst.st_size < dst_st.st_size \
+            or not _same_start(local, there, min(LOG_PROBE, lst.st_size, dst_st.st_size))
+        if restarted:
+            n = 1
+            while os.path.lexists(there.with_name(f"{there.name}.attempt-{n}")):
+                n += 1
+            kept_as = there.with_name(f"{there.name}.attempt-{n}")
+            os.rename(there, kept_as)
+            kept.append((rel, kept_as.name))
+    return kept
+
+
+def _same_start(a: Path, b: Path, n: int) -> bool:
+    try:
+        with open(a, "rb", opener=_nofollow) as fa, open(b, "rb", opener=_nofollow) as fb:
+            return fa.read(n) == fb.read(n)
+    except OSError:
+        return True  # unreadable now: leave it to the next pass

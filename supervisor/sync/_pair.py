@@ -34,6 +34,7 @@ from supervisor.sync._writers import open_for_write
 # Triggers that go ahead even while backing off after a failure.
 URGENT = ("start", "retry", "request", "flush", "appeared")
 RECOPY_TRIES = 3
+REPLACED_POLL = 1.0  # seconds between checks that the watched directory is still the same inode
 WATCH_GAP = {"checkpoint": 0.05, "log": 1.0}  # gather a burst of file events into one pass
 LOG_BATCH = 10.0  # s: while logs are written, a log pair copies what grew at most this often
 
@@ -79,6 +80,12 @@ class PairEngine:
         self.pending: list[str] = [f"{pair.name}: not synced yet"]
         self._log_copied: dict[str, tuple[int, int]] = {}  # log file → (size, mtime) copied
         self._log_next = 0.0                   # monotonic time before which watch passes wait
+        # Names this run directory published in earlier attempts (None: history unknown,
+        # every entry may be replaced as before); a name on the persistent side in neither
+        # this nor self.published is another run's and is never replaced.
+        self.ours: set[str] | None = None
+        self.refused: set[str] = set()
+        self._log_inodes: dict[str, int] = {}  # log file → local inode at the last pass
 
     # ---- triggers -------------------------------------------------------------------
 
@@ -149,18 +156,38 @@ class PairEngine:
                 task_status.started()
                 started = True
             try:
-                await self._watch_once(src)
+                if await self._watch_once(src):
+                    # Removed and made again (a new inode): the old watch sees nothing more.
+                    self.emit("sync-source", pair=self.pair.name, path=src, action="replaced")
+                    self.trigger("appeared")
+                    continue
             except Exception as e:  # noqa: BLE001 - a watcher failure must not end supervision
                 self.emit("sync-watch-failed", pair=self.pair.name, error=f"{type(e).__name__}: {e}", retry_in=quiet)
             await anyio.sleep(quiet)
             quiet = min(quiet * 2, 60.0)
 
-    async def _watch_once(self, src: Path) -> None:
+    async def _watch_once(self, src: Path) -> bool:
         """One watchfiles session. awatch's worker thread only notices cancellation through
         its stop event, so a sibling sets it on cancel; otherwise cancelling run() would
-        wait out watchfiles' 5 s Rust timeout."""
+        wait out watchfiles' 5 s Rust timeout. Returns True when ``src`` was removed or
+        replaced (inotify keeps watching the old inode, silently)."""
         stop = anyio.Event()
         error: BaseException | None = None
+        replaced = False
+        inode = (await _to_thread(os.stat, src)).st_ino
+
+        async def same_directory() -> None:
+            nonlocal replaced
+            while True:
+                await anyio.sleep(REPLACED_POLL)
+                try:
+                    now = (await _to_thread(os.stat, src)).st_ino
+                except OSError:
+                    now = None
+                if now != inode:
+                    replaced = True
+                    tg.cancel_scope.cancel()
+                    return
 
         async def consume() -> None:
             nonlocal error
@@ -178,12 +205,16 @@ class PairEngine:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(consume)
+            tg.start_soon(same_directory)
             try:
                 await anyio.sleep_forever()
             finally:
                 stop.set()
+        if replaced:
+            return True
         if error is not None:
             raise error
+        return False
 
     def _note_dirty(self, src: Path, changes: Any) -> None:
         """The top-level entries a batch of file events touched: a watch pass walks them again
@@ -333,6 +364,9 @@ class PairEngine:
                     if e.name in listing.sigs:
                         self._sigs[e.name] = listing.sigs[e.name]
                     continue
+                if there is not None and self.ours is not None and e.name not in self.ours:
+                    self._refuse(e.name)
+                    continue
             todo.append(e)
         self._note_pending(listing)
         for e in todo:  # newest first: the one most at risk
@@ -357,6 +391,15 @@ class PairEngine:
         if p.keep_local:
             await self._retain(listing)
 
+    def _refuse(self, name: str) -> None:
+        """An entry of that name is on the persistent side and this run never published it
+        (another run's, sharing the directory): it is never replaced. Journaled once; the
+        local one stays pending, so ``end.not_durable`` and the report name it."""
+        if name not in self.refused:
+            self.refused.add(name)
+            self.emit("sync-refused", pair=self.pair.name, checkpoint=name,
+                      why="on the persistent side already and not published by this run directory: not replaced")
+
     async def _publish(self, e: Entry, trigger: str, stats: CopyResult) -> bool:
         """Stage, verify, rename. False when the checkpoint vanished or stopped being complete."""
         p = self.pair
@@ -364,7 +407,7 @@ class PairEngine:
         staging = p.dst / f"{STAGING_PREFIX}{e.name}"
         # Staging left by a killed run is resumed (rsync skips what is already whole) but then
         # always verified: it may hold files the source no longer has.
-        leftover = await _to_thread(os.path.lexists, staging)
+        leftover = await _to_thread(_fsops.claim_staging, staging, is_dir=e.is_dir)
         for attempt in range(RECOPY_TRIES):
             got = CopyResult()
             try:
@@ -424,7 +467,8 @@ class PairEngine:
             if ptr.link:
                 wrote = await _to_thread(_fsops.write_link, p.dst / ptr.name, target)
             else:
-                wrote = await _to_thread(_fsops.write_atomic, p.dst / ptr.name, ptr.content, ptr.mtime_ns, fsync=p.fsync)
+                wrote = await _to_thread(_fsops.write_atomic, p.dst / ptr.name, ptr.content, ptr.mtime_ns, fsync=p.fsync,
+                                         mode=ptr.mode)
             self.pointers_done[ptr.name] = ptr.content
             if wrote:
                 self.emit("publish", pair=p.name, checkpoint=ptr.name, pointer=True, target=target,
@@ -438,6 +482,8 @@ class PairEngine:
                 out.append(f"{self.pair.name}: {e.name} (torn: {e.torn}; never published)")
             elif not e.complete:
                 out.append(f"{self.pair.name}: {e.name} (incomplete: {e.why})")
+            elif e.name in self.refused and prev is None:
+                out.append(f"{self.pair.name}: {e.name} (refused: another run's {e.name} is on persistent storage)")
             elif prev is None or not prev.same_content(e.snap):
                 out.append(f"{self.pair.name}: {e.name} (complete, not yet on persistent storage)")
         for ptr in listing.pointers.values():
@@ -487,6 +533,9 @@ class PairEngine:
             self.recheck_at = self._log_next
             self._poke_ticker()
             return
+        for rel, kept_as in await _to_thread(_fsops.keep_restarted_logs, p.src, p.dst, p.exclude, self._log_inodes):
+            self.emit("log-restarted", pair=p.name, file=rel, kept_as=kept_as,
+                      why="the local file started over: the persistent copy is kept, not overwritten")
         snap = await _to_thread(snapshot, p.src, p.exclude)
         files = dict(snap.files) if snap else {}
         if trigger in ("watch", "settle"):
@@ -573,7 +622,7 @@ class PairEngine:
             if ptr.link:
                 _fsops.write_link(p.src / ptr.name, best.name)
             else:
-                _fsops.write_atomic(p.src / ptr.name, ptr.content, ptr.mtime_ns, fsync=False)
+                _fsops.write_atomic(p.src / ptr.name, ptr.content, ptr.mtime_ns, fsync=False, mode=ptr.mode)
             done.append(ptr.name)
         prof = self.profile
         if prof is not None and prof.links and not any(fnmatch.fnmatchcase(best.name, g) for g in prof.links):

@@ -31,7 +31,7 @@ from typing import Any, Mapping
 
 from supervisor.sync._backend import fsync_all
 from supervisor.sync._complete import STAGING_PREFIX, Snap, matches, snapshot
-from supervisor.sync._fsops import fsync_dir, prune_staging, swap_in
+from supervisor.sync._fsops import create_exclusive, fsync_dir, prune_staging, swap_in
 
 PARTS_DIR = ".supervise-parts"
 MANIFEST_VERSION = 1
@@ -79,7 +79,7 @@ def write_manifest(dst: Path, name: str, node: int, nodes: int, snap: Snap, *, i
             "markers": list(markers), "bytes": snap.bytes, "why": why, "done_at": done_at,
             "written_at": round(time.time(), 6)}
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with open(create_exclusive(tmp), "w", encoding="utf-8") as f:  # O_EXCL|O_NOFOLLOW (issue 14)
         json.dump(body, f, separators=(",", ":"))
         f.flush()
         os.fsync(f.fileno())

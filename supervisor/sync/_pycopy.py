@@ -85,7 +85,7 @@ def _copy_one(src: str, dst: str, st: os.stat_result, fsync: bool, stats: Stats,
 def _copy_new(src: str, dst: str, st: os.stat_result, fsync: bool, stats: Stats) -> bool:
     """Create ``dst`` (never through a symlink or over a file) and copy into it; False if it exists."""
     try:
-        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
     except FileExistsError:
         return False
     stats.bytes += _write_copy(src, fd, dst, st, fsync)
@@ -98,6 +98,8 @@ def _write_copy(src: str, out: str | int, path: str, st: os.stat_result, fsync: 
     """Copy ``src`` into ``out`` (the path ``path``, or a descriptor open on it), then its mode
     and times last, then rename it to ``rename_to`` if given. On any failure ``path`` is
     removed: it is a temp name, or a file this copy created."""
+    if isinstance(out, str):
+        out = _create_exclusive(out)  # a temp name: never through a planted link
     try:
         with open(src, "rb") as fi, open(out, "wb") as fo:
             n = _copy_stream(fi, fo)
@@ -115,6 +117,16 @@ def _write_copy(src: str, out: str | int, path: str, st: os.stat_result, fsync: 
             pass
         raise
     return n
+
+
+def _create_exclusive(path: str) -> int:
+    """Our temp file at ``path``: a leftover removed first (a planted link goes, not its
+    target), then O_EXCL|O_NOFOLLOW, so nothing another user put there is written through."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
 
 
 def _copy_stream(fi, fo) -> int:
@@ -196,6 +208,9 @@ def tree(req: dict, stats: Stats) -> None:
             if os.path.exists(os.path.join(src, rel)):
                 raise
             stats.vanished += 1
+    root = os.lstat(src)
+    if stat.S_ISDIR(root.st_mode):
+        dirs.insert(0, (dst, root))  # the top directory's own mode too: a 700 checkpoint stays 700
     for target, st in reversed(dirs):  # after the files, whose creation touched them
         os.chmod(target, stat.S_IMODE(st.st_mode))
         os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
@@ -247,14 +262,25 @@ def grow(req: dict, stats: Stats) -> None:
 
 
 def _grow_one(src: str, dst: str, st: os.stat_result, fsync: bool, stats: Stats) -> None:
-    """Append to the same inode, so a TensorBoard reading ``dst`` sees new points."""
+    """Append to the same inode, so a TensorBoard reading ``dst`` sees new points.
+
+    A link at ``dst`` for a regular source is not ours (another user planted it in a shared
+    directory): it is removed, never written through."""
     try:
-        have = os.lstat(dst).st_size
+        d = os.lstat(dst)
+        have = d.st_size
+        if stat.S_ISLNK(d.st_mode):
+            os.unlink(dst)
+            have = -1
     except FileNotFoundError:
         have = -1
     if have >= st.st_size:
         return  # --append: a destination as long as the source is skipped
-    with open(src, "rb") as fi, open(dst, "r+b" if have >= 0 else "wb") as fo:
+    if have < 0:
+        out = _create_exclusive(dst)
+    else:
+        out = os.open(dst, os.O_RDWR | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    with open(src, "rb") as fi, open(out, "r+b") as fo:
         start = max(have, 0)
         if have > 0:
             n = min(VERIFY_TAIL, have)

@@ -13,7 +13,7 @@ def test_durations(text: object, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "5 minutes", "1m1h", "1h1h", "-5", "m", "10x", True])
+@pytest.mark.parametrize("text", ["", "5 minutes", "1m1h", "1h1h", "-5", "m", "10x", True, float("nan"), float("inf"), "99999999999999h"])
 def test_bad_durations(text: object) -> None:
     with pytest.raises(ValueError, match="90s"):
         parse_duration(text)
@@ -24,12 +24,12 @@ def test_format_round_trips() -> None:
         assert parse_duration(format_duration(s)) == s
 
 
-@pytest.mark.parametrize(("name", "sig"), [("TERM", signal.SIGTERM), ("sigusr1", signal.SIGUSR1), ("USR2", signal.SIGUSR2), ("10", signal.SIGUSR1)])
+@pytest.mark.parametrize(("name", "sig"), [("TERM", signal.SIGTERM), ("sigusr1", signal.SIGUSR1), ("USR2", signal.SIGUSR2), ("alrm", signal.SIGALRM)])
 def test_signals(name: str, sig: signal.Signals) -> None:
     assert parse_signal(name) == sig
 
 
-@pytest.mark.parametrize("name", ["FOO", "KILL", "SIGSTOP", "999"])
+@pytest.mark.parametrize("name", ["FOO", "KILL", "SIGSTOP", "999", "10", "9", "19", "SEGV", "CHLD", "CONT", "TSTP", 15])
 def test_bad_signals(name: str) -> None:
     with pytest.raises(ValueError):
         parse_signal(name)
