@@ -29,7 +29,7 @@ from supervisor.health import Faults
 from supervisor.journal import Journal
 from supervisor.plan import Plan, job_label, make_plan, start_fields
 from supervisor.parts import guarded
-from supervisor.policy import PASS_SIGNALS, STOP_SIGNALS, Reason, State, Trigger
+from supervisor.policy import STOP_SIGNALS, Reason, State, Trigger
 from supervisor.stopping import StopSequence, ignore_stop_signals, pass_on, request_checkpoint
 from supervisor.watches import ProgressGaps, deadline_watch, hang_watch
 
@@ -74,11 +74,8 @@ class Agent:
         self._journal_start()
         # The receiver outlives the task group: while its parts wind down (a worker thread
         # may sit in a slow NVML call), a TERM must still find a handler, not the default.
-        # The warn and checkpoint signals may be any of _units.OPTION_SIGNALS (ALRM used to kill
-        # us); every other catchable signal is ignored rather than left to kill or stop us.
-        caught = {*STOP_SIGNALS, *PASS_SIGNALS, signal.SIGCONT,
-                  *(s for s in (self.cfg.warn_signal, self.plan.checkpoint_signal) if s is not None)}
-        quiet_stray_signals(caught)
+        caught = policy.caught_signals(self.cfg.warn_signal, self.plan.checkpoint_signal)
+        quiet_stray_signals(caught)  # every other catchable signal is ignored, not left to kill us
         with anyio.open_signal_receiver(*caught) as signals:
             try:
                 async with anyio.create_task_group() as tg:

@@ -124,8 +124,9 @@ async def spawn_process(argv: Sequence[str], *, death_signal: int = signal.SIGKI
     the caller sees the cancel at its next await, holding the process it must kill.
     """
     with anyio.CancelScope(shield=True):
-        return await asyncio.create_subprocess_exec(*argv, preexec_fn=die_with_us(death_signal, own_group=own_group),
+        proc = await asyncio.create_subprocess_exec(*argv, preexec_fn=die_with_us(death_signal, own_group=own_group),
                                                     **kwargs)  # type: ignore[arg-type]
+    return proc
 
 
 def _ignore_signal(signum: int, frame: object) -> None:

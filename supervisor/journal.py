@@ -14,7 +14,6 @@ import json
 import os
 import re
 import stat
-import sys
 import threading
 import time
 from dataclasses import dataclass, field

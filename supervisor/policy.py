@@ -66,6 +66,12 @@ class Trigger:
 NO_TRIGGER = Trigger(Reason.ERROR, "ended without a trigger")
 
 
+def caught_signals(warn: signal.Signals | None, checkpoint: signal.Signals | None) -> set[signal.Signals]:
+    """What the agent's receiver takes: stop and pass-on signals, SIGCONT (Slurm's tell), and
+    the warn and checkpoint signals, which may be any of _units.OPTION_SIGNALS (ALRM killed us)."""
+    return {*STOP_SIGNALS, *PASS_SIGNALS, signal.SIGCONT, *(s for s in (warn, checkpoint) if s is not None)}
+
+
 def classify_signal(sig: signal.Signals, *, warn_signal: signal.Signals | None, end: float | None,
                     now: float) -> Reason:
     """TERM near the end is the time limit; TERM before it a preemption; the warn signal the

@@ -207,7 +207,8 @@ def _finite(v: Any) -> bool:
 
 def _well_formed(e: dict[str, Any]) -> bool:
     """An event the report can place: a finite, plausible time and an integer attempt."""
-    t, a = e.get("t"), e.get("attempt", 0)
+    t: Any = e.get("t")
+    a: Any = e.get("attempt", 0)
     return (_finite(t) and 0 <= t < T_MAX and isinstance(a, int) and not isinstance(a, bool) and 0 <= a < 10**6
             and isinstance(e.get("kind"), str))
 

@@ -41,13 +41,13 @@ def finish(p: subprocess.Popen, timeout: float) -> tuple[int, str, str]:
     """Wait for supervise with a bound; a bound that runs out is the failure it proves."""
     try:
         out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as expired:
         p.kill()
         try:
             out, err = p.communicate(timeout=5)
         except subprocess.TimeoutExpired:  # leftovers hold the pipes: the test's tag fixture kills them
             err = "(its stdout/stderr are held open by processes it left behind)"
-        raise AssertionError(f"supervise still running after {timeout}s: {err[-2000:]}")
+        raise AssertionError(f"supervise still running after {timeout}s: {err[-2000:]}") from expired
     return p.returncode, out, err
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_supervise, supervise_argv
-from tests.hostile._util import (TRACEBACK, env_with, events, finish, kill_marked, kinds, start_supervise, wait_for)
+from tests.hostile._util import (TRACEBACK, env_with, finish, kill_marked, kinds, start_supervise, wait_for)
 
 OTHER = "sv14hostile"
 BACKENDS = ["rsync", "python"]
