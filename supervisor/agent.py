@@ -28,9 +28,9 @@ from supervisor.errors import root_cause
 from supervisor.health import Faults
 from supervisor.journal import Journal
 from supervisor.plan import Plan, job_label, make_plan, start_fields
-from supervisor.parts import guarded
+from supervisor.parts import guarded, reap_orphans
 from supervisor.policy import STOP_SIGNALS, Reason, State, Trigger
-from supervisor.stopping import StopSequence, ignore_stop_signals, pass_on, request_checkpoint
+from supervisor.stopping import StopSequence, emergency_stop, ignore_stop_signals, pass_on, request_checkpoint
 from supervisor.watches import ProgressGaps, deadline_watch, hang_watch
 
 log = logging.getLogger("supervise")
@@ -96,7 +96,8 @@ class Agent:
                 log.error("supervisor error: %s: %s", type(cause).__name__, cause, exc_info=cause)
                 self.journal.emit("error", error=f"{type(cause).__name__}: {cause}")
                 with anyio.CancelScope(shield=True):
-                    await self._emergency_stop()
+                    await emergency_stop(self.child, self.cfg.stop_signal or self.plan.launcher.stop_signal,
+                                         self.cfg.grace)
                 self.trigger = self.trigger or Trigger(Reason.ERROR, f"{type(cause).__name__}: {cause}", at=time.monotonic())
         ignore_stop_signals()  # the receiver's exit restored the defaults
         quiet_stray_signals(STOP_SIGNALS)  # nor may a HUP or ALRM cut `end`
@@ -176,7 +177,7 @@ class Agent:
         self._set_state(State.RUNNING)
         tg.start_soon(self._watch_child, tg, self.child)
         if self.restarts == 0:
-            tg.start_soon(self._reaper)
+            tg.start_soon(reap_orphans, lambda: self.child, self.journal.emit)
 
     async def _watch_child(self, tg: TaskGroup, child: Child) -> None:
         status = await child.wait()
@@ -202,15 +203,6 @@ class Agent:
                 return
         reason = Reason.CHILD_EXIT if status == 0 else Reason.CHILD_FAILED
         self._request_stop(Trigger(reason, f"exit status {status}", at=time.monotonic()))
-
-    async def _reaper(self) -> None:
-        """Reap orphans re-parented to us, so none lingers as a zombie."""
-        while True:
-            child = self.child
-            if child is not None and child.zombie_orphan_waiting():
-                for pid in await anyio.to_thread.run_sync(child.reap_orphans):
-                    self.journal.emit("orphan-reaped", pid=pid)
-            await anyio.sleep(1.0)
 
     # ------------------------------------------------------------------ signals
 
@@ -308,13 +300,6 @@ class Agent:
         kill = self.kill()
         return policy.time_left(end=self.end, kill=kill if kill != self.end else None, lead=self.lead,
                                 kill_wait=self.kill_wait, now=time.time())
-
-    async def _emergency_stop(self) -> None:
-        if self.child is not None:
-            with anyio.move_on_after(self.cfg.grace + 10):
-                await self.child.stop(self.cfg.stop_signal or self.plan.launcher.stop_signal, self.cfg.grace)
-
-    # ------------------------------------------------------------------ journal
 
     def _set_state(self, new: State, **fields: Any) -> None:
         old, self.state = self.state, new

@@ -54,3 +54,13 @@ class _Ready:
 
     def started(self, value: Any = None) -> None:
         self._ready()
+
+
+async def reap_orphans(child_of: Callable[[], Any], emit: Emit) -> None:
+    """Reap orphans re-parented to us (a child subreaper), so none lingers as a zombie."""
+    while True:
+        child = child_of()
+        if child is not None and child.zombie_orphan_waiting():
+            for pid in await anyio.to_thread.run_sync(child.reap_orphans):
+                emit("orphan-reaped", pid=pid)
+        await anyio.sleep(1.0)

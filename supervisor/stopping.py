@@ -33,6 +33,13 @@ EXCLUDE_BOUND = 4.0  # seconds for the node exclusion after the requeue (KillWai
 REQUEST_SLACK = 0.02  # a file's mtime can trail the wall clock by a tick
 
 
+async def emergency_stop(child: Any, sig: int, grace: float) -> None:
+    """After a supervisor error: stop the tree, bounded, whatever else is broken."""
+    if child is not None:
+        with anyio.move_on_after(grace + 10):
+            await child.stop(sig, grace)
+
+
 def ignore_stop_signals() -> None:
     """Once the stop is done, a TERM (``scontrol requeue`` sends one at once) must not cut
     the journal's last line: nothing is left to stop."""
