@@ -99,3 +99,11 @@ def test_parts_that_disagree_are_a_conflict_and_a_changed_part_is_withdrawn(tmp_
         time.sleep(0.1)
     assert events(job.node_journal, "part-withdrawn")
     job.stop_leader()
+
+
+def test_a_webhook_that_keeps_failing_is_journaled_and_the_run_goes_on(server: Server, tmp_path: Path) -> None:  # noqa: F811
+    run = tmp_path / "run"
+    r = run_supervise("--run-dir", str(run), "--gpu-every", "0", "--notify", server.url("fail"), "--", "true",
+                      timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "notify-failed" in kinds(run)

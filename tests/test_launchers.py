@@ -385,7 +385,7 @@ def test_horovodrun_mpi_is_a_shell_around_mpirun(launch, tmp_path: Path, horovod
     assert prof.stop_targets(proc.pid) == type(t)("ranks", frozenset(pids))
     try:
         os.kill(proc.pid, signal.SIGTERM)             # what a plain `kill` of the launcher pid does
-        assert proc.wait(timeout=10) == -signal.SIGTERM
+        assert proc.wait(timeout=60) == -signal.SIGTERM
         time.sleep(1.0)
         assert proctree.alive(mpirun) and all(proctree.alive(p) for p in pids)
         assert all(events(out, p) == ["checkpoint"] for p in pids)  # the ranks heard nothing
