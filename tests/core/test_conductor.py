@@ -28,6 +28,21 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+@pytest.fixture(autouse=True)
+def own_signal_dispositions() -> Any:
+    """The agent ignores TERM/INT/QUIT once its stop is done (and stray signals while it runs):
+    in pytest's own process that would be inherited by every process a later test starts (a
+    shell given SIG_IGN for TERM never dies of it). Put back what was there."""
+    saved = {s: signal.getsignal(s) for s in signal.valid_signals()
+             if s not in (signal.SIGKILL, signal.SIGSTOP) and signal.getsignal(s) is not None}
+    yield
+    for s, handler in saved.items():
+        try:
+            signal.signal(s, handler)
+        except (OSError, ValueError):
+            pass
+
+
 @dataclass
 class Targets:
     pids: list[int]
