@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -30,13 +31,8 @@ exec {sys.executable} -m supervisor --run-dir {tmp_path}/run --gpu-backend nvml 
     {sys.executable} {REPO}/tests/helpers/trainer.py {tmp_path}/local
 """
     jobid = slurm.submit(script)
-    node = slurm.wait_for(lambda: slurm.show(jobid).get("NodeList") not in (None, "", "(null)")
-                          and slurm.show(jobid)["NodeList"], 60, "the job to get a node")
-
-    def requeue_step() -> dict | None:
-        run = tmp_path / "run"
-        events = read_journal(run).events if (run / "events.jsonl").exists() else []
-        return next((e for e in events if e.get("kind") == "stop-step" and e.get("step") == "requeue"), None)
+    node = _node_of(slurm, jobid)
+    requeue_step = partial(_requeue_step, tmp_path / "run")
 
     step = slurm.wait_for(requeue_step, 90, lambda: (tmp_path / "out.txt").read_text())
     try:
@@ -68,13 +64,8 @@ exec {sys.executable} -m supervisor --run-dir {tmp_path}/run --gpu-every 0 --log
     {torchrun} --nproc-per-node 2 --master-port 29533 {REPO}/tests/helpers/hang_ddp.py {tmp_path}/log --hang-at 40
 """
     jobid = slurm.submit(script)
-    node = slurm.wait_for(lambda: slurm.show(jobid).get("NodeList") not in (None, "", "(null)")
-                          and slurm.show(jobid)["NodeList"], 60, "the job to get a node")
-
-    def requeue_step() -> dict | None:
-        run = tmp_path / "run"
-        events = read_journal(run).events if (run / "events.jsonl").exists() else []
-        return next((e for e in events if e.get("kind") == "stop-step" and e.get("step") == "requeue"), None)
+    node = _node_of(slurm, jobid)
+    requeue_step = partial(_requeue_step, tmp_path / "run")
 
     try:
         step = slurm.wait_for(requeue_step, 240, lambda: (tmp_path / "out.txt").read_text()[-3000:])
@@ -86,3 +77,15 @@ exec {sys.executable} -m supervisor --run-dir {tmp_path}/run --gpu-every 0 --log
         assert any(f.startswith("sync_gradients ") for g in stacks.group(tmp_path / "run") for f in g["frames"])
     finally:
         slurm.cancel(jobid)
+
+
+def _node_of(slurm, jobid: str) -> str:
+    """The node the job runs on, once it has one."""
+    return slurm.wait_for(lambda: slurm.show(jobid).get("NodeList") not in (None, "", "(null)")
+                          and slurm.show(jobid)["NodeList"], 60, "the job to get a node")
+
+
+def _requeue_step(run: Path) -> dict | None:
+    """The run's `requeue` stop step, once journaled (read_journal reads a missing run as empty)."""
+    return next((e for e in read_journal(run).events if e.get("kind") == "stop-step" and e.get("step") == "requeue"),
+                None)
