@@ -84,6 +84,32 @@ def reaper():
             pass
 
 
+# Under pytest-xdist (scripts/test.sh runs `-n 3 --dist loadgroup`), the tests that share one
+# expensive, stateful thing run on one worker, one after another: every user of the session's
+# Slurm cluster (one cluster, not one per worker), and each module whose tests share a
+# module-scoped fixture (built once, not once per worker). Everything else is spread test by test.
+SERIAL_FIXTURES = {"slurm": "slurm", "multinode": "multinode"}
+
+
+def pytest_collection_modifyitems(config, items):  # noqa: ANN001, ANN201
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        group = next((g for f, g in SERIAL_FIXTURES.items() if f in names), None)
+        if group is None and _module_fixtures(item) & names:
+            group = item.nodeid.split("::", 1)[0]
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _module_fixtures(item) -> set[str]:  # noqa: ANN001
+    """Names of the fixtures with a module or package scope that this item's module can see."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return set()
+    return {name for name, defs in info.name2fixturedefs.items()
+            if defs and defs[-1].scope in ("module", "package")}
+
+
 # In CI every component is installed, so a skip means something is broken: fail it.
 # Only skips that no CI machine can satisfy (a real GPU) stay skips. Horovod is built by
 # scripts/setup.sh (scripts/build-horovod.sh), so a Horovod skip fails in CI too.
@@ -115,7 +141,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """After a whole, green run: every kind and notification documented in docs/ was produced by a
     real `supervise` in some test, and nothing undocumented was (read from every run directory the
     tests left under pytest's base temp directory)."""
-    if exitstatus != 0 or not _whole_run(session.config) or os.environ.get("PYTEST_XDIST_WORKER"):
+    if (exitstatus != 0 or not _whole_run(session.config) or os.environ.get("PYTEST_XDIST_WORKER")
+            or session.config.option.collectonly):
         return
     from tests.test_contract import NOT_END_TO_END, documented
 
