@@ -18,16 +18,34 @@ HELPERS = ROOT / "tests" / "helpers"
 RECORDER = HELPERS / "recorder.py"
 
 
-def wait_for(cond: Callable[[], object], timeout: float = 20.0, interval: float = 0.02, what: str = "condition") -> object:
-    """Poll ``cond`` until it returns something truthy; fail after ``timeout`` seconds."""
+def wait_for(cond: Callable[[], object], timeout: float = 20.0, what: str | Callable[[], str] = "condition", *,
+             interval: float = 0.02, error: type[Exception] = AssertionError) -> object:
+    """Poll ``cond`` until it returns something truthy, and return that; after ``timeout`` seconds
+    raise ``error`` naming ``what`` (a callable is asked then, to say what was seen). The one
+    polling helper of the tests: a test waits for a condition, never for a guessed time."""
     deadline = time.monotonic() + timeout
     while True:
         value = cond()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise error(f"timed out after {timeout:g}s waiting for {what() if callable(what) else what}")
         time.sleep(interval)
+
+
+async def wait_for_async(cond: Callable[[], object], timeout: float = 20.0, what: str | Callable[[], str] = "condition",
+                         *, interval: float = 0.02) -> object:
+    """``wait_for`` inside an event loop: the same bound and message, sleeping with anyio."""
+    import anyio
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what() if callable(what) else what}")
+        await anyio.sleep(interval)
 
 
 def supervise_argv(*args: str) -> list[str]:

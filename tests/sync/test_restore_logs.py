@@ -10,6 +10,7 @@ import pytest
 
 from supervisor.config import SyncPair
 from supervisor.errors import ConfigError
+from supervisor.proctree import descendants
 from supervisor.sync import Mirror
 from supervisor.sync._pair import LOG_BATCH
 
@@ -226,9 +227,8 @@ async def test_copier_runs_at_lowered_priority(tmp_path, backend, events):
     seen: set[int] = set()
 
     def look() -> bool:
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit() or int(pid) == os.getpid():
-                continue
+        # Only this test's own copiers: another test or session may be copying at another priority.
+        for pid in map(str, descendants(os.getpid())):
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     cmd = f.read()
