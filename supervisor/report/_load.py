@@ -258,9 +258,12 @@ def _rows(path: Path) -> Iterator[tuple[dict[str, int], list[str]]]:
             yield cols, row
 
 
-def load(run_dir: Path, *, buckets: int = BUCKETS) -> RunData:
-    """Read the journal and stream the sample files of ``run_dir``."""
+def load(run_dir: Path, *, buckets: int = BUCKETS, samples: bool = True) -> RunData:
+    """Read the journal and stream the sample files of ``run_dir`` (``samples=False``: only the
+    GPUs' indices from the head of ``gpu.csv``, for the fleet view)."""
     journal = read_journal(run_dir / EVENTS_FILE)
+    if not samples:
+        buckets = 1  # no plots: no time buckets to hold
     good = [_typed(e) for e in journal.events if _well_formed(e)]
     malformed = len(journal.events) - len(good)
     journal.events = good
@@ -269,6 +272,10 @@ def load(run_dir: Path, *, buckets: int = BUCKETS) -> RunData:
     every = max((float(e.get("every") or 0) for e in journal.events if e.get("kind") == "gpu-start"), default=0.0)
     grid = Grid(t0, (t1 - t0) / buckets, buckets)
     data = RunData(run_dir, journal, grid, [], None, malformed_events=malformed)
+    if not samples:
+        if (run_dir / GPU_FILE).exists():
+            data.gpus = [GpuAcc(i, uuid, grid, [uuid]) for i, uuid in sorted(gpu_indices(run_dir / GPU_FILE).items())]
+        return data
     if (run_dir / GPU_FILE).exists():
         _scan_gpu(run_dir / GPU_FILE, data, every or 10.0, times_known=bool(times))
     if (run_dir / HOST_FILE).exists():
@@ -278,6 +285,35 @@ def load(run_dir: Path, *, buckets: int = BUCKETS) -> RunData:
 
 GPU_FIELDS = ("time", "gpu", "uuid", "util_gpu_pct", "mem_used_mib", "mem_total_mib", "proc_mem_mib", "power_w",
               "temp_c", "energy_j", "clock_events")
+
+
+HEAD_BYTES = 256 * 1024  # the first sampling rounds: every GPU of the job is in each
+
+
+def gpu_indices(path: Path) -> dict[int, str]:
+    """GPU index → UUID from the head of ``gpu.csv``: the sampler writes every GPU in each round,
+    so its first rounds name them all without streaming the file."""
+    with open(path, "rb") as f:
+        head = f.read(HEAD_BYTES)
+    lines = head.decode("utf-8", "replace").splitlines()
+    if len(head) == HEAD_BYTES:
+        lines = lines[:-1]  # cut in the middle
+    out: dict[int, str] = {}
+    cols: dict[str, int] = {}
+    for row in csv.reader(lines):
+        if not row:
+            continue
+        if "gpu" in row and "time" in row:
+            cols = {name: i for i, name in enumerate(row)}
+            continue
+        try:
+            index = int(row[cols["gpu"]])
+            float(row[cols["time"]])
+        except (KeyError, ValueError, IndexError):
+            continue
+        u = cols.get("uuid")
+        out.setdefault(index, row[u] if u is not None and u < len(row) else "")
+    return out
 
 
 def _scan_gpu(path: Path, data: RunData, every: float, *, times_known: bool) -> None:
