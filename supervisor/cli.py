@@ -135,6 +135,8 @@ def _parser(sub: str) -> _Parser:
                             "running, killed, local-only, corrupt, unreadable, partial); repeatable or comma-separated")
         p.add_argument("--sort", metavar="KEY", help="many runs: start (default), lost, ettr, wall, gpu-hours, attempts, "
                                                      "state, name")
+        p.add_argument("--jobs", metavar="N", type=_jobs, help="many runs: worker processes reading them (default: "
+                                                               "the CPUs this process may use, at most 8)")
         return p
     if sub == "node-agent":
         return _node_agent_parser()
@@ -353,17 +355,23 @@ def _env(ns: argparse.Namespace, command: list[str]) -> int:
     return 0
 
 
+def _jobs(v: str) -> int:
+    if not v.isdigit() or not 1 <= int(v) <= 256:
+        raise argparse.ArgumentTypeError("expected a number of processes from 1 to 256")
+    return int(v)
+
+
 def _report(ns: argparse.Namespace) -> int:
     try:
         from supervisor import report
     except ImportError:
         raise UsageError("supervise report is not available in this build") from None
     html = Path(ns.html) if ns.html else None
-    many = ns.since is not None or ns.state or ns.sort is not None
+    many = ns.since is not None or ns.state or ns.sort is not None or ns.jobs is not None
     if len(ns.paths) == 1 and not many and report.is_one_run(ns.paths[0]):
         return report.main(Path(ns.paths[0]), as_json=ns.json, html=html)
     return report.main_many(ns.paths, as_json=ns.json, html=html, since=ns.since, states=ns.state,
-                            sort=ns.sort or "start")
+                            sort=ns.sort or "start", jobs=ns.jobs)
 
 
 def entry() -> None:

@@ -68,7 +68,7 @@ def is_one_run(path: str) -> bool:
 
 
 def main_many(paths: Sequence[str], *, as_json: bool = False, html: Path | None = None, since: str | None = None,
-              states: Sequence[str] = (), sort: str = "start") -> int:
+              states: Sequence[str] = (), sort: str = "start", jobs: int | None = None) -> int:
     """``supervise report DIR…`` over many run directories (``_fleet``): 0 on success, 2 with one
     line on stderr for a bad option or an HTML file that cannot be written. A run directory that
     cannot be read is a row that says so, never a failure of the whole report."""
@@ -82,7 +82,7 @@ def main_many(paths: Sequence[str], *, as_json: bool = False, html: Path | None 
     except ValueError as e:
         print(f"supervise report: --since {since}: expected {e}", file=sys.stderr)
         return 2
-    doc = _fleet.collect(paths, since=cutoff, states=[s for v in states for s in v.split(",")], sort=sort)
+    doc = _fleet.collect(paths, since=cutoff, states=[s for v in states for s in v.split(",")], sort=sort, jobs=jobs)
     if html is not None:
         try:
             from supervisor.report._fleet_html import write_fleet_html  # plotly is needed only here

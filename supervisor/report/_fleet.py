@@ -352,18 +352,55 @@ def _sort_key(sort: str) -> Any:
     return keys[sort]
 
 
+def _read_one(item: tuple[Path, str]) -> tuple[Row, list[_Attempt], list[_Hit]]:
+    path, name = item
+    try:
+        return read_run(path, name)
+    except OSError as e:  # a directory that vanished or turned unreadable while it was read
+        return Row(name, str(path), "unreadable", f"UNREADABLE: {e.strerror or e}", error=str(e.strerror or e)), [], []
+    except Exception as e:  # noqa: BLE001 - one run the report cannot read never ends the view of the others
+        why = f"the report failed on it ({type(e).__name__}: {e})"[:300]
+        return Row(name, str(path), "corrupt", f"CORRUPT: {why}", error=why), [], []
+
+
+PARALLEL_FROM = 64  # runs; fewer are read in this process (a worker costs ~50 ms to start)
+
+
+def default_jobs() -> int:
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, min(8, n))
+
+
+def read_all(items: list[tuple[Path, str]], jobs: int | None) -> list[tuple[Row, list[_Attempt], list[_Hit]]]:
+    """Every run, in order: in worker processes when there are many (a login node has the cores;
+    each worker holds one run's facts at a time). ``jobs`` None: ``default_jobs()`` from
+    ``PARALLEL_FROM`` runs on; a number: that many, whatever the count."""
+    if jobs is None:
+        jobs = default_jobs() if len(items) >= PARALLEL_FROM else 1
+    if jobs <= 1 or len(items) < 2:
+        return [_read_one(i) for i in items]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("fork" if "fork" in methods else methods[0])
+    try:
+        with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+            return list(pool.map(_read_one, items, chunksize=max(4, len(items) // (jobs * 8))))
+    except (OSError, RuntimeError):  # no processes to be had (a limit): the same, in this one
+        return [_read_one(i) for i in items]
+
+
 def collect(paths: Sequence[str], *, since: float | None = None, states: Iterable[str] = (),
-            sort: str = "start") -> dict[str, Any]:
+            sort: str = "start", jobs: int | None = 1) -> dict[str, Any]:
     """The fleet document (``--json``; the text and HTML views render it)."""
     found, rows = discover(paths)
     attempts: dict[int, list[_Attempt]] = {}
     hits: list[_Hit] = []
-    for path, name in zip(found, _names(found)):
-        try:
-            row, atts, h = read_run(path, name)
-        except OSError as e:  # a directory that vanished or turned unreadable while it was read
-            row, atts, h = Row(name, str(path), "unreadable", f"UNREADABLE: {e.strerror or e}",
-                               error=str(e.strerror or e)), [], []
+    for row, atts, h in read_all(list(zip(found, _names(found))), jobs):
         attempts[id(row)] = atts
         hits += h
         rows.append(row)

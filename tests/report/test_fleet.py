@@ -199,6 +199,16 @@ def test_filters_sorting_globs_and_several_folders(fleet: Path, doc: dict) -> No
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and r.stdout == "", r.stderr
 
 
+def test_worker_processes_give_the_same_document(fleet: Path) -> None:
+    """--jobs N reads the runs in N processes (the default from 64 runs on): the same rows."""
+    one, three = (json.loads(report(str(fleet), "--json", "--jobs", n).stdout) for n in ("1", "3"))
+    for d in (one, three):
+        d.pop("generated")
+    assert one == three and len(one["runs"]) == len(READABLE) + len(PROBLEMS)
+    r = report(str(fleet), "--jobs", "0")
+    assert r.returncode == 2 and "1 to 256" in r.stderr
+
+
 def _chromium(url: str, profile: Path) -> subprocess.CompletedProcess:
     return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                            "--disable-background-networking", "--disable-component-update", "--disable-sync",
