@@ -196,6 +196,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=1000)
     ap.add_argument("--gpu-rows", type=int, default=2000, help="rows of each run's gpu.csv")
     ap.add_argument("--single", type=int, default=20, help="runs the single-run baseline reports on, one by one")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each fleet figure (the median is shown)")
     ap.add_argument("--keep", type=Path, help="make the run directories here and keep them")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -208,16 +209,24 @@ def main() -> None:
               + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
               + f"; journals {size / 2**20:.1f} MiB, load {open('/proc/loadavg').read().split()[0]}")
         report = [sys.executable, "-m", "supervisor", "report", str(base / "project")]
+        print(f"each fleet figure: median of {a.repeat} runs, interleaved (min in brackets)")
         print("| what | wall s | CPU s | peak RSS MiB | output |\n|---|---|---|---|---|")
-        fleet = {}
         jobs = min(8, len(os.sched_getaffinity(0)))
-        for label, argv in ((f"fleet view, text (--jobs {jobs}, the default here)", report),
-                            (f"fleet view, --json (--jobs {jobs})", [*report, "--json"]),
-                            ("fleet view, text, --jobs 1", [*report, "--jobs", "1"]),
-                            ("fleet view, --json, --jobs 1", [*report, "--json", "--jobs", "1"])):
-            wall, cpu, rss, out = measure(argv)
+        configs = ((f"fleet view, text (--jobs {jobs}, the default here)", report),
+                   (f"fleet view, --json (--jobs {jobs})", [*report, "--json"]),
+                   ("fleet view, text, --jobs 1", [*report, "--jobs", "1"]),
+                   ("fleet view, --json, --jobs 1", [*report, "--json", "--jobs", "1"]))
+        got: dict[str, list[tuple[float, float, float, int]]] = {label: [] for label, _ in configs}
+        for _ in range(a.repeat):
+            for label, argv in configs:
+                got[label].append(measure(argv))
+        fleet = {}
+        for label, runs in got.items():
+            walls_, cpus_ = sorted(r[0] for r in runs), sorted(r[1] for r in runs)
+            wall, cpu = walls_[len(runs) // 2], cpus_[len(runs) // 2]
             fleet[label] = wall
-            print(f"| {label} | {wall:.2f} | {cpu:.2f} | {rss:.0f} | {out / 1024:.0f} KiB |", flush=True)
+            print(f"| {label} | {wall:.2f} ({walls_[0]:.2f}) | {cpu:.2f} ({cpus_[0]:.2f}) | {max(r[2] for r in runs):.0f} | "
+                  f"{runs[0][3] / 1024:.0f} KiB |", flush=True)
         wall, cpu, rss, out = measure(["cat", *journals])
         print(f"| baseline: cat of every journal | {wall:.2f} | {cpu:.2f} | {rss:.0f} | {out / 2**20:.1f} MiB |")
         readable = [str(Path(p).parent) for p in journals if "corrupt" not in p][: a.single]
