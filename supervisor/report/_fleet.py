@@ -48,6 +48,7 @@ from supervisor.report._run import ReportError, facts_of
 
 SCHEMA = 1
 MAX_DEPTH = 8  # folders below each path searched for run directories
+MAX_JOURNAL_BYTES = 128 << 20  # a month of a busy run is ~40 MiB; past this, not a journal a run wrote
 RUN_MARKS = (EVENTS_FILE, "supervise.log", "gpu.csv", "host.csv")  # any of them: a run directory, whole or not
 CAUSES: dict[str, str] = {  # JSON key → label, in the order of the breakdown
     "queue_wait": "queue wait between attempts",
@@ -261,9 +262,14 @@ def read_run(path: Path, name: str) -> tuple[Row, list[_Attempt], list[_Hit]]:
     if not os.path.lexists(events_path):
         return (Row(name, str(path), "partial", f"PARTIAL: no {EVENTS_FILE} (the supervisor never journaled here?)",
                     end=mtime, error=f"no {EVENTS_FILE}"), [], [])
-    if os.path.islink(events_path) or not stat.S_ISREG(os.lstat(events_path).st_mode):
+    st = os.lstat(events_path)
+    if not stat.S_ISREG(st.st_mode):  # a link, a FIFO, a directory: never followed, never blocked on
         return Row(name, str(path), "corrupt", f"CORRUPT: {EVENTS_FILE} is not a plain file", end=mtime,
                    error=f"{EVENTS_FILE} is not a plain file"), [], []
+    if st.st_size > MAX_JOURNAL_BYTES:
+        why = f"{EVENTS_FILE} is {st.st_size / 2**20:.0f} MiB, past the fleet view's {MAX_JOURNAL_BYTES >> 20} MiB"
+        return Row(name, str(path), "corrupt", f"CORRUPT: {why} (the single-run report reads it)", end=mtime,
+                   error=why), [], []
     try:
         f, data = facts_of(path, samples=False)
     except ReportError as e:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import csv
 import math
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -308,7 +310,10 @@ HEAD_BYTES = 64 * 1024  # far more than one sampling round of any node's GPUs
 def gpu_indices(path: Path) -> dict[int, str]:
     """GPU index → UUID from the head of ``gpu.csv``: the sampler writes every GPU in each round,
     so the first round names them all; reading stops when an index comes again."""
-    with open(path, "rb") as f:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO planted there never blocks
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return {}
         head = f.read(HEAD_BYTES)
     lines = head.decode("utf-8", "replace").split("\n")
     if len(head) == HEAD_BYTES:

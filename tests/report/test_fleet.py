@@ -209,6 +209,28 @@ def test_worker_processes_give_the_same_document(fleet: Path) -> None:
     assert r.returncode == 2 and "1 to 256" in r.stderr
 
 
+def test_planted_files_are_rows_never_a_hang(tmp_path: Path) -> None:
+    """A FIFO as gpu.csv (opened, it would block), a journal that is a link to /dev/zero or a FIFO,
+    a journal past the size bound: rows, in bounded time."""
+    runs = tmp_path / "runs"
+    shutil.copytree(GOLDEN / "finished", runs / "fifo-gpu", ignore=shutil.ignore_patterns("expected.*"))
+    (runs / "fifo-gpu" / "gpu.csv").unlink()
+    os.mkfifo(runs / "fifo-gpu" / "gpu.csv")
+    (runs / "zero").mkdir(parents=True)
+    (runs / "zero" / "events.jsonl").symlink_to("/dev/zero")
+    (runs / "fifo-journal").mkdir()
+    os.mkfifo(runs / "fifo-journal" / "events.jsonl")
+    (runs / "huge").mkdir()
+    with open(runs / "huge" / "events.jsonl", "wb") as f:
+        f.truncate(200 << 20)  # sparse
+    r = report(str(runs), "--json")
+    assert r.returncode == 0, r.stderr
+    rows = {x["name"]: x for x in json.loads(r.stdout)["runs"]}
+    assert rows["fifo-gpu"]["state"] == "finished" and rows["fifo-gpu"]["gpus"] is None
+    assert rows["zero"]["error"] == rows["fifo-journal"]["error"] == "events.jsonl is not a plain file"
+    assert rows["huge"]["state"] == "corrupt" and "past the fleet view's 128 MiB" in rows["huge"]["error"]
+
+
 def _chromium(url: str, profile: Path) -> subprocess.CompletedProcess:
     return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                            "--disable-background-networking", "--disable-component-update", "--disable-sync",
