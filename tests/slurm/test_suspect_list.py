@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -186,3 +187,11 @@ def test_the_list_written_by_one_job_excludes_the_node_in_another_jobs_requeue(s
         assert not any(e["kind"] == "gpu-xid" for e in read_journal(tmp_path / "b").events)
     finally:
         slurm.cancel(b)
+    # The fleet view over both run directories: two requeued runs, and the node A's XID implicates.
+    r = subprocess.run([sys.executable, "-m", "supervisor", "report", str(tmp_path / "a"), str(tmp_path / "b"), "--json"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [(x["name"], x["state"]) for x in sorted(doc["runs"], key=lambda x: x["name"])] == [("a", "requeued"), ("b", "requeued")]
+    nodes = {n["node"]: n for n in doc["nodes"]}
+    assert nodes[node]["suspect"] is True and nodes[node]["counts"]["xid"] >= 1 and nodes[node]["runs"] == ["a"]
