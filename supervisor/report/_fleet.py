@@ -100,7 +100,6 @@ class _Attempt:
 
     node: str | None
     start: float
-    gpus: int | None
     lost_s: float
     cause: str
 
@@ -238,7 +237,7 @@ def _split(f: Facts) -> tuple[dict[str, float], list[_Attempt]]:
         by["startup"] += startup
         by[cause] += lost
         by["overhead"] += max(0.0, lost_held - startup - lost)
-        attempts.append(_Attempt(None, starts.get(a.attempt) or 0.0, gp.gpus, lost, cause))
+        attempts.append(_Attempt(None, starts.get(a.attempt) or 0.0, lost, cause))
     return by, attempts
 
 
@@ -544,9 +543,10 @@ def render(doc: dict[str, Any], *, colour: bool = False, width: int = 160) -> st
                  f"{100 * r['ettr']:.1f}%" if r["ettr"] is not None else "-",
                  gh(r["lost_gpu_hours"]) if not bad else "-", (r["top_cause"] or "-").replace("_", " "),
                  r["last_checkpoint"] or "-"]
-        line = " ".join(cell(c, w, i in (3, 4, 5, 6, 7)) for i, (c, (_, w)) in enumerate(zip(cells, cols)))
         state_colour = "31" if bad else STATUS_COLOUR.get(r["state"], "0")
-        out.append(line.replace(cell(r["state"], 10), st(state_colour, cell(r["state"], 10)), 1) + " " + cell(fix, fix_w).rstrip())
+        line = " ".join(st(state_colour, cell(c, w)) if i == 2 else cell(c, w, i in (3, 4, 5, 6, 7))
+                        for i, (c, (_, w)) in enumerate(zip(cells, cols)))
+        out.append(line + " " + cell(fix, fix_w).rstrip())
     t = doc["totals"]
     states = ", ".join(f"{n} {s}" for s, n in t["by_state"].items())
     out.append("")

@@ -178,6 +178,14 @@ def test_unreadable_run_directories_are_rows_that_say_so(doc: dict, fleet: Path)
     assert "could not be read (the rows say why)" in text.stdout and "Badput by cause" in text.stdout
 
 
+def test_colour_marks_the_state_cell_only(doc: dict) -> None:
+    """On a terminal the state is coloured; a run named like a state keeps its name plain."""
+    from supervisor.report._fleet import render
+
+    row = next(line for line in render(doc, colour=True).splitlines() if line.startswith("finished "))
+    assert row.startswith("finished" + " " * 20) and "\033[32mfinished  \033[0m" in row, row
+
+
 def test_filters_sorting_globs_and_several_folders(fleet: Path, doc: dict) -> None:
     by_lost = json.loads(report(str(fleet), "--json", "--sort", "lost").stdout)["runs"]
     lost = [r["lost_gpu_hours"] for r in by_lost if r["lost_gpu_hours"] is not None]
