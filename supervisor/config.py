@@ -82,10 +82,6 @@ def _warn_before(v: Any) -> float | None:
         raise ValueError("a duration such as 5m, or auto") from None
 
 
-def _signal(v: Any) -> signal.Signals:
-    return parse_signal(v)
-
-
 def _opt_signal(v: Any) -> signal.Signals | None:
     if isinstance(v, str) and v.strip().lower() in ("", "auto", "default", "none", "off"):
         return None

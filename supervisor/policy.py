@@ -202,7 +202,6 @@ def exit_status(child_status: int | None, trigger: Trigger, *, clean_status: int
 
 NEAR_END = 300.0  # a checkpoint signal this close to a known end means "the end is near" (docs/slurm.md)
 PERIODIC_TOLERANCE = 0.15  # share of the save period within which a save is "the next periodic one"
-CLEAN_STOP = "stopped-cleanly"  # the exit status's meaning when supervise stopped the training and all went right
 
 
 def signal_action(sig: signal.Signals, *, warn_signal: signal.Signals | None, checkpoint_signal: signal.Signals,

@@ -454,6 +454,3 @@ def _scan_host(path: Path, data: RunData, *, times_known: bool) -> None:
             h.node_avail_min = avail if h.node_avail_min is None else min(h.node_avail_min, avail)
     data.host = h if h.samples else None
 
-
-def event_kinds(events: list[dict[str, Any]], *kinds: str) -> list[dict[str, Any]]:
-    return [e for e in events if e.get("kind") in kinds]

@@ -254,11 +254,6 @@ class Mirror:
         for eng in self._engines:
             eng.trigger(f"request:{reason}")
 
-    async def wait_published(self, after: int) -> None:
-        """Return once ``published > after``; the caller bounds the wait with a cancel scope."""
-        while self._published <= after:
-            await self._published_event.wait()
-
     async def wait_completed(self, since: float, accept: Callable[[float | None, float], bool]) -> None:
         """Return once a checkpoint that ``accept(completed_at, since)`` takes is published
         (the stop sequence: one completed after its request, not any publish)."""
