@@ -305,9 +305,11 @@ class StopSequence:
         assert trigger is not None
         job = run.plan.job
         suspect, node = policy.exclude_node(trigger.reason, run.faults.reasons), this_node(run.plan.env)
-        listed = await anyio.to_thread.run_sync(partial(  # the shared list: this node added, the others read
-            suspects.on_requeue, cfg.suspect_nodes, cfg.suspect_nodes_ttl, node, suspect, run.journal.emit,
-            job_id=job.job_id, run_dir=str(run.plan.run_dir)))
+        listed: list[str] = []
+        with anyio.move_on_after(suspects.BOUND_S):  # the shared list on a hung file system never holds the stop
+            listed = await anyio.to_thread.run_sync(partial(  # this node added, the others read
+                suspects.on_requeue, cfg.suspect_nodes, cfg.suspect_nodes_ttl, node, suspect, run.journal.emit,
+                job_id=job.job_id, run_dir=str(run.plan.run_dir)), abandon_on_cancel=True)
         wanted, why = policy.requeue_decision(trigger.reason, requeue=cfg.requeue, on_failure=cfg.requeue_on_failure,
                                               scheduler=job.scheduler, already=run.requeued_by_scheduler,
                                               restart_count=job.restart_count, max_requeues=cfg.max_requeues,

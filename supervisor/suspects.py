@@ -41,6 +41,7 @@ MAX_BYTES = 1024 * 1024  # a longer list is not one a project writes: ignored
 COMPACT_BYTES = 256 * 1024  # past this, a writer keeps only the newest unexpired entry per node
 MAX_EXCLUDE = 32  # listed nodes a requeue excludes at most (the newest)
 MAX_WHY = 200
+BOUND_S = 5.0  # the requeue step waits this long for the list at most (a hung shared file system)
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 FUTURE_SLACK = 300.0  # clocks differ between nodes; an entry further in the future is refused
 
