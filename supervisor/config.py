@@ -205,6 +205,10 @@ def _run_dir(v: Any) -> Path:
     return _path(v)
 
 
+def _opt_path(v: Any) -> Path | None:
+    return None if v in (None, "", "none", "off") else _path(v)
+
+
 def _nodes(v: Any) -> int:
     """How many nodes write parts of each checkpoint: a count, or ``auto`` (0 here; the job's
     node count once the environment is known, in ``build_config``)."""
@@ -280,6 +284,10 @@ KEYS: tuple[Key, ...] = (
         "upper bound of the learned one (5x the longest normal gap)", "DURATION",
         _G_END, "off"),
     Key("hang_action", _choice("report", "stop"), "report", "report or stop", "ACTION", _G_END),
+    Key("suspect_nodes", _opt_path, None, "a node list shared by the project's jobs (on persistent storage): a suspect "
+        "node is added, and requeues leave out the nodes it lists (docs/slurm.md)", "FILE", _G_END),
+    Key("suspect_nodes_ttl", _positive_duration, 86400.0, "how long an entry of the suspect-node list holds",
+        "DURATION", _G_END, "24h"),
     Key("notify", _urls, (), "webhook to tell of start, warning, preemption, requeue, end; repeatable (never logged)",
         "URL", _G_NOTIFY, "none"),
     Key("notify_format", _choice("json", "slack", "teams", "ntfy"), "json", "json, slack, teams or ntfy", "FORMAT", _G_NOTIFY),
@@ -332,6 +340,8 @@ class Config:
     restart_backoff: float = DEFAULT["restart_backoff"]
     hang_after: float | None = DEFAULT["hang_after"]
     hang_action: str = DEFAULT["hang_action"]
+    suspect_nodes: Path | None = DEFAULT["suspect_nodes"]
+    suspect_nodes_ttl: float = DEFAULT["suspect_nodes_ttl"]
     # notifications (URLs are secrets: never logged)
     notify: tuple[str, ...] = DEFAULT["notify"]
     notify_format: str = DEFAULT["notify_format"]
