@@ -237,9 +237,10 @@ def answered_request(saves: list[float], asked_at: float, done_at: float | None)
 
 
 def stopped_cleanly(reason: Reason, steps: dict[str, dict[str, object]]) -> bool:
-    """supervise stopped the training for a deadline, a preemption or a hang, the requested
-    checkpoint is durable, the flushes finished, and every process ended within the grace
-    (no SIGKILL). A stop without a requested checkpoint (Ctrl-C, scancel) keeps the child's status."""
+    """supervise stopped the training for a deadline or a preemption, the requested checkpoint is
+    durable, the flushes finished, and every process ended within the grace (no SIGKILL). A stop
+    without a requested checkpoint (Ctrl-C, scancel, a hang: a hung training cannot save) keeps the
+    child's status."""
     if reason in NO_CHECKPOINT or reason == Reason.ERROR:
         return False
     cp, stop = steps.get("checkpoint", {}), steps.get("stop-child", {})

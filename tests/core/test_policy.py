@@ -462,14 +462,12 @@ def _with(step: str, fields: dict[str, object] | None) -> dict[str, dict[str, ob
     return steps if fields is None else {**steps, step: fields}
 
 
-# docs/slurm.md "Exit status of a stop". Disputed: HANG with every step right. The docstring and
-# docs/slurm.md say a hang stop can be clean; the code never calls it clean since the hang stop
-# became checkpoint-free (0aef047 put HANG in NO_CHECKPOINT).
+# docs/slurm.md "Exit status of a stop": a hang stop asks for no checkpoint (a hung training cannot
+# save), so it keeps the child's status, as Ctrl-C and scancel do.
 STOPPED_CLEANLY = [
     P(Reason.DEADLINE, GOOD_STOP, True, id="deadline, every step right: clean"),
     P(Reason.PREEMPTED, GOOD_STOP, True, id="preempted, every step right: clean"),
-    P(Reason.HANG, GOOD_STOP, True, marks=disputed("a hang stop is never clean (HANG is in NO_CHECKPOINT)"),
-      id="hang, every step right: clean"),
+    P(Reason.HANG, GOOD_STOP, False, id="hang: no checkpoint asked, the child's status"),
     P(Reason.CANCELLED, GOOD_STOP, False, id="cancelled: the child's status"),
     P(Reason.CHILD_EXIT, GOOD_STOP, False, id="the training finished by itself: not a stop"),
     P(Reason.CHILD_FAILED, GOOD_STOP, False, id="the training failed by itself: not a stop"),
