@@ -12,6 +12,7 @@ ordinary staging directory and renames it into place, then writes the pointer fi
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
@@ -27,6 +28,7 @@ from supervisor.sync._backend import Backend, CopyError, CopyResult
 from supervisor.sync._complete import Context, Entry, Listing, Snap, classify, matches, natural_key, snapshot
 from supervisor.sync._exclude import within
 from supervisor.sync._pair import RECOPY_TRIES, PairEngine, _to_thread
+from supervisor.sync._profiles import Profile
 from supervisor.sync._parts import (PartConflict, PartsChanged, assemble, manifest_path, manifest_snap,
                                     part_dir, read_manifest, remove_parts, waiting, withdraw, write_manifest)
 
@@ -41,6 +43,17 @@ def contains(there: Snap | None, mine: Snap) -> bool:
         if got is None or got[0] != size or abs(got[1] - mt) > 1_000_000_000:
             return False
     return True
+
+
+def local_profile(profile: Profile | None, leader: bool) -> Profile | None:
+    """The rules node K's own files are judged by. DCP's ``.metadata``, DeepSpeed's and
+    Megatron's pointers are written by global rank 0, on node 0, after a barrier behind every
+    rank's writes: on node K they never appear, so a profile that needs them would keep node
+    K's part waiting for ever. There the part is complete when it settles (docs/sync.md), and
+    a marker seen on node K (a restored checkpoint has one) makes no later part wait for it."""
+    if leader or profile is None or not profile.needs_marker:
+        return profile
+    return dataclasses.replace(profile, needs_marker=False)
 
 
 def _nodes_text(missing: list[int]) -> str:
@@ -86,17 +99,36 @@ class PartEngine(PairEngine):
 
     def _scan(self, *, root: Path | None = None, only: str | None = None, settle: float | None = None,
               cheap: bool = False, pids: set[int] | None = None, finished: bool = False) -> Listing:
-        if not cheap:
+        if not self.leader:
+            self.marker_seen = False  # rank 0's marker is never written here (local_profile)
+        if not cheap and self.leader:
             return super()._scan(root=root, only=only, settle=settle, pids=pids, finished=finished)
         p = self.pair
-        reuse = self.reusable({**self.parted, **self.published})
-        return classify(root or p.src, markers=p.markers, exclude=p.exclude, settle=p.settle, now=time.time(),
-                        marker_seen=self.marker_seen, only=only, reuse=reuse, ctx=Context(profile=self.profile))
+        reuse = self.reusable({**self.parted, **self.published}) if cheap else None
+        local = root is None
+        if self.leader:  # cheap
+            ctx = Context(profile=self.profile)
+        else:  # a node agent sees no writer: no open files to ask about
+            provisional = self.profile is not None and self.profile.name == "torch-save" and p.profile == "auto"
+            ctx = Context(profile=None if provisional else local_profile(self.profile, False), exited=finished,
+                          inodes=self._inodes if local else {}, torn_check=self._torn_check)
+        listing = classify(root or p.src, markers=p.markers, exclude=p.exclude,
+                           settle=p.settle if settle is None else settle, now=time.time(),
+                           marker_seen=self.marker_seen if local else False, only=only, reuse=reuse, ctx=ctx)
+        if not self.leader and ctx.profile is None and listing.profile is not None and listing.profile.needs_marker:
+            ctx = dataclasses.replace(ctx, profile=local_profile(listing.profile, False))  # just detected
+            listing = classify(root or p.src, markers=p.markers, exclude=p.exclude,
+                               settle=p.settle if settle is None else settle, now=time.time(),
+                               marker_seen=False, only=only, reuse=reuse, ctx=ctx)
+        if local and only is None and not cheap:
+            self._inodes = {n: sig[0] for n, sig in listing.sigs.items()}
+        return listing
 
     async def _checkpoint_pass(self, trigger: str, stats: CopyResult, published: list[str]) -> None:
         p = self.pair
         listing: Listing = await _to_thread(self._scan, cheap=trigger in ("watch", "parts"))
         self.marker_seen = listing.marker_seen
+        self._adopt_profile(listing, "local")
         newest = max((e.snap.newest_ns for e in listing.entries.values()), default=0)
         if newest != self._newest_ns:
             self._newest_ns = newest

@@ -17,6 +17,7 @@ Node rank 0 is the leader's: an agent started there (a uniform ``srun`` line) ex
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -42,6 +43,7 @@ NODES_DIR = "nodes"
 RANK_VARIABLES = (childenv.NODE_RANK, "SLURM_NODEID", "PMIX_RANK", "PMI_RANK", "PALS_RANKID",
                   "OMPI_COMM_WORLD_RANK")
 FINAL_FLUSH_S = 60.0
+LOCK_FILE = "agent.lock"
 LEADER_POLL_S = 1.0
 
 
@@ -59,6 +61,28 @@ def node_rank(given: str | None, env: Mapping[str, str]) -> int:
     if not raw.isdigit():
         raise ConfigError("node_rank", raw, "expected a whole number, 0 or more", source)
     return int(raw)
+
+
+def _say(what: str, rank: int) -> None:
+    """One line on stdout for the leader that started the agents (``fleet.READY_LINE``)."""
+    try:
+        print(f"supervise-node-agent {what} {rank} {socket.gethostname()}", flush=True)
+    except (OSError, ValueError):
+        pass  # nobody reads it (an agent started by the job script with its stdout closed)
+
+
+def _hold(where: Path) -> int | None:
+    """An exclusive lock on the node's journal directory: a second agent for the same node
+    (the job script's own ``srun … node-agent`` line beside the leader's) gets None."""
+    fd = os.open(where / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except OSError:
+        pass  # a filesystem without flock (Lustre mounted without it): no guard, not a refusal
+    return fd
 
 
 def node_dir(run_dir: Path, rank: int) -> Path:
@@ -107,6 +131,7 @@ async def run_node_agent(cfg: Config, rank: int, env: Mapping[str, str] | None =
     pairs = [p for p in cfg.sync if p.kind == "checkpoint" and p.nodes > 1]
     if rank == 0:
         log.info("node rank 0 is the leader's: the main supervise mirrors this node's part; nothing to do")
+        _say("leader", rank)
         return 0
     if not pairs:
         raise ConfigError("nodes", 1, "no per-node checkpoint pair: give --nodes N with --checkpoints, "
@@ -119,6 +144,11 @@ async def run_node_agent(cfg: Config, rank: int, env: Mapping[str, str] | None =
         where.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError("run_dir", str(where), f"cannot be created: {e.strerror}") from None
+    lock = _hold(where)
+    if lock is None:
+        log.info("another node agent for node %d is running (%s): nothing to do", rank, where / LOCK_FILE)
+        _say("duplicate", rank)
+        return 0
     logs.add_file(where, cfg.verbosity)
     for w in warnings:
         log.warning("%s", w)
@@ -136,6 +166,7 @@ async def run_node_agent(cfg: Config, rank: int, env: Mapping[str, str] | None =
         await mirror.restore()
         async with anyio.create_task_group() as tg:
             await tg.start(mirror.run)
+            _say("ready", rank)  # the leader that started us (supervisor/fleet.py) spawns the training now
             stop = anyio.Event()
             why: list[tuple[str, str]] = []
 
@@ -180,4 +211,5 @@ async def run_node_agent(cfg: Config, rank: int, env: Mapping[str, str] | None =
     journal.emit("node-end", node=rank, reason=reason, detail=detail, seconds=round(time.monotonic() - t0, 3),
                  not_durable=mirror.pending())
     journal.close()
+    os.close(lock)
     return 0 if reason != "error" else 1
