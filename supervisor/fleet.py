@@ -131,8 +131,8 @@ class Fleet:
             async for line in lines:
                 self._heard(line, t0)
             status = await anyio.to_thread.run_sync(proc.wait)
-            if started:
-                self.emit("node-agents-exit", exit_status=status)
+            if started:  # before the leader's end: a node died, or srun could not reach one
+                log.warning("the node agents' srun ended with status %d before the run did", status)
             tg.cancel_scope.cancel()
 
     def _heard(self, line: str, t0: float) -> None:

@@ -56,6 +56,26 @@ def local_profile(profile: Profile | None, leader: bool) -> Profile | None:
     return dataclasses.replace(profile, needs_marker=False)
 
 
+def settled_here(listing: Listing, settle: float, now: float, *, finished: bool) -> None:
+    """Node K: a directory that waits for rank 0's marker (or is called torn for lacking it)
+    is judged by quiescence instead (local_profile's rule). ``classify`` itself still asks for
+    the marker once any directory here has one, which a restored checkpoint does."""
+    for name, e in list(listing.entries.items()):
+        if not e.is_dir or e.complete:
+            continue
+        waits = e.why == "waiting for marker" or (not listing.pointers and e.why.startswith("waiting for "))
+        if not waits and not (e.torn or "").startswith("the training ended before writing"):
+            continue
+        last = e.snap.newest_ns / 1e9
+        if finished:
+            listing.entries[name] = dataclasses.replace(e, complete=True, why="training exited", done_at=last,
+                                                        torn=None, ready_at=None)
+        elif now - last >= settle:
+            listing.entries[name] = dataclasses.replace(e, complete=True, why="settled", done_at=last, ready_at=None)
+        else:
+            listing.entries[name] = dataclasses.replace(e, why="settling", ready_at=max(now, last) + settle)
+
+
 def _nodes_text(missing: list[int]) -> str:
     return ("node " if len(missing) == 1 else "nodes ") + ", ".join(str(n) for n in missing)
 
@@ -115,11 +135,8 @@ class PartEngine(PairEngine):
         listing = classify(root or p.src, markers=p.markers, exclude=p.exclude,
                            settle=p.settle if settle is None else settle, now=time.time(),
                            marker_seen=self.marker_seen if local else False, only=only, reuse=reuse, ctx=ctx)
-        if not self.leader and ctx.profile is None and listing.profile is not None and listing.profile.needs_marker:
-            ctx = dataclasses.replace(ctx, profile=local_profile(listing.profile, False))  # just detected
-            listing = classify(root or p.src, markers=p.markers, exclude=p.exclude,
-                               settle=p.settle if settle is None else settle, now=time.time(),
-                               marker_seen=False, only=only, reuse=reuse, ctx=ctx)
+        if not self.leader:
+            settled_here(listing, p.settle if settle is None else settle, time.time(), finished=finished)
         if local and only is None and not cheap:
             self._inodes = {n: sig[0] for n, sig in listing.sigs.items()}
         return listing
