@@ -168,7 +168,7 @@ def lost_nodes(previous: list[dict[str, Any]], now: tuple[str, ...], persistent:
                     continue
                 if not (parts / name / f"node-{index}.json").exists():
                     lost.append(f"{dst.name}/{name}" if len(persistent) > 1 else name)
-        out.append({"node": host, "index": index, "attempt": start.get("attempt"), "state": state[0],
+        out.append({"node": host, "index": index, "in_attempt": start.get("attempt"), "state": state[0],
                     "reason": state[1], "lost": lost})
     return out
 
@@ -194,7 +194,7 @@ async def journal_lost_nodes(plan: Any, emit: Emit) -> None:
     dsts = [p.dst for p in plan.cfg.sync if p.kind == "checkpoint" and p.nodes > 1]
     for lost in await anyio.to_thread.run_sync(lost_nodes, plan.previous_events, plan.job.nodes, dsts, slurm_node_state):
         emit("node-lost", **lost)
-        log.warning("node %s of attempt %s is gone (Slurm: %s%s)%s", lost["node"], lost["attempt"], lost["state"],
+        log.warning("node %s of attempt %s is gone (Slurm: %s%s)%s", lost["node"], lost["in_attempt"], lost["state"],
                     f", {lost['reason']}" if lost["reason"] else "",
                     f": {', '.join(lost['lost'])} only partly saved, never published" if lost["lost"] else "")
 
@@ -206,6 +206,11 @@ async def start(plan: Any, tg: Any, guarded: Callable[..., Any], emit: Emit) -> 
         await journal_lost_nodes(plan, emit)
     except Exception as e:  # noqa: BLE001 - a report line, never a reason to stop
         log.warning("could not tell which nodes are gone: %s", e)
+    if plan.job.num_nodes > 1:  # this host's files from another node's role are no part of node 0's
+        from supervisor.sync._nodes import role_before, set_aside_other_role
+
+        before = next((e for e in reversed(plan.previous_events) if e.get("kind") == "start"), None)
+        set_aside_other_role(list(plan.cfg.sync), role_before(before, os.uname().nodename), 0, emit)
     fleet = Fleet.from_plan(plan, emit)
     if fleet is not None:
         await tg.start(guarded("node-agents", fleet.run))

@@ -256,7 +256,7 @@ def _lost_node(e: dict[str, Any]) -> str:
     """One `node-lost` event as the report says it."""
     why = ", ".join(str(x) for x in (e.get("state"), e.get("reason")) if x)
     lost = e.get("lost") or []
-    text = f"node {e.get('node')} (node {e.get('index')} of attempt {e.get('attempt')}) is gone" + (f" (Slurm: {why})" if why else "")
+    text = f"node {e.get('node')} (node {e.get('index')} of attempt {e.get('in_attempt')}) is gone" + (f" (Slurm: {why})" if why else "")
     if lost:
         text += f"; lost with it, never published: {', '.join(str(x) for x in lost)}"
     return text

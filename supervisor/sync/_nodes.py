@@ -45,6 +45,53 @@ def contains(there: Snap | None, mine: Snap) -> bool:
     return True
 
 
+SET_ASIDE_DIR = ".supervise-set-aside"  # hidden: never a checkpoint, never copied
+
+
+def role_before(previous_start: dict | None, host: str) -> int | None:
+    """This host's node index in the attempt before (its leader's ``start`` event), or None."""
+    nodes = [str(n).split(".")[0] for n in (previous_start or {}).get("nodes") or []]
+    short = host.split(".")[0]
+    return nodes.index(short) if short in nodes else None
+
+
+def set_aside_other_role(pairs: list[SyncPair], was: int | None, now: int, emit: Emit) -> list[str]:
+    """A host that was node ``was`` in the previous attempt and is node ``now`` in this one
+    holds, on its local side, the files it wrote in the other role: taken as this role's part
+    they would mix other ranks' shards into it (a part of ranks 0-1 twice and none of ranks
+    2-3 would look whole). Its local checkpoints not published yet are set aside."""
+    if was is None or was == now:
+        return []
+    return [name for p in pairs if p.kind == "checkpoint" and p.nodes > 1
+            for name in set_aside(p, now, emit, f"written as node {was}; this host is node {now} now")]
+
+
+def set_aside(p: SyncPair, node: int, emit: Emit, why: str) -> list[str]:
+    """Move every local checkpoint of ``p`` that is not on persistent storage under the hidden
+    ``.supervise-set-aside/`` (kept for you, never copied, never restored): ``part-set-aside``."""
+    try:
+        names = sorted(os.listdir(p.src))
+    except OSError:
+        return []
+    moved = []
+    for name in names:
+        if name.startswith(".") or os.path.lexists(p.dst / name) or os.path.islink(p.src / name) \
+                or not os.path.isdir(p.src / name) and not os.path.isfile(p.src / name):
+            continue
+        where = p.src / SET_ASIDE_DIR
+        where.mkdir(parents=True, exist_ok=True)
+        target, n = where / name, 1
+        while os.path.lexists(target):
+            target, n = where / f"{name}.{n}", n + 1
+        try:
+            os.rename(p.src / name, target)
+        except OSError:
+            continue
+        moved.append(name)
+        emit("part-set-aside", pair=p.name, checkpoint=name, node=node, to=str(target), why=why)
+    return moved
+
+
 def local_profile(profile: Profile | None, leader: bool) -> Profile | None:
     """The rules node K's own files are judged by. DCP's ``.metadata``, DeepSpeed's and
     Megatron's pointers are written by global rank 0, on node 0, after a barrier behind every
@@ -97,6 +144,15 @@ class PartEngine(PairEngine):
         self._told_missing: dict[str, tuple[int, ...]] = {}
         self.conflicts: dict[str, str] = {}
         self.stale: dict[str, Snap] = {}           # changed here after it was published from every node
+
+    async def restore(self) -> Path | None:
+        """Every node brings back the newest *published* checkpoint, the one the leader hands
+        the training (SUPERVISE_RESTORED_FROM): a newer local one is only this node's part of
+        a checkpoint that never gathered every part, so it is set aside first (an ordinary
+        pair would keep it and resume from it; here the other nodes may not hold theirs)."""
+        await _to_thread(set_aside, self.pair, self.node, self.emit,
+                         "not published: only this node's part; every node restores the newest published checkpoint")
+        return await super().restore()
 
     # ---- triggers -------------------------------------------------------------------
 

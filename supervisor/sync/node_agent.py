@@ -34,6 +34,7 @@ from supervisor import childenv
 from supervisor.config import Config
 from supervisor.errors import ConfigError
 from supervisor.journal import EVENTS_FILE, Journal, next_attempt
+from supervisor.sync._nodes import role_before, set_aside_other_role
 
 log = logging.getLogger("supervise")
 
@@ -83,6 +84,23 @@ def _hold(where: Path) -> int | None:
     except OSError:
         pass  # a filesystem without flock (Lustre mounted without it): no guard, not a refusal
     return fd
+
+
+def _previous_start(path: Path) -> dict | None:
+    """The leader's ``start`` of the attempt before its newest (the newest is this attempt's:
+    the leader journals it before it starts the agents)."""
+    starts = []
+    try:
+        with open(path, "rb") as f:
+            for raw in f:
+                if b'"kind":"start"' in raw:
+                    try:
+                        starts.append(json.loads(raw))
+                    except ValueError:
+                        pass
+    except OSError:
+        return None
+    return starts[-2] if len(starts) >= 2 else None
 
 
 def node_dir(run_dir: Path, rank: int) -> Path:
@@ -163,6 +181,8 @@ async def run_node_agent(cfg: Config, rank: int, env: Mapping[str, str] | None =
     leader = _LeaderWatch(cfg.run_dir / EVENTS_FILE)
     reason, detail = "leader-ended", ""
     try:
+        set_aside_other_role(pairs, role_before(_previous_start(cfg.run_dir / EVENTS_FILE), socket.gethostname()),
+                             rank, journal.emit)
         await mirror.restore()
         async with anyio.create_task_group() as tg:
             await tg.start(mirror.run)

@@ -142,6 +142,10 @@ def test_requeue_and_node_death(cluster3: Cluster, tmp_path: Path) -> None:
     restored_on_nodes = [e.get("checkpoint") for e in node1 if e.get("kind") == "restore"]
     assert restored_on_nodes[1:] == [e["checkpoint"] for e in ev if e.get("kind") == "restore" and e["attempt"] > 1]
 
+    # n2, node 0 in attempt 2 and node 1 in attempt 3, set its node-0 files aside (never a node-1 part)
+    aside = [e for e in node1 if e.get("kind") == "part-set-aside"]
+    assert aside and all(e["attempt"] == 3 and e["node"] == 1 for e in aside), aside
+
     # the resume is exact: the final weights are the uninterrupted run's
     torch = pytest.importorskip("torch")
     assert torch.equal(torch.load(final), train_dcp.reference(STEPS))
@@ -149,7 +153,7 @@ def test_requeue_and_node_death(cluster3: Cluster, tmp_path: Path) -> None:
     # the checkpoint only n3 could complete: never published in attempt 2, reported lost with n3
     assert victim not in [e["checkpoint"] for e in ev if e.get("kind") == "publish" and e["attempt"] == 2]
     lost = [e for e in ev if e.get("kind") == "node-lost"]
-    assert [(e["attempt"], e["node"], e["index"]) for e in lost] == [(3, "n3", 1)], lost
+    assert [(e["attempt"], e["in_attempt"], e["node"], e["index"]) for e in lost] == [(3, 2, "n3", 1)], lost
     assert victim in lost[0]["lost"], (victim, lost)
     report = subprocess.run([sys.executable, "-m", "supervisor", "report", str(run)], capture_output=True, text=True,
                             timeout=60)
