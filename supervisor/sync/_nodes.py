@@ -17,7 +17,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Collection
 
 import anyio
 
@@ -92,6 +92,24 @@ def set_aside(p: SyncPair, node: int, emit: Emit, why: str) -> list[str]:
     return moved
 
 
+GO_FILE = "complete-on-node-0"  # in .supervise-parts/<checkpoint>/: the leader saw it complete
+GO_POLL_S = 0.1                  # node K, while a part waits: how often it looks for the leader's word
+WAITING_POLL_S = 0.2             # the leader, while a checkpoint waits for parts
+
+
+def go_path(dst: Path, name: str) -> Path:
+    return part_dir(dst, name, 0).parent / GO_FILE
+
+
+def write_go(dst: Path, name: str) -> None:
+    """Leader: node 0's part of ``name`` is complete by rank 0's own marker (written after a
+    barrier behind every rank's writes): the other nodes' shards are final, they need not
+    wait for ``settle``."""
+    path = go_path(dst, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+
+
 def local_profile(profile: Profile | None, leader: bool) -> Profile | None:
     """The rules node K's own files are judged by. DCP's ``.metadata``, DeepSpeed's and
     Megatron's pointers are written by global rank 0, on node 0, after a barrier behind every
@@ -103,10 +121,12 @@ def local_profile(profile: Profile | None, leader: bool) -> Profile | None:
     return dataclasses.replace(profile, needs_marker=False)
 
 
-def settled_here(listing: Listing, settle: float, now: float, *, finished: bool) -> None:
+def settled_here(listing: Listing, settle: float, now: float, *, finished: bool, go: Collection[str] = ()) -> None:
     """Node K: a directory that waits for rank 0's marker (or is called torn for lacking it)
-    is judged by quiescence instead (local_profile's rule). ``classify`` itself still asks for
-    the marker once any directory here has one, which a restored checkpoint does."""
+    is judged by quiescence instead (local_profile's rule), or at once when node 0 saw that
+    checkpoint complete (``go``: rank 0 writes its marker after a barrier behind every rank's
+    shards, so this node's are final). ``classify`` itself still asks for the marker once any
+    directory here has one, which a restored checkpoint does."""
     for name, e in list(listing.entries.items()):
         if not e.is_dir or e.complete:
             continue
@@ -114,7 +134,10 @@ def settled_here(listing: Listing, settle: float, now: float, *, finished: bool)
         if not waits and not (e.torn or "").startswith("the training ended before writing"):
             continue
         last = e.snap.newest_ns / 1e9
-        if finished:
+        if name in go and not finished:
+            listing.entries[name] = dataclasses.replace(e, complete=True, why="node 0 saw it complete", done_at=last,
+                                                        torn=None, ready_at=None)
+        elif finished:
             listing.entries[name] = dataclasses.replace(e, complete=True, why="training exited", done_at=last,
                                                         torn=None, ready_at=None)
         elif now - last >= settle:
@@ -144,6 +167,7 @@ class PartEngine(PairEngine):
         self._told_missing: dict[str, tuple[int, ...]] = {}
         self.conflicts: dict[str, str] = {}
         self.stale: dict[str, Snap] = {}           # changed here after it was published from every node
+        self.awaiting_go: set[str] = set()         # node K: directories not complete yet (the leader may say go)
 
     async def restore(self) -> Path | None:
         """Every node brings back the newest *published* checkpoint, the one the leader hands
@@ -158,10 +182,21 @@ class PartEngine(PairEngine):
 
     async def parts_watch(self) -> None:
         """Leader: a pass whenever a node's manifest appears or goes (polled: other nodes'
-        writes on a network filesystem raise no inotify event here)."""
+        writes on a network filesystem raise no inotify event here), more often while a
+        checkpoint waits for parts. Node K: a pass when the leader says a checkpoint this node
+        is waiting on is complete (``GO_FILE``)."""
+        if not self.leader:
+            told: set[str] = set()
+            while True:
+                await anyio.sleep(GO_POLL_S if self.awaiting_go else self.parts_poll)
+                names = set(self.awaiting_go) - told
+                said = {n for n in names if await _to_thread(go_path(self.pair.dst, n).exists)}
+                if said:
+                    told |= said
+                    self.trigger("parts")
         last: dict[str, dict[int, float]] | None = None
         while True:
-            await anyio.sleep(self.parts_poll)
+            await anyio.sleep(min(self.parts_poll, WAITING_POLL_S) if self.missing else self.parts_poll)
             try:
                 now = await _to_thread(waiting, self.pair.dst)
             except OSError:
@@ -192,7 +227,10 @@ class PartEngine(PairEngine):
                            settle=p.settle if settle is None else settle, now=time.time(),
                            marker_seen=self.marker_seen if local else False, only=only, reuse=reuse, ctx=ctx)
         if not self.leader:
-            settled_here(listing, p.settle if settle is None else settle, time.time(), finished=finished)
+            go = {n for n, e in listing.entries.items() if not e.complete and e.is_dir and go_path(p.dst, n).exists()}
+            settled_here(listing, p.settle if settle is None else settle, time.time(), finished=finished, go=go)
+            if local and only is None:
+                self.awaiting_go = {n for n, e in listing.entries.items() if not e.complete and e.is_dir}
         if local and only is None and not cheap:
             self._inodes = {n: sig[0] for n, sig in listing.sigs.items()}
         return listing
@@ -222,6 +260,8 @@ class PartEngine(PairEngine):
             todo.append(e)
         self._note_pending(listing)
         for e in todo:  # newest first: the one most at risk
+            if self.leader and self._go_applies(e):
+                await _to_thread(write_go, p.dst, e.name)
             try:
                 await self._stage_part(e, trigger, stats)
             except (OSError, CopyError):
@@ -240,6 +280,13 @@ class PartEngine(PairEngine):
             self._poke_ticker()
         if p.keep_local:
             await self._retain(listing)
+
+    def _go_applies(self, e: Entry) -> bool:
+        """Node 0's completeness speaks for every node only where rank 0's own marker or
+        pointer says so (DCP, DeepSpeed, Megatron, HF, Accelerate); with your markers every
+        node writes its own (docs/sync.md), so each node judges its part alone."""
+        return bool(e.is_dir and not self.pair.markers and self.profile is not None and self.profile.needs_marker
+                    and (e.why.startswith(("marker ", "pointer ", "older than "))))
 
     def _published_already(self, e: Entry, there: Snap | None, listing: Listing) -> None:
         """``<name>`` is on persistent storage (assembled from every part, perhaps by an

@@ -109,7 +109,7 @@ def test_requeue_and_node_death(cluster3: Cluster, tmp_path: Path) -> None:
                       every=0.05)
     c.kill_node("n3")
     assert not (c.shared / "persist" / "ckpt" / victim).exists()
-    wait_for(lambda: c.node_state("n3").startswith(("down", "drain", "fail")), 60, lambda: f"n3 down: {c.node_state('n3')}")
+    wait_for(lambda: c.node_state("n3").startswith(("down", "drain", "fail")), 180, lambda: f"n3 down: {c.node_state('n3')}")
     wait_for(lambda: c.state(job) in ("PENDING", "REQUEUED", "COMPLETING") or c.show(job).get("RestartCnt") == "2", 60,
              lambda: f"requeued after n3 died: {c.state(job)}")
     c.run("scontrol", "update", f"JobId={job}", "ExcNodeList=")  # n1 may serve again
