@@ -14,10 +14,10 @@ Figures, from the leader's journal and the files:
 * agents up: the ``node-agents`` event's ``seconds`` (srun started → every agent restored and
   ready) and the time from the leader's ``start`` to it (goal: < 2 s);
 * publish lag per checkpoint: the ``publish`` event's time − the ``.metadata`` mtime (the
-  checkpoint's last byte), beside the slowest node's copy of its own shards (timed after the
-  run: a ``cp -a`` of each node's step directory to the shared side) (goal: lag ≤ slowest
-  copy + 1 s). Node K's part is complete by quiescence (``settle``, 1 s here): no marker of
-  rank 0 ever lands there, so that wait is part of the lag.
+  checkpoint's last byte), beside the slowest node's copy of its own shards (the ``seconds``
+  of the sync pass that staged each node's part, from its journal) (goal: lag ≤ slowest copy
+  + 1 s). Node K's part is complete once the leader saw rank 0's marker (its word in
+  ``.supervise-parts/``), else by quiescence (``settle``, 1 s here).
 
     .venv/bin/python bench/multinode.py              # 3 saves of 2 × 256 MiB
     .venv/bin/python bench/multinode.py --quick      # 2 saves of 2 × 16 MiB
@@ -113,17 +113,16 @@ def one(root: Path, mode: str, a: argparse.Namespace) -> dict:
         meta = dst / e["checkpoint"] / ".metadata"
         lags.append(e["t"] - meta.stat().st_mtime)
         per_node = []
-        for node in (["n1", "n2"] if nodes == 2 else ["n1"]):
-            src = root / "nodes" / node / "local" / f"ckpt-{mode}" / e["checkpoint"]
-            if not src.exists():
+        journals = [run / "events.jsonl"] + ([run / "nodes" / "node-1" / "events.jsonl"] if nodes == 2 else [])
+        for path in journals:  # the pass that staged this node's part (or published it): its copy time
+            evs = events(path)
+            made = next((x for x in evs if x["kind"] in ("part", "publish") and x.get("checkpoint") == e["checkpoint"]
+                         and (nodes == 1 or x["kind"] == "part")), None)
+            if made is None:
                 continue
-            scratch = shared / f"copy-{mode}-{node}"
-            shutil.rmtree(scratch, ignore_errors=True)
-            t = time.perf_counter()
-            sh("cp", "-a", str(src), str(scratch), check=True)
-            sh("sync", "-f", str(scratch))
-            per_node.append(time.perf_counter() - t)
-            shutil.rmtree(scratch, ignore_errors=True)
+            done = next((x for x in evs if x["kind"] == "sync" and x["t"] >= made["t"]), None)
+            if done is not None:
+                per_node.append(float(done["seconds"]))
         copies.append(max(per_node))
     return {"mode": mode, "nodes": nodes, "published": len(lags), "lags": lags, "slowest_copy": copies,
             "agents_s": agents and agents["seconds"], "agents_from_start_s": agents and round(agents["t"] - start["t"], 3),
@@ -137,6 +136,7 @@ def main() -> None:
     ap.add_argument("--mib", type=int, default=256)
     ap.add_argument("--gap", type=float, default=4.0)
     ap.add_argument("--settle", type=float, default=1.0)
+    ap.add_argument("--keep", action="store_true", help="keep the cluster's directory (journals, logs)")
     a = ap.parse_args()
     if a.quick:
         a.saves, a.mib = 2, 16
@@ -154,7 +154,8 @@ def main() -> None:
         t = time.perf_counter()
         sh("bash", str(REPO / "scripts" / "slurm-down.sh"), str(root))
         down_s = time.perf_counter() - t
-        shutil.rmtree(root, ignore_errors=True)
+        if not a.keep:
+            shutil.rmtree(root, ignore_errors=True)
     print(f"cluster: up {up_s:.2f} s, down {down_s:.2f} s; {a.saves} saves of 2 x {a.mib} MiB, settle {a.settle:g} s")
     print(f"{'run':<22}{'published':>10}{'lag p50 s':>11}{'lag max s':>11}{'slowest copy max s':>20}{'max lag - copy s':>18}")
     for r in results:

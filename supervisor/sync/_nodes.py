@@ -131,10 +131,11 @@ def settled_here(listing: Listing, settle: float, now: float, *, finished: bool,
         if not e.is_dir or e.complete:
             continue
         waits = e.why == "waiting for marker" or (not listing.pointers and e.why.startswith("waiting for "))
-        if not waits and not (e.torn or "").startswith("the training ended before writing"):
+        said = name in go and not finished and (waits or e.why == "settling")
+        if not said and not waits and not (e.torn or "").startswith("the training ended before writing"):
             continue
         last = e.snap.newest_ns / 1e9
-        if name in go and not finished:
+        if said:
             listing.entries[name] = dataclasses.replace(e, complete=True, why="node 0 saw it complete", done_at=last,
                                                         torn=None, ready_at=None)
         elif finished:
