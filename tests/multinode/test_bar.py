@@ -60,9 +60,8 @@ def published(c: Cluster) -> dict[str, set[str]]:
     return {d.name: {f.name for f in d.iterdir()} for d in dst.iterdir() if d.is_dir() and not d.name.startswith(".")}
 
 
-def test_requeue_and_node_death(cluster3: Cluster, tmp_path: Path) -> None:
-    c = cluster3
-    t0 = time.monotonic()
+def submit_job(c: Cluster) -> tuple[str, Path, Path, Path]:
+    """The 2-node torchrun DCP job; (job id, run dir, progress file, final weights file)."""
     run, progress, final = c.shared / "run", c.shared / "progress.jsonl", c.shared / "final.pt"
     cfg = c.shared / "run.toml"
     cfg.write_text(f'[[sync]]\nname = "ckpt"\nfrom = "{c.local}/ckpt"\nto = "{c.shared}/persist/ckpt"\n'
@@ -70,7 +69,13 @@ def test_requeue_and_node_death(cluster3: Cluster, tmp_path: Path) -> None:
     script = JOB.format(repo=REPO, python=sys.executable, cfg=cfg, run=run, torchrun=Path(sys.executable).parent / "torchrun",
                         train=Path(__file__).parent / "train_dcp.py", local=c.local, steps=STEPS, every=SAVE_EVERY,
                         progress=progress, final=final)
-    job = c.submit(script, "-o", str(c.shared / "job.out"))
+    return c.submit(script, "-o", str(c.shared / "job.out")), run, progress, final
+
+
+def test_requeue_and_node_death(cluster3: Cluster, tmp_path: Path) -> None:
+    c = cluster3
+    t0 = time.monotonic()
+    job, run, progress, final = submit_job(c)
     leader = run / "events.jsonl"
     torn_seen: list[str] = []
 
@@ -93,6 +98,7 @@ def test_requeue_and_node_death(cluster3: Cluster, tmp_path: Path) -> None:
     c.release(job)
 
     # 2. attempt 2 on n2+n3: restored on both nodes; a checkpoint waits for n3's part when n3 dies
+    print(f"bar: {time.monotonic() - t0:.1f}s requeued with n1 excluded")
     wait_for(lambda: any(e.get("kind") == "start" and e["attempt"] == 2 for e in events(leader)), 90, "attempt 2")
     assert c.show(job)["NodeList"] == "n[2-3]", c.show(job)
 
@@ -107,15 +113,18 @@ def test_requeue_and_node_death(cluster3: Cluster, tmp_path: Path) -> None:
 
     victim = wait_for(waiting_for_n3, 150, lambda: f"a checkpoint waiting for n3 after a publish in attempt 2; job {c.state(job)}",
                       every=0.05)
+    print(f"bar: {time.monotonic() - t0:.1f}s n3 killed while {victim} waits for its part")
     c.kill_node("n3")
     assert not (c.shared / "persist" / "ckpt" / victim).exists()
     wait_for(lambda: c.node_state("n3").startswith(("down", "drain", "fail")), 180, lambda: f"n3 down: {c.node_state('n3')}")
     wait_for(lambda: c.state(job) in ("PENDING", "REQUEUED", "COMPLETING") or c.show(job).get("RestartCnt") == "2", 60,
              lambda: f"requeued after n3 died: {c.state(job)}")
+    print(f"bar: {time.monotonic() - t0:.1f}s n3 {c.node_state('n3')}, job {c.state(job)}")
     c.run("scontrol", "update", f"JobId={job}", "ExcNodeList=")  # n1 may serve again
     c.release(job)
 
     # 3. attempt 3 on n1+n2 finishes
+    print(f"bar: {time.monotonic() - t0:.1f}s attempt 3 released")
     wait_for(lambda: c.state(job) == "COMPLETED", 240, lambda: f"job {job} completed; {c.state(job)}", every=0.5)
     watch_published()
     attempts = {e["attempt"]: e for e in events(leader) if e.get("kind") == "start"}
