@@ -282,6 +282,13 @@ class PartEngine(PairEngine):
         if p.keep_local:
             await self._retain(listing)
 
+    def _single_files(self, name: str, have: dict[int, float]) -> bool:
+        """Are the parts there all single-file checkpoints? Such a checkpoint (``model_500.pt``,
+        a ``.ckpt``) cannot be split across nodes: the node whose rank saved it, which need not
+        be the batch node, holds all of it."""
+        found = [read_manifest(manifest_path(self.pair.dst, name, k)) for k in have if k < self.nodes]
+        return bool(found) and all(m is not None and m.get("is_dir") is False for m in found)
+
     def _go_applies(self, e: Entry) -> bool:
         """Node 0's completeness speaks for every node only where rank 0's own marker or
         pointer says so (DCP, DeepSpeed, Megatron, HF, Accelerate); with your markers every
@@ -378,6 +385,8 @@ class PartEngine(PairEngine):
             if not have:
                 continue  # a part being copied, no manifest yet: nothing to say
             missing = [k for k in range(self.nodes) if k not in have]
+            if missing and await _to_thread(self._single_files, name, have):
+                missing = []  # a single file is whole on the one node that wrote it (rank 0's torch.save)
             if missing:
                 self.missing[name] = missing
                 if self._told_missing.get(name) != tuple(missing):
@@ -385,7 +394,8 @@ class PartEngine(PairEngine):
                     self.emit("parts-waiting", pair=p.name, checkpoint=name, nodes=self.nodes,
                               have=sorted(k for k in have if k < self.nodes), missing=missing)
                 continue
-            manifests = {k: await _to_thread(read_manifest, manifest_path(p.dst, name, k)) for k in range(self.nodes)}
+            manifests = {k: await _to_thread(read_manifest, manifest_path(p.dst, name, k))
+                         for k in range(self.nodes) if k in have}
             if any(m is None for m in manifests.values()):
                 self.missing[name] = [k for k, m in manifests.items() if m is None]
                 continue
@@ -403,7 +413,7 @@ class PartEngine(PairEngine):
             self.conflicts.pop(name, None)
             self._told_missing.pop(name, None)
             local = listing.entries.get(name)
-            self.published[name] = local.snap if local is not None and local.complete else manifest_snap(manifests[0])
+            self.published[name] = local.snap if local is not None and local.complete else manifest_snap(manifests[min(manifests)])
             if name in listing.sigs:
                 self._sigs[name] = listing.sigs[name]
             self.parted.pop(name, None)

@@ -86,3 +86,34 @@ def test_an_unpublished_local_checkpoint_is_set_aside_and_the_published_one_rest
     assert sorted(x.name for x in (p.src / SET_ASIDE_DIR / "step_00030").iterdir()) == SHARDS[:3]
     aside = [f for k, f in events if k == "part-set-aside"]
     assert [(f["checkpoint"], f["node"]) for f in aside] == [("step_00030", 1)]
+
+
+def test_a_single_file_checkpoint_from_one_node_is_published_whole(tmp_path: Path) -> None:
+    """Rank 0 on a node other than the batch node saves ``model_00010.pt`` (torch.save, only
+    there): node 1's part is the whole checkpoint; the leader publishes it without node 0's."""
+    torch = __import__("pytest").importorskip("torch")
+    leader_pair = SyncPair(name="ckpt", kind="checkpoint", src=tmp_path / "n1", dst=tmp_path / "persist", nodes=2,
+                           settle=0.5, profile="torch-save")
+    node_pair = SyncPair(name="ckpt", kind="checkpoint", src=tmp_path / "n2", dst=tmp_path / "persist", nodes=2,
+                         settle=0.5, profile="torch-save")
+    events: list[tuple[int, str, dict]] = []
+
+    async def main() -> None:
+        mirrors = [Mirror([pp], emit=lambda kind, n=n, **f: events.append((n, kind, f)) or f, sync_every=600,
+                          backend="python", node_rank=n, parts_poll=0.2) for n, pp in ((0, leader_pair), (1, node_pair))]
+        async with anyio.create_task_group() as tg:
+            for m in mirrors:
+                await tg.start(m.run)
+            node_pair.src.mkdir(parents=True, exist_ok=True)
+            torch.save({"w": torch.arange(1000)}, node_pair.src / "model_00010.pt.tmp")
+            (node_pair.src / "model_00010.pt.tmp").rename(node_pair.src / "model_00010.pt")
+            with anyio.fail_after(15):
+                while not (leader_pair.dst / "model_00010.pt").exists():
+                    await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    got = torch.load(leader_pair.dst / "model_00010.pt")
+    assert torch.equal(got["w"], torch.arange(1000))
+    publish = next(f for n, k, f in events if n == 0 and k == "publish")
+    assert publish["checkpoint"] == "model_00010.pt" and publish["parts"] == {"1": 1}
