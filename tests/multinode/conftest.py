@@ -80,11 +80,13 @@ class Cluster:
         the requeue: slurmd would take the relaunch's credential for a revoked one)."""
         deadline = time.monotonic() + timeout
         time.sleep(1.1)
-        while self.state(jobid) == "PENDING" or self.state(jobid) in ("REQUEUED", "COMPLETING"):
+        # Until it runs (or ended): a requeue still completing sets its own BeginTime after an
+        # early update, and the states on the way (REQUEUED, COMPLETING, PENDING) come and go.
+        while (state := self.state(jobid)) not in ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
             self.run("scontrol", "update", f"JobId={jobid}", "StartTime=now", check=False)
             if time.monotonic() > deadline:
-                raise AssertionError(f"job {jobid} still {self.state(jobid)} after StartTime=now")
-            time.sleep(0.5)
+                raise AssertionError(f"job {jobid} still {state} after StartTime=now")
+            time.sleep(1.0)
 
     def kill_node(self, node: str) -> list[int]:
         """The node dies: its slurmd and every process in its namespaces are SIGKILLed (by pid),

@@ -89,7 +89,7 @@ def test_requeue_and_node_death(cluster3: Cluster, tmp_path: Path) -> None:
         return [e["checkpoint"] for e in events(leader) if e.get("kind") == "publish" and e["attempt"] == attempt]
 
     # 1. attempt 1 on n1+n2: a checkpoint published, then n1 busy and a requeue
-    wait_for(lambda: len(publishes(1)) >= 2, 150, lambda: f"two publishes in attempt 1; job {c.state(job)}")
+    wait_for(lambda: len(publishes(1)) >= 2, 150, lambda: f"two publishes in attempt 1; job {c.state(job)}", flush=True)
     assert c.show(job)["NodeList"] == "n[1-2]"
     # requeuehold: the requeue, held until n1 is excluded (a plain requeue restarts at once, on n1 again)
     c.run("scontrol", "requeuehold", job)
@@ -98,7 +98,7 @@ def test_requeue_and_node_death(cluster3: Cluster, tmp_path: Path) -> None:
     c.release(job)
 
     # 2. attempt 2 on n2+n3: restored on both nodes; a checkpoint waits for n3's part when n3 dies
-    print(f"bar: {time.monotonic() - t0:.1f}s requeued with n1 excluded")
+    print(f"bar: {time.monotonic() - t0:.1f}s requeued with n1 excluded", flush=True)
     wait_for(lambda: any(e.get("kind") == "start" and e["attempt"] == 2 for e in events(leader)), 90, "attempt 2")
     assert c.show(job)["NodeList"] == "n[2-3]", c.show(job)
 
@@ -113,18 +113,18 @@ def test_requeue_and_node_death(cluster3: Cluster, tmp_path: Path) -> None:
 
     victim = wait_for(waiting_for_n3, 150, lambda: f"a checkpoint waiting for n3 after a publish in attempt 2; job {c.state(job)}",
                       every=0.05)
-    print(f"bar: {time.monotonic() - t0:.1f}s n3 killed while {victim} waits for its part")
+    print(f"bar: {time.monotonic() - t0:.1f}s n3 killed while {victim} waits for its part", flush=True)
     c.kill_node("n3")
     assert not (c.shared / "persist" / "ckpt" / victim).exists()
     wait_for(lambda: c.node_state("n3").startswith(("down", "drain", "fail")), 180, lambda: f"n3 down: {c.node_state('n3')}")
     wait_for(lambda: c.state(job) in ("PENDING", "REQUEUED", "COMPLETING") or c.show(job).get("RestartCnt") == "2", 60,
              lambda: f"requeued after n3 died: {c.state(job)}")
-    print(f"bar: {time.monotonic() - t0:.1f}s n3 {c.node_state('n3')}, job {c.state(job)}")
+    print(f"bar: {time.monotonic() - t0:.1f}s n3 {c.node_state('n3')}, job {c.state(job)}", flush=True)
     c.run("scontrol", "update", f"JobId={job}", "ExcNodeList=")  # n1 may serve again
     c.release(job)
 
     # 3. attempt 3 on n1+n2 finishes
-    print(f"bar: {time.monotonic() - t0:.1f}s attempt 3 released")
+    print(f"bar: {time.monotonic() - t0:.1f}s attempt 3 released", flush=True)
     wait_for(lambda: c.state(job) == "COMPLETED", 240, lambda: f"job {job} completed; {c.state(job)}", every=0.5)
     watch_published()
     attempts = {e["attempt"]: e for e in events(leader) if e.get("kind") == "start"}
@@ -176,4 +176,4 @@ def test_requeue_and_node_death(cluster3: Cluster, tmp_path: Path) -> None:
     gone = down(c)
     assert gone.returncode == 0, gone.stderr
     assert wait_for(lambda: not c.leftovers(), 15, lambda: f"nothing left: {c.leftovers()}")
-    print(f"bar: {time.monotonic() - t0:.1f}s")
+    print(f"bar: {time.monotonic() - t0:.1f}s", flush=True)
