@@ -2,9 +2,9 @@
 
 The 2-node torchrun DCP job on n1+n2; once a checkpoint is published, node 1's agent (on n2)
 is stopped with SIGSTOP. The training goes on writing checkpoints; the leader waits for node
-1's parts (`parts-waiting` names node 1), publishes nothing partial, and when the job is
-cancelled its stop ends within Slurm's KillWait with `end.not_durable` naming node 1 for
-each checkpoint it could not publish.
+1's parts (`parts-waiting` names node 1) and publishes nothing without them. Slurm's cancel
+sends SIGCONT with its SIGTERM (the agent resumes for the stop); the stop ends within
+KillWait and every published checkpoint is whole.
 
     SUPERVISE_LONG=1 .venv/bin/python -m pytest -q -s tests/multinode/test_agent_hang.py
 """
@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -46,21 +47,19 @@ def test_a_hung_agent_holds_publishing_back_and_is_named(cluster3: Cluster, tmp_
     hung = wait_for(lambda: agent_pids(c, "n2"), 10, "node 1's agent on n2")
     for pid in hung:
         os.kill(pid, signal.SIGSTOP)
-    before = set(published(c))
-    waits = wait_for(lambda: [e for e in events(leader) if e.get("kind") == "parts-waiting"
-                              and e["checkpoint"] not in before and e["missing"] == [1]], 120, "a checkpoint waiting for node 1")
+    stopped = time.time()
+    victim = wait_for(lambda: next((e["checkpoint"] for e in events(leader) if e.get("kind") == "parts-waiting"
+                                    and e["t"] > stopped + 0.5 and e["missing"] == [1]), None), 120,
+                      "a checkpoint written after the stop, waiting for node 1")
+    time.sleep(3.0)  # well past the lag of a healthy node (0.2-1 s here)
+    assert victim not in published(c), "published without node 1's part"
+    assert c.state(job) == "RUNNING"
+    # Slurm's cancel sends SIGCONT with its SIGTERM: the agent resumes for the stop, which must
+    # still end within KillWait, publishing only whole checkpoints.
     c.run("scancel", job)
     wait_for(lambda: any(e.get("kind") == "end" for e in events(leader)), 60, "the leader's end")
-    for pid in hung:
-        try:
-            os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
     ev = events(leader)
-    end = next(e for e in ev if e.get("kind") == "end")
-    assert set(published(c)) == before, "nothing published while node 1's agent hung"
-    assert all(files == SHARDS for files in published(c).values())
-    assert any(f"{waits[0]['checkpoint']} (waiting for parts: node 1 missing)" in x for x in end["not_durable"]), end
+    assert all(files == SHARDS for files in published(c).values()), published(c)
     stop = [e for e in ev if e.get("kind") == "stop-step"]
     assert sum(float(e.get("seconds") or 0) for e in stop) < 5.0 + 2.0, stop  # within KillWait (5 s) and a margin
     shutil.copytree(run, tmp_path / "run")
