@@ -33,7 +33,7 @@ import anyio
 from supervisor import childenv
 from supervisor.config import Config
 from supervisor.errors import ConfigError
-from supervisor.journal import EVENTS_FILE, Journal, next_attempt
+from supervisor.journal import EVENTS_FILE, Emit, Journal, next_attempt
 from supervisor.sync._nodes import role_before, set_aside_other_role
 
 log = logging.getLogger("supervise")
@@ -62,6 +62,25 @@ def node_rank(given: str | None, env: Mapping[str, str]) -> int:
     if not raw.isdigit():
         raise ConfigError("node_rank", raw, "expected a whole number, 0 or more", source)
     return int(raw)
+
+
+async def _start_samplers(tg: anyio.abc.TaskGroup, cfg: Config, where: Path, emit: Emit,
+                          env: Mapping[str, str]) -> None:
+    """This node's GPUs and host, sampled as the leader samples its own, into this node's
+    directory (``nodes/node-K/gpu.csv``, ``host.csv``; their events in its journal). The
+    training's processes here are not the agent's children: the host sampler records the
+    node (memory), not a process tree."""
+    from functools import partial
+
+    from supervisor.gpu import GpuSampler
+    from supervisor.host import HostSampler
+    from supervisor.parts import guarded
+
+    gpu = GpuSampler(run_dir=where, emit=emit, every=cfg.gpu_every, backend=cfg.gpu_backend, env=env,
+                     dmon_log=cfg.dmon_log)
+    host = HostSampler(run_dir=where, emit=emit, every=cfg.gpu_every)
+    await tg.start(partial(guarded, "gpu", partial(gpu.run, tree_pids=set), emit))
+    await tg.start(partial(guarded, "host", partial(host.run, tree_pids=set), emit))
 
 
 def _say(what: str, rank: int) -> None:
@@ -187,6 +206,8 @@ async def run_node_agent(cfg: Config, rank: int, env: Mapping[str, str] | None =
         async with anyio.create_task_group() as tg:
             await tg.start(mirror.run)
             _say("ready", rank)  # the leader that started us (supervisor/fleet.py) spawns the training now
+            if cfg.gpu_every > 0:
+                await _start_samplers(tg, cfg, where, journal.emit, env)
             stop = anyio.Event()
             why: list[tuple[str, str]] = []
 

@@ -62,4 +62,8 @@ def test_a_hung_agent_holds_publishing_back_and_is_named(cluster3: Cluster, tmp_
     assert all(files == SHARDS for files in published(c).values()), published(c)
     stop = [e for e in ev if e.get("kind") == "stop-step"]
     assert sum(float(e.get("seconds") or 0) for e in stop) < 5.0 + 2.0, stop  # within KillWait (5 s) and a margin
+    # node 1's GPU and host samples reach the run directory, beside its journal
+    node1_dir = run / "nodes" / "node-1"
+    assert (node1_dir / "host.csv").exists(), sorted(x.name for x in node1_dir.iterdir())
+    assert any(e.get("kind") in ("gpu-start", "gpu-none") for e in events(node1_dir / "events.jsonl"))
     shutil.copytree(run, tmp_path / "run")

@@ -169,6 +169,10 @@ def test_requeue_and_node_death(cluster3: Cluster, tmp_path: Path) -> None:
     assert report.returncode == 0, report.stderr
     assert "node n3" in report.stdout and victim in report.stdout, report.stdout
 
+    # node 1's GPU and host samples reach the run directory, beside its journal
+    node1_dir = run / "nodes" / "node-1"
+    assert (node1_dir / "host.csv").exists(), sorted(x.name for x in node1_dir.iterdir())
+    assert any(e.get("kind") in ("gpu-start", "gpu-none") for e in events(node1_dir / "events.jsonl"))
     # the journals where the contract check reads every real run's (tests/conftest.py)
     shutil.copytree(run, tmp_path / "run")
 
