@@ -89,7 +89,7 @@ def test_requeue_and_node_death(cluster3: Cluster, tmp_path: Path) -> None:
         return [e["checkpoint"] for e in events(leader) if e.get("kind") == "publish" and e["attempt"] == attempt]
 
     # 1. attempt 1 on n1+n2: a checkpoint published, then n1 busy and a requeue
-    wait_for(lambda: len(publishes(1)) >= 2, 150, lambda: f"two publishes in attempt 1; job {c.state(job)}", flush=True)
+    wait_for(lambda: len(publishes(1)) >= 2, 150, lambda: f"two publishes in attempt 1; job {c.state(job)}")
     assert c.show(job)["NodeList"] == "n[1-2]"
     # requeuehold: the requeue, held until n1 is excluded (a plain requeue restarts at once, on n1 again)
     c.run("scontrol", "requeuehold", job)
