@@ -3,7 +3,14 @@
 #
 # Jobs are cancelled first (slurmstepd outlives slurmd, so its jobs would be orphaned),
 # then each daemon gets SIGTERM by pid file and up to 10 s to exit, then SIGKILL.
-ROOT=${1:?usage: slurm-down.sh ROOT}
+#
+# A multi-node cluster (slurm-up.sh ROOT --nodes N) is recognised by ROOT/multinode.env
+# (`--nodes` may be given too, and changes nothing): its daemons, whatever is left in its
+# namespaces, the namespaces themselves and munged go (scripts/slurm-multinode.sh down).
+ROOT=${1:?usage: slurm-down.sh ROOT [--nodes]}
+if [ -f "$ROOT/multinode.env" ] || [ "${2:-}" = "--nodes" ]; then
+  exec "$(dirname "$0")/slurm-multinode.sh" down "$ROOT"
+fi
 export SLURM_CONF="$ROOT/slurm.conf"
 if [ -f "$ROOT/slurmctld.pid" ] && kill -0 "$(cat "$ROOT/slurmctld.pid")" 2>/dev/null; then
   scancel --user="$(id -un)" 2>/dev/null || true

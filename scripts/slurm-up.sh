@@ -9,8 +9,20 @@
 # Stop it with scripts/slurm-down.sh ROOT. Follows docs/slurm.md and the feasibility notes:
 # no slurmdbd (sacct -c from jobcomp/filetxt is enough), KillWait=5 so a cancelled job does
 # not hold the node for 30 s, and ports picked free so two clusters can share a machine.
+#
+# slurm-up.sh ROOT --nodes N (N >= 2) — a multi-node cluster on this one machine instead
+# (docs/multinode.md): one slurmctld (hostname "head") and N slurmd (n1…nN), each in its own
+# network + UTS + mount namespace, on a bridge in a "switch" namespace, each with its own
+# hostname, address, private /tmp and node-local ROOT/local (ROOT/nodes/nK/local underneath);
+# ROOT/shared is the one directory every node sees (persistent storage). Clients run through
+# ROOT/in-cluster (names resolve only there, so a client run outside fails closed). Needs root,
+# iproute2 and util-linux; ROOT must not be under /tmp (the nodes' private /tmp hides it).
+# --nodes 1 (the default) is the single-node cluster above, unchanged. Extra slurm.conf lines:
+# EXTRA_CONF; node failure detection: SLURMD_TIMEOUT (default 6 s).
 set -euo pipefail
-ROOT=${1:?usage: slurm-up.sh ROOT}
+ROOT=${1:?usage: slurm-up.sh ROOT [--nodes N]}
+NODES=1
+[ "${2:-}" = "--nodes" ] && NODES=${3:?usage: slurm-up.sh ROOT --nodes N}
 mkdir -p "$ROOT"; ROOT=$(cd "$ROOT" && pwd)
 log() { echo "slurm-up: $*" >&2; }
 export DEBIAN_FRONTEND=noninteractive
@@ -30,6 +42,10 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt-get install "${apt_opts[@]}" "${missing[@]}" >>"$ROOT/apt.log" 2>&1 \
       || { log "apt-get install failed:"; tail -20 "$ROOT/apt.log" >&2; exit 3; }
   fi
+fi
+
+if [ "$NODES" -gt 1 ]; then
+  exec "$(dirname "$0")/slurm-multinode.sh" up "$ROOT" "$NODES"
 fi
 
 # A port nobody listens on (bash's /dev/tcp connect fails) — ours, unless raced.

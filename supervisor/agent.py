@@ -20,7 +20,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import anyio
 from anyio.abc import TaskGroup
 
-from supervisor import childenv, job as jobs, logs, policy, suspects
+from supervisor import childenv, fleet, job as jobs, logs, policy, suspects
 from supervisor._units import format_duration
 from supervisor.child import Child, SpawnError, quiet_stray_signals
 from supervisor.config import Config
@@ -136,6 +136,7 @@ class Agent:
                                       "profile": p.profile} for p in cfg.sync])
             with anyio.CancelScope() as restore_scope:
                 tg.start_soon(self._cancel_on_stop, restore_scope)
+                await fleet.start(self.plan, tg, self._guarded, self.journal.emit)  # multi-node: the node agents
                 self._set_state(State.RESTORING)
                 self.restored_from = await self.mirror.restore()
             await tg.start(self._guarded("sync", self.mirror.run))

@@ -68,6 +68,8 @@ class Attempt:
     came_by: str | None = None  # how an attempt after the first came: "requeue" (the scheduler's) or "rerun"
     restore: str | None = None  # what became of the restored checkpoint (RestoreOutcome.text)
     exit_note: str | None = None  # why an exit status that looks like a failure is not one
+    nodes: list[str] = field(default_factory=list)  # the allocation, when several nodes (multi-node jobs)
+    lost_nodes: list[str] = field(default_factory=list)  # nodes of the attempt before that died (`node-lost`)
 
 
 @dataclass
@@ -247,7 +249,19 @@ def _attempt(n: int, evs: list[dict[str, Any]]) -> Attempt:
         signals=[str(e.get("signal")) for e in evs if e.get("kind") == "signal"],
         gpu_none=gpu_none,
         exit_note=_exit_note(start, end, evs),
+        nodes=[str(n) for n in start.get("nodes") or []] if len(start.get("nodes") or []) > 1 else [],
+        lost_nodes=[_lost_node(e) for e in evs if e.get("kind") == "node-lost"],
     )
+
+
+def _lost_node(e: dict[str, Any]) -> str:
+    """One `node-lost` event as the report says it."""
+    why = ", ".join(str(x) for x in (e.get("state"), e.get("reason")) if x)
+    lost = e.get("lost") or []
+    text = f"node {e.get('node')} (node {e.get('index')} of attempt {e.get('in_attempt')}) is gone" + (f" (Slurm: {why})" if why else "")
+    if lost:
+        text += f"; lost with it, never published: {', '.join(str(x) for x in lost)}"
+    return text
 
 
 def _exit_note(start: dict[str, Any], end: dict[str, Any], evs: list[dict[str, Any]]) -> str | None:

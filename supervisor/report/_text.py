@@ -99,7 +99,9 @@ def render(f: Facts, *, colour: bool = False) -> str:
         status = f", exit status {a.exit_status}" if a.exit_status is not None and "exit status" not in extra else ""
         req = ", requeued" if a.requeued else ""
         came = {"requeue": " (requeued)", "rerun": " (rerun into the same run directory)"}.get(a.came_by or "", "")
-        out.append(f"  attempt {a.number}{came}: {how}{extra}{status}{req}")
+        on = f" on {', '.join(a.nodes)}" if a.nodes else ""
+        out.append(f"  attempt {a.number}{came}{on}: {how}{extra}{status}{req}")
+        out += [f"    {line}" for line in a.lost_nodes]
         if a.exit_note:
             out.append(f"    ({a.exit_note})")
     out += [f"  {line}" for line in summary(f)]

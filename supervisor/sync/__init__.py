@@ -169,7 +169,7 @@ class Mirror:
                 await tg.start(eng.watch)
                 tg.start_soon(eng.loop)
                 tg.start_soon(eng.ticker)
-                if isinstance(eng, PartEngine) and eng.leader:
+                if isinstance(eng, PartEngine):  # the leader: others' manifests; node K: the leader's word
                     tg.start_soon(eng.parts_watch)
                 eng.trigger("start")
             task_status.started()

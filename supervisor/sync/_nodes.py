@@ -12,11 +12,12 @@ ordinary staging directory and renames it into place, then writes the pointer fi
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Collection
 
 import anyio
 
@@ -27,6 +28,7 @@ from supervisor.sync._backend import Backend, CopyError, CopyResult
 from supervisor.sync._complete import Context, Entry, Listing, Snap, classify, matches, natural_key, snapshot
 from supervisor.sync._exclude import within
 from supervisor.sync._pair import RECOPY_TRIES, PairEngine, _to_thread
+from supervisor.sync._profiles import Profile
 from supervisor.sync._parts import (PartConflict, PartsChanged, assemble, manifest_path, manifest_snap,
                                     part_dir, read_manifest, remove_parts, waiting, withdraw, write_manifest)
 
@@ -41,6 +43,108 @@ def contains(there: Snap | None, mine: Snap) -> bool:
         if got is None or got[0] != size or abs(got[1] - mt) > 1_000_000_000:
             return False
     return True
+
+
+SET_ASIDE_DIR = ".supervise-set-aside"  # hidden: never a checkpoint, never copied
+
+
+def role_before(previous_start: dict | None, host: str) -> int | None:
+    """This host's node index in the attempt before (its leader's ``start`` event), or None."""
+    nodes = [str(n).split(".")[0] for n in (previous_start or {}).get("nodes") or []]
+    short = host.split(".")[0]
+    return nodes.index(short) if short in nodes else None
+
+
+def set_aside_other_role(pairs: list[SyncPair], was: int | None, now: int, emit: Emit) -> list[str]:
+    """A host that was node ``was`` in the previous attempt and is node ``now`` in this one
+    holds, on its local side, the files it wrote in the other role: taken as this role's part
+    they would mix other ranks' shards into it (a part of ranks 0-1 twice and none of ranks
+    2-3 would look whole). Its local checkpoints not published yet are set aside."""
+    if was is None or was == now:
+        return []
+    return [name for p in pairs if p.kind == "checkpoint" and p.nodes > 1
+            for name in set_aside(p, now, emit, f"written as node {was}; this host is node {now} now")]
+
+
+def set_aside(p: SyncPair, node: int, emit: Emit, why: str) -> list[str]:
+    """Move every local checkpoint of ``p`` that is not on persistent storage under the hidden
+    ``.supervise-set-aside/`` (kept for you, never copied, never restored): ``part-set-aside``."""
+    try:
+        names = sorted(os.listdir(p.src))
+    except OSError:
+        return []
+    moved = []
+    for name in names:
+        if name.startswith(".") or os.path.lexists(p.dst / name) or os.path.islink(p.src / name) \
+                or not os.path.isdir(p.src / name) and not os.path.isfile(p.src / name):
+            continue
+        where = p.src / SET_ASIDE_DIR
+        where.mkdir(parents=True, exist_ok=True)
+        target, n = where / name, 1
+        while os.path.lexists(target):
+            target, n = where / f"{name}.{n}", n + 1
+        try:
+            os.rename(p.src / name, target)
+        except OSError:
+            continue
+        moved.append(name)
+        emit("part-set-aside", pair=p.name, checkpoint=name, node=node, to=str(target), why=why)
+    return moved
+
+
+GO_FILE = "complete-on-node-0"  # in .supervise-parts/<checkpoint>/: the leader saw it complete
+GO_POLL_S = 0.1                  # node K, while a part waits: how often it looks for the leader's word
+WAITING_POLL_S = 0.2             # the leader, while a checkpoint waits for parts
+
+
+def go_path(dst: Path, name: str) -> Path:
+    return part_dir(dst, name, 0).parent / GO_FILE
+
+
+def write_go(dst: Path, name: str) -> None:
+    """Leader: node 0's part of ``name`` is complete by rank 0's own marker (written after a
+    barrier behind every rank's writes): the other nodes' shards are final, they need not
+    wait for ``settle``."""
+    path = go_path(dst, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+
+
+def local_profile(profile: Profile | None, leader: bool) -> Profile | None:
+    """The rules node K's own files are judged by. DCP's ``.metadata``, DeepSpeed's and
+    Megatron's pointers are written by global rank 0, on node 0, after a barrier behind every
+    rank's writes: on node K they never appear, so a profile that needs them would keep node
+    K's part waiting for ever. There the part is complete when it settles (docs/sync.md), and
+    a marker seen on node K (a restored checkpoint has one) makes no later part wait for it."""
+    if leader or profile is None or not profile.needs_marker:
+        return profile
+    return dataclasses.replace(profile, needs_marker=False)
+
+
+def settled_here(listing: Listing, settle: float, now: float, *, finished: bool, go: Collection[str] = ()) -> None:
+    """Node K: a directory that waits for rank 0's marker (or is called torn for lacking it)
+    is judged by quiescence instead (local_profile's rule), or at once when node 0 saw that
+    checkpoint complete (``go``: rank 0 writes its marker after a barrier behind every rank's
+    shards, so this node's are final). ``classify`` itself still asks for the marker once any
+    directory here has one, which a restored checkpoint does."""
+    for name, e in list(listing.entries.items()):
+        if not e.is_dir or e.complete:
+            continue
+        waits = e.why == "waiting for marker" or (not listing.pointers and e.why.startswith("waiting for "))
+        said = name in go and not finished and (waits or e.why == "settling")
+        if not said and not waits and not (e.torn or "").startswith("the training ended before writing"):
+            continue
+        last = e.snap.newest_ns / 1e9
+        if said:
+            listing.entries[name] = dataclasses.replace(e, complete=True, why="node 0 saw it complete", done_at=last,
+                                                        torn=None, ready_at=None)
+        elif finished:
+            listing.entries[name] = dataclasses.replace(e, complete=True, why="training exited", done_at=last,
+                                                        torn=None, ready_at=None)
+        elif now - last >= settle:
+            listing.entries[name] = dataclasses.replace(e, complete=True, why="settled", done_at=last, ready_at=None)
+        else:
+            listing.entries[name] = dataclasses.replace(e, why="settling", ready_at=max(now, last) + settle)
 
 
 def _nodes_text(missing: list[int]) -> str:
@@ -64,15 +168,36 @@ class PartEngine(PairEngine):
         self._told_missing: dict[str, tuple[int, ...]] = {}
         self.conflicts: dict[str, str] = {}
         self.stale: dict[str, Snap] = {}           # changed here after it was published from every node
+        self.awaiting_go: set[str] = set()         # node K: directories not complete yet (the leader may say go)
+
+    async def restore(self) -> Path | None:
+        """Every node brings back the newest *published* checkpoint, the one the leader hands
+        the training (SUPERVISE_RESTORED_FROM): a newer local one is only this node's part of
+        a checkpoint that never gathered every part, so it is set aside first (an ordinary
+        pair would keep it and resume from it; here the other nodes may not hold theirs)."""
+        await _to_thread(set_aside, self.pair, self.node, self.emit,
+                         "not published: only this node's part; every node restores the newest published checkpoint")
+        return await super().restore()
 
     # ---- triggers -------------------------------------------------------------------
 
     async def parts_watch(self) -> None:
         """Leader: a pass whenever a node's manifest appears or goes (polled: other nodes'
-        writes on a network filesystem raise no inotify event here)."""
+        writes on a network filesystem raise no inotify event here), more often while a
+        checkpoint waits for parts. Node K: a pass when the leader says a checkpoint this node
+        is waiting on is complete (``GO_FILE``)."""
+        if not self.leader:
+            told: set[str] = set()
+            while True:
+                await anyio.sleep(GO_POLL_S if self.awaiting_go else self.parts_poll)
+                names = set(self.awaiting_go) - told
+                said = {n for n in names if await _to_thread(go_path(self.pair.dst, n).exists)}
+                if said:
+                    told |= said
+                    self.trigger("parts")
         last: dict[str, dict[int, float]] | None = None
         while True:
-            await anyio.sleep(self.parts_poll)
+            await anyio.sleep(min(self.parts_poll, WAITING_POLL_S) if self.missing else self.parts_poll)
             try:
                 now = await _to_thread(waiting, self.pair.dst)
             except OSError:
@@ -86,17 +211,36 @@ class PartEngine(PairEngine):
 
     def _scan(self, *, root: Path | None = None, only: str | None = None, settle: float | None = None,
               cheap: bool = False, pids: set[int] | None = None, finished: bool = False) -> Listing:
-        if not cheap:
+        if not self.leader:
+            self.marker_seen = False  # rank 0's marker is never written here (local_profile)
+        if not cheap and self.leader:
             return super()._scan(root=root, only=only, settle=settle, pids=pids, finished=finished)
         p = self.pair
-        reuse = self.reusable({**self.parted, **self.published})
-        return classify(root or p.src, markers=p.markers, exclude=p.exclude, settle=p.settle, now=time.time(),
-                        marker_seen=self.marker_seen, only=only, reuse=reuse, ctx=Context(profile=self.profile))
+        reuse = self.reusable({**self.parted, **self.published}) if cheap else None
+        local = root is None
+        if self.leader:  # cheap
+            ctx = Context(profile=self.profile)
+        else:  # a node agent sees no writer: no open files to ask about
+            provisional = self.profile is not None and self.profile.name == "torch-save" and p.profile == "auto"
+            ctx = Context(profile=None if provisional else local_profile(self.profile, False), exited=finished,
+                          inodes=self._inodes if local else {}, torn_check=self._torn_check)
+        listing = classify(root or p.src, markers=p.markers, exclude=p.exclude,
+                           settle=p.settle if settle is None else settle, now=time.time(),
+                           marker_seen=self.marker_seen if local else False, only=only, reuse=reuse, ctx=ctx)
+        if not self.leader:
+            go = {n for n, e in listing.entries.items() if not e.complete and e.is_dir and go_path(p.dst, n).exists()}
+            settled_here(listing, p.settle if settle is None else settle, time.time(), finished=finished, go=go)
+            if local and only is None:
+                self.awaiting_go = {n for n, e in listing.entries.items() if not e.complete and e.is_dir}
+        if local and only is None and not cheap:
+            self._inodes = {n: sig[0] for n, sig in listing.sigs.items()}
+        return listing
 
     async def _checkpoint_pass(self, trigger: str, stats: CopyResult, published: list[str]) -> None:
         p = self.pair
         listing: Listing = await _to_thread(self._scan, cheap=trigger in ("watch", "parts"))
         self.marker_seen = listing.marker_seen
+        self._adopt_profile(listing, "local")
         newest = max((e.snap.newest_ns for e in listing.entries.values()), default=0)
         if newest != self._newest_ns:
             self._newest_ns = newest
@@ -117,6 +261,8 @@ class PartEngine(PairEngine):
             todo.append(e)
         self._note_pending(listing)
         for e in todo:  # newest first: the one most at risk
+            if self.leader and self._go_applies(e):
+                await _to_thread(write_go, p.dst, e.name)
             try:
                 await self._stage_part(e, trigger, stats)
             except (OSError, CopyError):
@@ -135,6 +281,20 @@ class PartEngine(PairEngine):
             self._poke_ticker()
         if p.keep_local:
             await self._retain(listing)
+
+    def _single_files(self, name: str, have: dict[int, float]) -> bool:
+        """Are the parts there all single-file checkpoints? Such a checkpoint (``model_500.pt``,
+        a ``.ckpt``) cannot be split across nodes: the node whose rank saved it, which need not
+        be the batch node, holds all of it."""
+        found = [read_manifest(manifest_path(self.pair.dst, name, k)) for k in have if k < self.nodes]
+        return bool(found) and all(m is not None and m.get("is_dir") is False for m in found)
+
+    def _go_applies(self, e: Entry) -> bool:
+        """Node 0's completeness speaks for every node only where rank 0's own marker or
+        pointer says so (DCP, DeepSpeed, Megatron, HF, Accelerate); with your markers every
+        node writes its own (docs/sync.md), so each node judges its part alone."""
+        return bool(e.is_dir and not self.pair.markers and self.profile is not None and self.profile.needs_marker
+                    and (e.why.startswith(("marker ", "pointer ", "older than "))))
 
     def _published_already(self, e: Entry, there: Snap | None, listing: Listing) -> None:
         """``<name>`` is on persistent storage (assembled from every part, perhaps by an
@@ -225,6 +385,8 @@ class PartEngine(PairEngine):
             if not have:
                 continue  # a part being copied, no manifest yet: nothing to say
             missing = [k for k in range(self.nodes) if k not in have]
+            if missing and await _to_thread(self._single_files, name, have):
+                missing = []  # a single file is whole on the one node that wrote it (rank 0's torch.save)
             if missing:
                 self.missing[name] = missing
                 if self._told_missing.get(name) != tuple(missing):
@@ -232,7 +394,8 @@ class PartEngine(PairEngine):
                     self.emit("parts-waiting", pair=p.name, checkpoint=name, nodes=self.nodes,
                               have=sorted(k for k in have if k < self.nodes), missing=missing)
                 continue
-            manifests = {k: await _to_thread(read_manifest, manifest_path(p.dst, name, k)) for k in range(self.nodes)}
+            manifests = {k: await _to_thread(read_manifest, manifest_path(p.dst, name, k))
+                         for k in range(self.nodes) if k in have}
             if any(m is None for m in manifests.values()):
                 self.missing[name] = [k for k, m in manifests.items() if m is None]
                 continue
@@ -250,7 +413,7 @@ class PartEngine(PairEngine):
             self.conflicts.pop(name, None)
             self._told_missing.pop(name, None)
             local = listing.entries.get(name)
-            self.published[name] = local.snap if local is not None and local.complete else manifest_snap(manifests[0])
+            self.published[name] = local.snap if local is not None and local.complete else manifest_snap(manifests[min(manifests)])
             if name in listing.sigs:
                 self._sigs[name] = listing.sigs[name]
             self.parted.pop(name, None)

@@ -17,6 +17,7 @@ Node rank 0 is the leader's: an agent started there (a uniform ``srun`` line) ex
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -32,7 +33,8 @@ import anyio
 from supervisor import childenv
 from supervisor.config import Config
 from supervisor.errors import ConfigError
-from supervisor.journal import EVENTS_FILE, Journal, next_attempt
+from supervisor.journal import EVENTS_FILE, Emit, Journal, next_attempt
+from supervisor.sync._nodes import role_before, set_aside_other_role
 
 log = logging.getLogger("supervise")
 
@@ -42,6 +44,7 @@ NODES_DIR = "nodes"
 RANK_VARIABLES = (childenv.NODE_RANK, "SLURM_NODEID", "PMIX_RANK", "PMI_RANK", "PALS_RANKID",
                   "OMPI_COMM_WORLD_RANK")
 FINAL_FLUSH_S = 60.0
+LOCK_FILE = "agent.lock"
 LEADER_POLL_S = 1.0
 
 
@@ -59,6 +62,64 @@ def node_rank(given: str | None, env: Mapping[str, str]) -> int:
     if not raw.isdigit():
         raise ConfigError("node_rank", raw, "expected a whole number, 0 or more", source)
     return int(raw)
+
+
+async def _start_samplers(tg: anyio.abc.TaskGroup, cfg: Config, where: Path, emit: Emit,
+                          env: Mapping[str, str]) -> None:
+    """This node's GPUs and host, sampled as the leader samples its own, into this node's
+    directory (``nodes/node-K/gpu.csv``, ``host.csv``; their events in its journal). The
+    training's processes here are not the agent's children: the host sampler records the
+    node (memory), not a process tree."""
+    from functools import partial
+
+    from supervisor.gpu import GpuSampler
+    from supervisor.host import HostSampler
+    from supervisor.parts import guarded
+
+    gpu = GpuSampler(run_dir=where, emit=emit, every=cfg.gpu_every, backend=cfg.gpu_backend, env=env,
+                     dmon_log=cfg.dmon_log)
+    host = HostSampler(run_dir=where, emit=emit, every=cfg.gpu_every)
+    await tg.start(partial(guarded, "gpu", partial(gpu.run, tree_pids=set), emit))
+    await tg.start(partial(guarded, "host", partial(host.run, tree_pids=set), emit))
+
+
+def _say(what: str, rank: int) -> None:
+    """One line on stdout for the leader that started the agents (``fleet.READY_LINE``)."""
+    try:
+        print(f"supervise-node-agent {what} {rank} {socket.gethostname()}", flush=True)
+    except (OSError, ValueError):
+        pass  # nobody reads it (an agent started by the job script with its stdout closed)
+
+
+def _hold(where: Path) -> int | None:
+    """An exclusive lock on the node's journal directory: a second agent for the same node
+    (the job script's own ``srun … node-agent`` line beside the leader's) gets None."""
+    fd = os.open(where / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except OSError:
+        pass  # a filesystem without flock (Lustre mounted without it): no guard, not a refusal
+    return fd
+
+
+def _previous_start(path: Path) -> dict | None:
+    """The leader's ``start`` of the attempt before its newest (the newest is this attempt's:
+    the leader journals it before it starts the agents)."""
+    starts = []
+    try:
+        with open(path, "rb") as f:
+            for raw in f:
+                if b'"kind":"start"' in raw:
+                    try:
+                        starts.append(json.loads(raw))
+                    except ValueError:
+                        pass
+    except OSError:
+        return None
+    return starts[-2] if len(starts) >= 2 else None
 
 
 def node_dir(run_dir: Path, rank: int) -> Path:
@@ -107,6 +168,7 @@ async def run_node_agent(cfg: Config, rank: int, env: Mapping[str, str] | None =
     pairs = [p for p in cfg.sync if p.kind == "checkpoint" and p.nodes > 1]
     if rank == 0:
         log.info("node rank 0 is the leader's: the main supervise mirrors this node's part; nothing to do")
+        _say("leader", rank)
         return 0
     if not pairs:
         raise ConfigError("nodes", 1, "no per-node checkpoint pair: give --nodes N with --checkpoints, "
@@ -119,6 +181,11 @@ async def run_node_agent(cfg: Config, rank: int, env: Mapping[str, str] | None =
         where.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError("run_dir", str(where), f"cannot be created: {e.strerror}") from None
+    lock = _hold(where)
+    if lock is None:
+        log.info("another node agent for node %d is running (%s): nothing to do", rank, where / LOCK_FILE)
+        _say("duplicate", rank)
+        return 0
     logs.add_file(where, cfg.verbosity)
     for w in warnings:
         log.warning("%s", w)
@@ -133,9 +200,14 @@ async def run_node_agent(cfg: Config, rank: int, env: Mapping[str, str] | None =
     leader = _LeaderWatch(cfg.run_dir / EVENTS_FILE)
     reason, detail = "leader-ended", ""
     try:
+        set_aside_other_role(pairs, role_before(_previous_start(cfg.run_dir / EVENTS_FILE), socket.gethostname()),
+                             rank, journal.emit)
         await mirror.restore()
         async with anyio.create_task_group() as tg:
             await tg.start(mirror.run)
+            _say("ready", rank)  # the leader that started us (supervisor/fleet.py) spawns the training now
+            if cfg.gpu_every > 0:
+                await _start_samplers(tg, cfg, where, journal.emit, env)
             stop = anyio.Event()
             why: list[tuple[str, str]] = []
 
@@ -180,4 +252,5 @@ async def run_node_agent(cfg: Config, rank: int, env: Mapping[str, str] | None =
     journal.emit("node-end", node=rank, reason=reason, detail=detail, seconds=round(time.monotonic() - t0, 3),
                  not_durable=mirror.pending())
     journal.close()
+    os.close(lock)
     return 0 if reason != "error" else 1

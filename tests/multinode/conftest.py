@@ -1,0 +1,186 @@
+"""The multi-node test cluster: ``scripts/slurm-up.sh ROOT --nodes N`` (docs/multinode.md).
+
+Each node is a real ``slurmd`` in its own network + UTS + mount namespace (own hostname, own
+address on a bridge, own ``/tmp`` and node-local ``ROOT/local``); ``ROOT/shared`` is the
+persistent storage every node sees. Clients run through ``ROOT/in-cluster``. It needs root,
+iproute2, util-linux and Slurm; elsewhere the tests skip with the reason (in CI, as root,
+none skips: REQUIRE_ALL_COMPONENTS turns a skip into a failure). ROOT is under /var/tmp, not
+/tmp: every node hides the machine's /tmp behind its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+UP = REPO / "scripts" / "slurm-up.sh"
+DOWN = REPO / "scripts" / "slurm-down.sh"
+ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_FED",
+          "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STOPPED"}
+
+
+def why_not() -> str | None:
+    """Why this machine cannot run the multi-node cluster, or None."""
+    if os.geteuid() != 0:
+        return "the multi-node cluster needs root (network namespaces, bind mounts)"
+    for tool in ("ip", "unshare", "nsenter", "munged", "slurmctld", "slurmd", "sbatch"):
+        if shutil.which(tool) is None:
+            return f"the multi-node cluster needs {tool} (scripts/setup.sh installs Slurm and munge)"
+    return None
+
+
+class Cluster:
+    """A running multi-node cluster and what the tests do to it."""
+
+    def __init__(self, root: Path, nodes: int) -> None:
+        self.root, self.n = root, nodes
+        self.shared, self.local = root / "shared", root / "local"
+        env = dict(line.split("=", 1) for line in (root / "multinode.env").read_text().split())
+        self.pfx = env["PFX"]
+
+    def run(self, *argv: str, check: bool = True, timeout: float = 60,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([str(self.root / "in-cluster"), *argv], capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()}")
+        return proc
+
+    def node_local(self, node: str) -> Path:
+        """What ``ROOT/local`` is on that node (the machine sees it here)."""
+        return self.root / "nodes" / node / "local"
+
+    def submit(self, script: str, *args: str, env: dict[str, str] | None = None) -> str:
+        path = self.shared / f"job-{time.time_ns()}.sh"
+        path.write_text(script)
+        return self.run("sbatch", "--parsable", *args, str(path), env=env).stdout.strip().split(";")[0]
+
+    def show(self, jobid: str) -> dict[str, str]:
+        proc = self.run("scontrol", "show", "job", "-o", jobid, check=False)
+        return dict(re.findall(r"(\S+?)=(\S*)", proc.stdout)) if proc.returncode == 0 else {}
+
+    def state(self, jobid: str) -> str | None:
+        return self.show(jobid).get("JobState")
+
+    def node_state(self, node: str) -> str:
+        return self.run("sinfo", "-h", "-N", "-n", node, "-o", "%T").stdout.strip()
+
+    def release(self, jobid: str, timeout: float = 60.0) -> None:
+        """Start a requeued job now instead of at its BeginTime (not within the second of
+        the requeue: slurmd would take the relaunch's credential for a revoked one)."""
+        deadline = time.monotonic() + timeout
+        time.sleep(1.1)
+        # Until it runs (or ended): a requeue still completing sets its own BeginTime after an
+        # early update, and the states on the way (REQUEUED, COMPLETING, PENDING) come and go.
+        while (state := self.state(jobid)) not in ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+            self.run("scontrol", "update", f"JobId={jobid}", "StartTime=now", check=False)
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job {jobid} still {state} after StartTime=now")
+            time.sleep(1.0)
+
+    def kill_node(self, node: str) -> list[int]:
+        """The node dies: its slurmd and every process in its namespaces are SIGKILLed (by pid),
+        and its local disk is gone."""
+        pids = [int(p) for p in subprocess.run(["ip", "netns", "pids", f"{self.pfx}-{node}"], capture_output=True,
+                                               text=True).stdout.split()]
+        bg = self.root / "run" / f"slurmd-{node}.bg"
+        if bg.exists():
+            pids.append(int(bg.read_text()))
+        for pid in pids:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        wait_for(lambda: not subprocess.run(["ip", "netns", "pids", f"{self.pfx}-{node}"], capture_output=True,
+                                            text=True).stdout.split(), 20, f"every process of {node} gone")
+        for child in self.node_local(node).iterdir():
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+        return pids
+
+    def leftovers(self) -> list[str]:
+        """Namespaces, processes and mounts of this cluster still there."""
+        out = [f"netns {n}" for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+               if n.startswith(self.pfx)]
+        me = os.getpid()
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or int(pid) == me:
+                continue
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                continue
+            if str(self.root) in cmd and ") Z " not in stat:
+                out.append(f"process {pid}: {cmd[:120]}")
+        for line in Path("/proc/mounts").read_text().splitlines():
+            if str(self.root) in line or f"netns/{self.pfx}" in line:
+                out.append(f"mount {line}")
+        return out
+
+
+def wait_for(pred: Callable[[], object], timeout: float, what: str | Callable[[], str], every: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what() if callable(what) else what}")
+        time.sleep(every)
+
+
+def events(path: Path) -> list[dict]:
+    """A journal's events; a torn last line (a killed writer) is left out."""
+    out = []
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass
+    return out
+
+
+def up(nodes: int) -> Cluster:
+    """Start a cluster (skips with the reason when this machine cannot)."""
+    reason = why_not()
+    if reason:
+        pytest.skip(reason)
+    root = Path(tempfile.mkdtemp(prefix="supervise-mn-", dir="/var/tmp"))
+    proc = subprocess.run(["bash", str(UP), str(root), "--nodes", str(nodes)], capture_output=True, text=True,
+                          timeout=300)
+    if proc.returncode != 0 or "export SLURM_CONF=" not in proc.stdout:
+        subprocess.run(["bash", str(DOWN), str(root), "--nodes"], capture_output=True, timeout=120)
+        shutil.rmtree(root, ignore_errors=True)
+        pytest.fail(f"slurm-up.sh --nodes {nodes} failed ({proc.returncode}): {proc.stderr.strip()[-800:]}")
+    return Cluster(root, nodes)
+
+
+def down(cluster: Cluster) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(DOWN), str(cluster.root), "--nodes"], capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.fixture
+def cluster3() -> Iterator[Cluster]:
+    """A 3-node cluster for one test, always torn down (its logs kept with SUPERVISE_KEEP_SLURM=1)."""
+    c = up(3)
+    try:
+        yield c
+    finally:
+        down(c)
+        if not os.environ.get("SUPERVISE_KEEP_SLURM"):
+            shutil.rmtree(c.root, ignore_errors=True)

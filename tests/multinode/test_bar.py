@@ -1,0 +1,183 @@
+"""The bar of issue 21: a real 2-node torchrun DCP job on the multi-node cluster, through a
+requeue onto other nodes and the death of a node.
+
+``scripts/slurm-up.sh ROOT --nodes 3`` starts three nodes; the job takes two, 2 ranks each
+(c10d rendezvous between the nodes' addresses), and every rank writes its DCP shard to its
+own node's local disk. The job script has no node-agent line: supervise starts them.
+
+1. attempt 1 on n1+n2; once a checkpoint is published, the job is requeued with n1
+   excluded (``scontrol requeuehold``, ``ExcNodeList=n1``, release): attempt 2 lands on n2+n3, where n3 has nothing and n2
+   holds only what it wrote as node 1;
+2. in attempt 2, right after a checkpoint's node-0 part is staged and before node 1's (the
+   `parts-waiting` event), n3 dies: its slurmd and every process in its namespaces are
+   SIGKILLed and its local disk emptied. Slurm marks it down and requeues the job;
+3. attempt 3 runs on n1+n2 and finishes.
+
+Checked: every checkpoint on persistent storage holds every rank's shards (and never a
+partial one appears); each attempt resumed from the newest published checkpoint, on every
+node; the final weights equal an uninterrupted run's bit for bit; the checkpoint only n3 had
+is journaled as lost with n3 (`node-lost`) and `supervise report` names n3; and after
+``slurm-down.sh`` no namespace, mount or process of the cluster is left.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.multinode.conftest import REPO, Cluster, down, events, wait_for
+
+sys.path.insert(0, str(Path(__file__).parent))
+import train_dcp  # noqa: E402
+
+STEPS, SAVE_EVERY = 40, 5
+SHARDS = {".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"}
+
+JOB = """#!/bin/bash
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --requeue
+#SBATCH --open-mode=append
+cd {repo}
+HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -1)
+exec {python} -m supervisor --config {cfg} --run-dir {run} -- \\
+  srun --ntasks-per-node=1 {torchrun} --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d \\
+  --rdzv-endpoint=$HEAD:29500 --rdzv-id=$SLURM_JOB_ID-$SLURM_RESTART_COUNT {train} --out {local}/ckpt \\
+  --steps {steps} --save-every {every} --step-sleep 0.3 --progress {progress} --final {final}
+"""
+
+
+def published(c: Cluster) -> dict[str, set[str]]:
+    dst = c.shared / "persist" / "ckpt"
+    if not dst.exists():
+        return {}
+    return {d.name: {f.name for f in d.iterdir()} for d in dst.iterdir() if d.is_dir() and not d.name.startswith(".")}
+
+
+def submit_job(c: Cluster) -> tuple[str, Path, Path, Path]:
+    """The 2-node torchrun DCP job; (job id, run dir, progress file, final weights file)."""
+    run, progress, final = c.shared / "run", c.shared / "progress.jsonl", c.shared / "final.pt"
+    cfg = c.shared / "run.toml"
+    cfg.write_text(f'[[sync]]\nname = "ckpt"\nfrom = "{c.local}/ckpt"\nto = "{c.shared}/persist/ckpt"\n'
+                   'nodes = 2\nsettle = "2s"\nrestore = true\n')
+    script = JOB.format(repo=REPO, python=sys.executable, cfg=cfg, run=run, torchrun=Path(sys.executable).parent / "torchrun",
+                        train=Path(__file__).parent / "train_dcp.py", local=c.local, steps=STEPS, every=SAVE_EVERY,
+                        progress=progress, final=final)
+    return c.submit(script, "-o", str(c.shared / "job.out")), run, progress, final
+
+
+def test_requeue_and_node_death(cluster3: Cluster, tmp_path: Path) -> None:
+    c = cluster3
+    t0 = time.monotonic()
+    job, run, progress, final = submit_job(c)
+    leader = run / "events.jsonl"
+    torn_seen: list[str] = []
+
+    def watch_published() -> dict[str, set[str]]:
+        now = published(c)
+        torn_seen.extend(f"{n}: {sorted(SHARDS - files)}" for n, files in now.items() if not SHARDS <= files)
+        return now
+
+    def publishes(attempt: int) -> list[str]:
+        watch_published()
+        return [e["checkpoint"] for e in events(leader) if e.get("kind") == "publish" and e["attempt"] == attempt]
+
+    # 1. attempt 1 on n1+n2: a checkpoint published, then n1 busy and a requeue
+    wait_for(lambda: len(publishes(1)) >= 2, 150, lambda: f"two publishes in attempt 1; job {c.state(job)}")
+    assert c.show(job)["NodeList"] == "n[1-2]"
+    # requeuehold: the requeue, held until n1 is excluded (a plain requeue restarts at once, on n1 again)
+    c.run("scontrol", "requeuehold", job)
+    c.run("scontrol", "update", f"JobId={job}", "ExcNodeList=n1")
+    c.run("scontrol", "release", job)
+    c.release(job)
+
+    # 2. attempt 2 on n2+n3: restored on both nodes; a checkpoint waits for n3's part when n3 dies
+    print(f"bar: {time.monotonic() - t0:.1f}s requeued with n1 excluded", flush=True)
+    wait_for(lambda: any(e.get("kind") == "start" and e["attempt"] == 2 for e in events(leader)), 90, "attempt 2")
+    assert c.show(job)["NodeList"] == "n[2-3]", c.show(job)
+
+    def waiting_for_n3() -> str | None:
+        watch_published()
+        done = set(publishes(2))
+        for e in events(leader):
+            if e.get("kind") == "parts-waiting" and e["attempt"] == 2 and e["missing"] == [1] and done \
+                    and e["checkpoint"] not in done:
+                return str(e["checkpoint"])
+        return None
+
+    victim = wait_for(waiting_for_n3, 150, lambda: f"a checkpoint waiting for n3 after a publish in attempt 2; job {c.state(job)}",
+                      every=0.05)
+    print(f"bar: {time.monotonic() - t0:.1f}s n3 killed while {victim} waits for its part", flush=True)
+    c.kill_node("n3")
+    assert not (c.shared / "persist" / "ckpt" / victim).exists()
+    wait_for(lambda: c.node_state("n3").startswith(("down", "drain", "fail")), 180, lambda: f"n3 down: {c.node_state('n3')}")
+    wait_for(lambda: c.state(job) in ("PENDING", "REQUEUED", "COMPLETING") or c.show(job).get("RestartCnt") == "2", 60,
+             lambda: f"requeued after n3 died: {c.state(job)}")
+    print(f"bar: {time.monotonic() - t0:.1f}s n3 {c.node_state('n3')}, job {c.state(job)}", flush=True)
+    c.run("scontrol", "update", f"JobId={job}", "ExcNodeList=")  # n1 may serve again
+    c.release(job)
+
+    # 3. attempt 3 on n1+n2 finishes
+    print(f"bar: {time.monotonic() - t0:.1f}s attempt 3 released", flush=True)
+    wait_for(lambda: c.state(job) == "COMPLETED", 240, lambda: f"job {job} completed; {c.state(job)}", every=0.5)
+    watch_published()
+    attempts = {e["attempt"]: e for e in events(leader) if e.get("kind") == "start"}
+    assert sorted(attempts) == [1, 2, 3]
+    assert [attempts[a]["nodes"] for a in (1, 2, 3)] == [["n1", "n2"], ["n2", "n3"], ["n1", "n2"]]
+
+    # every published checkpoint holds every rank's shards, and none was ever seen partial
+    assert not torn_seen, torn_seen
+    now = published(c)
+    assert now and all(files == SHARDS for files in now.values()), now
+    assert f"step_{STEPS:05d}" in now
+
+    # each attempt resumed from the newest checkpoint published before it, on every node
+    ev = events(leader)
+    for a in (2, 3):
+        restore = next(e for e in ev if e.get("kind") == "restore" and e["attempt"] == a)
+        before = [e["checkpoint"] for e in ev if e.get("kind") == "publish" and e["attempt"] < a]
+        assert restore["checkpoint"] == max(before), (a, restore, before)
+    starts = [e for e in map(json.loads, progress.read_text().splitlines()) if e["what"] == "start"]
+    assert [s["step"] for s in starts] == [0] + [int(str(s["restored"]).rsplit("_", 1)[1]) for s in starts[1:]]
+    node1 = events(run / "nodes" / "node-1" / "events.jsonl")
+    hosts = [e["host"] for e in node1 if e.get("kind") == "node-start"]
+    assert hosts == ["n2", "n3", "n2"], hosts
+    restored_on_nodes = [e.get("checkpoint") for e in node1 if e.get("kind") == "restore"]
+    assert restored_on_nodes[1:] == [e["checkpoint"] for e in ev if e.get("kind") == "restore" and e["attempt"] > 1]
+
+    # n2, node 0 in attempt 2 and node 1 in attempt 3, set its node-0 files aside (never a node-1 part)
+    aside = [e for e in node1 if e.get("kind") == "part-set-aside"]
+    assert aside and all(e["attempt"] == 3 and e["node"] == 1 for e in aside), aside
+
+    # the resume is exact: the final weights are the uninterrupted run's
+    torch = pytest.importorskip("torch")
+    assert torch.equal(torch.load(final), train_dcp.reference(STEPS))
+
+    # the checkpoint only n3 could complete: never published in attempt 2, reported lost with n3
+    assert victim not in [e["checkpoint"] for e in ev if e.get("kind") == "publish" and e["attempt"] == 2]
+    lost = [e for e in ev if e.get("kind") == "node-lost"]
+    assert [(e["attempt"], e["in_attempt"], e["node"], e["index"]) for e in lost] == [(3, 2, "n3", 1)], lost
+    assert victim in lost[0]["lost"], (victim, lost)
+    report = subprocess.run([sys.executable, "-m", "supervisor", "report", str(run)], capture_output=True, text=True,
+                            timeout=60)
+    assert report.returncode == 0, report.stderr
+    assert "node n3" in report.stdout and victim in report.stdout, report.stdout
+
+    # node 1's GPU and host samples reach the run directory, beside its journal
+    node1_dir = run / "nodes" / "node-1"
+    assert (node1_dir / "host.csv").exists(), sorted(x.name for x in node1_dir.iterdir())
+    assert any(e.get("kind") in ("gpu-start", "gpu-none") for e in events(node1_dir / "events.jsonl"))
+    # the journals where the contract check reads every real run's (tests/conftest.py)
+    shutil.copytree(run, tmp_path / "run")
+
+    # nothing of the cluster is left
+    gone = down(c)
+    assert gone.returncode == 0, gone.stderr
+    assert wait_for(lambda: not c.leftovers(), 15, lambda: f"nothing left: {c.leftovers()}")
+    print(f"bar: {time.monotonic() - t0:.1f}s", flush=True)
