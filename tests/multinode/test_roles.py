@@ -53,14 +53,16 @@ def test_node_k_part_beside_a_restored_checkpoint_takes_the_leaders_word(tmp_pat
             assert not manifest_path(p.dst, "step_00020", 1).exists()  # waits: no word, not settled
             t = time.monotonic()
             write_go(p.dst, "step_00020")  # the leader saw rank 0's .metadata
-            with anyio.fail_after(10):
+            with anyio.fail_after(20):
                 while not manifest_path(p.dst, "step_00020", 1).exists():
                     await anyio.sleep(0.05)
             tg.cancel_scope.cancel()
             return time.monotonic() - t
 
     took = anyio.run(main)
-    assert took < 2.0, took
+    # The leader's word, not quiet time: well inside the 30 s settle even on a loaded machine
+    # (a copier process starts in between); the event below says which rule decided.
+    assert took < 15.0, took
     part = next(f for k, f in events if k == "part")
     assert part["checkpoint"] == "step_00020" and part["why"] == "node 0 saw it complete"
     assert sorted(x.name for x in (p.dst / ".supervise-parts" / "step_00020" / "node-1").iterdir()) == SHARDS[3:]
