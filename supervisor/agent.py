@@ -298,8 +298,9 @@ class Agent:
     def time_left(self) -> float:
         """Seconds the remaining steps may take before the job is killed (inf if never)."""
         kill = self.kill()
-        return policy.time_left(end=self.end, kill=kill if kill != self.end else None, lead=self.lead,
-                                kill_wait=self.kill_wait, now=time.time())
+        t = self.trigger
+        return policy.time_left(end=self.end, kill=kill if kill != self.end else None, lead=self.lead, kill_wait=self.kill_wait,
+                                now=time.time(), signalled_for=time.monotonic() - t.at if t and t.signal in STOP_SIGNALS else None)
 
     def _set_state(self, new: State, **fields: Any) -> None:
         old, self.state = self.state, new

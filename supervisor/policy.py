@@ -109,13 +109,32 @@ def kill_fields(*, end: float | None, kill: float | None, kill_wait: float | Non
     return {"kill_in_s": round(kill - now, 3), "kill_by": "time-limit"}
 
 
-def time_left(*, end: float | None, kill: float | None, lead: float, kill_wait: float | None, now: float) -> float:
+STOP_BUDGET = 30.0  # seconds a signalled stop has when neither the end nor the kill delay is known (docs/slurm.md)
+
+
+def stop_budget(*, end: float | None, kill_wait: float | None, now: float) -> float:
+    """The time a stop started by a signal has (issue 22): until the known end; else the
+    scheduler's kill delay (Slurm ``KillWait``, PBS ``kill_delay``), since the signal that
+    asked us to stop is followed by SIGKILL that much later; else ``STOP_BUDGET``. A copier
+    hung on a stale mount must not keep ``end`` from being written."""
+    if end is not None:
+        return max(0.0, end - now)
+    return kill_wait if kill_wait is not None else STOP_BUDGET
+
+
+def time_left(*, end: float | None, kill: float | None, lead: float, kill_wait: float | None, now: float,
+              signalled_for: float | None = None) -> float:
     """Seconds the remaining steps may take before the job is killed (inf if never). A few
-    seconds are kept in hand for the journal's last lines; less when the window is short."""
+    seconds are kept in hand for the journal's last lines; less when the window is short.
+    ``signalled_for``: seconds since the signal that started the stop, if one did; then an
+    unknown end still leaves only ``stop_budget``."""
     if kill is not None and (end is None or kill < end):
         return max(0.0, kill - now - min(SAFETY, 0.2 * (kill_wait or 0.0)))
     if end is None:
-        return math.inf
+        if signalled_for is None:
+            return math.inf
+        budget = stop_budget(end=None, kill_wait=kill_wait, now=now)
+        return max(0.0, budget - signalled_for - min(SAFETY, 0.2 * budget))
     return max(0.0, end - now - min(SAFETY, 0.1 * lead))
 
 
