@@ -180,6 +180,22 @@ def is_requested(done_at: float | None, requested_at: float) -> bool:
     return done_at is not None and done_at >= requested_at
 
 
+Ident = tuple[str, int]  # a checkpoint's top-level name and inode (a rename keeps the inode)
+
+
+def started_after_request(ident: Ident | None, in_progress: frozenset[Ident]) -> bool:
+    """The answer to a checkpoint request is a checkpoint that *started* after it (issue 22):
+    never one already being written when it came (``in_progress``: the entries incomplete at
+    the request), under its name or, renamed into place (``tmp-checkpoint-N`` →
+    ``checkpoint-N``), its inode. A periodic save finishing just after the request is due
+    anyway and says nothing about the request. No identity (a multi-node part) is no evidence
+    against it."""
+    if ident is None:
+        return True
+    name, inode = ident
+    return all(name != n and inode != i for n, i in in_progress)
+
+
 def wants_checkpoint(reason: Reason) -> bool:
     return reason not in NO_CHECKPOINT
 

@@ -45,7 +45,7 @@ def _to_thread(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
 
 class PairEngine:
     def __init__(self, pair: SyncPair, backend: Backend, emit: Emit, *, every: float,
-                 retry_base: float, retry_cap: float, on_publish: Callable[[float | None], None],
+                 retry_base: float, retry_cap: float, on_publish: Callable[..., None],
                  writers: Callable[[], set[int]] | None = None) -> None:
         self.pair = pair
         # The training's processes on this node (None: not visible, e.g. a node agent).
@@ -290,6 +290,13 @@ class PairEngine:
             self._inodes = {n: sig[0] for n, sig in listing.sigs.items()}
         return listing
 
+    def in_progress(self) -> set[tuple[str, int]]:
+        """(name, inode) of each checkpoint being written now: none of them can answer a
+        request made now (policy.started_after_request). Blocking: scans the local side."""
+        pids = self.writers() if self.writers is not None else None
+        listing = self._scan(pids=pids)
+        return {(n, listing.sigs[n][0]) for n, e in listing.entries.items() if not e.complete and n in listing.sigs}
+
     def _torn_check(self, path: Path, snap: Snap) -> str | None:
         """``torn_file``, once per file version (it reads the file's tail)."""
         key = (str(path), tuple(snap.files.values()))
@@ -448,7 +455,7 @@ class PairEngine:
             lag = round(time.time() - e.done_at, 3) if e.done_at else None
             self.emit("publish", pair=p.name, checkpoint=e.name, trigger=trigger, files=len(e.snap.files),
                       bytes=e.snap.bytes, why=e.why, lag_s=lag)
-            self.on_publish(e.done_at)
+            self.on_publish(e.done_at, (e.name, again.sigs[e.name][0]) if e.name in again.sigs else None)
             return True
         self.emit("sync-deferred", pair=p.name, checkpoint=e.name,
                   reason=f"changed while being copied, {RECOPY_TRIES} times; trying again on the next pass")
