@@ -371,7 +371,7 @@ class PairEngine:
                     if e.name in listing.sigs:
                         self._sigs[e.name] = listing.sigs[e.name]
                     continue
-                if there is not None and self.ours is not None and e.name not in self.ours:
+                if there is not None and not self._owns(e.name):
                     self._refuse(e.name)
                     continue
             todo.append(e)
@@ -398,13 +398,19 @@ class PairEngine:
         if p.keep_local:
             await self._retain(listing)
 
-    def _refuse(self, name: str) -> None:
+    def _owns(self, name: str) -> bool:
+        """This run directory published ``name`` (a checkpoint, or a pointer or link, in this
+        attempt or an earlier one), whatever it has turned into since (a Lightning
+        ``last.ckpt`` link replaced by a regular file): it may replace it (issue 22)."""
+        return self.ours is None or name in self.ours or name in self.published or name in self.pointers_done
+
+    def _refuse(self, name: str, what: str = "checkpoint") -> None:
         """An entry of that name is on the persistent side and this run never published it
         (another run's, sharing the directory): it is never replaced. Journaled once; the
         local one stays pending, so ``end.not_durable`` and the report name it."""
         if name not in self.refused:
             self.refused.add(name)
-            self.emit("sync-refused", pair=self.pair.name, checkpoint=name,
+            self.emit("sync-refused", pair=self.pair.name, checkpoint=name, what=what,
                       why="on the persistent side already and not published by this run directory: not replaced")
 
     async def _publish(self, e: Entry, trigger: str, stats: CopyResult) -> bool:
@@ -471,6 +477,9 @@ class PairEngine:
             cur = listing.entries.get(target)
             if cur is not None and not self.published[target].same_content(cur.snap):
                 continue
+            if not self._owns(ptr.name) and await _to_thread(os.path.lexists, p.dst / ptr.name):
+                self._refuse(ptr.name, "pointer")  # another run's `latest` sharing the directory
+                continue
             if ptr.link:
                 wrote = await _to_thread(_fsops.write_link, p.dst / ptr.name, target)
             else:
@@ -494,7 +503,9 @@ class PairEngine:
             elif prev is None or not prev.same_content(e.snap):
                 out.append(f"{self.pair.name}: {e.name} (complete, not yet on persistent storage)")
         for ptr in listing.pointers.values():
-            if self.pointers_done.get(ptr.name) != ptr.content:
+            if ptr.name in self.refused:
+                out.append(f"{self.pair.name}: {ptr.name} (refused: another run's {ptr.name} is on persistent storage)")
+            elif self.pointers_done.get(ptr.name) != ptr.content:
                 out.append(f"{self.pair.name}: {ptr.name} ({'link' if ptr.link else 'pointer'} to "
                            f"{ptr.target or 'a missing checkpoint'})")
         for name in listing.outside:
