@@ -127,7 +127,7 @@ class Agent:
         tg.start_soon(self._guarded("deadline", self._deadline_watch))
         if self.plan.job.scheduler != "local":
             tg.start_soon(self._guarded("kill-wait", self._learn_kill_wait))
-        if cfg.hang_after:
+        if cfg.hang_after != 0.0:  # on by default: the learned bound alone (docs/slurm.md, "Hangs")
             tg.start_soon(self._guarded("hang", self._hang_watch))
         if self.mirror is not None:
             self.mirror.attach(self.journal.emit, writers=self.tree_pids)
@@ -281,8 +281,7 @@ class Agent:
                 self._request_stop(Trigger(Reason.HANG, f"idle for {format_duration(idle)}", at=time.monotonic()))
             return self.cfg.hang_action == "stop"
 
-        assert self.cfg.hang_after
-        await hang_watch(limit=self.cfg.hang_after, marks=marks, running=self.child_running, hang=hang, gaps=self.gaps)
+        await hang_watch(limit=self.cfg.hang_after, floor=self.cfg.hang_floor, marks=marks, running=self.child_running, hang=hang, gaps=self.gaps)
 
     # ------------------------------------------------------------------ time
 

@@ -335,22 +335,25 @@ def restart_in_place(status: int, *, restarts: int, max_restarts: int, faults: l
 
 HANG_FACTOR = 5.0   # a hang is this many times the longest normal gap between progress marks…
 HANG_MIN_GAPS = 5   # …once this attempt has seen this many gaps, or an earlier attempt taught one
-HANG_FLOOR = 10.0   # seconds: never quicker than this
 
 
-def hang_bound(hang_after: float, gaps: list[float], earlier: list[float]) -> tuple[float, float | None]:
+def hang_bound(hang_after: float | None, gaps: list[float], earlier: list[float],
+               floor: float) -> tuple[float, float | None]:
     """(seconds of no progress that make a hang, the learned part or None). Learned from the
     longest gap between progress marks (checkpoints, log growth, busy GPUs) of earlier attempts
     and, once it has ``HANG_MIN_GAPS``, of this one, smoothed (EWMA, oldest first), times
-    ``HANG_FACTOR``; ``hang_after`` is the upper bound (docs/slurm.md, "Hangs")."""
+    ``HANG_FACTOR``, never under ``floor`` (``hang_floor``); ``hang_after`` is the upper bound,
+    and with none (the default) nothing is a hang until progress marks were seen: a run that
+    logs rarely or checkpoints hourly is never stopped for it (docs/slurm.md, "Hangs")."""
+    limit = math.inf if hang_after is None else hang_after
     longest = [*earlier, max(gaps)] if len(gaps) >= HANG_MIN_GAPS else list(earlier)
     if not longest:
-        return hang_after, None
+        return limit, None
     s = longest[0]
     for v in longest[1:]:
         s = 0.5 * v + 0.5 * s
     learned = HANG_FACTOR * s
-    return min(hang_after, max(HANG_FLOOR, learned)), round(learned, 3)
+    return min(limit, max(floor, learned)), round(learned, 3)
 
 
 GATE_HELD = 256 * 2**20  # bytes: GPU memory still in use after a crash beyond this fails the health gate
