@@ -1,0 +1,110 @@
+"""Issue 22 under the test Slurm: which stop signal srun needs (item 4), the report's label of
+a scancel (item 8), and the warning lead ``supervise init`` writes for a short job (item 6)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.slurm.conftest import ACTIVE, Slurm, journal_events
+
+pytestmark = pytest.mark.slurm
+
+# A task that logs each signal (fsynced: SIGKILL may come next) and leaves on TERM or INT.
+TASK = textwrap.dedent("""
+    import os, signal, sys, time
+    fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    def write(text):
+        os.write(fd, f"{time.time():.3f} {text}\\n".encode()); os.fsync(fd)
+    def on(signum, frame):
+        write(f"signal {signal.Signals(signum).name}")
+        if signum in (signal.SIGTERM, signal.SIGINT):
+            write("exit"); sys.exit(0)
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGCONT):
+        signal.signal(s, on)
+    write(f"start {os.getpid()}")
+    while True:
+        time.sleep(0.1)
+""")
+
+
+def _env() -> dict[str, str]:
+    keep = {k: v for k, v in os.environ.items() if not k.startswith(("SUPERVISE_", "SLURM_"))}
+    return {**keep, "PYTHONPATH": str(ROOT)}
+
+
+def _finished(slurm: Slurm, job: str, timeout: float = 120) -> str:
+    return slurm.wait_for(lambda: (s := slurm.show(job).get("JobState")) not in ACTIVE and s, timeout,
+                          lambda: f"job {job} still {slurm.show(job).get('JobState')}")
+
+
+def _srun_job(slurm: Slurm, tmp: Path, *supervise_args: str) -> tuple[str, Path, Path]:
+    task, log, run = tmp / "task.py", tmp / "task.log", tmp / "run"
+    task.write_text(TASK)
+    script = (f"#!/bin/bash\n#SBATCH --time=10:00\n#SBATCH --output={tmp}/job-%j.out\n"
+              f"exec {sys.executable} -m supervisor --run-dir {run} --gpu-every 0 --grace 8s {' '.join(supervise_args)} "
+              f"-- srun --ntasks=1 {sys.executable} {task} {log}\n")
+    job = slurm.submit(script, "--ntasks=1", cwd=tmp, env=_env())
+    slurm.wait_for(lambda: log.exists() and "start" in log.read_text(), 120, "the srun task to start")
+    return job, log, run
+
+
+def _stop_child(run: Path) -> dict:
+    return next(e for e in journal_events(run) if e["kind"] == "stop-step" and e["step"] == "stop-child")
+
+
+def test_srun_is_stopped_with_int_twice_which_reaches_the_tasks(slurm: Slurm, tmp_path: Path) -> None:
+    """The srun profile (docs/launchers.md): INT twice within a second, which srun passes on
+    to its tasks as SIGINT; they leave within the grace: a clean stop, no SIGKILL."""
+    job, log, run = _srun_job(slurm, tmp_path)
+    slurm.cancel(job, "--signal=TERM", "--batch")  # to supervise alone, as a site's preemption does
+    _finished(slurm, job)
+    stop = _stop_child(run)
+    assert stop["signal"] == "SIGINT" and stop["sent_twice"], stop
+    assert stop["graceful"] and not stop["killed"], (stop, log.read_text())
+    assert "signal SIGINT" in log.read_text() and "exit" in log.read_text(), log.read_text()
+
+
+def test_term_to_srun_kills_the_tasks(slurm: Slurm, tmp_path: Path) -> None:
+    """Why not TERM (every profile's default): srun answers it with "forcing job termination",
+    and its tasks are SIGKILLed without ever seeing a signal they could save on."""
+    job, log, run = _srun_job(slurm, tmp_path, "--stop-signal", "TERM")
+    slurm.cancel(job, "--signal=TERM", "--batch")
+    _finished(slurm, job)
+    assert _stop_child(run)["signal"] == "SIGTERM"
+    text = log.read_text()
+    assert "signal" not in text and "exit" not in text, text
+
+
+def test_one_int_does_not_stop_srun(slurm: Slurm, tmp_path: Path) -> None:
+    """Why not INT (the old --help said so): srun takes one SIGINT as "report the tasks' state"
+    (twice within a second aborts); the tasks get nothing and the grace ends in SIGKILL."""
+    job, log, run = _srun_job(slurm, tmp_path, "--stop-signal", "INT")
+    slurm.cancel(job, "--signal=TERM", "--batch")
+    _finished(slurm, job)
+    stop = _stop_child(run)
+    assert stop["signal"] == "SIGINT", stop
+    assert "signal SIGINT" not in log.read_text(), log.read_text()
+    assert not stop["graceful"] or stop["killed"], stop  # srun outlived the grace
+
+
+def test_a_scancel_is_labelled_cancelled_in_the_stop_table(slurm: Slurm, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    script = (f"#!/bin/bash\n#SBATCH --time=10:00\n#SBATCH --output={tmp_path}/job-%j.out\n"
+              f"exec {sys.executable} -m supervisor --run-dir {run} --gpu-every 0 --grace 2s -- sleep 600\n")
+    job = slurm.submit(script, "--ntasks=1", cwd=tmp_path, env=_env())
+    slurm.wait_for(lambda: (run / "events.jsonl").exists() and any(e["kind"] == "spawn" for e in journal_events(run)),
+                   120, "the training to start")
+    slurm.cancel(job)
+    slurm.wait_for(lambda: any(e["kind"] == "end" for e in journal_events(run)), 60, "the end event")
+    assert [e["reason"] for e in journal_events(run) if e["kind"] == "end"] == ["cancelled"]
+    r = subprocess.run([sys.executable, "-m", "supervisor", "report", str(run)], capture_output=True, text=True,
+                       timeout=60, env={**_env(), "NO_COLOR": "1"})
+    stops = [line for line in r.stdout.splitlines() if line.startswith("  attempt 1 at ")]
+    assert stops and ": cancelled (" in stops[0], r.stdout
