@@ -108,3 +108,53 @@ def test_a_scancel_is_labelled_cancelled_in_the_stop_table(slurm: Slurm, tmp_pat
                        timeout=60, env={**_env(), "NO_COLOR": "1"})
     stops = [line for line in r.stdout.splitlines() if line.startswith("  attempt 1 at ")]
     assert stops and ": cancelled (" in stops[0], r.stdout
+
+
+# ---------------------------------------------------------------- item 6: the warning lead init writes
+
+def ends_text(events: list[dict]) -> str:
+    return "; ".join(f"{e['reason']} {e['t'] - events[0]['t']:.1f}s after start" for e in events if e["kind"] == "end")
+
+
+def _init(tmp: Path, time_limit: str, *command: str) -> str:
+    r = subprocess.run([sys.executable, "-m", "supervisor", "init", "--dir", str(tmp), "--scheduler", "slurm",
+                        "--launcher", "python", "--gpus", "0", "--time", time_limit, "--name", "short",
+                        "--local", str(tmp / "local"), "--persistent", str(tmp / "persistent"), "--", *command],
+                       cwd=tmp, env=_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return (tmp / "short.sbatch").read_text()
+
+
+@pytest.mark.parametrize(("limit", "lead"), [("2:00", 45), ("10", 150), ("1:00:00", 600), ("12:00:00", 600)])
+def test_init_scales_the_warning_lead_to_the_time_limit(tmp_path: Path, limit: str, lead: int) -> None:
+    script = _init(tmp_path, limit, "python", "train.py")
+    lines = [line for line in script.splitlines() if line.startswith("#SBATCH --signal=")]
+    assert len(lines) == 1 and lines[0].startswith(f"#SBATCH --signal=B:USR2@{lead} "), lines
+    if lead < 600:
+        assert "a quarter of the" in lines[0], lines[0]  # the written comment explains it
+    assert subprocess.run(["bash", "-n", str(tmp_path / "short.sbatch")]).returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("SUPERVISE_LONG"), reason="the long set: SUPERVISE_LONG=1")
+def test_a_two_minute_job_gets_its_warning_in_time(slurm: Slurm, tmp_path: Path) -> None:
+    """The script init writes for --time 2:00, run as written: Slurm's USR2 reaches supervise
+    before the end (it is the batch shell), and the stop ends the attempt before the time limit."""
+    _init(tmp_path, "2:00", sys.executable, str(ROOT / "tests" / "helpers" / "trainer.py"),
+          "$LOCAL_DIR/checkpoints", "--every", "100")
+    job = slurm.submit(tmp_path / "short.sbatch", "--cpus-per-task=1", "--ntasks-per-node=1", "--no-requeue",
+                       cwd=tmp_path, env=_env())
+    _finished(slurm, job, timeout=400)
+    run = tmp_path / "persistent" / f"supervise-{job}"
+    events = journal_events(run)
+    end_time = slurm.show(job).get("EndTime")
+    usr2 = [e for e in events if e["kind"] == "signal" and e["signal"] == "SIGUSR2"]
+    start = next(e for e in events if e["kind"] == "start")
+    assert usr2, f"no USR2 arrived: {[e['kind'] for e in events]} (end {end_time})"
+    came = usr2[0]["t"] - start["t"]
+    print(f"USR2 came {came:.1f}s after supervise started, {120 - came:.1f}s before the 2:00 limit; "
+          f"end {ends_text(events)}")
+    assert came < 120 - 10, "the warning came too late to stop cleanly"
+    ends = [e for e in events if e["kind"] == "end"]
+    assert ends and ends[0]["reason"] == "deadline", ends
+    assert ends[0]["not_durable"] == [], ends[0]
