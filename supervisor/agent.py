@@ -20,12 +20,12 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import anyio
 from anyio.abc import TaskGroup
 
-from supervisor import childenv, job as jobs, logs, policy
+from supervisor import childenv, job as jobs, logs, policy, suspects
 from supervisor._units import format_duration
 from supervisor.child import Child, SpawnError, quiet_stray_signals
 from supervisor.config import Config
 from supervisor.errors import root_cause
-from supervisor.health import Faults
+from supervisor.health import Faults, this_node
 from supervisor.journal import Journal
 from supervisor.plan import Plan, job_label, make_plan, start_fields
 from supervisor.parts import guarded, reap_orphans
@@ -307,6 +307,7 @@ class Agent:
 
     def _journal_start(self) -> None:
         self.journal.emit("start", durable=True, **start_fields(self.plan))
+        suspects.at_start(self.cfg.suspect_nodes, self.cfg.suspect_nodes_ttl, this_node(self.plan.env), self.journal.emit)
         log.info("run directory %s, attempt %d", self.plan.run_dir, self.plan.attempt)
 
     def status(self) -> int:

@@ -35,7 +35,7 @@ subcommands:
   run (default)   supervise COMMAND (everything after --)
   check           validate the options and show what supervise sees here; starts nothing
   env             the job as supervise sees it: scheduler, nodes, GPUs, launcher
-  report RUN_DIR  what happened in a run, and what to change
+  report RUN_DIR  what happened in a run, and what to change; report DIR… (many runs): where the GPU-hours went
   init            write a job script and config for this cluster: supervise init -- torchrun … train.py
   node-agent      multi-node jobs: mirror this node's part of each checkpoint (one per node;
                   see docs/sync.md)
@@ -122,10 +122,21 @@ def _pair_options(g: argparse._ArgumentGroup) -> None:
 def _parser(sub: str) -> _Parser:
     prog = "supervise" if sub == "run" else f"supervise {sub}"
     if sub == "report":
-        p = _Parser(prog=prog, allow_abbrev=False, description="What happened in a run directory, and what to change.")
-        p.add_argument("run_dir", metavar="RUN_DIR")
+        p = _Parser(prog=prog, allow_abbrev=False,
+                    description="What happened in a run directory, and what to change. Several paths, a folder of "
+                                "run directories or a glob: one row per run, totals, badput by cause and the nodes "
+                                "implicated in failures (docs/report.md, \"The fleet view\").")
+        p.add_argument("paths", metavar="RUN_DIR", nargs="+", help="a run directory, or folders and globs of them")
         p.add_argument("--json", action="store_true", help="the same facts as JSON")
         p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report with plots")
+        p.add_argument("--since", metavar="WHEN", help="many runs: only runs active since then (7d, 12h, 2026-11-20)")
+        p.add_argument("--state", metavar="STATE", action="append", default=[],
+                       help="many runs: only runs in this state (finished, failed, requeued, stopped, cancelled, "
+                            "running, killed, local-only, corrupt, unreadable, partial); repeatable or comma-separated")
+        p.add_argument("--sort", metavar="KEY", help="many runs: start (default), lost, ettr, wall, gpu-hours, attempts, "
+                                                     "state, name")
+        p.add_argument("--jobs", metavar="N", type=_jobs, help="many runs: worker processes reading them (default: "
+                                                               "the CPUs this process may use, at most 8)")
         return p
     if sub == "node-agent":
         return _node_agent_parser()
@@ -344,12 +355,23 @@ def _env(ns: argparse.Namespace, command: list[str]) -> int:
     return 0
 
 
+def _jobs(v: str) -> int:
+    if not v.isdigit() or not 1 <= int(v) <= 256:
+        raise argparse.ArgumentTypeError("expected a number of processes from 1 to 256")
+    return int(v)
+
+
 def _report(ns: argparse.Namespace) -> int:
     try:
         from supervisor import report
     except ImportError:
         raise UsageError("supervise report is not available in this build") from None
-    return report.main(Path(ns.run_dir), as_json=ns.json, html=Path(ns.html) if ns.html else None)
+    html = Path(ns.html) if ns.html else None
+    many = ns.since is not None or ns.state or ns.sort is not None or ns.jobs is not None
+    if len(ns.paths) == 1 and not many and report.is_one_run(ns.paths[0]):
+        return report.main(Path(ns.paths[0]), as_json=ns.json, html=html)
+    return report.main_many(ns.paths, as_json=ns.json, html=html, since=ns.since, states=ns.state,
+                            sort=ns.sort or "start", jobs=ns.jobs)
 
 
 def entry() -> None:

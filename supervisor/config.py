@@ -89,10 +89,6 @@ def _warn_before(v: Any) -> float | None:
         raise ValueError("a duration such as 5m, or auto") from None
 
 
-def _signal(v: Any) -> signal.Signals:
-    return parse_signal(v)
-
-
 def _opt_signal(v: Any) -> signal.Signals | None:
     if isinstance(v, str) and v.strip().lower() in ("", "auto", "default", "none", "off"):
         return None
@@ -216,6 +212,10 @@ def _run_dir(v: Any) -> Path:
     return _path(v)
 
 
+def _opt_path(v: Any) -> Path | None:
+    return None if v in (None, "", "none", "off") else _path(v)
+
+
 def _nodes(v: Any) -> int:
     """How many nodes write parts of each checkpoint: a count, or ``auto`` (0 here; the job's
     node count once the environment is known, in ``build_config``)."""
@@ -293,6 +293,10 @@ KEYS: tuple[Key, ...] = (
     Key("hang_floor", _positive_duration, 600.0, "the learned hang bound is never shorter than this", "DURATION",
         _G_END, "10m"),
     Key("hang_action", _choice("report", "stop"), "report", "report or stop", "ACTION", _G_END),
+    Key("suspect_nodes", _opt_path, None, "a node list shared by the project's jobs (on persistent storage): a suspect "
+        "node is added, and requeues leave out the nodes it lists (docs/slurm.md)", "FILE", _G_END),
+    Key("suspect_nodes_ttl", _positive_duration, 86400.0, "how long an entry of the suspect-node list holds",
+        "DURATION", _G_END, "24h"),
     Key("notify", _urls, (), "webhook to tell of start, warning, preemption, requeue, end; repeatable (never logged)",
         "URL", _G_NOTIFY, "none"),
     Key("notify_format", _choice("json", "slack", "teams", "ntfy"), "json", "json, slack, teams or ntfy", "FORMAT", _G_NOTIFY),
@@ -346,6 +350,8 @@ class Config:
     hang_after: float | None = DEFAULT["hang_after"]  # None: learned alone; 0.0: off
     hang_floor: float = DEFAULT["hang_floor"]
     hang_action: str = DEFAULT["hang_action"]
+    suspect_nodes: Path | None = DEFAULT["suspect_nodes"]
+    suspect_nodes_ttl: float = DEFAULT["suspect_nodes_ttl"]
     # notifications (URLs are secrets: never logged)
     notify: tuple[str, ...] = DEFAULT["notify"]
     notify_format: str = DEFAULT["notify_format"]

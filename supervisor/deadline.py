@@ -60,15 +60,6 @@ def warning_time(end: float, lead: float) -> float:
     return end - max(0.0, lead)
 
 
-def percentile(values: Iterable[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of a non-empty collection."""
-    ordered = sorted(values)
-    if not ordered:
-        raise ValueError("percentile of nothing")
-    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
-    return ordered[rank - 1]
-
-
 def _seconds(ev: dict[str, Any]) -> float | None:
     try:
         s = float(ev.get("seconds"))  # type: ignore[arg-type]

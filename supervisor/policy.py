@@ -237,7 +237,6 @@ def exit_status(child_status: int | None, trigger: Trigger, *, clean_status: int
 
 NEAR_END = 300.0  # a checkpoint signal this close to a known end means "the end is near" (docs/slurm.md)
 PERIODIC_TOLERANCE = 0.15  # share of the save period within which a save is "the next periodic one"
-CLEAN_STOP = "stopped-cleanly"  # the exit status's meaning when supervise stopped the training and all went right
 
 
 def signal_action(sig: signal.Signals, *, warn_signal: signal.Signals | None, checkpoint_signal: signal.Signals,
@@ -273,9 +272,10 @@ def answered_request(saves: list[float], asked_at: float, done_at: float | None)
 
 
 def stopped_cleanly(reason: Reason, steps: dict[str, dict[str, object]]) -> bool:
-    """supervise stopped the training for a deadline, a preemption or a hang, the requested
-    checkpoint is durable, the flushes finished, and every process ended within the grace
-    (no SIGKILL). A stop without a requested checkpoint (Ctrl-C, scancel) keeps the child's status."""
+    """supervise stopped the training for a deadline or a preemption, the requested checkpoint is
+    durable, the flushes finished, and every process ended within the grace (no SIGKILL). A stop
+    without a requested checkpoint (Ctrl-C, scancel, a hang: a hung training cannot save) keeps the
+    child's status."""
     if reason in NO_CHECKPOINT or reason == Reason.ERROR:
         return False
     cp, stop = steps.get("checkpoint", {}), steps.get("stop-child", {})

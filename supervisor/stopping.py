@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import anyio
 
-from supervisor import childenv, job as jobs, policy, stacks
+from supervisor import childenv, job as jobs, policy, stacks, suspects
 from supervisor._units import format_duration
 from supervisor.child import exit_status
 from supervisor.health import this_node
@@ -316,6 +316,12 @@ class StopSequence:
         trigger = run.trigger
         assert trigger is not None
         job = run.plan.job
+        suspect, node = policy.exclude_node(trigger.reason, run.faults.reasons), this_node(run.plan.env)
+        listed: list[str] = []
+        with anyio.move_on_after(suspects.BOUND_S):  # the shared list on a hung file system never holds the stop
+            listed = await anyio.to_thread.run_sync(partial(  # this node added, the others read
+                suspects.on_requeue, cfg.suspect_nodes, cfg.suspect_nodes_ttl, node, suspect, run.journal.emit,
+                job_id=job.job_id, run_dir=str(run.plan.run_dir)), abandon_on_cancel=True)
         wanted, why = policy.requeue_decision(trigger.reason, requeue=cfg.requeue, on_failure=cfg.requeue_on_failure,
                                               scheduler=job.scheduler, already=run.requeued_by_scheduler,
                                               restart_count=job.restart_count, max_requeues=cfg.max_requeues,
@@ -347,10 +353,14 @@ class StopSequence:
         ok, message = await jobs.requeue(job, timeout=min(60.0, max(5.0, run.time_left())), report=log.warning)
         log.info("requeue: %s", message)
         result: dict[str, Any] = {"requeued": ok, "message": message, "restart_count": job.restart_count}
-        suspect = policy.exclude_node(trigger.reason, run.faults.reasons)
-        if ok and suspect:  # after the requeue: Slurm changes ExcNodeList only on a pending job
-            node = this_node(run.plan.env)
-            done, text = await jobs.exclude_nodes(job, [node], timeout=EXCLUDE_BOUND, report=log.warning)
-            log.warning("node %s is suspect (%s): %s", node, "; ".join(suspect), "excluded" if done else text)
-            result.update(excluded=[node] if done else [], suspect=suspect, exclude_message=text)
+        nodes = list(dict.fromkeys(([node] if suspect else []) + listed))
+        if ok and nodes:  # after the requeue: Slurm changes ExcNodeList only on a pending job
+            done, text = await jobs.exclude_nodes(job, nodes, timeout=EXCLUDE_BOUND, report=log.warning)
+            if suspect:
+                log.warning("node %s is suspect (%s): %s", node, "; ".join(suspect), "excluded" if done else text)
+            if listed:
+                log.warning("nodes on the shared suspect-node list: %s: %s", ", ".join(listed), "excluded" if done else text)
+            result.update(excluded=nodes if done else [], suspect=suspect, exclude_message=text)
+            if listed:
+                result["listed"] = listed
         return result

@@ -18,16 +18,34 @@ HELPERS = ROOT / "tests" / "helpers"
 RECORDER = HELPERS / "recorder.py"
 
 
-def wait_for(cond: Callable[[], object], timeout: float = 20.0, interval: float = 0.02, what: str = "condition") -> object:
-    """Poll ``cond`` until it returns something truthy; fail after ``timeout`` seconds."""
+def wait_for(cond: Callable[[], object], timeout: float = 20.0, what: str | Callable[[], str] = "condition", *,
+             interval: float = 0.02, error: type[Exception] = AssertionError) -> object:
+    """Poll ``cond`` until it returns something truthy, and return that; after ``timeout`` seconds
+    raise ``error`` naming ``what`` (a callable is asked then, to say what was seen). The one
+    polling helper of the tests: a test waits for a condition, never for a guessed time."""
     deadline = time.monotonic() + timeout
     while True:
         value = cond()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise error(f"timed out after {timeout:g}s waiting for {what() if callable(what) else what}")
         time.sleep(interval)
+
+
+async def wait_for_async(cond: Callable[[], object], timeout: float = 20.0, what: str | Callable[[], str] = "condition",
+                         *, interval: float = 0.02) -> object:
+    """``wait_for`` inside an event loop: the same bound and message, sleeping with anyio."""
+    import anyio
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what() if callable(what) else what}")
+        await anyio.sleep(interval)
 
 
 def supervise_argv(*args: str) -> list[str]:
@@ -84,6 +102,32 @@ def reaper():
             pass
 
 
+# Under pytest-xdist (scripts/test.sh runs `-n 3 --dist loadgroup`), the tests that share one
+# expensive, stateful thing run on one worker, one after another: every user of the session's
+# Slurm cluster (one cluster, not one per worker), and each module whose tests share a
+# module-scoped fixture (built once, not once per worker). Everything else is spread test by test.
+SERIAL_FIXTURES = {"slurm": "slurm", "multinode": "multinode"}
+
+
+def pytest_collection_modifyitems(config, items):  # noqa: ANN001, ANN201
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        group = next((g for f, g in SERIAL_FIXTURES.items() if f in names), None)
+        if group is None and _module_fixtures(item) & names:
+            group = item.nodeid.split("::", 1)[0]
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _module_fixtures(item) -> set[str]:  # noqa: ANN001
+    """Names of the fixtures with a module or package scope that this item's module can see."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return set()
+    return {name for name, defs in info.name2fixturedefs.items()
+            if defs and defs[-1].scope in ("module", "package")}
+
+
 # In CI every component is installed, so a skip means something is broken: fail it.
 # Only skips that no CI machine can satisfy (a real GPU) stay skips. Horovod is built by
 # scripts/setup.sh (scripts/build-horovod.sh), so a Horovod skip fails in CI too.
@@ -115,7 +159,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """After a whole, green run: every kind and notification documented in docs/ was produced by a
     real `supervise` in some test, and nothing undocumented was (read from every run directory the
     tests left under pytest's base temp directory)."""
-    if exitstatus != 0 or not _whole_run(session.config) or os.environ.get("PYTEST_XDIST_WORKER"):
+    if (exitstatus != 0 or not _whole_run(session.config) or os.environ.get("PYTEST_XDIST_WORKER")
+            or session.config.option.collectonly):
         return
     from tests.test_contract import NOT_END_TO_END, documented
 

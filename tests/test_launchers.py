@@ -20,6 +20,7 @@ import pytest
 
 from supervisor import proctree
 from supervisor.launchers import PROFILES, catches, detect, unwrap
+from tests.conftest import wait_for
 
 RANKS = Path(__file__).parent / "ranks"
 REPO = Path(__file__).resolve().parent.parent
@@ -129,16 +130,6 @@ def test_child_env_fits_inside_our_grace() -> None:
 
 
 # --- helpers for the real-process tests ---
-
-def wait_for(cond: Callable[[], object], timeout: float, what: str) -> object:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
 
 def ready_pids(out: Path) -> dict[int, str]:
     return {int(p.name.split(".")[1]): p.read_text() for p in out.glob("ready.*")}

@@ -9,7 +9,8 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Callable
+
+from tests.conftest import wait_for
 
 
 PY = sys.executable
@@ -21,16 +22,6 @@ def child(code: str, tmp_path: Path, **env: str) -> subprocess.Popen[str]:
     full.update(env)
     return subprocess.Popen([PY, "-c", textwrap.dedent(code), str(tmp_path)], env=full,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def wait_for(cond: Callable[[], object], timeout: float, what: str) -> object:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def finish(p: subprocess.Popen[str], timeout: float = 20) -> tuple[int, str]:

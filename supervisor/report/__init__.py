@@ -1,4 +1,6 @@
 """``supervise report RUN_DIR [--json] [--html FILE]``: the story of a run, after the job.
+``supervise report DIR…`` (several paths, a folder of run directories, a glob): the fleet
+view, one row per run (``main_many``, ``_fleet``).
 
 Reads only the run directory (``events.jsonl``, ``gpu.csv``, ``host.csv``), never the live
 process, so it works on a finished run, a requeued one, a run still in progress and a
@@ -10,51 +12,15 @@ library is imported only for ``--html``, so the agent stays light to import.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Sequence
 
-from supervisor.journal import EVENTS_FILE
-from supervisor.report._facts import Facts, build
-from supervisor.report._load import RunData, load
-from supervisor.report._notes import notes
+from supervisor.report._run import ReportError, facts_of, to_json
 
-__all__ = ["main", "facts_of", "to_json"]
-
-
-class ReportError(Exception):
-    """A run directory that cannot be reported on: one line for stderr, exit status 2."""
-
-
-def facts_of(run_dir: Path) -> tuple[Facts, RunData]:
-    """Read ``run_dir`` and derive every fact and note from it."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise ReportError(f"{run_dir}: no such run directory")
-    events = run_dir / EVENTS_FILE
-    if not events.is_file():
-        raise ReportError(f"{run_dir}: no {EVENTS_FILE} here, so not a supervise run directory")
-    if not os.access(events, os.R_OK):
-        raise ReportError(f"{events}: not readable")
-    try:
-        data = load(run_dir)
-    except OSError as e:
-        raise ReportError(f"{run_dir}: cannot read it: {e.strerror or e}") from None
-    try:
-        f = build(data)
-        f.notes = notes(f)
-    except (TypeError, ValueError, KeyError, AttributeError, OverflowError, ZeroDivisionError, IndexError) as e:
-        # Events are typed on loading; a value that still does not fit (a hand-edited journal)
-        # is one line, never a traceback.
-        raise ReportError(f"{events}: an event the report cannot read ({type(e).__name__}: {e})") from None
-    return f, data
-
-
-def to_json(f: Facts) -> dict[str, Any]:
-    return {"schema": 1, **dataclasses.asdict(f)}
+__all__ = ["main", "main_many", "facts_of", "to_json", "ReportError"]
 
 
 def main(run_dir: Path, *, as_json: bool = False, html: Path | None = None) -> int:
@@ -81,6 +47,62 @@ def main(run_dir: Path, *, as_json: bool = False, html: Path | None = None) -> i
 
         colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
         sys.stdout.write(render(f, colour=colour))
+        if html is not None:
+            print(f"HTML report: {html}")
+    return 0
+
+
+def is_one_run(path: str) -> bool:
+    """Does ``supervise report PATH`` mean today's single-run report? Yes for a run directory,
+    and for a path that is none and holds none (the single-run report says why, exit 2); a
+    folder with run directories below it, or a glob, is the fleet view."""
+    from supervisor.report import _fleet
+
+    p = Path(path)
+    if _fleet.has_magic(path):
+        return False
+    if not p.is_dir() or (p / "events.jsonl").exists():
+        return True
+    found, _ = _fleet.discover([path])
+    return not found
+
+
+def main_many(paths: Sequence[str], *, as_json: bool = False, html: Path | None = None, since: str | None = None,
+              states: Sequence[str] = (), sort: str = "start", jobs: int | None = None) -> int:
+    """``supervise report DIR…`` over many run directories (``_fleet``): 0 on success, 2 with one
+    line on stderr for a bad option or an HTML file that cannot be written. A run directory that
+    cannot be read is a row that says so, never a failure of the whole report."""
+    from supervisor.report import _fleet
+
+    if sort not in _fleet.SORTS:
+        print(f"supervise report: --sort {sort}: expected one of {', '.join(sorted(_fleet.SORTS))}", file=sys.stderr)
+        return 2
+    try:
+        cutoff = _fleet.parse_since(since) if since is not None else None
+    except ValueError as e:
+        print(f"supervise report: --since {since}: expected {e}", file=sys.stderr)
+        return 2
+    doc = _fleet.collect(paths, since=cutoff, states=[s for v in states for s in v.split(",")], sort=sort, jobs=jobs)
+    if html is not None:
+        try:
+            from supervisor.report._fleet_html import write_fleet_html  # plotly is needed only here
+
+            write_fleet_html(doc, Path(html))
+        except ImportError as e:
+            print(f"supervise report: --html needs the plotting library: pip install 'supervise-hpc[report]' ({e})",
+                  file=sys.stderr)
+            return 2
+        except OSError as e:
+            print(f"supervise report: cannot write {html}: {e.strerror or e}", file=sys.stderr)
+            return 2
+    if as_json:
+        sys.stdout.write(json.dumps(doc, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
+    else:
+        import shutil
+
+        colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+        width = shutil.get_terminal_size((160, 24)).columns if sys.stdout.isatty() else 160
+        sys.stdout.write(_fleet.render(doc, colour=colour, width=width))
         if html is not None:
             print(f"HTML report: {html}")
     return 0

@@ -18,6 +18,7 @@ from supervisor.report._load import GpuAcc, RunData
 FAILED = {"child-failed", "spawn-failed", "supervisor-error", "hang"}
 EARLY = {"deadline", "preempted"}  # the work is not done; a next attempt resumes it
 LEARNED_STEPS = ("checkpoint", "flush")  # the steps --warn-before must leave time for
+GPU_KINDS = frozenset({"gpu-start", "gpu-end", "gpu-xid", "gpu-lost"})  # the events _gpu reads
 THROTTLE_REASONS = ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
 
 
@@ -197,6 +198,7 @@ def build(data: RunData) -> Facts:
     stops = [s for n, evs in sorted(by_attempt.items()) for s in _stops(n, evs)]
     first_start = next((e for e in events if e.get("kind") == "start"), {})
     checkpoints = _checkpoints(events, attempts)
+    gpu_events = [e for e in events if e.get("kind") in GPU_KINDS]  # _gpu's, once, not once per GPU
     for r in checkpoints.restores:
         for a in attempts:
             if a.number == r.attempt and r.checkpoint:
@@ -208,7 +210,7 @@ def build(data: RunData) -> Facts:
         attempts=attempts,
         stops=stops,
         checkpoints=checkpoints,
-        gpus=[_gpu(g, events, {a.number: a.host for a in attempts}) for g in data.gpus],
+        gpus=[_gpu(g, gpu_events, {a.number: a.host for a in attempts}) for g in data.gpus],
         gpu_none=_gpu_none(attempts),
         goodput=goodput(events, len(data.gpus)),
         host=_host(data, first_start),

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import csv
 import math
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -213,25 +215,40 @@ def _well_formed(e: dict[str, Any]) -> bool:
             and isinstance(e.get("kind"), str))
 
 
+def _field_ok(k: str, v: Any) -> bool:
+    if v is None:
+        return True
+    if k in _STR_FIELDS:
+        return isinstance(v, str)
+    if k in _NUM_FIELDS:
+        return _finite(v)
+    if k in _INT_FIELDS:
+        return isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**63
+    if k in _LIST_FIELDS:
+        return isinstance(v, list)
+    if k in _BOOL_FIELDS:
+        return isinstance(v, bool)
+    if k == "scheduler_env":
+        return isinstance(v, dict)
+    return not isinstance(v, float) or _finite(v)
+
+
+_CHECKED = _STR_FIELDS | _NUM_FIELDS | _INT_FIELDS | _LIST_FIELDS | _BOOL_FIELDS | {"scheduler_env"}
+
+
 def _typed(e: dict[str, Any]) -> dict[str, Any]:
-    """``e`` without the fields whose type is not the one the report reads."""
-    def ok(k: str, v: Any) -> bool:
-        if v is None:
-            return True
-        if k in _STR_FIELDS:
-            return isinstance(v, str)
-        if k in _NUM_FIELDS:
-            return _finite(v)
-        if k in _INT_FIELDS:
-            return isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**63
-        if k in _LIST_FIELDS:
-            return isinstance(v, list)
-        if k in _BOOL_FIELDS:
-            return isinstance(v, bool)
-        if k == "scheduler_env":
-            return isinstance(v, dict)
-        return not isinstance(v, float) or _finite(v)
-    return {k: v for k, v in e.items() if ok(k, v)}
+    """``e`` without the fields whose type is not the one the report reads. Most events have
+    none: they are returned as they are, checked without a call per field (the fleet view
+    reads a thousand journals)."""
+    for k, v in e.items():
+        if k in _CHECKED:
+            if v is not None and not _field_ok(k, v):
+                break
+        elif type(v) is float and not (v - v == 0 and abs(v) < 1e300):
+            break
+    else:
+        return e
+    return {k: v for k, v in e.items() if _field_ok(k, v)}
 
 
 def _f(cell: str) -> float | None:
@@ -258,9 +275,12 @@ def _rows(path: Path) -> Iterator[tuple[dict[str, int], list[str]]]:
             yield cols, row
 
 
-def load(run_dir: Path, *, buckets: int = BUCKETS) -> RunData:
-    """Read the journal and stream the sample files of ``run_dir``."""
+def load(run_dir: Path, *, buckets: int = BUCKETS, samples: bool = True) -> RunData:
+    """Read the journal and stream the sample files of ``run_dir`` (``samples=False``: only the
+    GPUs' indices from the head of ``gpu.csv``, for the fleet view)."""
     journal = read_journal(run_dir / EVENTS_FILE)
+    if not samples:
+        buckets = 1  # no plots: no time buckets to hold
     good = [_typed(e) for e in journal.events if _well_formed(e)]
     malformed = len(journal.events) - len(good)
     journal.events = good
@@ -269,6 +289,10 @@ def load(run_dir: Path, *, buckets: int = BUCKETS) -> RunData:
     every = max((float(e.get("every") or 0) for e in journal.events if e.get("kind") == "gpu-start"), default=0.0)
     grid = Grid(t0, (t1 - t0) / buckets, buckets)
     data = RunData(run_dir, journal, grid, [], None, malformed_events=malformed)
+    if not samples:
+        if (run_dir / GPU_FILE).exists():
+            data.gpus = [GpuAcc(i, uuid, grid, [uuid]) for i, uuid in sorted(gpu_indices(run_dir / GPU_FILE).items())]
+        return data
     if (run_dir / GPU_FILE).exists():
         _scan_gpu(run_dir / GPU_FILE, data, every or 10.0, times_known=bool(times))
     if (run_dir / HOST_FILE).exists():
@@ -278,6 +302,40 @@ def load(run_dir: Path, *, buckets: int = BUCKETS) -> RunData:
 
 GPU_FIELDS = ("time", "gpu", "uuid", "util_gpu_pct", "mem_used_mib", "mem_total_mib", "proc_mem_mib", "power_w",
               "temp_c", "energy_j", "clock_events")
+
+
+HEAD_BYTES = 64 * 1024  # far more than one sampling round of any node's GPUs
+
+
+def gpu_indices(path: Path) -> dict[int, str]:
+    """GPU index → UUID from the head of ``gpu.csv``: the sampler writes every GPU in each round,
+    so the first round names them all; reading stops when an index comes again."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO planted there never blocks
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return {}
+        head = f.read(HEAD_BYTES)
+    lines = head.decode("utf-8", "replace").split("\n")
+    if len(head) == HEAD_BYTES:
+        lines = lines[:-1]  # cut in the middle
+    out: dict[int, str] = {}
+    cols: dict[str, int] = {}
+    for row in csv.reader(lines):
+        if not row:
+            continue
+        if "gpu" in row and "time" in row:
+            cols = {name: i for i, name in enumerate(row)}
+            continue
+        try:
+            index = int(row[cols["gpu"]])
+            float(row[cols["time"]])
+        except (KeyError, ValueError, IndexError):
+            continue
+        if index in out:
+            break  # the next round
+        u = cols.get("uuid")
+        out[index] = row[u] if u is not None and u < len(row) else ""
+    return out
 
 
 def _scan_gpu(path: Path, data: RunData, every: float, *, times_known: bool) -> None:
@@ -396,6 +454,3 @@ def _scan_host(path: Path, data: RunData, *, times_known: bool) -> None:
             h.node_avail_min = avail if h.node_avail_min is None else min(h.node_avail_min, avail)
     data.host = h if h.samples else None
 
-
-def event_kinds(events: list[dict[str, Any]], *kinds: str) -> list[dict[str, Any]]:
-    return [e for e in events if e.get("kind") in kinds]

@@ -254,11 +254,6 @@ class Mirror:
         for eng in self._engines:
             eng.trigger(f"request:{reason}")
 
-    async def wait_published(self, after: int) -> None:
-        """Return once ``published > after``; the caller bounds the wait with a cancel scope."""
-        while self._published <= after:
-            await self._published_event.wait()
-
     async def in_progress(self) -> frozenset[tuple[str, int]]:
         """Checkpoints being written now, in every single-node checkpoint pair (the stop
         sequence takes this at its request: none of them answers it)."""

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from supervisor.journal import read_journal
+from tests.conftest import wait_for
 from tests.sync._util import problems as ckpt_problems
 
 STAGING_PREFIX = ".supervise-staging-"  # what the mirror names its staging entries on the destination
@@ -241,14 +242,7 @@ class TrialError(Exception):
 
 
 def poll(cond: Callable[[], Any], what: str, timeout: float = STEP_BOUND, interval: float = 0.01) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TrialError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(interval)
+    return wait_for(cond, timeout, what, interval=interval, error=TrialError)
 
 
 def sig(name: str) -> signal.Signals:

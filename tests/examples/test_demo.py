@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 from pathlib import Path
@@ -10,6 +9,8 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch")
+
+from supervisor.journal import read_journal  # noqa: E402
 
 from ._util import REPO, checkpoint_digest, clean_env, train  # noqa: E402
 
@@ -19,13 +20,7 @@ STEPS = 60
 
 
 def _events(run_dir: Path) -> list[dict]:
-    out = []
-    for line in (run_dir / "events.jsonl").read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass
-    return out
+    return read_journal(run_dir).events
 
 
 def test_demo_preempts_resumes_and_matches_an_uninterrupted_run(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from supervisor.proctree import descendants
+from tests.conftest import wait_for_async
 
 
 class Events:
@@ -41,11 +42,7 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 
 async def wait_for(cond: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
     """Poll ``cond`` until true; fail after a generous ``timeout``."""
-    import anyio
-
-    with anyio.fail_after(timeout):
-        while not cond():
-            await anyio.sleep(0.02)
+    await wait_for_async(cond, timeout, what)
 
 
 @pytest.fixture

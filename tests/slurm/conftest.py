@@ -9,7 +9,6 @@ on a bare machine. Helpers poll with generous bounds; nothing sleeps and hopes.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import re
@@ -21,6 +20,9 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import pytest
+
+from supervisor.journal import read_journal
+from tests.conftest import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 UP = REPO / "scripts" / "slurm-up.sh"
@@ -125,25 +127,17 @@ class Slurm:
     @staticmethod
     def wait_for_quietly(pred: Callable[[], object], timeout: float, every: float = 0.1) -> bool:
         """Poll ``pred`` for up to ``timeout`` seconds; whether it came true."""
-        deadline = time.monotonic() + timeout
-        while not pred():
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(every)
+        try:
+            wait_for(pred, timeout, interval=every)
+        except AssertionError:
+            return False
         return True
 
     @staticmethod
     def wait_for(pred: Callable[[], object], timeout: float, why: Callable[[], str] | str = "condition",
                  every: float = 0.2):
         """Poll ``pred`` until it returns something truthy; fail after ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = pred()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout:g}s: {why() if callable(why) else why}")
-            time.sleep(every)
+        return wait_for(pred, timeout, why, interval=every)
 
 
 @pytest.fixture(scope="session")
@@ -172,13 +166,7 @@ def slurm() -> Iterator[Slurm]:
 
 def journal_events(run_dir: Path) -> list[dict]:
     """events.jsonl as dicts; a torn last line (a SIGKILLed writer) is left out."""
-    out = []
-    for line in (run_dir / "events.jsonl").read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass
-    return out
+    return read_journal(run_dir).events
 
 
 def model_digest(step_dir: Path) -> str:

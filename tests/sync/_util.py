@@ -12,6 +12,7 @@ from typing import AsyncIterator, Callable
 import anyio
 
 from supervisor.sync import Mirror
+from tests.conftest import wait_for_async
 
 SHARD = "shard_{}.bin"
 
@@ -107,12 +108,7 @@ def _incomplete(d: Path, style: str, shards: int, size: int) -> list[str]:
 
 async def poll(cond: Callable[[], object], timeout: float = 20.0, interval: float = 0.02, what: str = "") -> None:
     """Wait for ``cond()`` to hold, failing after a generous bound instead of sleeping and hoping."""
-    try:
-        with anyio.fail_after(timeout):
-            while not cond():
-                await anyio.sleep(interval)
-    except TimeoutError:
-        raise AssertionError(f"timed out after {timeout}s waiting for {what or cond}") from None
+    await wait_for_async(cond, timeout, what or str(cond), interval=interval)
 
 
 @asynccontextmanager
