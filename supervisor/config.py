@@ -256,7 +256,7 @@ KEYS: tuple[Key, ...] = (
         "storage", "DIR", shown="./supervise-$SLURM_JOB_ID, or a new timestamped directory"),
     Key("grace", _duration, 30.0, "stop signal → SIGKILL of every process the command started", "DURATION", _G_CHILD, "30s"),
     Key("stop_signal", _opt_signal, None, "what stops the command politely", "SIG", _G_CHILD,
-        "the launcher's own: INT twice for srun, TERM otherwise; a plain process gets the stop signal supervise got"),
+        "the launcher's own: TERM (for srun to its tasks, through scancel --signal); a plain process gets the stop signal supervise got"),
     Key("forward", _choice(*FORWARD_POLICIES), "launcher", "where passed-on signals go: launcher (the launcher process) "
         "or group (its whole process group)", "POLICY", _G_CHILD),
     Key("launcher", _choice(*LAUNCHERS), "auto", "override launcher detection (" + ", ".join(LAUNCHERS) + ")", "NAME", _G_CHILD),

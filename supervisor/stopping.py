@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("supervise")
 EXCLUDE_BOUND = 4.0  # seconds for the node exclusion after the requeue (KillWait is 30 s by default, 5 in tests)
 REQUEST_SLACK = 0.02  # a file's mtime can trail the wall clock by a tick
-TWICE_GAP = 0.3  # seconds between the two stop signals of a launcher that wants them twice (srun: within 1 s)
 
 
 async def emergency_stop(child: Any, sig: int, grace: float) -> None:
@@ -245,15 +244,15 @@ class StopSequence:
         targets = None
         if child.returncode is None:
             targets = await anyio.to_thread.run_sync(launcher.stop_targets, child.pid)
-        twice = launcher.stop_twice and run.cfg.stop_signal is None and not already and targets is not None
-        if twice:  # srun: one INT only prints the tasks' state; a second within 1 s passes SIGINT on
-            assert targets is not None
-            child.send_to(set(targets.pids), sig, targets.route)
-            await anyio.sleep(TWICE_GAP)
+        steps = None  # srun: TERM to srun SIGKILLs its tasks; Slurm delivers it to them instead
+        if launcher.stop_steps and run.cfg.stop_signal is None and not already and targets is not None:
+            ok, text = await jobs.signal_steps(run.plan.job, sig, report=log.warning)
+            steps = {"ok": ok, "message": text}
         result = await child.stop(sig, grace, targets=set(targets.pids) if targets else None,
-                                  route=targets.route if targets else run.cfg.forward, already_signalled=already)
-        if twice:
-            result["sent_twice"] = True
+                                  route=targets.route if targets else run.cfg.forward,
+                                  already_signalled=already or bool(steps and steps["ok"]))
+        if steps is not None:
+            result["steps_signalled"] = steps
         if already:
             result["already_signalled"] = "the scheduler sent SIGTERM to every process of the job; not sent twice"
         with anyio.move_on_after(grace + 5):

@@ -58,7 +58,7 @@ class FakeLauncher:
     checkpoint_signal: signal.Signals = signal.SIGUSR1
     stop_signal: signal.Signals = signal.SIGTERM
     note: str = ""
-    stop_twice: bool = False
+    stop_steps: bool = False
 
     def child_env(self, grace: float) -> dict[str, str]:
         return {}
