@@ -127,7 +127,7 @@ class Agent:
         tg.start_soon(self._guarded("deadline", self._deadline_watch))
         if self.plan.job.scheduler != "local":
             tg.start_soon(self._guarded("kill-wait", self._learn_kill_wait))
-        if cfg.hang_after:
+        if cfg.hang_after != 0.0:  # on by default: the learned bound alone (docs/slurm.md, "Hangs")
             tg.start_soon(self._guarded("hang", self._hang_watch))
         if self.mirror is not None:
             self.mirror.attach(self.journal.emit, writers=self.tree_pids)
@@ -282,8 +282,7 @@ class Agent:
                 self._request_stop(Trigger(Reason.HANG, f"idle for {format_duration(idle)}", at=time.monotonic()))
             return self.cfg.hang_action == "stop"
 
-        assert self.cfg.hang_after
-        await hang_watch(limit=self.cfg.hang_after, marks=marks, running=self.child_running, hang=hang, gaps=self.gaps)
+        await hang_watch(limit=self.cfg.hang_after, floor=self.cfg.hang_floor, marks=marks, running=self.child_running, hang=hang, gaps=self.gaps)
 
     # ------------------------------------------------------------------ time
 
@@ -299,8 +298,9 @@ class Agent:
     def time_left(self) -> float:
         """Seconds the remaining steps may take before the job is killed (inf if never)."""
         kill = self.kill()
-        return policy.time_left(end=self.end, kill=kill if kill != self.end else None, lead=self.lead,
-                                kill_wait=self.kill_wait, now=time.time())
+        t = self.trigger
+        return policy.time_left(end=self.end, kill=kill if kill != self.end else None, lead=self.lead, kill_wait=self.kill_wait,
+                                now=time.time(), signalled_for=time.monotonic() - t.at if t and t.signal in STOP_SIGNALS else None)
 
     def _set_state(self, new: State, **fields: Any) -> None:
         old, self.state = self.state, new

@@ -73,6 +73,13 @@ def _opt_duration(v: Any) -> float | None:
     return seconds
 
 
+def _hang_after(v: Any) -> float | None:
+    """``auto`` (unset): the learned bound alone; ``off`` or 0: no hang watch (0.0)."""
+    if v in (None, "", "auto"):
+        return None
+    return _opt_duration(v) or 0.0
+
+
 def _warn_before(v: Any) -> float | None:
     if isinstance(v, str) and v.strip().lower() == "auto":
         return None
@@ -249,7 +256,7 @@ KEYS: tuple[Key, ...] = (
         "storage", "DIR", shown="./supervise-$SLURM_JOB_ID, or a new timestamped directory"),
     Key("grace", _duration, 30.0, "stop signal → SIGKILL of every process the command started", "DURATION", _G_CHILD, "30s"),
     Key("stop_signal", _opt_signal, None, "what stops the command politely", "SIG", _G_CHILD,
-        "the launcher's own: INT for srun, TERM otherwise; a plain process gets the stop signal supervise got"),
+        "the launcher's own: TERM (for srun to its tasks, through scancel --signal); a plain process gets the stop signal supervise got"),
     Key("forward", _choice(*FORWARD_POLICIES), "launcher", "where passed-on signals go: launcher (the launcher process) "
         "or group (its whole process group)", "POLICY", _G_CHILD),
     Key("launcher", _choice(*LAUNCHERS), "auto", "override launcher detection (" + ", ".join(LAUNCHERS) + ")", "NAME", _G_CHILD),
@@ -280,9 +287,11 @@ KEYS: tuple[Key, ...] = (
         "durable, no SIGKILL), whatever the launcher's; child: the launcher's own", "STATUS|child", _G_END),
     Key("max_restarts", _count, 0, "restart a crashed training in place up to N times", "N", _G_END),
     Key("restart_backoff", _duration, 10.0, "wait before an in-place restart, doubled each time", "DURATION", _G_END, "10s"),
-    Key("hang_after", _opt_duration, None, "no checkpoint, no log growth (and idle GPUs) this long → hang; the "
-        "upper bound of the learned one (5x the longest normal gap)", "DURATION",
-        _G_END, "off"),
+    Key("hang_after", _hang_after, None, "no checkpoint, no log growth (and idle GPUs) this long → hang; the "
+        "upper bound of the learned one (5x the longest normal gap); auto: the learned one alone; off", "DURATION",
+        _G_END, "auto"),
+    Key("hang_floor", _positive_duration, 600.0, "the learned hang bound is never shorter than this", "DURATION",
+        _G_END, "10m"),
     Key("hang_action", _choice("report", "stop"), "report", "report or stop", "ACTION", _G_END),
     Key("suspect_nodes", _opt_path, None, "a node list shared by the project's jobs (on persistent storage): a suspect "
         "node is added, and requeues leave out the nodes it lists (docs/slurm.md)", "FILE", _G_END),
@@ -338,7 +347,8 @@ class Config:
     stopped_status: int | None = DEFAULT["stopped_status"]  # None: the launcher's own status
     max_restarts: int = DEFAULT["max_restarts"]
     restart_backoff: float = DEFAULT["restart_backoff"]
-    hang_after: float | None = DEFAULT["hang_after"]
+    hang_after: float | None = DEFAULT["hang_after"]  # None: learned alone; 0.0: off
+    hang_floor: float = DEFAULT["hang_floor"]
     hang_action: str = DEFAULT["hang_action"]
     suspect_nodes: Path | None = DEFAULT["suspect_nodes"]
     suspect_nodes_ttl: float = DEFAULT["suspect_nodes_ttl"]

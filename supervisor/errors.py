@@ -22,7 +22,19 @@ class ConfigError(UsageError):
         self.expected = expected
         self.source = source
         where = f" (from {source})" if source else ""
-        super().__init__(f"{key} = {value!r}{where}: {expected}")
+        super().__init__(f"{key} = {_shown(value)}{where}: {expected}")
+
+
+SHOWN = 240  # characters of a value a one-line error shows (a 5000-character path stays readable)
+
+
+def _shown(value: object) -> str:
+    """``repr(value)``, its middle cut when it is long: both ends name the path."""
+    text = repr(value)
+    if len(text) <= SHOWN:
+        return text
+    keep = SHOWN // 2 - 20
+    return f"{text[:keep]}…[{len(text) - 2 * keep} characters]…{text[-keep:]}"
 
 
 try:

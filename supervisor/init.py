@@ -110,6 +110,37 @@ def _set_directive(lines: list[str], pattern: str, new: str | None) -> None:
             return
 
 
+LEAD_MAX = 600     # seconds: the templates' --signal=B:USR2@600, for jobs of 40 min and more
+LEAD_SHARE = 0.25  # a shorter job is warned this share of its time limit before the end…
+LEAD_FLOOR = 45    # …but never less (Slurm checks about every 30 s and may send it up to 60 s early)
+
+
+def slurm_seconds(text: str) -> float | None:
+    """Slurm's ``--time``: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS → seconds."""
+    days, _, rest = text.strip().rpartition("-")
+    try:
+        d = int(days) if days else 0
+        parts = [int(p) for p in rest.split(":")]
+    except ValueError:
+        return None
+    if days:  # D-HH[:MM[:SS]]
+        parts = (parts + [0, 0])[:3] if 1 <= len(parts) <= 3 else []
+    elif len(parts) == 1:  # minutes
+        parts = [0, parts[0], 0]
+    elif len(parts) == 2:  # MM:SS
+        parts = [0, *parts]
+    if len(parts) != 3 or min(parts) < 0 or d < 0:
+        return None
+    return float(((d * 24 + parts[0]) * 60 + parts[1]) * 60 + parts[2])
+
+
+def warning_lead(limit: float) -> int:
+    """How long before the end the Slurm warning signal is asked for: the templates' 600 s,
+    scaled down for a short job (a 2-minute job must not be warned 10 minutes ahead, which is
+    at once), at least ``LEAD_FLOOR`` and never more than half the limit."""
+    return int(min(LEAD_MAX, max(LEAD_FLOOR, LEAD_SHARE * limit), limit / 2))
+
+
 def _set_default(lines: list[str], name: str, value: str) -> None:
     """``VAR=${VAR:-old}`` → ``VAR=${VAR:-value}``: the job can still override it at submission."""
     rx = re.compile(rf"^(export )?{name}=\$\{{{name}:-.*?\}}(?=\s|$)")
@@ -200,6 +231,13 @@ def render_script(template: Template, c: Choices, config: Path) -> str:
                 _set_directive(lines, r"^#SBATCH --ntasks-per-node=\S+", f"#SBATCH --ntasks-per-node={c.gpus}")
         if c.time:
             _set_directive(lines, r"^#SBATCH --time=\S+", f"#SBATCH --time={c.time}")
+            limit = slurm_seconds(c.time)
+            lead = warning_lead(limit) if limit else LEAD_MAX
+            if lead < LEAD_MAX:
+                _set_directive(lines, r"^#SBATCH --signal=B:USR2@\d+.*$",
+                               f"#SBATCH --signal=B:USR2@{lead}           # USR2 to the batch shell (= supervise) {lead} s "
+                               f"before the end: a quarter of the {c.time} limit, at least {LEAD_FLOOR} s (not the "
+                               f"templates' {LEAD_MAX} s: longer than the job, it would come at once)")
     else:
         _set_directive(lines, r"^#PBS -N \S+", f"#PBS -N {c.name}")
         if c.nodes:

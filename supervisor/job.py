@@ -434,6 +434,16 @@ async def kill_wait(job: Job, report: Report | None = None) -> float | None:
     return float(m.group(1)) if m else default
 
 
+async def signal_steps(job: Job, sig: int, report: Report | None = None) -> tuple[bool, str]:
+    """``scancel --signal=SIG JOBID``: the signal to the tasks of every step of the job, not
+    the batch shell (supervise): how srun's tasks are stopped gracefully (docs/launchers.md)."""
+    if job.scheduler != "slurm" or not job.job_id:
+        return False, "not a Slurm job"
+    name = signal.Signals(sig).name.removeprefix("SIG")
+    rc, out = await _run(["scancel", f"--signal={name}", job.job_id], QUERY_TIMEOUT, report or log.warning)
+    return rc == 0, out.strip()
+
+
 def requeue_command(job: Job) -> list[str] | None:
     """The argv that puts this job back in the queue; None where there is no queue."""
     return SCHEDULERS[job.scheduler].requeue_command(job)

@@ -10,7 +10,9 @@ project's machine, docs/launchers.md):
 * ``torchrun`` dies on SIGUSR1 and orphans its workers; on SIGTERM it forwards TERM and kills
   after ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``.
 * ``horovodrun --gloo`` and ``deepspeed`` die on SIGUSR1 too; ``srun`` forwards USR1 but turns
-  SIGTERM into SIGKILL of its tasks.
+  SIGTERM (and a second SIGINT within a second) into SIGKILL of its tasks and takes one SIGINT
+  as "print the tasks' state": under Slurm its stop TERM goes to the tasks through slurmstepd
+  (``scancel --signal=TERM JOBID``: every step but the batch shell, i.e. not supervise).
 * ``horovodrun --mpi`` replaces itself with ``/bin/sh -c "mpirun …"``, a shell that passes no
   signal on (TERM kills it and orphans mpirun and the ranks), so the profile walks down to
   mpirun; and after a TERM to mpirun, Horovod's ranks hang in ``MPI_Finalize`` until mpirun's
@@ -33,7 +35,7 @@ import os
 import shutil
 import signal
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -78,6 +80,7 @@ class LauncherProfile:
     rank_vars: tuple[str, ...] = ()       # env vars only a rank has
     env_from_grace: Mapping[str, Callable[[float], str]] = field(default_factory=dict)
     note: str = ""                         # one line for docs and `supervise check`
+    stop_steps: bool = False               # under Slurm the stop signal goes to the job's steps (scancel --signal)
 
     def child_env(self, grace: float) -> dict[str, str]:
         """Variables that make the launcher's own kill timer fit inside our ``--grace``.
@@ -330,8 +333,10 @@ PROFILES: Mapping[str, LauncherProfile] = {p.name: p for p in (
        note="Cray PALS (Polaris, Aurora): local ranks signalled, other nodes read the file"),
     _p("mpiexec", "ranks", "launcher", programs=_MPI_PROGRAMS, rank_vars=_RANK_VARS_MPI,
        env_from_grace=_OMPI_ENV, note="MPI of unknown flavour: the cautious choices"),
-    _p("srun", "launcher", "launcher", programs=("srun",), rank_vars=("SLURM_PROCID",),
-       note="forwards USR1; turns TERM into SIGKILL of the tasks, so the checkpoint must come first"),
+    replace(_p("srun", "launcher", "launcher", programs=("srun",), rank_vars=("SLURM_PROCID",),
+               note="forwards USR1; a TERM or a second INT to srun is SIGKILL of the tasks, one INT only prints "
+                    "their state: the stop TERM goes to the tasks through Slurm (scancel --signal=TERM JOBID)"),
+            stop_steps=True),
     _p("torchrun", "ranks", "launcher", programs=("torchrun",),
        modules=("torch.distributed.run", "torch.distributed.launch"), rank_vars=_RANK_VARS_TORCH,
        env_from_grace={"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": _torch_timeout},
@@ -351,8 +356,9 @@ PROFILES: Mapping[str, LauncherProfile] = {p.name: p for p in (
     _p("horovodrun", "ranks", "ranks", programs=("horovodrun", "mpirun", "mpiexec"),
        modules=("horovod.runner.launch",), rank_vars=("HOROVOD_RANK",) + _RANK_VARS_MPI,
        env_from_grace=_OMPI_ENV, note="mode unknown (gloo or MPI): safe in both"),
-    _p("csrun", "file", "ranks", programs=("csrun_wse", "csrun_cpu"),
-       note="bash scripts around srun + singularity: stop goes to the srun they started"),
+    replace(_p("csrun", "file", "ranks", programs=("csrun_wse", "csrun_cpu"),
+               note="bash scripts around srun + singularity: stop goes to their srun's tasks through Slurm"),
+            stop_steps=True),
     _p("python", "launcher", "launcher", note="the child is the one rank"),
     _p("generic", "file", "launcher", note="unknown launcher: the request file only"),
 )}

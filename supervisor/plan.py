@@ -54,11 +54,16 @@ def make_plan(cfg: Config, env: Mapping[str, str] | None = None) -> Plan:
     env = dict(os.environ if env is None else env)
     job = detect_job(env)
     profile = launchers.detect(cfg.command, cfg.launcher)
-    previous = read_journal(cfg.run_dir).events if cfg.run_dir.exists() else []
+    try:  # a path too long, a file on the way, no permission: exit 2 naming it, nothing started
+        exists = cfg.run_dir.exists()
+        previous = read_journal(cfg.run_dir).events if exists else []
+        attempt = next_attempt(cfg.run_dir, env) if exists else 1
+    except OSError as e:
+        raise ConfigError("run_dir", str(cfg.run_dir), f"cannot be read: {e.strerror or e}") from None
     basis = deadline.learn(previous) if cfg.warn_before is None else None
     plan = Plan(cfg=cfg, env=env, job=job, launcher=profile,
                 checkpoint_signal=cfg.checkpoint_signal or profile.checkpoint_signal,
-                attempt=next_attempt(cfg.run_dir, env) if cfg.run_dir.exists() else 1,
+                attempt=attempt,
                 previous_events=previous,
                 lead=cfg.warn_before if basis is None else basis.seconds, lead_basis=basis,
                 request_path=cfg.run_dir / childenv.REQUEST_FILE, warnings=list(cfg.warnings))

@@ -109,13 +109,32 @@ def kill_fields(*, end: float | None, kill: float | None, kill_wait: float | Non
     return {"kill_in_s": round(kill - now, 3), "kill_by": "time-limit"}
 
 
-def time_left(*, end: float | None, kill: float | None, lead: float, kill_wait: float | None, now: float) -> float:
+STOP_BUDGET = 30.0  # seconds a signalled stop has when neither the end nor the kill delay is known (docs/slurm.md)
+
+
+def stop_budget(*, end: float | None, kill_wait: float | None, now: float) -> float:
+    """The time a stop started by a signal has (issue 22): until the known end; else the
+    scheduler's kill delay (Slurm ``KillWait``, PBS ``kill_delay``), since the signal that
+    asked us to stop is followed by SIGKILL that much later; else ``STOP_BUDGET``. A copier
+    hung on a stale mount must not keep ``end`` from being written."""
+    if end is not None:
+        return max(0.0, end - now)
+    return kill_wait if kill_wait is not None else STOP_BUDGET
+
+
+def time_left(*, end: float | None, kill: float | None, lead: float, kill_wait: float | None, now: float,
+              signalled_for: float | None = None) -> float:
     """Seconds the remaining steps may take before the job is killed (inf if never). A few
-    seconds are kept in hand for the journal's last lines; less when the window is short."""
+    seconds are kept in hand for the journal's last lines; less when the window is short.
+    ``signalled_for``: seconds since the signal that started the stop, if one did; then an
+    unknown end still leaves only ``stop_budget``."""
     if kill is not None and (end is None or kill < end):
         return max(0.0, kill - now - min(SAFETY, 0.2 * (kill_wait or 0.0)))
     if end is None:
-        return math.inf
+        if signalled_for is None:
+            return math.inf
+        budget = stop_budget(end=None, kill_wait=kill_wait, now=now)
+        return max(0.0, budget - signalled_for - min(SAFETY, 0.2 * budget))
     return max(0.0, end - now - min(SAFETY, 0.1 * lead))
 
 
@@ -159,6 +178,22 @@ def signal_checkpoint(*, scheduler_signalled_all: bool) -> bool:
 def is_requested(done_at: float | None, requested_at: float) -> bool:
     """A published checkpoint answers the request only when it was completed after it."""
     return done_at is not None and done_at >= requested_at
+
+
+Ident = tuple[str, int]  # a checkpoint's top-level name and inode (a rename keeps the inode)
+
+
+def started_after_request(ident: Ident | None, in_progress: frozenset[Ident]) -> bool:
+    """The answer to a checkpoint request is a checkpoint that *started* after it (issue 22):
+    never one already being written when it came (``in_progress``: the entries incomplete at
+    the request), under its name or, renamed into place (``tmp-checkpoint-N`` →
+    ``checkpoint-N``), its inode. A periodic save finishing just after the request is due
+    anyway and says nothing about the request. No identity (a multi-node part) is no evidence
+    against it."""
+    if ident is None:
+        return True
+    name, inode = ident
+    return all(name != n and inode != i for n, i in in_progress)
 
 
 def wants_checkpoint(reason: Reason) -> bool:
@@ -300,22 +335,25 @@ def restart_in_place(status: int, *, restarts: int, max_restarts: int, faults: l
 
 HANG_FACTOR = 5.0   # a hang is this many times the longest normal gap between progress marks…
 HANG_MIN_GAPS = 5   # …once this attempt has seen this many gaps, or an earlier attempt taught one
-HANG_FLOOR = 10.0   # seconds: never quicker than this
 
 
-def hang_bound(hang_after: float, gaps: list[float], earlier: list[float]) -> tuple[float, float | None]:
+def hang_bound(hang_after: float | None, gaps: list[float], earlier: list[float],
+               floor: float) -> tuple[float, float | None]:
     """(seconds of no progress that make a hang, the learned part or None). Learned from the
     longest gap between progress marks (checkpoints, log growth, busy GPUs) of earlier attempts
     and, once it has ``HANG_MIN_GAPS``, of this one, smoothed (EWMA, oldest first), times
-    ``HANG_FACTOR``; ``hang_after`` is the upper bound (docs/slurm.md, "Hangs")."""
+    ``HANG_FACTOR``, never under ``floor`` (``hang_floor``); ``hang_after`` is the upper bound,
+    and with none (the default) nothing is a hang until progress marks were seen: a run that
+    logs rarely or checkpoints hourly is never stopped for it (docs/slurm.md, "Hangs")."""
+    limit = math.inf if hang_after is None else hang_after
     longest = [*earlier, max(gaps)] if len(gaps) >= HANG_MIN_GAPS else list(earlier)
     if not longest:
-        return hang_after, None
+        return limit, None
     s = longest[0]
     for v in longest[1:]:
         s = 0.5 * v + 0.5 * s
     learned = HANG_FACTOR * s
-    return min(hang_after, max(HANG_FLOOR, learned)), round(learned, 3)
+    return min(limit, max(floor, learned)), round(learned, 3)
 
 
 GATE_HELD = 256 * 2**20  # bytes: GPU memory still in use after a crash beyond this fails the health gate

@@ -158,22 +158,25 @@ class StopSequence:
         child = run.child
         if child is None or child.returncode is not None:
             return {"skipped": "the training is not running"}
+        mirror = run.mirror
+        # What is being written at the request cannot answer it (policy.started_after_request).
+        in_progress = await mirror.in_progress() if mirror is not None else frozenset()
         asked_at = time.time()
         request = await request_checkpoint(run.plan, child, run.journal.emit, trigger.detail or trigger.reason.value,
                                            signal=policy.signal_checkpoint(scheduler_signalled_all=run.signalled_all()))
-        mirror = run.mirror
         if mirror is None or not any(p.kind == "checkpoint" for p in run.cfg.sync):
             return {"outcome": "requested", "why": "no checkpoint pair: completion cannot be seen", **request}
         bound = policy.checkpoint_bound(run.cfg.checkpoint_timeout, run.time_left(), run.cfg.grace)
         if bound <= 0:
             return {"outcome": "no-time", "bound_s": round(bound, 3), **request}
         before = mirror.published
-        outcome = "timeout"
+        outcome, answer = "timeout", None
         with anyio.move_on_after(bound):
             async with anyio.create_task_group() as tg:
                 async def completed() -> None:
-                    nonlocal outcome
-                    await mirror.wait_completed(asked_at - REQUEST_SLACK, policy.is_requested)
+                    nonlocal outcome, answer
+                    answer = await mirror.wait_completed(asked_at - REQUEST_SLACK, policy.is_requested,
+                                                         partial(policy.started_after_request, in_progress=in_progress))
                     outcome = "published"
                     tg.cancel_scope.cancel()
 
@@ -203,7 +206,8 @@ class StopSequence:
                 log.warning("the stop waited %s for the training's next periodic save: it does not answer checkpoint "
                             "requests (docs/training.md)", format_duration(time.time() - asked_at))
         return {"outcome": outcome, "bound_s": round(bound, 3), "published": mirror.published - before,
-                "signalled": request.get("signal") is not None, "answered": answered}
+                "signalled": request.get("signal") is not None, "answered": answered,
+                "answer": answer[0] if answer else None, "in_progress": sorted(n for n, _ in in_progress)}
 
     def publish_times(self) -> list[float]:
         """When this attempt's checkpoints were published (its journal's ``publish`` events)."""
@@ -240,8 +244,15 @@ class StopSequence:
         targets = None
         if child.returncode is None:
             targets = await anyio.to_thread.run_sync(launcher.stop_targets, child.pid)
+        steps = None  # srun: TERM to srun SIGKILLs its tasks; Slurm delivers it to them instead
+        if launcher.stop_steps and run.cfg.stop_signal is None and not already and targets is not None:
+            ok, text = await jobs.signal_steps(run.plan.job, sig, report=log.warning)
+            steps = {"ok": ok, "message": text}
         result = await child.stop(sig, grace, targets=set(targets.pids) if targets else None,
-                                  route=targets.route if targets else run.cfg.forward, already_signalled=already)
+                                  route=targets.route if targets else run.cfg.forward,
+                                  already_signalled=already or bool(steps and steps["ok"]))
+        if steps is not None:
+            result["steps_signalled"] = steps
         if already:
             result["already_signalled"] = "the scheduler sent SIGTERM to every process of the job; not sent twice"
         with anyio.move_on_after(grace + 5):

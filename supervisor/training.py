@@ -46,6 +46,9 @@ STAT_INTERVAL = 0.5  # seconds between looks at the request file
 _signalled = False          # the checkpoint signal arrived and is not acknowledged yet
 _file_pending = False       # the request file appeared and is not acknowledged yet
 _acked_stamp: tuple[int, int] | None = None  # (inode, mtime_ns) of the file we acknowledged
+_signals = 0                # checkpoint signals received so far
+_file_stamp: tuple[int, int] | None = None  # the request file's stamp when it was last seen new
+_asked: tuple[int, tuple[int, int] | None] = (0, None)  # (_signals, _file_stamp) when last reported: what acknowledge() clears
 _next_stat = 0.0
 _stat_count = 0             # how many times we looked (tests check the rate)
 _stop_signal: int | None = None
@@ -83,8 +86,9 @@ def restored_from() -> str | None:
 
 
 def _on_checkpoint_signal(signum: int, frame: FrameType | None) -> None:
-    global _signalled
+    global _signalled, _signals
     _signalled = True
+    _signals += 1
 
 
 def _stamp(path: str) -> tuple[int, int] | None:
@@ -103,8 +107,9 @@ def checkpoint_requested() -> bool:
     Cheap: a flag test and a clock read; the file is stat'ed at most every 0.5 s. Every
     rank should agree on the step before saving (docs/training.md).
     """
-    global _file_pending, _next_stat
+    global _file_pending, _next_stat, _file_stamp, _asked
     if _signalled or _file_pending:
+        _asked = (_signals, _file_stamp)
         return True
     now = time.monotonic()
     if now < _next_stat:
@@ -114,7 +119,9 @@ def checkpoint_requested() -> bool:
     if path:
         stamp = _stamp(path)
         if stamp is not None and stamp != _acked_stamp:
-            _file_pending = True
+            _file_pending, _file_stamp = True, stamp
+    if _signalled or _file_pending:
+        _asked = (_signals, _file_stamp)
     return _signalled or _file_pending
 
 
@@ -122,13 +129,15 @@ def acknowledge() -> None:
     """Clear this rank's request after the checkpoint is saved, so the next one is seen.
 
     The request file may stay where it is: the same file (same inode and mtime) does not
-    count twice, while a new or touched file is a new request.
+    count twice, while a new or touched file is a new request. Only what
+    ``checkpoint_requested()`` last reported is cleared: a request that came during the save
+    (or a periodic save that never asked) stays pending, since supervise waits for a
+    checkpoint *started* after its request (issue 22).
     """
     global _signalled, _file_pending, _acked_stamp, _next_stat
-    _signalled = False
+    _signalled = _signals != _asked[0]
     _file_pending = False
-    path = request_path()
-    _acked_stamp = _stamp(path) if path else None
+    _acked_stamp = _asked[1]
     _next_stat = 0.0
 
 

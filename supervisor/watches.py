@@ -7,6 +7,7 @@ conductor through plain callbacks; neither reads the conductor's state.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any, Callable
 
@@ -87,21 +88,22 @@ class ProgressGaps:
         return round(max(self.gaps), 3) if self.gaps else None
 
 
-async def hang_watch(*, limit: float, marks: Callable[[], list[float]], running: Callable[[], bool],
+async def hang_watch(*, limit: float | None, floor: float, marks: Callable[[], list[float]], running: Callable[[], bool],
                      hang: Callable[[float, float], bool], gaps: ProgressGaps | None = None) -> None:
     """No new checkpoint, no log growth (and idle GPUs when sampled) for the bound → ``hang``,
     once per idle spell; a ``hang`` that returns True (it stopped the run) ends the watch. The
-    bound is learned from the gaps between progress marks (policy.hang_bound), ``limit`` at most."""
+    bound is learned from the gaps between progress marks (policy.hang_bound), ``floor`` at
+    least, ``limit`` at most (None: no hang before a bound is learned)."""
     gaps = gaps or ProgressGaps()
     reported = False
-    bound = limit
+    bound = math.inf if limit is None else limit
     while True:
         await anyio.sleep(max(0.1, min(30.0, bound / 4, HANG_POLL)))
         if not running():
             continue
         newest = max(marks())
         gaps.see(newest)
-        bound, _ = policy.hang_bound(limit, gaps.gaps, gaps.earlier)
+        bound, _ = policy.hang_bound(limit, gaps.gaps, gaps.earlier, floor)
         idle = time.monotonic() - newest
         if idle < bound:
             reported = False

@@ -328,6 +328,8 @@ def _stops(n: int, evs: list[dict[str, Any]]) -> list[StopSequence]:
         if kind == "stop":
             close()
             current, steps, last_t = e, [], e["t"]
+        elif kind == "reason" and current is not None and e.get("reason"):
+            current = {**current, "reason": e["reason"]}  # the scheduler's view refined it (scancel: cancelled)
         elif kind == "stop-step" and current is not None:
             steps.append(StopStep(str(e.get("step")), float(e.get("seconds") or 0.0), _outcome(e),
                                   e.get("graceful"), list(e.get("killed") or [])))
@@ -425,11 +427,35 @@ def _checkpoints(events: list[dict[str, Any]], attempts: list[Attempt]) -> Check
         settled=sum(1 for e in pubs if e.get("why") == "settled"),
         torn=[f"attempt {e.get('attempt')}: {e.get('pair')}: {e.get('checkpoint')}" + (f" ({e['why']})" if e.get("why") else "")
               for e in events if e.get("kind") == "torn"],
-        profiles=[f"{e.get('pair')}: {e.get('profile')}" + (f" ({e['evidence']})" if e.get("evidence") else "")
-                  + (f"; writers {e['writers']}" if e.get("writers") else "")
-                  + ("; waits for quiescence" if e.get("quiescence") else "")
-                  for e in events if e.get("kind") == "sync-profile"],
+        profiles=_profiles(events),
     )
+
+
+def _profiles(events: list[dict[str, Any]]) -> list[str]:
+    """What completeness rests on, each description once, with the attempts that used it."""
+    seen: dict[str, list[int]] = {}
+    for e in events:
+        if e.get("kind") == "sync-profile":
+            text = (f"{e.get('pair')}: {e.get('profile')}" + (f" ({e['evidence']})" if e.get("evidence") else "")
+                    + (f"; writers {e['writers']}" if e.get("writers") else "")
+                    + ("; waits for quiescence" if e.get("quiescence") else ""))
+            seen.setdefault(text, []).append(int(e.get("attempt") or 0))
+    out = []
+    for text, attempts in seen.items():
+        ns = sorted(set(attempts))
+        which = f"attempt {ns[0]}" if len(ns) == 1 else f"attempts {_span(ns)}"
+        out.append(f"{which}: {text}")
+    return out
+
+
+def _span(ns: list[int]) -> str:
+    """1, 2, 3, 5 → "1–3, 5"."""
+    parts, start = [], ns[0]
+    for a, b in zip(ns, [*ns[1:], None]):
+        if b != a + 1:
+            parts.append(str(start) if start == a else f"{start}–{a}")
+            start = b if b is not None else a
+    return ", ".join(parts)
 
 
 def _restores(events: list[dict[str, Any]]) -> list[RestoreOutcome]:
@@ -451,14 +477,17 @@ def _restores(events: list[dict[str, Any]]) -> list[RestoreOutcome]:
             continue
         mine = [x for x in events if x.get("attempt") == n and x["t"] > e["t"]]
         spawn = next((x["t"] for x in mine if x.get("kind") == "spawn"), e["t"])
-        nxt = next((x for x in mine if x.get("kind") == "publish" and not x.get("pointer") and x.get("pair") == pair
-                    and x.get("checkpoint") != name and x["t"] - (_num(x.get("lag_s")) or 0.0) >= spawn), None)
+        later = [x for x in mine if x.get("kind") == "publish" and not x.get("pointer") and x.get("pair") == pair
+                 and x["t"] - (_num(x.get("lag_s")) or 0.0) >= spawn]  # completed after the training started
+        nxt = next((x for x in later if x.get("checkpoint") != name), None)
+        versions = sum(1 for x in later if x.get("checkpoint") == name)  # the same file rewritten in place
         torn = next((x for x in events if x.get("kind") == "torn" and x.get("pair") == pair
                      and x.get("checkpoint") == name), None)  # the restored checkpoint itself was torn
         end = next((x for x in mine if x.get("kind") == "end"), {})
         a, b = step_of(name), step_of(nxt.get("checkpoint")) if nxt else None
         if nxt is not None and a is not None and b is not None and b > a:
-            outcome, text = "resumed", f"resumed from {name} (its next checkpoint, {nxt['checkpoint']}, is newer)"
+            outcome, text = "resumed", (f"resumed from {name} (verified: the next checkpoint this attempt made durable, "
+                                        f"{nxt['checkpoint']}, is a later step)")
         elif nxt is not None and a is not None and b is not None:
             outcome, text = "not-resumed", (f"did NOT resume from {name}: its next checkpoint, {nxt['checkpoint']}, "
                                             f"is not newer (the training started over or loaded something else)")
@@ -470,6 +499,10 @@ def _restores(events: list[dict[str, Any]]) -> list[RestoreOutcome]:
                                             f"{end.get('exit_status')}) before a newer checkpoint was durable")
         elif nxt is not None:
             outcome, text = "unverified", f"restored {name}; its next checkpoint {nxt['checkpoint']} cannot be ordered by name"
+        elif versions:
+            outcome, text = "unverified", (f"restored {name}; {versions} newer version{'s' if versions > 1 else ''} of it "
+                                           f"became durable in this attempt (rewritten in place: the name carries no step "
+                                           f"to verify the resume by)")
         else:
             outcome, text = "unverified", f"restored {name}; not verified: no newer checkpoint became durable in this attempt"
         out.append(RestoreOutcome(n, pair, str(name), outcome, f"attempt {n}: {text}"))

@@ -230,7 +230,7 @@ def _checkpoints(f: Facts, st: Style) -> list[str]:
     for t in c.torn:
         out.append("  " + st("31", f"torn (the training died writing it; never published): {t}"))
     for p in c.profiles:
-        out.append(f"  completeness: {p}")
+        out.append(f"  completeness, {p}")
     return out
 
 

@@ -62,7 +62,7 @@ class Mirror:
             self._backend_error = ConfigError("sync_backend", backend, "rsync is not on PATH; use auto or python")
             self._backend = PythonBackend(nice, ionice)
         self._published = 0
-        self._completed: list[float | None] = []  # when each published checkpoint was completed (wall time)
+        self._completed: list[tuple[float | None, Any]] = []  # (completed at, (name, inode)) per publish
         self._published_event = anyio.Event()
         self._engines: list[PairEngine] = []
         for p in self._pairs:
@@ -128,9 +128,9 @@ class Mirror:
         """Checkpoints published so far in this run; the stop sequence waits for it to move."""
         return self._published
 
-    def _count_publish(self, done_at: float | None = None) -> None:
+    def _count_publish(self, done_at: float | None = None, ident: tuple[str, int] | None = None) -> None:
         self._published += 1
-        self._completed.append(done_at)
+        self._completed.append((done_at, ident))
         self._published_event.set()
         self._published_event = anyio.Event()
 
@@ -254,14 +254,26 @@ class Mirror:
         for eng in self._engines:
             eng.trigger(f"request:{reason}")
 
-    async def wait_completed(self, since: float, accept: Callable[[float | None, float], bool]) -> None:
-        """Return once a checkpoint that ``accept(completed_at, since)`` takes is published
-        (the stop sequence: one completed after its request, not any publish)."""
+    async def in_progress(self) -> frozenset[tuple[str, int]]:
+        """Checkpoints being written now, in every single-node checkpoint pair (the stop
+        sequence takes this at its request: none of them answers it)."""
+        found: set[tuple[str, int]] = set()
+        for eng in self._engines:
+            if eng.pair.kind == "checkpoint" and isinstance(eng, PairEngine) and not isinstance(eng, PartEngine):
+                found |= await anyio.to_thread.run_sync(eng.in_progress)
+        return frozenset(found)
+
+    async def wait_completed(self, since: float, accept: Callable[[float | None, float], bool],
+                             started: Callable[[Any], bool] = lambda ident: True) -> Any:
+        """Return the identity of the first checkpoint published that ``accept(completed_at,
+        since)`` and ``started(ident)`` take (the stop sequence: one started and completed
+        after its request, not any publish)."""
         seen = 0
         while True:
             fresh, seen = self._completed[seen:], len(self._completed)
-            if any(accept(done, since) for done in fresh):
-                return
+            for done, ident in fresh:
+                if accept(done, since) and started(ident):
+                    return ident
             await self._published_event.wait()
 
     async def flush(self, reason: str) -> dict[str, Any]:

@@ -45,7 +45,7 @@ def _to_thread(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
 
 class PairEngine:
     def __init__(self, pair: SyncPair, backend: Backend, emit: Emit, *, every: float,
-                 retry_base: float, retry_cap: float, on_publish: Callable[[float | None], None],
+                 retry_base: float, retry_cap: float, on_publish: Callable[..., None],
                  writers: Callable[[], set[int]] | None = None) -> None:
         self.pair = pair
         # The training's processes on this node (None: not visible, e.g. a node agent).
@@ -290,6 +290,13 @@ class PairEngine:
             self._inodes = {n: sig[0] for n, sig in listing.sigs.items()}
         return listing
 
+    def in_progress(self) -> set[tuple[str, int]]:
+        """(name, inode) of each checkpoint being written now: none of them can answer a
+        request made now (policy.started_after_request). Blocking: scans the local side."""
+        pids = self.writers() if self.writers is not None else None
+        listing = self._scan(pids=pids)
+        return {(n, listing.sigs[n][0]) for n, e in listing.entries.items() if not e.complete and n in listing.sigs}
+
     def _torn_check(self, path: Path, snap: Snap) -> str | None:
         """``torn_file``, once per file version (it reads the file's tail)."""
         key = (str(path), tuple(snap.files.values()))
@@ -364,7 +371,7 @@ class PairEngine:
                     if e.name in listing.sigs:
                         self._sigs[e.name] = listing.sigs[e.name]
                     continue
-                if there is not None and self.ours is not None and e.name not in self.ours:
+                if there is not None and not self._owns(e.name):
                     self._refuse(e.name)
                     continue
             todo.append(e)
@@ -391,13 +398,19 @@ class PairEngine:
         if p.keep_local:
             await self._retain(listing)
 
-    def _refuse(self, name: str) -> None:
+    def _owns(self, name: str) -> bool:
+        """This run directory published ``name`` (a checkpoint, or a pointer or link, in this
+        attempt or an earlier one), whatever it has turned into since (a Lightning
+        ``last.ckpt`` link replaced by a regular file): it may replace it (issue 22)."""
+        return self.ours is None or name in self.ours or name in self.published or name in self.pointers_done
+
+    def _refuse(self, name: str, what: str = "checkpoint") -> None:
         """An entry of that name is on the persistent side and this run never published it
         (another run's, sharing the directory): it is never replaced. Journaled once; the
         local one stays pending, so ``end.not_durable`` and the report name it."""
         if name not in self.refused:
             self.refused.add(name)
-            self.emit("sync-refused", pair=self.pair.name, checkpoint=name,
+            self.emit("sync-refused", pair=self.pair.name, checkpoint=name, what=what,
                       why="on the persistent side already and not published by this run directory: not replaced")
 
     async def _publish(self, e: Entry, trigger: str, stats: CopyResult) -> bool:
@@ -448,7 +461,7 @@ class PairEngine:
             lag = round(time.time() - e.done_at, 3) if e.done_at else None
             self.emit("publish", pair=p.name, checkpoint=e.name, trigger=trigger, files=len(e.snap.files),
                       bytes=e.snap.bytes, why=e.why, lag_s=lag)
-            self.on_publish(e.done_at)
+            self.on_publish(e.done_at, (e.name, again.sigs[e.name][0]) if e.name in again.sigs else None)
             return True
         self.emit("sync-deferred", pair=p.name, checkpoint=e.name,
                   reason=f"changed while being copied, {RECOPY_TRIES} times; trying again on the next pass")
@@ -463,6 +476,9 @@ class PairEngine:
                 continue
             cur = listing.entries.get(target)
             if cur is not None and not self.published[target].same_content(cur.snap):
+                continue
+            if not self._owns(ptr.name) and await _to_thread(os.path.lexists, p.dst / ptr.name):
+                self._refuse(ptr.name, "pointer")  # another run's `latest` sharing the directory
                 continue
             if ptr.link:
                 wrote = await _to_thread(_fsops.write_link, p.dst / ptr.name, target)
@@ -487,7 +503,9 @@ class PairEngine:
             elif prev is None or not prev.same_content(e.snap):
                 out.append(f"{self.pair.name}: {e.name} (complete, not yet on persistent storage)")
         for ptr in listing.pointers.values():
-            if self.pointers_done.get(ptr.name) != ptr.content:
+            if ptr.name in self.refused:
+                out.append(f"{self.pair.name}: {ptr.name} (refused: another run's {ptr.name} is on persistent storage)")
+            elif self.pointers_done.get(ptr.name) != ptr.content:
                 out.append(f"{self.pair.name}: {ptr.name} ({'link' if ptr.link else 'pointer'} to "
                            f"{ptr.target or 'a missing checkpoint'})")
         for name in listing.outside:

@@ -58,6 +58,7 @@ class FakeLauncher:
     checkpoint_signal: signal.Signals = signal.SIGUSR1
     stop_signal: signal.Signals = signal.SIGTERM
     note: str = ""
+    stop_steps: bool = False
 
     def child_env(self, grace: float) -> dict[str, str]:
         return {}
@@ -172,12 +173,16 @@ class FakeMirror:
             self._event = anyio.Event()
         self.tg.start_soon(save)
 
-    async def wait_completed(self, since: float, accept) -> None:
+    async def in_progress(self) -> frozenset:
+        return frozenset()
+
+    async def wait_completed(self, since: float, accept, started=lambda ident: True):
         seen = 0
         while True:
             fresh, seen = self._completed[seen:], len(self._completed)
-            if any(accept(d, since) for d in fresh):
-                return
+            for d in fresh:
+                if accept(d, since) and started(None):
+                    return None
             await self._event.wait()
 
     def request(self, reason: str) -> None:

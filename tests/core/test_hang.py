@@ -22,7 +22,7 @@ def _events(run_dir: Path, kind: str) -> list[dict]:
 
 def test_a_rank_that_stops_calling_allreduce_is_caught_within_the_learned_bound_and_its_stack_dumped(tmp_path: Path):
     run, log, persist = tmp_path / "run", tmp_path / "log", tmp_path / "persist"
-    r = run_supervise("--run-dir", str(run), "--logs", str(log), str(persist), "--hang-after", "5m",
+    r = run_supervise("--run-dir", str(run), "--logs", str(log), str(persist), "--hang-after", "5m", "--hang-floor", "10s",
                       "--hang-action", "stop", "--grace", "5s", "--gpu-every", "0", "--",
                       str(TORCHRUN), "--nproc-per-node", "2", "--master-port", "29531",
                       str(HELPERS / "hang_ddp.py"), str(log), "--hang-at", "40", timeout=240)

@@ -2,7 +2,7 @@
 
 The expected values are written by hand from the rules in docs/slurm.md, docs/design.md,
 docs/journal.md, the functions' docstrings and the module's constants (SAFETY 5 s, NEAR_END
-300 s, PERIODIC_TOLERANCE 0.15, HANG_FACTOR 5, HANG_MIN_GAPS 5, HANG_FLOOR 10 s, GATE_HELD
+300 s, PERIODIC_TOLERANCE 0.15, HANG_FACTOR 5, HANG_MIN_GAPS 5, a 10 s floor passed to hang_bound, GATE_HELD
 256 MiB), never by calling the function. Each table covers its function's branches and bounds
 (exactly at a bound, just inside, just outside; None for an unknown end or kill; every Reason
 where the reason matters). ``test_every_public_function_has_a_table`` fails when policy.py
@@ -11,8 +11,7 @@ gains a public function without one here.
 Where the docstring or the docs and the code disagree, the row says what the docs say and is
 marked ``disputed`` (a strict xfail, see each table's comment): ``hard_kill``/``time_left`` with a
 KillWait kill after the end, ``stopped_cleanly`` after a hang, ``answered_request`` for a periodic
-save landing right after the request. ``hang_bound`` with ``hang_after`` below the floor has no row
-(the floor is being changed on another branch).
+save landing right after the request.
 """
 
 from __future__ import annotations
@@ -232,6 +231,49 @@ def test_time_left(end: float | None, kill: float | None, lead: float, kill_wait
     assert policy.time_left(end=end, kill=kill, lead=lead, kill_wait=kill_wait, now=now) == pytest.approx(expected)
 
 
+# issue 22: the time a stop a signal started has: the known end, else the kill delay, else 30 s.
+STOP_BUDGET = [
+    P(1000.0, 30.0, 990.0, 10.0, id="the known end wins over KillWait"),
+    P(1000.0, None, 1010.0, 0.0, id="past the end: nothing, never negative"),
+    P(None, 12.0, 0.0, 12.0, id="no end: the scheduler's kill delay"),
+    P(None, None, 0.0, 30.0, id="neither: the documented 30 s"),
+]
+
+
+@pytest.mark.parametrize(("end", "kill_wait", "now", "expected"), STOP_BUDGET)
+def test_stop_budget(end: float | None, kill_wait: float | None, now: float, expected: float) -> None:
+    assert policy.stop_budget(end=end, kill_wait=kill_wait, now=now) == pytest.approx(expected)
+
+
+# time_left after a stop signal with no end known: the budget less the time since, 5 s in hand.
+SIGNALLED_TIME_LEFT = [
+    P(None, 10.0, 15.0, id="30 s budget, 10 s gone, 5 s in hand"),
+    P(20.0, 2.0, 14.0, id="KillWait 20: a fifth (4 s) in hand"),
+    P(None, 40.0, 0.0, id="budget spent: nothing, never negative"),
+]
+
+
+@pytest.mark.parametrize(("kill_wait", "since", "expected"), SIGNALLED_TIME_LEFT)
+def test_time_left_after_a_stop_signal(kill_wait: float | None, since: float, expected: float) -> None:
+    assert policy.time_left(end=None, kill=None, lead=0.0, kill_wait=kill_wait, now=0.0,
+                            signalled_for=since) == pytest.approx(expected)
+
+
+# issue 22: the answer to a request started after it: never one being written at the request.
+STARTED_AFTER_REQUEST = [
+    P(("step_40", 11), frozenset({("step_40", 11)}), False, id="being written at the request"),
+    P(("checkpoint-40", 11), frozenset({("tmp-checkpoint-40", 11)}), False, id="renamed into place: same inode"),
+    P(("step_41", 12), frozenset({("step_40", 11)}), True, id="begun after the request"),
+    P(("step_41", 12), frozenset(), True, id="nothing was being written"),
+    P(None, frozenset({("step_40", 11)}), True, id="no identity (a multi-node part): no evidence against"),
+]
+
+
+@pytest.mark.parametrize(("ident", "in_progress", "expected"), STARTED_AFTER_REQUEST)
+def test_started_after_request(ident: tuple[str, int] | None, in_progress: frozenset, expected: bool) -> None:
+    assert policy.started_after_request(ident, in_progress) is expected
+
+
 # The checkpoint gets what is left less the grace (docs/slurm.md), but keeps at most a quarter
 # of a short window for the stop; checkpoint_timeout bounds it.
 CHECKPOINT_BOUND = [
@@ -288,9 +330,8 @@ def test_grace_for(grace: float, left: float, signalled: bool, since: float, exp
 
 
 # The hang bound: 5 × the longest gap (EWMA across attempts, oldest first, α = ½), at least
-# 10 s, at most hang_after (docs/slurm.md "Hangs"). Left out: hang_after below the 10 s floor
-# (docs say "at least 10 s and at most hang_after", HANG_FLOOR says "never quicker than this";
-# the code takes hang_after; being changed on another branch).
+# the floor (hang_floor; 10 s in these rows unless a fifth value says otherwise), at most
+# hang_after, which wins over a larger floor; unset, no upper bound (docs/slurm.md "Hangs").
 HANG_BOUND = [
     P(600.0, [], [], (600.0, None), id="nothing learned: hang_after"),
     P(600.0, [1.0, 2.0, 3.0, 4.0], [], (600.0, None), id="4 gaps this attempt: not enough to learn"),
@@ -307,13 +348,20 @@ HANG_BOUND = [
     P(600.0, [], [10.0, 6.0, 2.0], (25.0, 25.0), id="EWMA oldest first: 10, 6, 2 smooth to 5"),
     P(600.0, [8.0] * 5, [2.0, 4.0], (27.5, 27.5), id="earlier attempts, then this one's longest last"),
     P(600.0, [1.23456] * 5, [], (10.0, 6.173), id="the learned part rounded to ms"),
+    # issue 22: hang_after unset (the default) and the hang_floor key (10 min by default)
+    P(None, [1.0] * 4, [], (math.inf, None), id="auto, nothing learned: never a hang"),
+    P(None, [1.0] * 5, [], (600.0, 5.0), 600.0, id="auto, learned under the 10 min floor: the floor"),
+    P(None, [3600.0] * 5, [], (18000.0, 18000.0), 600.0, id="auto, hourly checkpoints: 5 h, no upper bound"),
+    P(300.0, [1.0] * 5, [], (300.0, 5.0), 600.0, id="hang_after under the floor: hang_after wins"),
 ]
 
 
-@pytest.mark.parametrize(("hang_after", "gaps", "earlier", "expected"), HANG_BOUND)
-def test_hang_bound(hang_after: float, gaps: list[float], earlier: list[float],
-                    expected: tuple[float, float | None]) -> None:
-    bound, learned = policy.hang_bound(hang_after, gaps, earlier)
+@pytest.mark.parametrize(("hang_after", "gaps", "earlier", "expected", "floor"),
+                         [P(*p.values, *(() if len(p.values) == 5 else (10.0,)), id=p.id, marks=p.marks)
+                          for p in HANG_BOUND])
+def test_hang_bound(hang_after: float | None, gaps: list[float], earlier: list[float],
+                    expected: tuple[float, float | None], floor: float) -> None:
+    bound, learned = policy.hang_bound(hang_after, gaps, earlier, floor)
     assert (bound, learned) == (pytest.approx(expected[0]), expected[1] if expected[1] is None
                                 else pytest.approx(expected[1]))
 

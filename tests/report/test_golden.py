@@ -332,7 +332,7 @@ def test_torn_sync_profile_and_refused_restores_are_shown_when_journaled(tmp_pat
     assert out.returncode == 0, out.stderr
     assert "restore, attempt 3: restore refused: a newer local checkpoint: checkpoint-20" in out.stdout
     assert "torn (the training died writing it; never published): attempt 3: ckpt: checkpoint-30" in out.stdout
-    assert "completeness: ckpt: hf-trainer (checkpoint-*/trainer_state.json); writers unseen; waits for quiescence" \
+    assert "completeness, attempt 3: ckpt: hf-trainer (checkpoint-*/trainer_state.json); writers unseen; waits for quiescence" \
         in out.stdout
     f, _ = facts_of(run)
     assert [r.outcome for r in f.checkpoints.restores] == ["none", "not-resumed", "refused"]

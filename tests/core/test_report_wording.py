@@ -1,0 +1,51 @@
+"""Issue 22, item 8: what ``supervise report`` says about restores and checkpoint completeness,
+on run directories the real supervise made (the scancel label: tests/slurm/test_issue22_slurm.py)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import HELPERS, ROOT, run_supervise, supervise_argv
+
+TRAINER = [sys.executable, str(HELPERS / "trainer.py")]
+HF_LIKE = [sys.executable, str(ROOT / "tests" / "report" / "hf_like.py")]
+
+
+def _report(run: Path) -> str:
+    r = subprocess.run(supervise_argv("report", str(run)), capture_output=True, text=True, timeout=60,
+                       env={"NO_COLOR": "1", "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def _two_attempts(tmp_path: Path, train: list[str], settle: str = "0.3s") -> Path:
+    local, persist, run = tmp_path / "local", tmp_path / "persist", tmp_path / "run"
+    cfg = tmp_path / "sync.toml"
+    cfg.write_text(f'[[sync]]\nname = "ckpt"\nfrom = "{local}"\nto = "{persist}"\nrestore = true\nsettle = "{settle}"\n')
+    for attempt in (1, 2):
+        r = run_supervise("--config", str(cfg), "--run-dir", str(run), "--gpu-every", "0", "--", *train, str(local),
+                          *(["--rewrite", "--steps", "6", "--every", "1", "--step-time", "0.6", "--linger", "1.5"]
+                            if train == HF_LIKE else ["--steps", str(20 + 20 * attempt), "--every", "10"]), timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        shutil.rmtree(local)  # a new node: the restore brings the checkpoint back
+    return run
+
+
+def test_a_file_rewritten_in_place_counts_its_newer_versions(tmp_path: Path) -> None:
+    text = _report(_two_attempts(tmp_path, HF_LIKE))
+    restore = [line for line in text.splitlines() if "restore, attempt 2" in line]
+    assert restore and "restored model.pt" in restore[0], text
+    assert "no newer checkpoint" not in restore[0] and "newer version" in restore[0], restore[0]
+    # The completeness line says which attempts it is about, once.
+    completeness = [line for line in text.splitlines() if "completeness" in line]
+    assert completeness == [c for c in completeness if "attempts 1–2:" in c] and len(completeness) == 1, completeness
+
+
+def test_a_verified_resume_says_it_is_verified_and_how(tmp_path: Path) -> None:
+    text = _report(_two_attempts(tmp_path, TRAINER))
+    restore = next(line for line in text.splitlines() if "restore, attempt 2" in line)
+    assert "resumed from step_000040" in restore and "verified" in restore, restore
+    assert "is newer)" not in restore, restore
