@@ -79,7 +79,7 @@ def kill_marked(tag: str) -> None:
 
 
 def none_left(tag: str, timeout: float = 10.0) -> None:
-    wait_for(lambda: not marked(tag), timeout, 0.1, f"no process of {tag} left")
+    wait_for(lambda: not marked(tag), timeout, f"no process of {tag} left", interval=0.1)
 
 
 def fake_tool(bindir: Path, name: str, script: str) -> Path:

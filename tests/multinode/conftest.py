@@ -10,7 +10,6 @@ none skips: REQUIRE_ALL_COMPONENTS turns a skip into a failure). ROOT is under /
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -21,6 +20,9 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
+
+from supervisor.journal import read_journal
+from tests.conftest import wait_for as poll
 
 REPO = Path(__file__).resolve().parents[2]
 UP = REPO / "scripts" / "slurm-up.sh"
@@ -129,29 +131,12 @@ class Cluster:
 
 
 def wait_for(pred: Callable[[], object], timeout: float, what: str | Callable[[], str], every: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what() if callable(what) else what}")
-        time.sleep(every)
+    return poll(pred, timeout, what, interval=every)
 
 
 def events(path: Path) -> list[dict]:
     """A journal's events; a torn last line (a killed writer) is left out."""
-    out = []
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return []
-    for line in text.splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass
-    return out
+    return read_journal(path).events
 
 
 def up(nodes: int) -> Cluster:
