@@ -94,10 +94,10 @@ def killed_at(trigger: Trigger | None, *, scheduler_signalled_all: bool, kill_wa
 
 
 def hard_kill(*, end: float | None, kill: float | None) -> float | None:
-    """When the SIGKILL comes: KillWait after a job-wide TERM, else the job's end."""
-    if kill is not None and (end is None or kill < end):
-        return kill
-    return end
+    """When the SIGKILL comes: KillWait after a job-wide TERM, else the job's end. The TERM's
+    KillWait holds even past the end: the time limit's TERM can come late (docs/slurm.md), and
+    its SIGKILL still follows it by KillWait, so "past the end" is not "already killed"."""
+    return kill if kill is not None else end
 
 
 def kill_fields(*, end: float | None, kill: float | None, kill_wait: float | None, now: float) -> dict[str, object]:
@@ -128,7 +128,7 @@ def time_left(*, end: float | None, kill: float | None, lead: float, kill_wait: 
     seconds are kept in hand for the journal's last lines; less when the window is short.
     ``signalled_for``: seconds since the signal that started the stop, if one did; then an
     unknown end still leaves only ``stop_budget``."""
-    if kill is not None and (end is None or kill < end):
+    if kill is not None:
         return max(0.0, kill - now - min(SAFETY, 0.2 * (kill_wait or 0.0)))
     if end is None:
         if signalled_for is None:
@@ -258,7 +258,10 @@ def signal_action(sig: signal.Signals, *, warn_signal: signal.Signals | None, ch
 def answered_request(saves: list[float], asked_at: float, done_at: float | None) -> bool | None:
     """Whether the checkpoint completed after the request answered it (True), or was only the
     training's next periodic save, due then anyway (False); None when no rhythm is known (fewer
-    than two saves before the request). ``saves``: when earlier checkpoints were published."""
+    than two saves before the request). ``saves``: when earlier checkpoints were published. A
+    save done within the tolerance of the request cannot be told from a prompt answer by its
+    time; it counts as answered (the stop already took only a checkpoint *started* after the
+    request: ``started_after_request``)."""
     before = sorted(t for t in saves if t < asked_at)
     if done_at is None or len(before) < 2:
         return None

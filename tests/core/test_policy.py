@@ -9,9 +9,9 @@ where the reason matters). ``test_every_public_function_has_a_table`` fails when
 gains a public function without one here.
 
 Where the docstring or the docs and the code disagree, the row says what the docs say and is
-marked ``disputed`` (a strict xfail, see each table's comment): ``hard_kill``/``time_left`` with a
-KillWait kill after the end, ``stopped_cleanly`` after a hang, ``answered_request`` for a periodic
-save landing right after the request.
+marked ``disputed`` (a strict xfail) until one of them is settled. The first table-writing found
+three (a KillWait kill after the end, a hang stop's status, a save landing right after the
+request); each was settled in the code or the docs.
 """
 
 from __future__ import annotations
@@ -165,11 +165,8 @@ def test_killed_at(trigger: Trigger | None, signalled_all: bool, kill_wait: floa
     assert got == (None if expected is None else pytest.approx(expected))
 
 
-# Disputed: a KillWait kill *after* the job's end (the time limit's TERM comes up to ~30 s after
-# the end, docs/slurm.md). The docstring says "KillWait after a job-wide TERM" (and docs/slurm.md:
-# "bounded by KillWait, not by the job's end"; "do not treat past the end as already killed"),
-# the code returns the end, the earlier of the two, already past.
-KILL_AFTER_END = disputed("a KillWait kill after the end gives way to the end (kill < end in hard_kill, time_left)")
+# A KillWait kill *after* the job's end (the time limit's TERM comes up to ~30 s after the end,
+# docs/slurm.md: "bounded by KillWait, not by the job's end"; "past the end" is not "already killed").
 HARD_KILL = [
     P(None, None, None, id="no end and no kill: never killed"),
     P(None, 50.0, 50.0, id="no end known: the KillWait kill"),
@@ -177,7 +174,7 @@ HARD_KILL = [
     P(100.0, 50.0, 50.0, id="a KillWait kill before the end"),
     P(100.0, 99.9, 99.9, id="a KillWait kill just before the end"),
     P(100.0, 100.0, 100.0, id="a KillWait kill exactly at the end"),
-    P(100.0, 130.0, 130.0, marks=KILL_AFTER_END, id="a KillWait kill after the end (a late time-limit TERM)"),
+    P(100.0, 130.0, 130.0, id="a KillWait kill after the end (a late time-limit TERM)"),
 ]
 
 
@@ -220,7 +217,7 @@ TIME_LEFT = [
     P(None, 110.0, 100.0, 30.0, 100.0, 5.0, id="a KillWait kill with no end known"),
     P(None, 110.0, 100.0, None, 100.0, 10.0, id="a kill with KillWait unknown keeps nothing in hand"),
     P(1000.0, 102.0, 100.0, 30.0, 100.0, 0.0, id="a KillWait kill closer than the margin: nothing left"),
-    P(1000.0, 1030.0, 100.0, 30.0, 1010.0, 15.0, marks=KILL_AFTER_END,
+    P(1000.0, 1030.0, 100.0, 30.0, 1010.0, 15.0,
       id="10 s after a time-limit TERM at the end: the KillWait left, less 5 s in hand"),
 ]
 
@@ -421,8 +418,8 @@ ANSWERED_REQUEST = [
     P([0.0, 10.0, 20.0, 50.0], 55.0, 60.0, False, id="the period is the median gap: one long pause does not stretch it"),
     P([0.0, 1.0, 2.0], 2.5, 3.18, False, id="fast saves: 0.18 s from the due save is periodic (tolerance at least 0.2 s)"),
     P([0.0, 1.0, 2.0], 2.5, 3.3, True, id="fast saves: just over 0.2 s from the due save, answered"),
-    P([0.0, 10.0, 20.0], 29.0, 30.0, False, marks=disputed("a due save within the tolerance of the request is 'answered'"),
-      id="the periodic save due 1 s after the request: not answered"),
+    P([0.0, 10.0, 20.0], 29.0, 30.0, True,
+      id="done within the tolerance of the request, also the due save: a prompt answer by time, answered"),
 ]
 
 
