@@ -68,6 +68,7 @@ def make_plan(cfg: Config, env: Mapping[str, str] | None = None) -> Plan:
         # The training's processes are attached when the agent runs (Mirror.attach); they will be seen.
         plan.mirror = Mirror(cfg.sync, emit=lambda kind, **f: f, sync_every=cfg.sync_every,
                              backend=cfg.sync_backend, nice=cfg.sync_nice, ionice=cfg.sync_ionice, writers=set,
+                             streams=cfg.sync_streams,
                              published_before=Mirror.published_in(previous))  # another run's are never replaced
         plan.warnings += plan.mirror.check()
     if cfg.notify:

@@ -412,8 +412,9 @@ class PairEngine:
             got = CopyResult()
             try:
                 if e.is_dir:
+                    # the snapshot's files, not a second walk; shared among the copy streams
                     got += await self.backend.copy_tree(src, staging, exclude=within(e.name, p.exclude), skip=e.markers, fsync=p.fsync,
-                                                        fresh=not leftover)
+                                                        fresh=not leftover, files=e.snap.files)
                     got.bytes += await _to_thread(_fsops.copy_markers, src, staging, e.markers, fsync=p.fsync)
                     got.files += len(e.markers)
                 else:
