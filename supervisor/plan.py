@@ -92,7 +92,8 @@ def describe(plan: Plan) -> list[tuple[str, str, str]]:
                              f"({'set' if cfg.warn_before is not None else 'learned'})")]
     if plan.mirror is not None:
         out += [(status, "sync", text) for status, text in plan.mirror.describe()]
-        out.append(("ok", "sync", f"backend {plan.mirror.backend_name} (sync_backend = {cfg.sync_backend})"))
+        out.append(("ok", "sync", f"backend {plan.mirror.backend_name} (sync_backend = {cfg.sync_backend}), "
+                                  f"{cfg.sync_streams} copy stream{'s' if cfg.sync_streams > 1 else ''} (sync_streams)"))
     if plan.notify_urls:
         out.append(("ok", "notify", f"{len(plan.notify_urls)} webhook(s), {cfg.notify_format}"))
     return out

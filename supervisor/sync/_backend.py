@@ -181,6 +181,8 @@ async def run_copier(argv: list[str], *, stdin: bytes | Iterable[bytes] | None =
                 io_tg.start_soon(drain, proc.stderr, err)
                 io_tg.start_soon(feed)
             await proc.wait()
+            if proc.returncode:  # killed, or failed: rsync's forked receiver must not write on
+                _killpg(proc.pid)
             tg.cancel_scope.cancel()
         if stalled:
             raise CopyError(f"copier stalled: nothing read or written for {copier_stall():g}s; killed")
@@ -252,8 +254,8 @@ def _failure(what: str, rc: int, stderr: str) -> CopyError:
 def share(files: Files, skip: Sequence[str], streams: int) -> list[list[str]]:
     """The files (less ``skip``) dealt among at most ``streams`` copiers, each about the same
     work: largest first to the least loaded (bytes, plus ``PER_FILE_COST`` a file, since many
-    small files cost their metadata operations more than their bytes); each share in path
-    order. Two 4 GB shards go one to each stream; 100 000 small files split evenly."""
+    small files cost their metadata operations more than their bytes); each share keeps the
+    snapshot's order. Two 4 GB shards go one to each stream; 100 000 small files split evenly."""
     skipped = set(skip)
     names = [rel for rel in files if rel not in skipped]
     if streams <= 1 or len(names) <= 1:
