@@ -95,13 +95,13 @@ class FreshFs:
     """A new ext4 in a sparse file for each run (root, mkfs.ext4): every run starts from the
     same empty filesystem, not from whatever the other engineers' tests just freed."""
 
-    def __init__(self, base: Path, gib: float) -> None:
-        self.img, self.mnt, self.gib, self.dev = base / "fs.img", base / "fs", gib, ""
+    def __init__(self, base: Path, gib: float, inodes: int) -> None:
+        self.img, self.mnt, self.gib, self.dev, self.inodes = base / "fs.img", base / "fs", gib, "", inodes
 
     def __enter__(self) -> Path:
         with open(self.img, "wb") as f:
             f.truncate(int(self.gib * 1024 * MIB))
-        subprocess.run(["mkfs.ext4", "-q", "-F", str(self.img)], check=True)
+        subprocess.run(["mkfs.ext4", "-q", "-F", "-N", str(self.inodes), str(self.img)], check=True)
         self.dev = subprocess.run(["losetup", "--direct-io=on", "--find", "--show", str(self.img)], check=True,
                                   capture_output=True, text=True).stdout.strip()
         self.mnt.mkdir(exist_ok=True)
@@ -164,11 +164,12 @@ def supervised(local: Path, step: Path, work: Path, streams: int, backend: str, 
 
 
 def run_shape(name: str, base_dir: Path, runs: int, streams: list[int], backend: str, goal: float,
-              write, gib: float, fresh: bool, keep: bool) -> list[tuple[int, float, float]]:
+              write, gib: float, fresh: bool, keep: bool, files: int) -> list[tuple[int, float, float]]:
     """Print one line per run and stream count; return (streams, ratio, RSS MB) of each."""
     out = []
     for r in range(1, runs + 1):
-        with (FreshFs(base_dir, gib) if fresh else contextlib.nullcontext(base_dir)) as work:
+        inodes = (3 + len(streams)) * files + 65536
+        with (FreshFs(base_dir, gib, inodes) if fresh else contextlib.nullcontext(base_dir)) as work:
             local = work / "local"
             step = local / "step_000001"
             write(step)
@@ -230,12 +231,12 @@ def main() -> None:
         if "many" in shapes:
             gib = copies * a.files * (a.file_size + 4096) / (1024 * MIB) + 1
             run_shape("many", work, a.runs, streams, a.backend, 1.2,
-                      lambda step: write_many(step, a.files, a.file_size), gib, fresh, keep=fresh)
+                      lambda step: write_many(step, a.files, a.file_size), gib, fresh, keep=fresh, files=a.files)
         if "large" in shapes:
             size = int(a.large * 1024 * MIB)
             run_shape("large", work, a.runs, streams, a.backend, 1.1,
                       lambda step: write_large(step, a.large_count, size), 2.5 * a.large * a.large_count + 1,
-                      fresh, keep=False)
+                      fresh, keep=False, files=a.large_count)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"# done {time.strftime('%H:%M:%S')}; uptime: {os.popen('uptime').read().strip()}", flush=True)

@@ -182,7 +182,7 @@ async def run_copier(argv: list[str], *, stdin: bytes | Iterable[bytes] | None =
                 io_tg.start_soon(feed)
             await proc.wait()
             if proc.returncode:  # killed, or failed: rsync's forked receiver must not write on
-                _killpg(proc.pid)
+                await _kill_group(proc.pid)
             tg.cancel_scope.cancel()
         if stalled:
             raise CopyError(f"copier stalled: nothing read or written for {copier_stall():g}s; killed")
@@ -190,12 +190,11 @@ async def run_copier(argv: list[str], *, stdin: bytes | Iterable[bytes] | None =
         assert rc is not None
     except BaseException:
         with anyio.CancelScope(shield=True):
+            members = _members(proc.pid)
             _killpg(proc.pid)
             with anyio.move_on_after(REAP_BOUND):
                 await proc.wait()
-            with anyio.move_on_after(0.5):  # the group's other members, reaped by init
-                while _group_alive(proc.pid):
-                    await anyio.sleep(0.01)
+            await _reap_members(proc.pid, members)
         raise
     return _Done(rc, b"".join(out), b"".join(err))
 
@@ -214,6 +213,36 @@ def _group_io(pgid: int) -> int:
         except (OSError, ValueError):
             total += p.pid  # gone, or /proc/PID/io not ours to read: a new member counts as change
     return total
+
+
+def _members(pgid: int) -> set[int]:
+    """The group's processes other than its leader (rsync's forked receiver and generator)."""
+    return {p.pid for p in proctree.all_processes() if p.pgid == pgid and p.pid != pgid}
+
+
+async def _kill_group(pgid: int) -> None:
+    members = _members(pgid)
+    if members:
+        _killpg(pgid)
+        await _reap_members(pgid, members)
+
+
+async def _reap_members(pgid: int, members: set[int]) -> None:
+    """Wait (0.5 s at most) for the killed group to be gone. Its members outlive their leader
+    and are re-parented to us (supervise is a child subreaper, and the orphan reaper leaves
+    our own session's processes to whoever started them): each is reaped here by pid, or it
+    would stay a zombie; one that is not ours (init took it) is init's to reap."""
+    with anyio.move_on_after(0.5):
+        while True:
+            for pid in list(members):
+                try:
+                    if os.waitpid(pid, os.WNOHANG)[0]:
+                        members.discard(pid)
+                except ChildProcessError:
+                    members.discard(pid)
+            if not members and not _group_alive(pgid):
+                return
+            await anyio.sleep(0.01)
 
 
 def _killpg(pgid: int) -> None:
