@@ -282,22 +282,23 @@ def _failure(what: str, rc: int, stderr: str) -> CopyError:
 
 def share(files: Files, skip: Sequence[str], streams: int) -> list[list[str]]:
     """The files (less ``skip``) dealt among at most ``streams`` copiers, each about the same
-    work: largest first to the least loaded (bytes, plus ``PER_FILE_COST`` a file, since many
-    small files cost their metadata operations more than their bytes); each share keeps the
-    snapshot's order. Two 4 GB shards go one to each stream; 100 000 small files split evenly."""
+    work: each file, in the snapshot's order, to the least loaded so far (bytes, plus
+    ``PER_FILE_COST`` a file, since many small files cost their metadata operations more
+    than their bytes). Two 4 GB shards go one to each stream; 100 000 small files split
+    evenly. One pass, no sort and no per-file objects beyond the lists (100 000 files: ~1 MB)."""
     skipped = set(skip)
-    names = [rel for rel in files if rel not in skipped]
-    if streams <= 1 or len(names) <= 1:
+    if streams <= 1:
+        names = [rel for rel in files if rel not in skipped]
         return [names] if names else []
-    order = sorted(range(len(names)), key=lambda i: -files[names[i]][0])
-    loads = [(0, k) for k in range(min(streams, len(names)))]
-    heapq.heapify(loads)
-    dealt: list[list[int]] = [[] for _ in loads]
-    for i in order:
-        load, k = heapq.heappop(loads)
-        dealt[k].append(i)
-        heapq.heappush(loads, (load + files[names[i]][0] + PER_FILE_COST, k))
-    return [[names[i] for i in sorted(idx)] for idx in dealt if idx]
+    dealt: list[list[str]] = [[] for _ in range(streams)]
+    loads = [(0, k) for k in range(streams)]
+    for rel, (size, _mtime) in files.items():
+        if rel in skipped:
+            continue
+        load, k = loads[0]
+        dealt[k].append(rel)
+        heapq.heapreplace(loads, (load + size + PER_FILE_COST, k))
+    return [names for names in dealt if names]
 
 
 def nul_list(names: Sequence[str]) -> Iterator[bytes]:

@@ -432,7 +432,7 @@ class PairEngine:
             if now is None or not now.complete:  # rotated away, or not what we thought: not a failure
                 await _to_thread(_fsops.remove_ours, staging)
                 return False
-            if not now.snap.same_content(e.snap):  # changed while copied: copy again before it counts
+            if now.snap.files != e.snap.files:  # changed while copied: copy again before it counts (no copies of 100 000-entry dicts)
                 e = now
                 continue
             # A clean first copy of an unchanged source is whole (the copier exits non-zero
