@@ -134,6 +134,17 @@ def _nice(v: Any) -> int:
     return n
 
 
+def _streams(v: Any) -> int:
+    """Parallel copy streams: more than 64 only queues on the metadata servers it meant to spread over."""
+    try:
+        n = _count(v)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 64:
+        raise ValueError("a number of copy streams from 1 to 64")
+    return n
+
+
 def _choice(*options: str) -> Callable[[Any], str]:
     def convert(v: Any) -> str:
         if not isinstance(v, str) or v.strip().lower() not in options:
@@ -265,6 +276,8 @@ KEYS: tuple[Key, ...] = (
     Key("sync_nice", _nice, 10, "CPU niceness of copies (0-19)", "N", _G_SYNC),
     Key("sync_ionice", _choice("idle", "best-effort", "none"), "idle", "I/O class of copies: idle, best-effort or none",
         "CLASS", _G_SYNC),
+    Key("sync_streams", _streams, 2, "parallel copy streams per checkpoint (1-64), each copying a share of its "
+        "files; raise it on a parallel file system with many servers", "N", _G_SYNC),
     Key("gpu_every", _duration, 10.0, "GPU and host sampling period; 0 disables", "DURATION", _G_SAMPLE, "10s"),
     Key("gpu_backend", _choice("auto", "nvml", "dmon", "none"), "auto", "auto, nvml, dmon or none", "NAME", _G_SAMPLE),
     Key("dmon_log", _bool, False, "keep nvidia-smi dmon's raw output beside gpu.csv", None, _G_SAMPLE),
@@ -328,6 +341,7 @@ class Config:
     sync_backend: str = DEFAULT["sync_backend"]
     sync_nice: int = DEFAULT["sync_nice"]
     sync_ionice: str = DEFAULT["sync_ionice"]
+    sync_streams: int = DEFAULT["sync_streams"]
     # sampling
     gpu_every: float = DEFAULT["gpu_every"]
     gpu_backend: str = DEFAULT["gpu_backend"]

@@ -73,6 +73,7 @@ def make_plan(cfg: Config, env: Mapping[str, str] | None = None) -> Plan:
         # The training's processes are attached when the agent runs (Mirror.attach); they will be seen.
         plan.mirror = Mirror(cfg.sync, emit=lambda kind, **f: f, sync_every=cfg.sync_every,
                              backend=cfg.sync_backend, nice=cfg.sync_nice, ionice=cfg.sync_ionice, writers=set,
+                             streams=cfg.sync_streams,
                              published_before=Mirror.published_in(previous))  # another run's are never replaced
         plan.warnings += plan.mirror.check()
     if cfg.notify:
@@ -96,7 +97,8 @@ def describe(plan: Plan) -> list[tuple[str, str, str]]:
                              f"({'set' if cfg.warn_before is not None else 'learned'})")]
     if plan.mirror is not None:
         out += [(status, "sync", text) for status, text in plan.mirror.describe()]
-        out.append(("ok", "sync", f"backend {plan.mirror.backend_name} (sync_backend = {cfg.sync_backend})"))
+        out.append(("ok", "sync", f"backend {plan.mirror.backend_name} (sync_backend = {cfg.sync_backend}), "
+                                  f"{cfg.sync_streams} copy stream{'s' if cfg.sync_streams > 1 else ''} (sync_streams)"))
     if plan.notify_urls:
         out.append(("ok", "notify", f"{len(plan.notify_urls)} webhook(s), {cfg.notify_format}"))
     return out

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import anyio
 from anyio.abc import TaskStatus
 
-from supervisor.config import SyncPair
+from supervisor.config import DEFAULT, SyncPair
 from supervisor.errors import ConfigError
 from supervisor.journal import Emit
 from supervisor.sync import _fsops
@@ -47,6 +47,7 @@ class Mirror:
 
     def __init__(self, pairs: Sequence[SyncPair], *, emit: Emit, sync_every: float = 600.0,
                  backend: str = "auto", nice: int = 10, ionice: str = "idle",
+                 streams: int = DEFAULT["sync_streams"],
                  retry_base: float = 2.0, retry_cap: float = 120.0, node_rank: int = 0,
                  parts_poll: float = 1.0, writers: Callable[[], set[int]] | None = None,
                  published_before: Mapping[str, Iterable[str]] | None = None) -> None:
@@ -57,10 +58,10 @@ class Mirror:
         emit = self._emit
         self._backend_error: ConfigError | None = None
         try:
-            self._backend: Backend = choose_backend(backend, nice=nice, ionice=ionice)
+            self._backend: Backend = choose_backend(backend, nice=nice, ionice=ionice, streams=streams)
         except FileNotFoundError:
             self._backend_error = ConfigError("sync_backend", backend, "rsync is not on PATH; use auto or python")
-            self._backend = PythonBackend(nice, ionice)
+            self._backend = PythonBackend(nice, ionice, streams)
         self._published = 0
         self._completed: list[tuple[float | None, Any]] = []  # (completed at, (name, inode)) per publish
         self._published_event = anyio.Event()

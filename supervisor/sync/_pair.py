@@ -425,8 +425,9 @@ class PairEngine:
             got = CopyResult()
             try:
                 if e.is_dir:
+                    # the snapshot's files, not a second walk; shared among the copy streams
                     got += await self.backend.copy_tree(src, staging, exclude=within(e.name, p.exclude), skip=e.markers, fsync=p.fsync,
-                                                        fresh=not leftover)
+                                                        fresh=not leftover, files=e.snap.files)
                     got.bytes += await _to_thread(_fsops.copy_markers, src, staging, e.markers, fsync=p.fsync)
                     got.files += len(e.markers)
                 else:
@@ -444,7 +445,7 @@ class PairEngine:
             if now is None or not now.complete:  # rotated away, or not what we thought: not a failure
                 await _to_thread(_fsops.remove_ours, staging)
                 return False
-            if not now.snap.same_content(e.snap):  # changed while copied: copy again before it counts
+            if now.snap.files != e.snap.files:  # changed while copied: copy again before it counts (no copies of 100 000-entry dicts)
                 e = now
                 continue
             # A clean first copy of an unchanged source is whole (the copier exits non-zero

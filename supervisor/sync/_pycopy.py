@@ -16,6 +16,10 @@ Modes, mirroring the rsync invocations in ``_backend.py``:
 * ``grow``: logs in place (``rsync --append-verify``): a longer source is appended to the
   same inode after checking the tail already there; a mismatch rewrites it in place.
 
+``tree`` with ``"listed": true``: the request's line is followed by the files to copy
+(NUL-separated, relative to ``src``, one stream's share of the checkpoint's snapshot):
+those are copied, no walk.
+
 Result on stdout: ``{"files", "bytes", "vanished", "error", "errno"}``; exit status as
 rsync's: 0 ok, 24 some sources vanished, 23 partial failure, 11 I/O error.
 """
@@ -216,6 +220,35 @@ def tree(req: dict, stats: Stats) -> None:
         os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
+def listed_tree(req: dict, names: list[str], stats: Stats) -> None:
+    """``tree`` for exactly the files named (one stream's share of a checkpoint's snapshot):
+    no walk; parents made as needed (their attributes are set by the caller once every
+    stream is done)."""
+    src, dst, fsync, in_place = req["src"], req["dst"], bool(req.get("fsync")), bool(req.get("in_place"))
+    made = {""}
+    os.makedirs(dst, exist_ok=True)
+    for rel in names:
+        source = os.path.join(src, rel)
+        try:
+            st = os.lstat(source)
+        except FileNotFoundError:
+            stats.vanished += 1
+            continue
+        parent = os.path.dirname(rel)
+        if parent not in made:
+            os.makedirs(os.path.join(dst, parent), exist_ok=True)
+            made.add(parent)
+        target = os.path.join(dst, rel)
+        if _same(st, target):
+            continue
+        try:
+            _copy_one(source, target, st, fsync, stats, in_place)
+        except FileNotFoundError:
+            if os.path.exists(source):
+                raise
+            stats.vanished += 1
+
+
 def one_file(req: dict, stats: Stats) -> None:
     try:
         st = os.lstat(req["src"])
@@ -307,11 +340,18 @@ MODES = {"tree": tree, "file": one_file, "grow": grow}
 
 
 def main() -> int:
-    req = json.loads(sys.stdin.read())
+    # The request is one JSON line; with "listed", the files to copy follow it, NUL-separated.
+    head, _, rest = sys.stdin.buffer.read().partition(b"\n")
+    req = json.loads(head)
+    names = [os.fsdecode(n) for n in rest.split(b"\0") if n] if req.get("listed") else None
+    del rest
     stats = Stats()
     error, errno_ = None, None
     try:
-        MODES[req["mode"]](req, stats)
+        if names is not None:
+            listed_tree(req, names, stats)
+        else:
+            MODES[req["mode"]](req, stats)
     except OSError as e:
         error, errno_ = f"{e.strerror or e}: {e.filename or ''}".rstrip(": "), e.errno
     out = {"files": stats.files, "bytes": stats.bytes, "vanished": stats.vanished, "error": error, "errno": errno_}

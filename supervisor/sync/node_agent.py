@@ -174,7 +174,8 @@ async def run_node_agent(cfg: Config, rank: int, env: Mapping[str, str] | None =
         raise ConfigError("nodes", 1, "no per-node checkpoint pair: give --nodes N with --checkpoints, "
                           "or nodes = N in a [[sync]] table")
     mirror = Mirror(pairs, emit=lambda *a, **k: {}, sync_every=cfg.sync_every, backend=cfg.sync_backend,
-                    nice=cfg.sync_nice, ionice=cfg.sync_ionice, node_rank=rank, parts_poll=parts_poll)
+                    nice=cfg.sync_nice, ionice=cfg.sync_ionice, streams=cfg.sync_streams, node_rank=rank,
+                    parts_poll=parts_poll)
     warnings = mirror.check()  # ConfigError before anything is written
     where = node_dir(cfg.run_dir, rank)
     try:
@@ -191,7 +192,8 @@ async def run_node_agent(cfg: Config, rank: int, env: Mapping[str, str] | None =
         log.warning("%s", w)
     journal = Journal(where, next_attempt(where, env))
     mirror = Mirror(pairs, emit=journal.emit, sync_every=cfg.sync_every, backend=cfg.sync_backend,
-                    nice=cfg.sync_nice, ionice=cfg.sync_ionice, node_rank=rank, parts_poll=parts_poll)
+                    nice=cfg.sync_nice, ionice=cfg.sync_ionice, streams=cfg.sync_streams, node_rank=rank,
+                    parts_poll=parts_poll)
     journal.emit("node-start", durable=True, version=__version__, node=rank, nodes=max(p.nodes for p in pairs),
                  host=socket.gethostname(), pid=os.getpid(), argv=sys.argv, backend=mirror.backend_name,
                  pairs=[{"name": p.name, "nodes": p.nodes, "from": str(p.src), "to": str(p.dst)} for p in pairs])

@@ -73,6 +73,13 @@ DEADLINES = [
 OTHERS = [
     ("max-restarts-negative", ["--max-restarts", "-1"], None, {}, ["max_restarts", "whole number"]),
     ("toml-sync-nice-20", [], "sync_nice = 20\n", {}, ["sync_nice", "0 to 19"]),
+    ("sync-streams-0", ["--sync-streams", "0"], None, {}, ["sync_streams", "1 to 64"]),
+    ("sync-streams-65", ["--sync-streams", "65"], None, {}, ["sync_streams", "1 to 64"]),
+    ("sync-streams-two", ["--sync-streams", "two"], None, {}, ["sync_streams", "1 to 64"]),
+    ("toml-sync-streams-minus-1", [], "sync_streams = -1\n", {}, ["sync_streams", "1 to 64"]),
+    ("toml-sync-streams-float", [], "sync_streams = 2.5\n", {}, ["sync_streams", "1 to 64"]),
+    ("toml-sync-streams-bool", [], "sync_streams = true\n", {}, ["sync_streams", "1 to 64"]),
+    ("env-sync-streams-1e3", [], None, {"SUPERVISE_SYNC_STREAMS": "1000"}, ["sync_streams", "SUPERVISE_SYNC_STREAMS"]),
     ("launcher-unknown", ["--launcher", "nope"], None, {}, ["launcher", "nope"]),
     ("gpu-backend-unknown", ["--gpu-backend", "cuda"], None, {}, ["gpu_backend", "cuda"]),
     ("toml-sync-from-int", [], "[[sync]]\nfrom = 3\nto = '/tmp/b'\n", {}, ["sync[0].from"]),
