@@ -27,7 +27,7 @@ from supervisor.sync import _fsops
 from supervisor.sync._backend import Backend, CopyError, CopyResult
 from supervisor.sync._complete import Context, Entry, Listing, Snap, classify, matches, natural_key, snapshot
 from supervisor.sync._exclude import within
-from supervisor.sync._pair import RECOPY_TRIES, PairEngine, _to_thread
+from supervisor.sync._pair import RECOPY_TRIES, PairEngine, _complete_newest_first, _to_thread
 from supervisor.sync._profiles import Profile
 from supervisor.sync._parts import (PartConflict, PartsChanged, assemble, manifest_path, manifest_snap,
                                     part_dir, read_manifest, remove_parts, waiting, withdraw, write_manifest)
@@ -239,16 +239,9 @@ class PartEngine(PairEngine):
     async def _checkpoint_pass(self, trigger: str, stats: CopyResult, published: list[str]) -> None:
         p = self.pair
         listing: Listing = await _to_thread(self._scan, cheap=trigger in ("watch", "parts"))
-        self.marker_seen = listing.marker_seen
-        self._adopt_profile(listing, "local")
-        newest = max((e.snap.newest_ns for e in listing.entries.values()), default=0)
-        if newest != self._newest_ns:
-            self._newest_ns = newest
-            self.last_activity = time.monotonic()
+        self._take_listing(listing)
         todo: list[Entry] = []
-        for e in sorted(listing.entries.values(), key=lambda e: natural_key(e.name), reverse=True):
-            if not e.complete:
-                continue
+        for e in _complete_newest_first(listing):
             prev = self.published.get(e.name) or self.stale.get(e.name)
             if prev is not None and prev.same_content(e.snap):
                 continue
@@ -274,13 +267,7 @@ class PartEngine(PairEngine):
         if self.leader:
             await self._assemble_ready(trigger, published, listing)
             await self._publish_pointers(listing)
-        self._note_pending(listing)
-        ready = [e.ready_at for e in listing.entries.values() if e.ready_at is not None]
-        if ready:
-            self.recheck_at = time.monotonic() + max(0.05, min(ready) - time.time() + 0.05)
-            self._poke_ticker()
-        if p.keep_local:
-            await self._retain(listing)
+        await self._end_pass(listing)
 
     def _single_files(self, name: str, have: dict[int, float]) -> bool:
         """Are the parts there all single-file checkpoints? Such a checkpoint (``model_500.pt``,

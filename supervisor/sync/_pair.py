@@ -306,6 +306,15 @@ class PairEngine:
             self._torn_cache[key] = torn_file(str(path))
         return self._torn_cache[key]
 
+    def _take_listing(self, listing: Listing) -> None:
+        """A local pass's listing: the marker seen, the profile it shows, the last local change."""
+        self.marker_seen = listing.marker_seen
+        self._adopt_profile(listing, "local")
+        newest = max((e.snap.newest_ns for e in listing.entries.values()), default=0)
+        if newest != self._newest_ns:
+            self._newest_ns = newest
+            self.last_activity = time.monotonic()
+
     def _adopt_profile(self, listing: Listing, where: str) -> None:
         """Keep the detected profile; a file-only guess (torch-save) gives way to directories.
         Entries of no known layout are said once (generic rules: quiescence), not kept."""
@@ -350,17 +359,10 @@ class PairEngine:
         # trust unchanged top-level stats of published checkpoints; every other pass walks all.
         pids = self.writers() if self.writers is not None else None
         listing: Listing = await _to_thread(self._scan, cheap=trigger == "watch", pids=pids)
-        self.marker_seen = listing.marker_seen
-        self._adopt_profile(listing, "local")
+        self._take_listing(listing)
         self._journal_torn(listing)
-        newest = max((e.snap.newest_ns for e in listing.entries.values()), default=0)
-        if newest != self._newest_ns:
-            self._newest_ns = newest
-            self.last_activity = time.monotonic()
         todo: list[Entry] = []
-        for e in sorted(listing.entries.values(), key=lambda e: natural_key(e.name), reverse=True):
-            if not e.complete:
-                continue
+        for e in _complete_newest_first(listing):
             prev = self.published.get(e.name)
             if prev is not None and prev.same_content(e.snap):
                 continue
@@ -390,12 +392,16 @@ class PairEngine:
             await self._publish_pointers(listing)
             self._note_pending(listing)
         await self._publish_pointers(listing)
+        await self._end_pass(listing)
+
+    async def _end_pass(self, listing: Listing) -> None:
+        """After a checkpoint pass: what is pending, when to look again, what local copies to keep."""
         self._note_pending(listing)
         ready = [e.ready_at for e in listing.entries.values() if e.ready_at is not None]
         if ready:
             self.recheck_at = time.monotonic() + max(0.05, min(ready) - time.time() + 0.05)
             self._poke_ticker()
-        if p.keep_local:
+        if self.pair.keep_local:
             await self._retain(listing)
 
     def _owns(self, name: str) -> bool:
@@ -652,6 +658,11 @@ class PairEngine:
                     _fsops.write_link(p.src / name, best.name)
                     done.append(name)
         return done
+
+
+def _complete_newest_first(listing: Listing) -> list[Entry]:
+    """The complete entries of a pass, the newest name first (a stop wants the newest soonest)."""
+    return [e for e in sorted(listing.entries.values(), key=lambda e: natural_key(e.name), reverse=True) if e.complete]
 
 
 def _newest(listing: Listing, profile: Profile | None) -> Entry | None:
