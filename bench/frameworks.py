@@ -68,7 +68,7 @@ def bench_case(case_id: str, work: Path, saves: int, every: float) -> dict[str, 
 
     # 1. lag over a finished run
     run = Run(case, work / case_id / "lag")
-    poller = Poller.start(case.profile, run.persistent, work / case_id / "lag-sightings.jsonl")
+    poller = Poller.start(case.loader, run.persistent, work / case_id / "lag-sightings.jsonl")
     try:
         a = run.run(steps=saves * save_every, save_every=save_every, step_sleep=step_sleep, restore=False, timeout=600)
     finally:
@@ -84,7 +84,7 @@ def bench_case(case_id: str, work: Path, saves: int, every: float) -> dict[str, 
 
     # 2. preemption, then a requeue on an empty disk
     run = Run(case, work / case_id / "preempt")
-    poller = Poller.start(case.profile, run.persistent, work / case_id / "preempt-sightings.jsonl")
+    poller = Poller.start(case.loader, run.persistent, work / case_id / "preempt-sightings.jsonl")
     try:
         a1 = run.start(steps=100000, save_every=save_every, step_sleep=step_sleep)
         run.preempt(a1, at_step=3 * save_every + 2, timeout=300)
@@ -100,7 +100,7 @@ def bench_case(case_id: str, work: Path, saves: int, every: float) -> dict[str, 
         name = Path(restored).name
         p = run.persistent / name
         try:
-            CHECKERS[case.profile](p)
+            CHECKERS[case.loader](p)
         except BaseException:  # noqa: BLE001 - a restore of something that does not load
             good_restore = False
     torn += len(poller.torn())
