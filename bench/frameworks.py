@@ -1,7 +1,8 @@
 """Every framework profile side by side, through the real ``supervise`` (issue 12).
 
 For each case of tests/frameworks (HF ``Trainer``, Lightning with a ``last.ckpt`` copy and a
-link, ``torch.save`` in place and through ``os.replace``, DCP, Accelerate), in one invocation:
+link, ``torch.save`` in place and through ``os.replace``, DCP, Accelerate, DeepSpeed ZeRO 0 and
+1 with 2 ranks, Orbax), in one invocation:
 
 1. **Publish lag.** A finished run of ``--saves`` checkpoints, one every ``--every`` seconds.
    Two figures per checkpoint: the ``publish`` event's ``lag_s`` (supervise's own: now minus
@@ -20,6 +21,7 @@ link, ``torch.save`` in place and through ``os.replace``, DCP, Accelerate), in o
     .venv/bin/python bench/frameworks.py                 # every case whose library is installed
     .venv/bin/python bench/frameworks.py --cases hf dcp  # some
     .venv/bin/python bench/frameworks.py --json out.json
+    .venv/bin/python bench/frameworks.py --cases deepspeed-zero1 --save-pause 3   # rank 1 late by 3 s
 
 Goal (issue 12): lag p95 < 1 s for every profile whose writer is visible; 0 torn sightings;
 0 lost final checkpoints; 0 restores of a non-checkpoint.
@@ -60,7 +62,7 @@ def reader_lags(attempt_saved: list[dict[str, Any]], sightings: list[dict[str, A
     return [first[x["step"]] - x["t"] for x in attempt_saved if x["step"] in first]
 
 
-def bench_case(case_id: str, work: Path, saves: int, every: float) -> dict[str, Any]:
+def bench_case(case_id: str, work: Path, saves: int, every: float, save_pause: float = 0.0) -> dict[str, Any]:
     case = CASES[case_id]
     save_every = 5
     step_sleep = every / save_every
@@ -68,12 +70,15 @@ def bench_case(case_id: str, work: Path, saves: int, every: float) -> dict[str, 
 
     # 1. lag over a finished run
     run = Run(case, work / case_id / "lag")
-    poller = Poller.start(case.profile, run.persistent, work / case_id / "lag-sightings.jsonl")
+    poller = Poller.start(case.loader, run.persistent, work / case_id / "lag-sightings.jsonl")
     try:
-        a = run.run(steps=saves * save_every, save_every=save_every, step_sleep=step_sleep, restore=False, timeout=600)
+        a = run.run(steps=saves * save_every, save_every=save_every, step_sleep=step_sleep, restore=False, timeout=600,
+                    save_pause=save_pause)
     finally:
         poller.stop()
-    lags = [e["lag_s"] for e in run.events(a, "publish") if not e.get("pointer") and e.get("lag_s") is not None]
+    # checkpoints only: not pointers, nor files beside them (DeepSpeed's zero_to_fp32.py)
+    lags = [e["lag_s"] for e in run.events(a, "publish") if not e.get("pointer") and e.get("restorable") is not False
+            and e.get("lag_s") is not None]
     seen = reader_lags(a.lines("saved"), poller.sightings())
     prof = (run.events(a, "sync-profile") or [{}])[-1]
     res.update(rc=a.rc, detected=prof.get("profile"), writers=prof.get("writers"), publishes=len(lags),
@@ -84,7 +89,7 @@ def bench_case(case_id: str, work: Path, saves: int, every: float) -> dict[str, 
 
     # 2. preemption, then a requeue on an empty disk
     run = Run(case, work / case_id / "preempt")
-    poller = Poller.start(case.profile, run.persistent, work / case_id / "preempt-sightings.jsonl")
+    poller = Poller.start(case.loader, run.persistent, work / case_id / "preempt-sightings.jsonl")
     try:
         a1 = run.start(steps=100000, save_every=save_every, step_sleep=step_sleep)
         run.preempt(a1, at_step=3 * save_every + 2, timeout=300)
@@ -100,7 +105,7 @@ def bench_case(case_id: str, work: Path, saves: int, every: float) -> dict[str, 
         name = Path(restored).name
         p = run.persistent / name
         try:
-            CHECKERS[case.profile](p)
+            CHECKERS[case.loader](p)
         except BaseException:  # noqa: BLE001 - a restore of something that does not load
             good_restore = False
     torn += len(poller.torn())
@@ -118,6 +123,8 @@ def main() -> None:
     ap.add_argument("--cases", nargs="*", default=sorted(CASES), choices=sorted(CASES))
     ap.add_argument("--saves", type=int, default=8, help="checkpoints in the lag run (default 8)")
     ap.add_argument("--every", type=float, default=1.0, help="seconds between saves (default 1)")
+    ap.add_argument("--save-pause", type=float, default=0.0,
+                    help="a pause inside each save of the lag run (DeepSpeed: rank 1 late by this much)")
     ap.add_argument("--work", type=Path, help="scratch directory (default: a temp dir)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
@@ -129,7 +136,7 @@ def main() -> None:
                 print(f"{cid}: skipped, {why}", file=sys.stderr)
                 continue
             print(f"{cid} …", file=sys.stderr, flush=True)
-            rows.append(bench_case(cid, Path(tmp), a.saves, a.every))
+            rows.append(bench_case(cid, Path(tmp), a.saves, a.every, a.save_pause))
     f = lambda v: "–" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
     cols = ["case", "profile", "writers", "publishes", "lag_p50", "lag_p95", "reader_p50", "reader_p95",
             "torn_sightings", "steps_lost", "restored", "bad_restores", "lost_finals"]

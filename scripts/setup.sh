@@ -36,10 +36,16 @@ if [ -z "${SUPERVISE_SETUP_MINIMAL:-}" ]; then
   .venv/bin/pip install -q -e '.[test]' 'torch==2.13.0' numpy mpi4py py-spy >"$PIPLOG" 2>&1 || true
   # The training libraries tests/frameworks checkpoints with (issue 12), pinned; torch stays
   # pinned beside them so none of them resolves another torch (checked with pip --dry-run:
-  # ~20 s from the cache, no CUDA wheel). DeepSpeed (an op build) and Orbax (jax) are not
-  # installed: their documented layouts are tested with small fake writers.
+  # ~20 s from the cache, no CUDA wheel).
   .venv/bin/pip install -q 'torch==2.13.0' 'transformers==5.23.0' 'lightning==2.6.6' 'accelerate==1.15.0' \
     >>"$PIPLOG" 2>&1 || true
+  # DeepSpeed (issue 25): an sdist that builds no op at install; --no-build-isolation so that it
+  # sees the venv's torch (about 45 s). jax + Orbax: CPU wheels (jax >= 0.11 needs Python 3.12).
+  # Both are what tests/frameworks proves: a failed install fails setup.
+  .venv/bin/pip install -q --no-build-isolation 'torch==2.13.0' 'deepspeed==0.19.8' >>"$PIPLOG" 2>&1 \
+    || { tail -n 30 "$PIPLOG" >&2; echo "setup: deepspeed did not install (log: $PIPLOG)" >&2; exit 1; }
+  .venv/bin/pip install -q 'torch==2.13.0' 'jax==0.10.2' 'orbax-checkpoint==0.12.8' >>"$PIPLOG" 2>&1 \
+    || { tail -n 30 "$PIPLOG" >&2; echo "setup: jax/orbax did not install (log: $PIPLOG)" >&2; exit 1; }
   .venv/bin/python -c 'import sys, torch; v = torch.__version__.split("+")[0]; sys.exit(None if v == "2.13.0" else f"setup: torch {v} was pulled in, not 2.13.0")'
 else
   .venv/bin/pip install -q -e . >"$PIPLOG" 2>&1 || true
@@ -48,3 +54,5 @@ fi
   || { tail -n 30 "$PIPLOG" >&2; echo "setup: install failed (all of pip's output: $PIPLOG)" >&2; exit 1; }
 # Horovod with PyTorch + Gloo (+ MPI), patched and built once, then reused (never fails setup).
 if [ -z "${SUPERVISE_SETUP_MINIMAL:-}" ]; then bash scripts/build-horovod.sh; fi
+# DeepSpeed's one JIT op, built once into a cache the framework tests reuse (fails setup if it does not build).
+if [ -z "${SUPERVISE_SETUP_MINIMAL:-}" ]; then bash scripts/build-deepspeed-ops.sh; fi

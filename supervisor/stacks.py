@@ -65,6 +65,42 @@ def dump(pids: set[int], out_dir: Path, *, timeout: float) -> dict[str, Any]:
     return {"outcome": "dumped" if dumped else "failed", "dumped": dumped, "failed": failed, "dir": str(out_dir)}
 
 
+INSIDE_TIMEOUT = 2.0  # seconds for one py-spy dump when asking whether a save is under way
+
+
+def inside(pids: set[int], calls: tuple[str, ...], *, timeout: float = INSIDE_TIMEOUT) -> bool | None:
+    """Is any thread of the Python processes among ``pids`` inside one of ``calls`` right now?
+
+    ``calls`` are ``"file.py:function"`` (the file's name, not its directory): Accelerate's
+    ``accelerator.py:save_state``. The sync engine asks this about a save that writes no
+    marker of its own (docs/sync.md, Accelerate): the save is complete once no rank is inside
+    it. One ``py-spy dump`` (Python frames only, about 10–40 ms) per process; blocking (call
+    it from a worker thread). None when it cannot tell: py-spy missing, or a dump failed for
+    a process that is still there."""
+    exe = py_spy()
+    if exe is None:
+        return None
+    wanted = [tuple(c.rsplit(":", 1)) for c in calls]
+    for pid in sorted(p for p in pids if _is_python(p)):
+        try:
+            r = subprocess.run([exe, "dump", "--json", "--pid", str(pid)], capture_output=True, text=True,
+                               timeout=timeout, stdin=subprocess.DEVNULL)
+            threads = json.loads(r.stdout) if r.returncode == 0 else None
+        except (subprocess.TimeoutExpired, ValueError):
+            threads = None
+        if threads is None:
+            if os.path.exists(f"/proc/{pid}"):
+                return None
+            continue  # exited meanwhile: it is inside nothing
+        for t in threads if isinstance(threads, list) else []:
+            for f in t.get("frames") or []:
+                file, name = os.path.basename(str(f.get("filename") or "")), str(f.get("name"))
+                # Python 3.11+ frames carry the qualified name: Accelerator.save_state
+                if any(file == wf and (name == wn or name.endswith("." + wn)) for wf, wn in wanted):
+                    return True
+    return False
+
+
 def group(run_dir: Path) -> list[dict[str, Any]]:
     """Every dumped thread of the run, grouped by identical stack (function and file, innermost
     first), the most common first: ``{"attempt", "count", "pids", "frames"}``."""

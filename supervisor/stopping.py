@@ -210,10 +210,12 @@ class StopSequence:
                 "answer": answer[0] if answer else None, "in_progress": sorted(n for n, _ in in_progress)}
 
     def publish_times(self) -> list[float]:
-        """When this attempt's checkpoints were published (its journal's ``publish`` events)."""
+        """When this attempt's checkpoints were published (its journal's ``publish`` events; not
+        pointers, nor files beside the checkpoints, which a save rewrites too)."""
         run = self.run
         return [float(e["t"]) for e in read_journal(run.plan.run_dir).events
-                if e.get("kind") == "publish" and e.get("attempt") == run.plan.attempt and not e.get("pointer")]
+                if e.get("kind") == "publish" and e.get("attempt") == run.plan.attempt and not e.get("pointer")
+                and e.get("restorable") is not False]
 
     async def flush(self, reason: str) -> dict[str, Any]:
         run = self.run

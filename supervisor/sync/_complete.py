@@ -24,9 +24,12 @@ Everything here does blocking I/O (``os.scandir``, ``stat``) and is called throu
 from __future__ import annotations
 
 import fnmatch
+import functools
 import os
+import pickletools
 import re
 import stat
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
@@ -168,6 +171,7 @@ class Listing:
     profile: Profile | None = None
     evidence: str = ""              # what the profile was detected from
     outside: list[str] = field(default_factory=list)  # top-level links that leave the pair's directory
+    names: list[str] = field(default_factory=list)    # every candidate top-level name (also those ``only`` skipped)
 
 
 @dataclass
@@ -180,6 +184,9 @@ class Context:
     exited: bool = False
     inodes: Mapping[str, int] = field(default_factory=dict)
     torn_check: Callable[[Path, Snap], str | None] | None = None
+    # Is a rank of the training inside one of these calls now? (its Python stack, stacks.inside;
+    # None: cannot tell). Asked only of a save that writes no marker and has no earlier one.
+    saving: Callable[[tuple[str, ...]], bool | None] | None = None
 
 
 def pointer_target(name: str, content: bytes, names: Iterable[str]) -> str | None:
@@ -251,6 +258,7 @@ def classify(root: Path, *, markers: tuple[str, ...] = (), exclude: tuple[str, .
             out.marker_seen = True
         elif not is_temp(name) and not excluded(name, exclude, stat.S_ISDIR(st.st_mode)):
             candidates.append(name)
+    out.names = candidates
     for p in out.pointers.values():
         p.target = pointer_target(p.name, p.content, candidates)
     for name, st in links:
@@ -345,17 +353,23 @@ def _judge(root: Path, name: str, snap: Snap, listing: Listing, globs: tuple[str
     if found:
         when = max(snap.files[m][1] for m in found) / 1e9
         if prof.after_marker and not ctx.exited:
-            waiting = _files_may_follow(name, snap, listing, prof.after_marker, settle, now)
+            waiting = _files_may_follow(name, snap, listing, prof, settle, now, ctx)
             if waiting is not None:
                 why, ready = waiting
                 return Entry(name, True, snap, False, why, ready_at=ready, markers=tuple(sorted(found)), **kw)
         return Entry(name, True, snap, True, f"marker {found[0]}", when, tuple(sorted(found)), **kw)
     for p in listing.pointers.values():
         if p.target == name and not p.link:
+            short = _missing_shards(root, name, snap, listing, prof)
+            if short:
+                return _short(name, snap, short, ctx, kw, now)
             return Entry(name, True, snap, True, f"pointer {p.name}", p.mtime_ns / 1e9, **kw)
     for p in listing.pointers.values():
         if p.target is not None and not p.link and shape(p.target) == shape(name):
             if natural_key(name) < natural_key(p.target):
+                short = _missing_shards(root, name, snap, listing, prof)
+                if short:
+                    return _short(name, snap, short, ctx, kw, now)
                 return Entry(name, True, snap, True, f"older than {p.name}", snap.newest_ns / 1e9, **kw)
             if ctx.exited:
                 return Entry(name, True, snap, False, f"torn: newer than {p.name}, which never named it",
@@ -375,19 +389,110 @@ def _judge(root: Path, name: str, snap: Snap, listing: Listing, globs: tuple[str
     return _settled(name, True, snap, settle, now, kw)
 
 
-def _files_may_follow(name: str, snap: Snap, listing: Listing, after: float, settle: float,
-                      now: float) -> tuple[str, float] | None:
+def _files_may_follow(name: str, snap: Snap, listing: Listing, prof: Profile, settle: float,
+                      now: float, ctx: Context) -> tuple[str, float] | None:
     """Files the save writes after its marker (Accelerate's registered objects): the previous
-    save of the series (one with its marker) says which; for the first, quiet time (the longer
-    of the profile's and ``settle``). None when nothing more is expected."""
+    save of the series (one with its marker) says which. The first save has none to compare
+    with: it is complete once a newer save of the series began (saves follow one another), or
+    once no rank of the training is inside the library's save call (its Python stack); only
+    where neither can be seen (py-spy missing, writers not visible), quiet time (the longer of
+    the profile's and ``settle``). None when nothing more is expected."""
     before = [e for e in listing.entries.values() if e.is_dir and e.markers and shape(e.name) == shape(name)
               and natural_key(e.name) < natural_key(name)]
     if before:
         prev = max(before, key=lambda e: natural_key(e.name))
         missing = sorted({shape(r) for r in prev.snap.files} - {shape(r) for r in snap.files})
         return (f"waiting for the files {prev.name} had: {', '.join(missing)}", now + WRITE_POLL) if missing else None
-    quiet_until = snap.newest_ns / 1e9 + max(after, settle)
+    if any(shape(n) == shape(name) and natural_key(n) > natural_key(name) for n in listing.names):
+        return None
+    if prof.save_calls and ctx.saving is not None:
+        inside = ctx.saving(prof.save_calls)
+        if inside is True:
+            return f"marker there; a rank is still inside {' or '.join(prof.save_calls)}", now + WRITE_POLL
+        if inside is False:
+            return None
+    quiet_until = snap.newest_ns / 1e9 + max(prof.after_marker, settle)
     return ("marker there; files may follow it", quiet_until) if now < quiet_until else None
+
+
+def _short(name: str, snap: Snap, short: str, ctx: Context, kw: dict, now: float) -> Entry:
+    """A checkpoint its pointer calls done that still lacks a rank's shard: a late rank is
+    waited for; once the training is gone, nothing will write it: torn."""
+    if ctx.exited:
+        return Entry(name, True, snap, False, f"torn: {short}", torn=short, **kw)
+    return Entry(name, True, snap, False, f"waiting for {short}", ready_at=now + WRITE_POLL, **kw)
+
+
+def _missing_shards(root: Path, name: str, snap: Snap, listing: Listing, prof: Profile) -> str | None:
+    """The ranks' shards a checkpoint still lacks (DeepSpeed: one ZeRO file per data-parallel
+    rank, written in place by each rank, with no barrier before rank 0's ``latest``). How many
+    ranks: the count the model-states file records (``dp_world_size``), else the previous
+    save's shards. None when nothing is missing (or the profile has no shards)."""
+    if not prof.shards:
+        return None
+    rx = re.compile(prof.shards)
+    have = _shard_ranks(snap, rx)
+    world = _world_size(root / name, snap, prof)
+    prev = [e for e in listing.entries.values() if e.complete and e.is_dir and shape(e.name) == shape(name)
+            and natural_key(e.name) < natural_key(name)]
+    want: dict[str, set[int]] = {}
+    if prev:
+        want = _shard_ranks(max(prev, key=lambda e: natural_key(e.name)).snap, rx)
+    if world:
+        for kind in set(have) | set(want):
+            want[kind] = set(range(world))
+    missing = sorted(f"{kind.replace('#', str(r))}" for kind, ranks in want.items() for r in ranks - have.get(kind, set()))
+    if not missing:
+        return None
+    more = f" and {len(missing) - 2} more" if len(missing) > 2 else ""
+    return f"the shards of every rank ({', '.join(missing[:2])}{more} missing)"
+
+
+def _shard_ranks(snap: Snap, rx: re.Pattern[str]) -> dict[str, set[int]]:
+    """Shard file name with its rank as ``#`` → the ranks present."""
+    out: dict[str, set[int]] = {}
+    for rel in snap.files:
+        m = rx.search(rel)
+        if m:
+            kind = rel[:m.start("rank")] + "#" + rel[m.end("rank"):]
+            out.setdefault(kind, set()).add(int(m.group("rank")))
+    return out
+
+
+def _world_size(path: Path, snap: Snap, prof: Profile) -> int | None:
+    glob, key = prof.world
+    if not glob:
+        return None
+    for rel in sorted(snap.files):
+        if fnmatch.fnmatchcase(rel.rsplit("/", 1)[-1], glob):
+            size, mtime = snap.files[rel]
+            got = _pickled_int(str(path / rel), key, size, mtime)
+            if got:
+                return got
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _pickled_int(path: str, key: str, size: int, mtime_ns: int) -> int | None:
+    """The int stored under ``key`` in a ``torch.save`` zip's pickle, read without torch and
+    without running the pickle (its opcodes only). None when absent or unreadable."""
+    del size, mtime_ns  # the cache key: a new version of the file is read again
+    try:
+        with zipfile.ZipFile(path) as z:
+            pkl = next((n for n in z.namelist() if n.endswith("/data.pkl") or n == "data.pkl"), None)
+            if pkl is None:
+                return None
+            data = z.read(pkl)
+        after_key = False
+        for op, arg, _pos in pickletools.genops(data):
+            if op.name in ("BINPUT", "LONG_BINPUT", "MEMOIZE", "PUT"):
+                continue
+            if after_key:
+                return int(arg) if op.name in ("BININT", "BININT1", "BININT2", "LONG1", "INT", "LONG") else None
+            after_key = isinstance(arg, str) and arg == key
+    except (OSError, zipfile.BadZipFile, ValueError, KeyError, EOFError):
+        return None
+    return None
 
 
 def _settled(name: str, is_dir: bool, snap: Snap, settle: float, now: float, kw: dict,

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import anyio
 from watchfiles import awatch
 
+from supervisor import stacks
 from supervisor.config import SyncPair
 from supervisor.journal import Emit
 from supervisor.sync import _fsops
@@ -281,8 +282,9 @@ class PairEngine:
         if local and pids is not None and not self.exited:
             writing = open_for_write(pids, os.path.realpath(p.src))
         provisional = self.profile is not None and self.profile.name == "torch-save" and self.pair.profile == "auto"
+        saving = partial(stacks.inside, set(pids)) if writing is not None and pids else None
         ctx = Context(profile=None if provisional else self.profile, writing=writing, exited=finished or (local and self.exited),
-                      inodes=self._inodes if local else {}, torn_check=self._torn_check)
+                      inodes=self._inodes if local else {}, torn_check=self._torn_check, saving=saving)
         listing = classify(root or p.src, markers=p.markers, exclude=p.exclude,
                            settle=p.settle if settle is None else settle, now=time.time(),
                            marker_seen=self.marker_seen if local else False, only=only, reuse=reuse, ctx=ctx)
@@ -466,9 +468,13 @@ class PairEngine:
             if e.name in again.sigs:
                 self._sigs[e.name] = again.sigs[e.name]
             lag = round(time.time() - e.done_at, 3) if e.done_at else None
+            # A file beside the checkpoints (DeepSpeed's zero_to_fp32.py, HF's training_args.bin)
+            # is mirrored but is no checkpoint: it never answers a request nor sets the save rhythm.
+            stray = {} if e.restorable else {"restorable": False}
             self.emit("publish", pair=p.name, checkpoint=e.name, trigger=trigger, files=len(e.snap.files),
-                      bytes=e.snap.bytes, why=e.why, lag_s=lag)
-            self.on_publish(e.done_at, (e.name, again.sigs[e.name][0]) if e.name in again.sigs else None)
+                      bytes=e.snap.bytes, why=e.why, lag_s=lag, **stray)
+            if e.restorable:
+                self.on_publish(e.done_at, (e.name, again.sigs[e.name][0]) if e.name in again.sigs else None)
             return True
         self.emit("sync-deferred", pair=p.name, checkpoint=e.name,
                   reason=f"changed while being copied, {RECOPY_TRIES} times; trying again on the next pass")
@@ -603,8 +609,9 @@ class PairEngine:
         if mine is not None and (best is None or _newer(mine, best)):
             why = (f"the local {mine.name} is newer than the persistent {best.name}" if best is not None
                    else f"nothing on persistent storage; the local {mine.name} is complete")
+            repointed = await _to_thread(self._repoint, local, mine)
             self.emit("restore", pair=p.name, checkpoint=None, kept=mine.name, reason=f"{why}: kept, and published first",
-                      **skipped)
+                      **skipped, **repointed)
             return p.src / mine.name
         if best is None:
             self.emit("restore", pair=p.name, checkpoint=None, reason="no complete checkpoint on persistent storage",
@@ -630,10 +637,27 @@ class PairEngine:
                 raise CopyError(f"restored copy of {best.name} does not match the persistent one")
             await _to_thread(_fsops.swap_in, staging, dest, is_dir=best.is_dir, fsync=False)
         links = await _to_thread(self._restore_pointers, listing, local, best)
+        repointed = await _to_thread(self._repoint, listing, best)
         self.emit("restore", pair=p.name, checkpoint=best.name, source=p.dst / best.name, to=dest,
                   files=stats.files, bytes=stats.bytes, seconds=round(time.monotonic() - t0, 3),
-                  copied=bool(stats.files), why=best.why, step=best.step, pointers=links, **skipped)
+                  copied=bool(stats.files), why=best.why, step=best.step, pointers=links, **skipped, **repointed)
         return dest
+
+    def _repoint(self, listing: Listing, best: Entry) -> dict[str, Any]:
+        """The profile's pointer (DeepSpeed ``latest``, Megatron's tracker) names a checkpoint
+        that is not whole (torn: a late rank's shard missing) while ``best``, an older whole
+        one, is restored: the local pointer is rewritten to name ``best``, or the training's
+        own loader would follow it to the torn one and crash at every requeue."""
+        prof = self.profile
+        if prof is None or not prof.pointer or not best.restorable:
+            return {}
+        ptr = listing.pointers.get(prof.pointer)
+        if ptr is None or ptr.link or ptr.target == best.name:
+            return {}
+        was = ptr.content.decode("utf-8", errors="replace").strip()
+        _fsops.write_atomic(self.pair.src / prof.pointer, prof.pointer_text(best.name), time.time_ns(), fsync=False,
+                            mode=ptr.mode)
+        return {"repointed": {"pointer": prof.pointer, "was": was, "now": best.name}}
 
     def _restore_pointers(self, listing: Listing, local: Listing, best: Entry) -> list[str]:
         """Pointers and links that name ``best`` come back with it. With Lightning, a

@@ -29,6 +29,9 @@ class Profile:
     after_marker: float = 0.0      # quiet seconds after the marker (files may follow it in the same save)
     pointer: str = ""              # the top-level file that names the newest complete one (written after it)
     resume: str = ""               # how the training resumes (docs, `supervise check`)
+    shards: str = ""               # a file each data-parallel rank writes (group "rank"): all must be there
+    world: tuple[str, str] = ("", "")  # (glob of a file inside, the key in its pickle) that holds the rank count
+    save_calls: tuple[str, ...] = ()   # "file.py:function": a rank inside one is still saving (its stack)
 
     def is_checkpoint(self, name: str, is_dir: bool) -> bool:
         if self.is_dir is not None and self.is_dir != is_dir:
@@ -39,6 +42,13 @@ class Profile:
         found = re.findall(self.step, name)
         return int(found[-1]) if found else None
 
+    def pointer_text(self, name: str) -> bytes:
+        """What the profile's pointer file holds when it names ``name`` (a restore that falls
+        back to an older checkpoint rewrites it): DeepSpeed the tag, Megatron the number."""
+        if self.name == "megatron":
+            return str(self.step_of(name) or 0).encode()
+        return name.encode()
+
 
 GENERIC = Profile("generic", ("*",), None, resume="read SUPERVISE_RESTORED_FROM")
 PROFILES: dict[str, Profile] = {p.name: p for p in (
@@ -47,13 +57,19 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
     Profile("hf-trainer", ("checkpoint-*",), True, markers=("trainer_state.json",), needs_marker=True,
             step=r"checkpoint-(\d+)$", resume="trainer.train(resume_from_checkpoint=True)"),
     # save_state writes random_states_<rank>.pkl, then one custom_checkpoint_<i>.pkl per registered object
+    # ... and its first save has no earlier one to compare with: complete once no rank is inside save_state
     Profile("accelerate", ("checkpoint_*",), True, markers=("random_states_*.pkl",), needs_marker=True,
-            after_marker=0.5, step=r"checkpoint_(\d+)$", resume="accelerator.load_state(os.environ['SUPERVISE_RESTORED_FROM'])"),
+            after_marker=0.5, step=r"checkpoint_(\d+)$", save_calls=("accelerator.py:save_state",),
+            resume="accelerator.load_state(os.environ['SUPERVISE_RESTORED_FROM'])"),
     Profile("lightning", ("*.ckpt",), False, step=r"step=(\d+)", links=("last*.ckpt",),
             resume='trainer.fit(model, ckpt_path="last")'),
     Profile("torch-save", ("*.pt", "*.pth", "*.bin", "*.tar", "*.safetensors", "*.pkl"), False,
             resume="torch.load(os.environ['SUPERVISE_RESTORED_FROM'])"),
+    # Every rank writes its ZeRO shard in place, and rank 0 writes `latest` without waiting for
+    # the others: complete once `latest` names it AND every rank's shard is there.
     Profile("deepspeed", ("global_step*",), True, step=r"global_step(\d+)$", needs_marker=True, pointer="latest",
+            shards=r"^(?:bf16_)?zero_pp_rank_(?P<rank>\d+)_mp_rank_\d+_(?:optim|model)_states\.pt$",
+            world=("*model_states.pt", "dp_world_size"),
             resume="engine.load_checkpoint(ckpt_dir)  # reads 'latest'"),
     Profile("megatron", ("iter_*",), True, step=r"iter_(\d+)$", needs_marker=True,
             pointer="latest_checkpointed_iteration.txt", resume="--load CKPT_DIR  # reads the tracker file"),

@@ -10,6 +10,7 @@ process whose output goes to files.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -41,12 +42,43 @@ class Case:
     subdir: str = ""  # the pair's LOCAL below the trainer's --out (Accelerate: checkpoints/)
     needs: str = "torch"  # the library the case imports
     flags: tuple[str, ...] = ()  # what the user tells supervise (only where no profile knows the layout)
+    ranks: int = 1  # more than one: the trainer runs under torchrun (gloo on the CPU)
+    checker: str = ""  # checkers.CHECKERS' loader for this layout, when not the profile's own
+
+    @property
+    def loader(self) -> str:
+        return self.checker or self.profile
 
     def missing(self) -> str | None:
         """Why this case cannot run here, or None."""
-        if importlib.util.find_spec(self.needs) is None:
+        try:
+            found = importlib.util.find_spec(self.needs)
+        except ModuleNotFoundError:  # orbax.checkpoint without orbax
+            found = None
+        if found is None:
             return f"{self.needs} is not installed (scripts/setup.sh installs it)"
         return None
+
+    def launch(self) -> list[str]:
+        """How the trainer is started: python, or torchrun with this many ranks."""
+        if self.ranks > 1:
+            return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={self.ranks}"]
+        return [sys.executable]
+
+
+def ds_extensions(prefix: str = sys.prefix) -> str:
+    """Where DeepSpeed's JIT-built comm op lives. DeepSpeed builds one op at its first
+    ``init_distributed`` (about 35 s, minutes on a busy machine); scripts/build-deepspeed-ops.sh
+    builds it once here, and every run reuses it. One directory per environment path: the
+    build's flags name the venv's include paths, and another path would rebuild it (and a
+    build killed half-way leaves a lock that makes every later load wait forever)."""
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return os.environ["TORCH_EXTENSIONS_DIR"]
+    key = hashlib.sha1(os.path.abspath(prefix).encode()).hexdigest()[:10]
+    return os.path.join(os.path.expanduser("~/.cache/supervise/torch_extensions"), key)
+
+
+DS_EXTENSIONS = ds_extensions()
 
 
 CASES = {c.id: c for c in (
@@ -57,10 +89,16 @@ CASES = {c.id: c for c in (
     Case("torch-save-replace", "torch-save", "torchsave_train.py", ("--mode", "replace")),
     Case("dcp", "dcp", "dcp_train.py"),
     Case("accelerate", "accelerate", "accelerate_train.py", subdir="checkpoints", needs="accelerate"),
+    # DeepSpeed, 2 ranks: ZeRO 0 (rank 0 writes the checkpoint; its pause delays `latest`) and
+    # ZeRO 1 (every rank a shard; the pause makes rank 1 late, after rank 0's `latest`)
+    Case("deepspeed-zero0", "deepspeed", "deepspeed_train.py", ("--zero", "0", "--late-rank", "0"), needs="deepspeed",
+         ranks=2),
+    Case("deepspeed-zero1", "deepspeed", "deepspeed_train.py", ("--zero", "1"), needs="deepspeed", ranks=2),
+    Case("orbax", "orbax", "orbax_train.py", needs="orbax.checkpoint"),
     # layouts of libraries not installed (trainers/layout_train.py)
-    Case("deepspeed-layout", "deepspeed", "layout_train.py", ("--layout", "deepspeed")),
+    Case("deepspeed-layout", "deepspeed", "layout_train.py", ("--layout", "deepspeed"), checker="deepspeed-layout"),
     Case("megatron-layout", "megatron", "layout_train.py", ("--layout", "megatron")),
-    Case("orbax-layout", "orbax", "layout_train.py", ("--layout", "orbax")),
+    Case("orbax-layout", "orbax", "layout_train.py", ("--layout", "orbax"), checker="orbax-layout"),
     Case("generic-marker", "generic", "layout_train.py", ("--layout", "generic"), flags=("--marker", "DONE")),
 )}
 
@@ -77,6 +115,27 @@ def read_lines(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def _descendants(pid: int) -> set[int]:
+    """Every live descendant of ``pid`` (from /proc's parent links)."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
+
+
 @dataclass
 class Poller:
     """tests/frameworks/poller.py as a process: every sighting of the persistent side."""
@@ -85,10 +144,10 @@ class Poller:
     out: Path
 
     @classmethod
-    def start(cls, profile: str, directory: Path, out: Path) -> "Poller":
+    def start(cls, checker: str, directory: Path, out: Path) -> "Poller":
         directory.mkdir(parents=True, exist_ok=True)
         with open(out.with_suffix(".err"), "w") as err:
-            proc = subprocess.Popen([sys.executable, str(HERE / "poller.py"), profile, str(directory), str(out)],
+            proc = subprocess.Popen([sys.executable, str(HERE / "poller.py"), checker, str(directory), str(out)],
                                     stdout=subprocess.PIPE, stderr=err, text=True, env={**os.environ, **OFFLINE})
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready", "the poller did not start"
@@ -162,7 +221,7 @@ class Run:
             sup.append("--restore")
         if settle is not None:
             sup += ["--settle", settle]
-        train = [sys.executable, str(TRAINERS / self.case.trainer), "--out", str(self.out),
+        train = [*self.case.launch(), str(TRAINERS / self.case.trainer), "--out", str(self.out),
                  "--progress", str(self.root / f"progress-{n}.jsonl"), "--steps", str(steps),
                  "--save-every", str(save_every), "--step-sleep", str(step_sleep), "--save-pause", str(save_pause),
                  *self.case.args, *trainer_args]
@@ -174,6 +233,7 @@ class Run:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SUPERVISE_", "SLURM_", "PBS_"))}
         env.update(OFFLINE)
         env["PYTHONPATH"] = str(ROOT)
+        env["TORCH_EXTENSIONS_DIR"] = DS_EXTENSIONS
         with open(self.root / f"supervise-{n}.out", "w") as out, open(self.root / f"supervise-{n}.err", "w") as err:
             proc = subprocess.Popen(self.argv(n, **kw), stdout=out, stderr=err, env=env, cwd=self.root,
                                     start_new_session=True)
@@ -208,6 +268,18 @@ class Run:
         a.proc.send_signal(signal.SIGTERM)
         self.wait(a, timeout)
 
+    def kill_node(self, a: Attempt) -> None:
+        """The node dies: supervise and every process of the training stop at once (SIGSTOP
+        first, so none goes on writing while the others are killed), with no stop sequence."""
+        tree = _descendants(a.proc.pid) | {a.proc.pid}
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in tree:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+        a.rc = a.proc.wait(30)
+
     def wipe_local(self) -> None:
         """The next attempt lands on another node: an empty node-local disk."""
         shutil.rmtree(self.root / "node-local", ignore_errors=True)
@@ -224,7 +296,7 @@ class Run:
         return end
 
     def durable(self) -> list[int]:
-        return durable_steps(self.case.profile, self.persistent)
+        return durable_steps(self.case.loader, self.persistent)
 
     def loaded(self) -> dict[str, int | str]:
-        return load_all(self.case.profile, self.persistent)
+        return load_all(self.case.loader, self.persistent)

@@ -93,6 +93,41 @@ def check_accelerate(path: Path) -> int:
 
 
 def check_deepspeed(path: Path) -> int:
+    """What ``engine.load_checkpoint(dir, tag)`` needs, read with DeepSpeed's own offline loader:
+    the model states, and with ZeRO every rank's optimizer shard (``zero_to_fp32``'s
+    ``get_fp32_state_dict_from_zero_checkpoint`` raises unless all ``dp_world_size`` are there)."""
+    torch = _torch()
+    import logging
+
+    from deepspeed.utils import logger
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    logger.setLevel(logging.ERROR)
+    model = torch.load(path / "mp_rank_00_model_states.pt", weights_only=False, map_location="cpu")
+    if model.get("param_shapes") is not None:  # ZeRO: the optimizer is in the ranks' shards
+        get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
+    elif not model.get("optimizer"):
+        raise ValueError("ZeRO 0 model states without the optimizer")
+    step = int(model["step"])
+    if path.name != f"global_step{step}":
+        raise ValueError(f"{path.name} holds step {step}")
+    return step
+
+
+def check_orbax(path: Path) -> int:
+    """What ``CheckpointManager.restore(step)`` reads: Orbax's own ``StandardCheckpointer``."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import orbax.checkpoint as ocp
+
+    with ocp.StandardCheckpointer() as ckptr:
+        state = ckptr.restore(path.resolve() / "default")
+    step = int(state["step"])
+    if path.name != str(step):
+        raise ValueError(f"{path.name} holds step {step}")
+    return step
+
+
+def check_deepspeed_layout(path: Path) -> int:
     """The fake DeepSpeed layout (trainers/layout_train.py): ``global_stepN/`` of torch.save files."""
     torch = _torch()
     model = torch.load(path / "mp_rank_00_model_states.pt", weights_only=True)
@@ -104,7 +139,7 @@ def check_megatron(path: Path) -> int:
     return int(_torch().load(path / "mp_rank_00" / "model_optim_rng.pt", weights_only=True)["step"])
 
 
-def check_orbax(path: Path) -> int:
+def check_orbax_layout(path: Path) -> int:
     """The fake Orbax layout: ``N/`` holds ``_CHECKPOINT_METADATA`` and its item."""
     (path / "_CHECKPOINT_METADATA").read_text()
     return int(_torch().load(path / "default" / "state.pt", weights_only=True)["step"])
@@ -125,14 +160,18 @@ CHECKERS: dict[str, Callable[[Path], int]] = {
     "dcp": check_dcp,
     "accelerate": check_accelerate,
     "deepspeed": check_deepspeed,
+    "deepspeed-layout": check_deepspeed_layout,
     "megatron": check_megatron,
     "orbax": check_orbax,
+    "orbax-layout": check_orbax_layout,
     "generic": check_generic,
 }
+PROFILE_OF = {"deepspeed-layout": "deepspeed", "orbax-layout": "orbax"}  # checker → the profile whose entries it reads
 
 
-def entries(profile: str, root: Path) -> list[Path]:
-    """The top-level names of ``root`` that are ``profile``'s checkpoints (what a user would load)."""
+def entries(checker: str, root: Path) -> list[Path]:
+    """The top-level names of ``root`` that are the checker's profile's checkpoints (what a user would load)."""
+    profile = PROFILE_OF.get(checker, checker)
     try:
         names = sorted(os.listdir(root))
     except FileNotFoundError:
@@ -151,12 +190,12 @@ def entries(profile: str, root: Path) -> list[Path]:
     return [root / n for n in names if not n.startswith(".") and keep(n)]
 
 
-def load_all(profile: str, root: Path) -> dict[str, int | str]:
+def load_all(checker: str, root: Path) -> dict[str, int | str]:
     """Every checkpoint of ``root``: name → step, or name → the error that loading it raised."""
     out: dict[str, int | str] = {}
-    for p in entries(profile, root):
+    for p in entries(checker, root):
         try:
-            out[p.name] = CHECKERS[profile](p)
+            out[p.name] = CHECKERS[checker](p)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as e:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
@@ -164,5 +203,5 @@ def load_all(profile: str, root: Path) -> dict[str, int | str]:
     return out
 
 
-def durable_steps(profile: str, root: Path) -> list[int]:
-    return sorted({v for v in load_all(profile, root).values() if isinstance(v, int)})
+def durable_steps(checker: str, root: Path) -> list[int]:
+    return sorted({v for v in load_all(checker, root).values() if isinstance(v, int)})

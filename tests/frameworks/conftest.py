@@ -22,7 +22,7 @@ def open_run(tmp_path: Path) -> Iterator[Callable[[str], tuple[Run, Poller]]]:
         if why:
             pytest.skip(why)
         run = Run(case, tmp_path / case_id)
-        poller = Poller.start(case.profile, run.persistent, tmp_path / f"{case_id}-sightings.jsonl")
+        poller = Poller.start(case.loader, run.persistent, tmp_path / f"{case_id}-sightings.jsonl")
         pollers.append(poller)
         return run, poller
 

@@ -1,7 +1,7 @@
 """Watch a persistent directory as a reader would: every 50 ms, load every newly visible
 checkpoint with its library's loader (checkers.py) and append one JSON line per sighting.
 
-    python tests/frameworks/poller.py PROFILE DIR OUT.jsonl [--interval 0.05]
+    python tests/frameworks/poller.py CHECKER DIR OUT.jsonl [--interval 0.05]
 
 A sighting is ``{"t", "name", "ok", "step" | "error"}``, one per version of an entry (its
 inode, size, mtime and, for a link, its target): a checkpoint that is swapped for a newer copy
@@ -58,12 +58,12 @@ def warm_up(check) -> None:  # noqa: ANN001
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("profile", choices=sorted(CHECKERS))
+    ap.add_argument("checker", choices=sorted(CHECKERS))
     ap.add_argument("dir", type=Path)
     ap.add_argument("out", type=Path)
     ap.add_argument("--interval", type=float, default=0.05)
     a = ap.parse_args()
-    check = CHECKERS[a.profile]
+    check = CHECKERS[a.checker]
     ready = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     warm_up(check)
@@ -79,7 +79,7 @@ def main() -> None:
     ready.close()
     with open(a.out, "a") as out:
         while not stop:
-            for p in entries(a.profile, a.dir):
+            for p in entries(a.checker, a.dir):
                 key = version(p)
                 if key is None or seen.get(p.name) == key:
                     continue
