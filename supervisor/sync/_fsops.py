@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.sync._complete import OURS_PREFIX, STAGING_PREFIX, Snap, snapshot
+from supervisor.sync._pycopy import place_symlink
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -111,13 +112,7 @@ def write_link(path: Path, target: str) -> bool:
             return False
     except OSError:
         pass
-    tmp = path.with_name(f"{STAGING_PREFIX}{path.name}")
-    try:
-        os.unlink(tmp)
-    except FileNotFoundError:
-        pass
-    os.symlink(target, tmp)
-    os.replace(tmp, path)
+    place_symlink(target, str(path.with_name(f"{STAGING_PREFIX}{path.name}")), str(path))
     return True
 
 

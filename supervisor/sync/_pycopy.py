@@ -73,13 +73,7 @@ def _copy_one(src: str, dst: str, st: os.stat_result, fsync: bool, stats: Stats,
     d, base = os.path.split(dst)
     tmp = os.path.join(d, f".{base.lstrip('.')}.supervise-tmp")
     if stat.S_ISLNK(st.st_mode):
-        target = os.readlink(src)
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        os.symlink(target, tmp)
-        os.replace(tmp, dst)
+        place_symlink(os.readlink(src), tmp, dst)
         stats.files += 1
         return
     stats.bytes += _write_copy(src, tmp, tmp, st, fsync, rename_to=dst)
@@ -189,19 +183,37 @@ def _walk(src: str, exclude: list[str]):
                 stack.append(r)
 
 
-def tree(req: dict, stats: Stats) -> None:
-    src, dst, fsync, in_place = req["src"], req["dst"], bool(req.get("fsync")), bool(req.get("in_place"))
-    skip = set(req.get("skip", ()))
-    new = not os.path.lexists(dst)  # nothing inside to compare with
-    os.makedirs(dst, exist_ok=True)
-    dirs: list[tuple[str, os.stat_result]] = []
-    for rel, st in _walk(src, list(req.get("exclude", ()))):
+def _targets(entries, dst: str, stats: Stats):
+    """Each walked or listed entry with its path under ``dst``: a vanished one (no stat) is
+    counted and left out, a directory is made."""
+    for rel, st in entries:
         if st is None:
             stats.vanished += 1
             continue
         target = os.path.join(dst, rel)
         if stat.S_ISDIR(st.st_mode):
             os.makedirs(target, exist_ok=True)
+        yield rel, st, target
+
+
+def place_symlink(target: str, tmp: str, path: str) -> None:
+    """A link to ``target`` at ``path``, whole or not at all: made at ``tmp``, then renamed."""
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    os.symlink(target, tmp)
+    os.replace(tmp, path)
+
+
+def tree(req: dict, stats: Stats) -> None:
+    src, dst, fsync, in_place = req["src"], req["dst"], bool(req.get("fsync")), bool(req.get("in_place"))
+    skip = set(req.get("skip", ()))
+    new = not os.path.lexists(dst)  # nothing inside to compare with
+    os.makedirs(dst, exist_ok=True)
+    dirs: list[tuple[str, os.stat_result]] = []
+    for rel, st, target in _targets(_walk(src, list(req.get("exclude", ()))), dst, stats):
+        if stat.S_ISDIR(st.st_mode):
             dirs.append((target, st))
             continue
         if rel in skip or (not new and _same(st, target)):
@@ -272,16 +284,12 @@ def grow(req: dict, stats: Stats) -> None:
     src, dst, fsync = req["src"], req["dst"], bool(req.get("fsync"))
     os.makedirs(dst, exist_ok=True)
     only = req.get("only")
-    for rel, st in _walk(src, list(req.get("exclude", ()))) if only is None else _listed(src, only):
-        if only is not None and "/" in rel:
-            os.makedirs(os.path.join(dst, os.path.dirname(rel)), exist_ok=True)
-        if st is None:
-            stats.vanished += 1
-            continue
-        target = os.path.join(dst, rel)
+    entries = _walk(src, list(req.get("exclude", ()))) if only is None else _listed(src, only)
+    for rel, st, target in _targets(entries, dst, stats):
         if stat.S_ISDIR(st.st_mode):
-            os.makedirs(target, exist_ok=True)
             continue
+        if only is not None and "/" in rel:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
         if stat.S_ISLNK(st.st_mode):
             if not os.path.lexists(target):
                 _copy_one(os.path.join(src, rel), target, st, fsync, stats)
