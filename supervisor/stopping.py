@@ -13,7 +13,7 @@ import logging
 import signal as signal_module
 import time
 from functools import partial
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 
 import anyio
 
@@ -25,8 +25,13 @@ from supervisor.journal import read_journal
 from supervisor.policy import Reason, Trigger
 
 if TYPE_CHECKING:
-    from supervisor.agent import Agent
+    from supervisor.child import Child
+    from supervisor.config import Config
+    from supervisor.health import Faults
+    from supervisor.journal import Journal
     from supervisor.plan import Plan
+    from supervisor.sync import Mirror
+    from supervisor.watches import ProgressGaps
 
 log = logging.getLogger("supervise")
 EXCLUDE_BOUND = 4.0  # seconds for the node exclusion after the requeue (KillWait is 30 s by default, 5 in tests)
@@ -87,10 +92,40 @@ async def request_checkpoint(plan: "Plan", child: Any, emit: Any, why: str, *, r
     return fields
 
 
+class StopRun(Protocol):
+    """What the stop sequence reads of the run it stops, and the five results it writes back
+    (``exit_status``, ``stopped_cleanly``, ``requeued_by_scheduler``, ``no_progress``, through
+    ``status()`` the exit status). The conductor (``agent.Agent``) is one; an in-process test
+    can pass another. Declared here so that this module needs nothing from the conductor."""
+
+    plan: Plan
+    cfg: Config
+    journal: Journal
+    notifier: Any
+    mirror: Mirror | None
+    child: Child | None
+    faults: Faults
+    gaps: ProgressGaps
+    trigger: Trigger | None
+    end: float | None
+    kill_wait: float | None
+    exit_status: int | None
+    stopped_cleanly: bool
+    no_progress: bool
+    requeued_by_scheduler: bool
+
+    def tree_pids(self) -> set[int]: ...
+    def child_running(self) -> bool: ...
+    def signalled_all(self) -> bool: ...
+    def kill(self) -> float | None: ...
+    def time_left(self) -> float: ...
+    def status(self) -> int: ...
+
+
 class StopSequence:
     """Runs the steps for one conductor; reads its public state, never decides alone."""
 
-    def __init__(self, run: "Agent") -> None:
+    def __init__(self, run: StopRun) -> None:
         self.run = run
         self.outcomes: dict[str, dict[str, Any]] = {}
 
