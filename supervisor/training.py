@@ -48,6 +48,7 @@ _file_pending = False       # the request file appeared and is not acknowledged 
 _acked_stamp: tuple[int, int] | None = None  # (inode, mtime_ns) of the file we acknowledged
 _signals = 0                # checkpoint signals received so far
 _file_stamp: tuple[int, int] | None = None  # the request file's stamp when it was last seen new
+_signal_looked = 0          # the signal count for which the request file was last looked at
 _asked: tuple[int, tuple[int, int] | None] = (0, None)  # (_signals, _file_stamp) when last reported: what acknowledge() clears
 _next_stat = 0.0
 _stat_count = 0             # how many times we looked (tests check the rate)
@@ -107,8 +108,16 @@ def checkpoint_requested() -> bool:
     Cheap: a flag test and a clock read; the file is stat'ed at most every 0.5 s. Every
     rank should agree on the step before saving (docs/training.md).
     """
-    global _file_pending, _next_stat, _file_stamp, _asked
+    global _file_pending, _next_stat, _file_stamp, _asked, _signal_looked
     if _signalled or _file_pending:
+        if _signalled and not _file_pending and _signal_looked != _signals:
+            # supervise writes the request file, then signals: that file is this same request,
+            # and acknowledge() must clear it too (else one request makes two checkpoints).
+            _signal_looked = _signals
+            path = request_path()
+            stamp = _stamp(path) if path else None
+            if stamp is not None and stamp != _acked_stamp:
+                _file_stamp = stamp
         _asked = (_signals, _file_stamp)
         return True
     now = time.monotonic()

@@ -54,8 +54,13 @@ def test_preempted_run_resumes_on_an_empty_disk_at_the_newest_durable_step(open_
     assert saved[:3] == [5, 10, 15], saved
     # Every save the training finished before it was stopped is durable (the tree has exited:
     # nothing can change any more, no settle to wait out).
+    # A save the library finished while the trainer was being stopped may lack the trainer's own
+    # "saved" line (DeepSpeed under load: global_step25 whole and durable, the line never written):
+    # at most that one more, never one fewer.
     durable = run.durable()
-    assert durable and durable[-1] == saved[-1], (durable, saved, run.loaded(), run.stderr(a1))
+    assert durable and set(saved) <= set(durable) and durable[-1] in (saved[-1], saved[-1] + 5), \
+        (durable, saved, run.loaded(), run.stderr(a1))
+    newest = durable[-1]
     assert not_durable_of(run, run.end(a1)) == [], run.end(a1)
     # supervise recognised the framework, and saw the writer
     profiles = run.events(a1, "sync-profile")
@@ -64,18 +69,18 @@ def test_preempted_run_resumes_on_an_empty_disk_at_the_newest_durable_step(open_
     assert profiles[-1]["writers"] == "visible" and profiles[-1]["quiescence"] is False, profiles
 
     run.wipe_local()  # the requeued attempt lands on another node
-    a2 = run.run(steps=saved[-1] + 10, save_every=5)
+    a2 = run.run(steps=newest + 10, save_every=5)
     assert a2.rc == 0, run.stderr(a2)
     start = a2.start_step()
-    assert start is not None and start["step"] == saved[-1], (start, run.stderr(a2))
+    assert start is not None and start["step"] == newest, (start, run.stderr(a2))
     assert start["restored"] and Path(start["restored"]).resolve().is_relative_to(run.local.resolve()), start
     (restore,) = run.events(a2, "restore")
     assert restore["checkpoint"], restore
     # the final checkpoint of the finished run is durable when supervise exits
-    assert run.durable()[-1] == saved[-1] + 10, (run.loaded(), run.stderr(a2))
+    assert run.durable()[-1] == newest + 10, (run.loaded(), run.stderr(a2))
     assert not_durable_of(run, run.end(a2)) == [], run.end(a2)
     assert poller.torn() == [], poller.torn()
-    assert {s["name"] for s in poller.sightings()} >= {name_of(run, saved[-1])} - {""}
+    assert {s["name"] for s in poller.sightings()} >= {name_of(run, newest)} - {""}
 
 
 @pytest.mark.parametrize("case_id", PAUSED)

@@ -77,6 +77,14 @@ class Cluster:
     def node_state(self, node: str) -> str:
         return self.run("sinfo", "-h", "-N", "-n", node, "-o", "%T").stdout.strip()
 
+    def wait_down(self, node: str, timeout: float) -> bool:
+        """Whether Slurm marked ``node`` down (or drained, failed) within ``timeout`` seconds."""
+        try:
+            wait_for(lambda: self.node_state(node).startswith(("down", "drain", "fail")), timeout, f"{node} down")
+        except AssertionError:
+            return False
+        return True
+
     def release(self, jobid: str, timeout: float = 60.0) -> None:
         """Start a requeued job now instead of at its BeginTime (not within the second of
         the requeue: slurmd would take the relaunch's credential for a revoked one)."""

@@ -116,9 +116,13 @@ def test_requeue_and_node_death(cluster3: Cluster, tmp_path: Path) -> None:
     print(f"bar: {time.monotonic() - t0:.1f}s n3 killed while {victim} waits for its part", flush=True)
     c.kill_node("n3")
     assert not (c.shared / "persist" / "ckpt" / victim).exists()
-    # Slurm notices a dead slurmd after SlurmdTimeout (6 s) and its next ping: 21-25 s when idle;
-    # once seen still "mixed*" (not responding, not yet down) after 180 s on a loaded machine.
-    wait_for(lambda: c.node_state("n3").startswith(("down", "drain", "fail")), 300, lambda: f"n3 down: {c.node_state('n3')}")
+    # Slurm notices a dead slurmd after SlurmdTimeout (6 s) and its next ping: 21-25 s when idle.
+    # Under the parallel CI run its ping was twice seen stuck ("mixed*": not responding, never
+    # down, for 300 s); then the test does what an admin would, and says so.
+    if not c.wait_down("n3", 90):
+        print(f"bar: n3 still {c.node_state('n3')} after 90 s: set DOWN by hand", flush=True)
+        c.run("scontrol", "update", "NodeName=n3", "State=DOWN", "Reason=killed-by-the-test")
+    wait_for(lambda: c.node_state("n3").startswith(("down", "drain", "fail")), 60, lambda: f"n3 down: {c.node_state('n3')}")
     wait_for(lambda: c.state(job) in ("PENDING", "REQUEUED", "COMPLETING") or c.show(job).get("RestartCnt") == "2", 60,
              lambda: f"requeued after n3 died: {c.state(job)}")
     print(f"bar: {time.monotonic() - t0:.1f}s n3 {c.node_state('n3')}, job {c.state(job)}", flush=True)

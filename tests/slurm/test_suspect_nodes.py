@@ -60,7 +60,7 @@ for v in ${{!SUPERVISE_@}}; do unset "$v"; done
 cd {REPO}
 export PYTHONPATH={REPO}
 exec {sys.executable} -m supervisor --run-dir {tmp_path}/run --gpu-every 0 --logs {tmp_path}/log {tmp_path}/persist \\
-    --hang-after 5m --hang-action stop --grace 5s --requeue -- \\
+    --hang-after 5m --hang-floor 10s --hang-action stop --grace 5s --requeue -- \\
     {torchrun} --nproc-per-node 2 --master-port 29533 {REPO}/tests/helpers/hang_ddp.py {tmp_path}/log --hang-at 40
 """
     jobid = slurm.submit(script)
