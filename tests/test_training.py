@@ -212,3 +212,31 @@ print(sorted(m for m in new if m not in stdlib and m != 'supervisor'))
 """, tmp_path)
     rc, out = finish(p)
     assert rc == 0 and out.strip() == "[]", out
+
+
+def test_one_request_by_file_and_signal_is_one_checkpoint(tmp_path: Path) -> None:
+    """supervise writes the request file, then signals: one request, so one acknowledge clears
+    both (two checkpoints came from one request when only the signal was cleared)."""
+    req = tmp_path / "checkpoint-request"
+    p = child(PREAMBLE + """
+from supervisor import training
+mark('ready'); until('sent')
+end = time.monotonic() + 20
+while not training.checkpoint_requested():
+    assert time.monotonic() < end, 'request never seen'
+    time.sleep(0.01)
+training.acknowledge()
+end = time.monotonic() + 3 * training.STAT_INTERVAL
+again = False
+while time.monotonic() < end:
+    again = again or training.checkpoint_requested()
+    time.sleep(0.01)
+print('requested again', again)
+""", tmp_path, SUPERVISE_CHECKPOINT_REQUEST=str(req))
+    wait_for(lambda: (tmp_path / "ready").exists(), 20, "child ready")
+    req.write_text("1")
+    os.kill(p.pid, signal.SIGUSR1)
+    (tmp_path / "sent").touch()
+    rc, out = finish(p)
+    assert rc == 0, out
+    assert "requested again False" in out, out
