@@ -18,11 +18,9 @@ HELPERS = ROOT / "tests" / "helpers"
 RECORDER = HELPERS / "recorder.py"
 
 
-def wait_for(cond: Callable[[], object], timeout: float = 20.0, what: str | Callable[[], str] = "condition", *,
-             interval: float = 0.02, error: type[Exception] = AssertionError) -> object:
-    """Poll ``cond`` until it returns something truthy, and return that; after ``timeout`` seconds
-    raise ``error`` naming ``what`` (a callable is asked then, to say what was seen). The one
-    polling helper of the tests: a test waits for a condition, never for a guessed time."""
+def _polls(cond: Callable[[], object], timeout: float, what: str | Callable[[], str], error: type[Exception]):
+    """Check ``cond`` once per step; the generator returns its first truthy value, and raises
+    ``error`` naming ``what`` once ``timeout`` seconds have passed. Its callers sleep between."""
     deadline = time.monotonic() + timeout
     while True:
         value = cond()
@@ -30,7 +28,21 @@ def wait_for(cond: Callable[[], object], timeout: float = 20.0, what: str | Call
             return value
         if time.monotonic() > deadline:
             raise error(f"timed out after {timeout:g}s waiting for {what() if callable(what) else what}")
-        time.sleep(interval)
+        yield
+
+
+def wait_for(cond: Callable[[], object], timeout: float = 20.0, what: str | Callable[[], str] = "condition", *,
+             interval: float = 0.02, error: type[Exception] = AssertionError) -> object:
+    """Poll ``cond`` until it returns something truthy, and return that; after ``timeout`` seconds
+    raise ``error`` naming ``what`` (a callable is asked then, to say what was seen). The one
+    polling helper of the tests: a test waits for a condition, never for a guessed time."""
+    steps = _polls(cond, timeout, what, error)
+    try:
+        while True:
+            next(steps)
+            time.sleep(interval)
+    except StopIteration as done:
+        return done.value
 
 
 async def wait_for_async(cond: Callable[[], object], timeout: float = 20.0, what: str | Callable[[], str] = "condition",
@@ -38,14 +50,13 @@ async def wait_for_async(cond: Callable[[], object], timeout: float = 20.0, what
     """``wait_for`` inside an event loop: the same bound and message, sleeping with anyio."""
     import anyio
 
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what() if callable(what) else what}")
-        await anyio.sleep(interval)
+    steps = _polls(cond, timeout, what, AssertionError)
+    try:
+        while True:
+            next(steps)
+            await anyio.sleep(interval)
+    except StopIteration as done:
+        return done.value
 
 
 def supervise_argv(*args: str) -> list[str]:
