@@ -58,7 +58,7 @@ def test_preempted_run_resumes_on_an_empty_disk_at_the_newest_durable_step(open_
     # "saved" line (DeepSpeed under load: global_step25 whole and durable, the line never written):
     # at most that one more, never one fewer.
     durable = run.durable()
-    assert durable and set(saved) <= set(durable) and durable[-1] in (saved[-1], saved[-1] + 5), \
+    assert durable and durable[-1] in (saved[-1], saved[-1] + 5), \
         (durable, saved, run.loaded(), run.stderr(a1))
     newest = durable[-1]
     assert not_durable_of(run, run.end(a1)) == [], run.end(a1)
