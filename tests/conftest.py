@@ -8,8 +8,9 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 
@@ -79,6 +80,17 @@ def run_supervise(*args: str, timeout: float = 60, **kw) -> subprocess.Completed
         out, err = p.communicate()
         raise AssertionError(f"supervise did not finish in {timeout}s: {err}") from None
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+@contextmanager
+def killed_on_exit(p: subprocess.Popen) -> Iterator[subprocess.Popen]:
+    """Whatever the test's outcome, ``p`` is not left running: killed and reaped on the way out."""
+    try:
+        yield p
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
 
 
 def recorded(log: Path) -> list[str]:

@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 
 from supervisor.journal import read_journal
-from tests.conftest import run_supervise, start_supervise, wait_for
+from tests.conftest import killed_on_exit, run_supervise, start_supervise, wait_for
 
 
 def _kinds(run: Path, kind: str) -> list[dict]:
@@ -68,14 +68,10 @@ def test_a_link_this_run_published_may_become_a_checkpoint(tmp_path: Path) -> No
     script.write_text(LIGHTNING_LIKE)
     p = start_supervise("--run-dir", str(run), "--checkpoints", str(local), str(persistent), "--gpu-every", "0",
                         "--checkpoint-timeout", "8s", "--grace", "5s", "--", sys.executable, str(script), str(local))
-    try:
+    with killed_on_exit(p):
         wait_for(lambda: (persistent / "last.ckpt").is_symlink(), timeout=60, what="the last.ckpt link published")
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
     assert "requested" in out, (out, err)
     ck = next(e for e in _kinds(run, "stop-step") if e["step"] == "checkpoint")
     assert ck["outcome"] == "published" and ck["answer"] == "last.ckpt", ck

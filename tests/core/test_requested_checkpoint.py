@@ -9,7 +9,7 @@ from pathlib import Path
 
 from supervisor import policy
 from supervisor.journal import read_journal
-from tests.conftest import HELPERS, start_supervise, wait_for
+from tests.conftest import HELPERS, killed_on_exit, start_supervise, wait_for
 
 TRAINER = [sys.executable, str(HELPERS / "trainer.py")]
 
@@ -35,15 +35,11 @@ def test_a_periodic_save_under_way_does_not_answer_the_stop_request(tmp_path: Pa
     p = start_supervise("--run-dir", str(run), "--checkpoints", str(local), str(persist), "--grace", "10s",
                         "--checkpoint-timeout", "40s", "--gpu-every", "0", "--",
                         *TRAINER, str(local), "--every", "40", "--write-time", "3")
-    try:
+    with killed_on_exit(p):
         wait_for(lambda: (local / "step_000040" / ".metadata").exists(), timeout=60, what="a first periodic save")
         writing = wait_for(lambda: _in_progress(local, after=40), timeout=60, what="the next periodic save under way")
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=90)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
     events = read_journal(run).events
     steps = {e["step"]: e for e in events if e["kind"] == "stop-step"}
     ck = steps["checkpoint"]

@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.conftest import wait_for  # noqa: E402
+from tests.conftest import killed_on_exit, wait_for  # noqa: E402
 
 from ._util import TRAIN, checkpoint_digest, clean_env, digest_of, free_port, train  # noqa: E402
 
@@ -120,16 +120,12 @@ def test_sigterm_saves_exits_0_and_resumes(tmp_path: Path) -> None:
     p = subprocess.Popen([sys.executable, str(TRAIN), "--ckpt-dir", str(work / "ckpt"), "--log-dir",
                           str(work / "logs"), *args, "--step-sleep", "0.05"],
                          env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with killed_on_exit(p):
         wait_for(lambda: (work / "ckpt" / "step_10" / ".metadata").exists() or p.poll() is not None,
                  timeout=90, what="the first checkpoint")
         assert p.poll() is None, "the run ended before it could be stopped"
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
     assert p.returncode == 0, err[-3000:]
     stopped = int(out.split("stop requested: saved step ")[1].split(",")[0])
     assert 10 <= stopped < 60
