@@ -129,11 +129,16 @@ def reaper():
 # expensive, stateful thing run on one worker, one after another: every user of the session's
 # Slurm cluster (one cluster, not one per worker), and each module whose tests share a
 # module-scoped fixture (built once, not once per worker). Everything else is spread test by test.
-# The multi-node cluster (cluster3) goes with them: beside the single-node cluster's tests its
-# slurmctld was twice seen not marking a killed node down, even by hand (CI, stop 27).
+# The multi-node cluster (cluster3) goes with them: two clusters' daemons on two cores at once
+# were seen to leave a killed node unmarked (CI, stop 27).
+# Two things must hold for the grouping to take effect, and until stop 28 neither did, so every
+# "serial" test ran beside its siblings: this hook runs before pytest-xdist's own (which turns the
+# marker into the node-id suffix the scheduler groups by), and pytest is below 9.2, whose
+# structured node ids drop that suffix (pytest-xdist#1386). pytest_configure checks it.
 SERIAL_FIXTURES = {"slurm": "slurm", "cluster3": "slurm"}
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):  # noqa: ANN001, ANN201
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
@@ -142,6 +147,18 @@ def pytest_collection_modifyitems(config, items):  # noqa: ANN001, ANN201
             group = item.nodeid.split("::", 1)[0]
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_configure(config):  # noqa: ANN001, ANN201
+    """Refuse --dist loadgroup where it would not group: the serial tests would run in parallel."""
+    if config.getvalue("dist") == "loadgroup" and _version(pytest.__version__) >= (9, 2):
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} drops the node-id suffix --dist loadgroup groups by"
+            " (pytest-xdist#1386), so the Slurm tests would run side by side: pip install 'pytest<9.2'")
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(".")[:2] if part.isdigit())
 
 
 def _module_fixtures(item) -> set[str]:  # noqa: ANN001
