@@ -72,7 +72,13 @@ echo "test-hook attempt=$A pid=$$ t=$(date +%s.%N) time_limit=${SUPERVISE_TIME_L
 """
 STEPS = 300
 CKPT_EVERY = 25
-STEP_SLEEP = "0.1"
+# A deadline attempt's time limit counts from supervise's start, torch's import and the ranks'
+# start-up included: 5 s on an idle machine, over 30 s at a load of 7 on two cores (CI, stop 28,
+# where 16-22 s limits left attempt 1 no step at all). Limits of 28-36 s (15-23 s before the 8 s
+# warning) at 0.2 s a step keep both ends: every attempt logs steps, and two deadline attempts at
+# the longest (2 x 115 steps) plus the largest requeue offset (30) stay under the 300 steps.
+STEP_SLEEP = "0.2"
+TIME_LIMITS = (28, 36)
 SEED = int(os.environ.get("PREEMPTION_SEED") or random.SystemRandom().randrange(2**32))
 
 
@@ -177,7 +183,7 @@ class Preempted:
         self.kinds = ["deadline", "requeue", rng.choice(["deadline", "requeue"])]
         rng.shuffle(self.kinds)
         # Per stopped attempt: the time limit (deadline) or the step to stop after (the others).
-        self.time_limits = {a: round(rng.uniform(16, 22), 1) for a, k in enumerate(self.kinds) if k == "deadline"}
+        self.time_limits = {a: round(rng.uniform(*TIME_LIMITS), 1) for a, k in enumerate(self.kinds) if k == "deadline"}
         self.offsets = {a: rng.randint(3, 30) for a, k in enumerate(self.kinds) if k != "deadline"}
         self.job = ""
         self.stopped_at: dict[int, int] = {}   # restart count → the step logged when the stop was sent
