@@ -72,11 +72,10 @@ class Mirror:
                                                 retry_base=retry_base, retry_cap=retry_cap,
                                                 on_publish=self._count_publish, parts_poll=parts_poll))
             else:
+                ours = set(published_before.get(p.name, ())) if published_before is not None else None
                 self._engines.append(PairEngine(p, self._backend, emit, every=sync_every, retry_base=retry_base,
                                                 retry_cap=retry_cap, on_publish=self._count_publish,
-                                                writers=writers if p.kind == "checkpoint" else None))
-                if published_before is not None:
-                    self._engines[-1].ours = set(published_before.get(p.name, ()))
+                                                writers=writers if p.kind == "checkpoint" else None, ours=ours))
 
     @staticmethod
     def published_in(events: Iterable[Mapping[str, Any]]) -> dict[str, set[str]]:

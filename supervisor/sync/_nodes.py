@@ -27,7 +27,9 @@ from supervisor.sync import _fsops
 from supervisor.sync._backend import Backend, CopyError, CopyResult
 from supervisor.sync._complete import Context, Entry, Listing, Snap, classify, matches, natural_key, snapshot
 from supervisor.sync._exclude import within
-from supervisor.sync._pair import RECOPY_TRIES, PairEngine, _complete_newest_first, _to_thread
+from supervisor.sync._pair import PairEngine
+from supervisor.sync._publish import RECOPY_TRIES, Publisher, complete_newest_first
+from supervisor.sync._state import PairState, to_thread
 from supervisor.sync._profiles import Profile
 from supervisor.sync._parts import (PartConflict, PartsChanged, assemble, manifest_path, manifest_snap,
                                     part_dir, read_manifest, remove_parts, waiting, withdraw, write_manifest)
@@ -157,26 +159,30 @@ class PartEngine(PairEngine):
     def __init__(self, pair: SyncPair, backend: Backend, emit: Emit, *, node: int, every: float,
                  retry_base: float, retry_cap: float, on_publish: Callable[[float | None], None],
                  parts_poll: float = 1.0) -> None:
-        super().__init__(pair, backend, emit, every=every, retry_base=retry_base, retry_cap=retry_cap,
-                         on_publish=on_publish)
         self.node = node
-        self.nodes = pair.nodes
         self.leader = node == 0
         self.parts_poll = parts_poll
-        self.parted: dict[str, Snap] = {}          # checkpoint → local snapshot whose part manifest is written
-        self.missing: dict[str, list[int]] = {}    # leader: checkpoint → nodes whose part is not there
-        self._told_missing: dict[str, tuple[int, ...]] = {}
-        self.conflicts: dict[str, str] = {}
-        self.stale: dict[str, Snap] = {}           # changed here after it was published from every node
         self.awaiting_go: set[str] = set()         # node K: directories not complete yet (the leader may say go)
+        super().__init__(pair, backend, emit, every=every, retry_base=retry_base, retry_cap=retry_cap,
+                         on_publish=on_publish)
+
+    def _publisher(self, on_publish: Callable[..., None], ours: set[str] | None) -> Publisher:
+        self.parts = PartPublisher(self.state, node=self.node, rescan=self.rescan, recheck=self.schedule.recheck,
+                                   on_publish=on_publish, trigger=self.trigger)
+        return self.parts
+
+    @property
+    def missing(self) -> dict[str, list[int]]:
+        """The leader: checkpoint → the nodes whose part is not there yet."""
+        return self.parts.missing
 
     async def restore(self) -> Path | None:
         """Every node brings back the newest *published* checkpoint, the one the leader hands
         the training (SUPERVISE_RESTORED_FROM): a newer local one is only this node's part of
         a checkpoint that never gathered every part, so it is set aside first (an ordinary
         pair would keep it and resume from it; here the other nodes may not hold theirs)."""
-        await _to_thread(set_aside, self.pair, self.node, self.emit,
-                         "not published: only this node's part; every node restores the newest published checkpoint")
+        await to_thread(set_aside, self.pair, self.node, self.emit,
+                        "not published: only this node's part; every node restores the newest published checkpoint")
         return await super().restore()
 
     # ---- triggers -------------------------------------------------------------------
@@ -191,7 +197,7 @@ class PartEngine(PairEngine):
             while True:
                 await anyio.sleep(GO_POLL_S if self.awaiting_go else self.parts_poll)
                 names = set(self.awaiting_go) - told
-                said = {n for n in names if await _to_thread(go_path(self.pair.dst, n).exists)}
+                said = {n for n in names if await to_thread(go_path(self.pair.dst, n).exists)}
                 if said:
                     told |= said
                     self.trigger("parts")
@@ -199,7 +205,7 @@ class PartEngine(PairEngine):
         while True:
             await anyio.sleep(min(self.parts_poll, WAITING_POLL_S) if self.missing else self.parts_poll)
             try:
-                now = await _to_thread(waiting, self.pair.dst)
+                now = await to_thread(waiting, self.pair.dst)
             except OSError:
                 continue
             if now != last:
@@ -209,14 +215,14 @@ class PartEngine(PairEngine):
 
     # ---- one pass -------------------------------------------------------------------
 
-    def _scan(self, *, root: Path | None = None, only: str | None = None, settle: float | None = None,
-              cheap: bool = False, pids: set[int] | None = None, finished: bool = False) -> Listing:
+    def scan(self, *, root: Path | None = None, only: str | None = None, settle: float | None = None,
+             cheap: bool = False, pids: set[int] | None = None, finished: bool = False) -> Listing:
         if not self.leader:
             self.marker_seen = False  # rank 0's marker is never written here (local_profile)
         if not cheap and self.leader:
-            return super()._scan(root=root, only=only, settle=settle, pids=pids, finished=finished)
+            return super().scan(root=root, only=only, settle=settle, pids=pids, finished=finished)
         p = self.pair
-        reuse = self.reusable({**self.parted, **self.published}) if cheap else None
+        reuse = self.reusable({**self.parts.parted, **self.state.published}) if cheap else None
         local = root is None
         if self.leader:  # cheap
             ctx = Context(profile=self.profile)
@@ -236,17 +242,39 @@ class PartEngine(PairEngine):
             self._inodes = {n: sig[0] for n, sig in listing.sigs.items()}
         return listing
 
-    async def _checkpoint_pass(self, trigger: str, stats: CopyResult, published: list[str]) -> None:
+    async def _pass_listing(self, trigger: str) -> Listing:
+        listing: Listing = await to_thread(self.scan, cheap=trigger in ("watch", "parts"))
+        self.take_listing(listing)
+        return listing
+
+
+class PartPublisher(Publisher):
+    """Publishing for a per-node pair on one node: this node's complete checkpoints become
+    parts; node 0 (the leader) also assembles and publishes them, then the pointers."""
+
+    def __init__(self, state: PairState, *, node: int, rescan: Callable[[str], Listing],
+                 recheck: Callable[[float], None], on_publish: Callable[[float | None], None],
+                 trigger: Callable[[str], None]) -> None:
+        super().__init__(state, rescan=rescan, recheck=recheck, on_publish=on_publish)
+        self.node = node
+        self.nodes = state.pair.nodes
+        self.leader = node == 0
+        self.trigger = trigger                     # the leader: a pass once its own part is staged
+        self.parted: dict[str, Snap] = {}          # checkpoint → local snapshot whose part manifest is written
+        self.missing: dict[str, list[int]] = {}    # leader: checkpoint → nodes whose part is not there
+        self._told_missing: dict[str, tuple[int, ...]] = {}
+        self.conflicts: dict[str, str] = {}
+        self.stale: dict[str, Snap] = {}           # changed here after it was published from every node
+
+    async def run(self, listing: Listing, trigger: str, stats: CopyResult, published: list[str]) -> None:
         p = self.pair
-        listing: Listing = await _to_thread(self._scan, cheap=trigger in ("watch", "parts"))
-        self._take_listing(listing)
         todo: list[Entry] = []
-        for e in _complete_newest_first(listing):
-            prev = self.published.get(e.name) or self.stale.get(e.name)
+        for e in complete_newest_first(listing):
+            prev = self.state.published.get(e.name) or self.stale.get(e.name)
             if prev is not None and prev.same_content(e.snap):
                 continue
-            if await _to_thread(os.path.lexists, p.dst / e.name):
-                self._published_already(e, await _to_thread(snapshot, p.dst / e.name, within(e.name, p.exclude)), listing)
+            if await to_thread(os.path.lexists, p.dst / e.name):
+                self._published_already(e, await to_thread(snapshot, p.dst / e.name, within(e.name, p.exclude)), listing)
                 continue
             staged = self.parted.get(e.name)
             if staged is not None and staged.same_content(e.snap):
@@ -255,13 +283,13 @@ class PartEngine(PairEngine):
         self._note_pending(listing)
         for e in todo:  # newest first: the one most at risk
             if self.leader and self._go_applies(e):
-                await _to_thread(write_go, p.dst, e.name)
+                await to_thread(write_go, p.dst, e.name)
             try:
                 await self._stage_part(e, trigger, stats)
             except (OSError, CopyError):
                 # Never published: dropped, so that a full disk gets its space back for the retry.
                 with anyio.CancelScope(shield=True):
-                    await _to_thread(shutil.rmtree, part_dir(p.dst, e.name, self.node), True)
+                    await to_thread(shutil.rmtree, part_dir(p.dst, e.name, self.node), True)
                 raise
             self._note_pending(listing)
         if self.leader:
@@ -280,7 +308,8 @@ class PartEngine(PairEngine):
         """Node 0's completeness speaks for every node only where rank 0's own marker or
         pointer says so (DCP, DeepSpeed, Megatron, HF, Accelerate); with your markers every
         node writes its own (docs/sync.md), so each node judges its part alone."""
-        return bool(e.is_dir and not self.pair.markers and self.profile is not None and self.profile.needs_marker
+        prof = self.state.profile
+        return bool(e.is_dir and not self.pair.markers and prof is not None and prof.needs_marker
                     and (e.why.startswith(("marker ", "pointer ", "older than "))))
 
     def _published_already(self, e: Entry, there: Snap | None, listing: Listing) -> None:
@@ -288,9 +317,9 @@ class PartEngine(PairEngine):
         earlier attempt). It is never published again from parts (docs/sync.md, limits)."""
         self.parted.pop(e.name, None)
         if contains(there, e.snap):
-            self.published[e.name] = e.snap
+            self.state.published[e.name] = e.snap
             if e.name in listing.sigs:
-                self._sigs[e.name] = listing.sigs[e.name]
+                self.state.sigs[e.name] = listing.sigs[e.name]
             return
         if e.name not in self.stale:
             self.emit("sync-deferred", pair=self.pair.name, checkpoint=e.name, node=self.node,
@@ -302,52 +331,52 @@ class PartEngine(PairEngine):
         p = self.pair
         name = e.name
         src, pdir = p.src / name, part_dir(p.dst, name, self.node)
-        old = await _to_thread(read_manifest, manifest_path(p.dst, name, self.node))
+        old = await to_thread(read_manifest, manifest_path(p.dst, name, self.node))
         if old is not None and manifest_snap(old).same_content(e.snap) and old.get("nodes") == self.nodes:
             self.parted[name] = e.snap  # written by an earlier attempt, from these very files
             return True
-        if await _to_thread(withdraw, p.dst, name, self.node):
+        if await to_thread(withdraw, p.dst, name, self.node):
             self.emit("part-withdrawn", pair=p.name, checkpoint=name, node=self.node,
                       reason="this node's files changed after its part was written; copying it again")
         self.parted.pop(name, None)
-        leftover = await _to_thread(os.path.lexists, pdir)
-        await _to_thread(pdir.mkdir, parents=True, exist_ok=True)
+        leftover = await to_thread(os.path.lexists, pdir)
+        await to_thread(pdir.mkdir, parents=True, exist_ok=True)
         for attempt in range(RECOPY_TRIES):
             got = CopyResult()
             try:
                 if e.is_dir:
                     got += await self.backend.copy_tree(src, pdir, exclude=within(e.name, p.exclude), skip=e.markers, fsync=p.fsync)
-                    got.bytes += await _to_thread(_fsops.copy_markers, src, pdir, e.markers, fsync=p.fsync)
+                    got.bytes += await to_thread(_fsops.copy_markers, src, pdir, e.markers, fsync=p.fsync)
                     got.files += len(e.markers)
                 else:
                     got += await self.backend.copy_file(src, pdir / name, fsync=p.fsync)
             except (CopyError, FileNotFoundError):
-                if await _to_thread(os.path.lexists, src):
+                if await to_thread(os.path.lexists, src):
                     raise
-                await _to_thread(shutil.rmtree, pdir, True)  # rotated away under the copier
+                await to_thread(shutil.rmtree, pdir, True)  # rotated away under the copier
                 return False
             stats += got
-            again: Listing = await _to_thread(self._scan, only=name)
+            again: Listing = await to_thread(self.rescan, name)
             now = again.entries.get(name)
             if now is None or not now.complete:
-                await _to_thread(shutil.rmtree, pdir, True)
+                await to_thread(shutil.rmtree, pdir, True)
                 return False
             if not now.snap.same_content(e.snap):
                 e = now
                 continue
             if attempt or got.vanished or leftover:
-                staged = await _to_thread(snapshot, pdir if e.is_dir else pdir / name, within(e.name, p.exclude))
+                staged = await to_thread(snapshot, pdir if e.is_dir else pdir / name, within(e.name, p.exclude))
                 if not matches(staged, e.snap):
                     if e.is_dir:
-                        await _to_thread(_fsops.prune_staging, pdir, e.snap)
+                        await to_thread(_fsops.prune_staging, pdir, e.snap)
                     continue
             if p.fsync:
-                await _to_thread(_fsops.fsync_dir, pdir)
-            await _to_thread(write_manifest, p.dst, name, self.node, self.nodes, e.snap, is_dir=e.is_dir,
-                             markers=e.markers, why=e.why, done_at=e.done_at)
+                await to_thread(_fsops.fsync_dir, pdir)
+            await to_thread(write_manifest, p.dst, name, self.node, self.nodes, e.snap, is_dir=e.is_dir,
+                            markers=e.markers, why=e.why, done_at=e.done_at)
             self.parted[name] = e.snap
             if name in again.sigs:
-                self._sigs[name] = again.sigs[name]
+                self.state.sigs[name] = again.sigs[name]
             lag = round(time.time() - e.done_at, 3) if e.done_at else None
             self.emit("part", pair=p.name, checkpoint=name, node=self.node, nodes=self.nodes, trigger=trigger,
                       files=len(e.snap.files), bytes=e.snap.bytes, why=e.why, lag_s=lag, durable=True)
@@ -361,18 +390,18 @@ class PartEngine(PairEngine):
     async def _assemble_ready(self, trigger: str, published: list[str], listing: Listing) -> None:
         """Leader: publish every checkpoint whose N parts all have manifests."""
         p = self.pair
-        state = await _to_thread(waiting, p.dst)
+        state = await to_thread(waiting, p.dst)
         self.missing = {}
         for name in sorted(state, key=natural_key, reverse=True):
             have = state[name]
-            if await _to_thread(os.path.lexists, p.dst / name):
+            if await to_thread(os.path.lexists, p.dst / name):
                 # published (just now, or by an earlier attempt): what is left is ours to drop
-                await _to_thread(remove_parts, p.dst, name)
+                await to_thread(remove_parts, p.dst, name)
                 continue
             if not have:
                 continue  # a part being copied, no manifest yet: nothing to say
             missing = [k for k in range(self.nodes) if k not in have]
-            if missing and await _to_thread(self._single_files, name, have):
+            if missing and await to_thread(self._single_files, name, have):
                 missing = []  # a single file is whole on the one node that wrote it (rank 0's torch.save)
             if missing:
                 self.missing[name] = missing
@@ -381,13 +410,13 @@ class PartEngine(PairEngine):
                     self.emit("parts-waiting", pair=p.name, checkpoint=name, nodes=self.nodes,
                               have=sorted(k for k in have if k < self.nodes), missing=missing)
                 continue
-            manifests = {k: await _to_thread(read_manifest, manifest_path(p.dst, name, k))
+            manifests = {k: await to_thread(read_manifest, manifest_path(p.dst, name, k))
                          for k in range(self.nodes) if k in have}
             if any(m is None for m in manifests.values()):
                 self.missing[name] = [k for k, m in manifests.items() if m is None]
                 continue
             try:
-                got = await _to_thread(assemble, p.dst, name, manifests, fsync=p.fsync)
+                got = await to_thread(assemble, p.dst, name, manifests, fsync=p.fsync)
             except PartConflict as c:
                 if self.conflicts.get(name) != str(c):
                     self.emit("part-conflict", pair=p.name, checkpoint=name, path=c.path, nodes=c.nodes,
@@ -400,11 +429,11 @@ class PartEngine(PairEngine):
             self.conflicts.pop(name, None)
             self._told_missing.pop(name, None)
             local = listing.entries.get(name)
-            self.published[name] = local.snap if local is not None and local.complete else manifest_snap(manifests[min(manifests)])
+            self.state.published[name] = local.snap if local is not None and local.complete else manifest_snap(manifests[min(manifests)])
             if name in listing.sigs:
-                self._sigs[name] = listing.sigs[name]
+                self.state.sigs[name] = listing.sigs[name]
             self.parted.pop(name, None)
-            await _to_thread(remove_parts, p.dst, name)
+            await to_thread(remove_parts, p.dst, name)
             lag = round(time.time() - got.done_at, 3) if got.done_at else None
             self.emit("publish", pair=p.name, checkpoint=name, trigger=trigger, files=got.files, bytes=got.bytes,
                       why=f"all {self.nodes} parts", lag_s=lag, nodes=self.nodes,
@@ -418,7 +447,7 @@ class PartEngine(PairEngine):
         local = set()
         for e in sorted(listing.entries.values(), key=lambda e: natural_key(e.name)):
             local.add(e.name)
-            done = self.published.get(e.name)
+            done = self.state.published.get(e.name)
             staged = self.parted.get(e.name)
             if not e.complete:
                 out.append(f"{name_}: {e.name} (incomplete: {e.why})")
@@ -444,7 +473,7 @@ class PartEngine(PairEngine):
             for ptr in listing.pointers.values():
                 if self.pointers_done.get(ptr.name) != ptr.content:
                     out.append(f"{name_}: {ptr.name} (pointer to {ptr.target or 'a missing checkpoint'})")
-        self.pending = out
+        self.state.pending = out
 
     def _holds(self, there: Snap | None, local: Snap) -> bool:
         """The published checkpoint holds every node's files: this node's must be among them."""

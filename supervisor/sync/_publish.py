@@ -1,0 +1,260 @@
+"""Checkpoint publishing for one pair: what a checkpoint pass does with the listing it is given.
+
+Each complete checkpoint, newest first, is copied through a staging name on the persistent
+side, checked that nothing changed while copying, and renamed into place; pointers land only
+once what they name is there (docs/design.md, invariant 1). An entry this run directory never
+published is never replaced (issue 22). With ``keep_local``, older local copies go once their
+persistent copy is verified. Failures raise to the engine (``_pair.py``), which backs off.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import anyio
+
+from supervisor.sync import _fsops
+from supervisor.sync._backend import CopyError, CopyResult
+from supervisor.sync._complete import STAGING_PREFIX, Entry, Listing, Snap, matches, natural_key, snapshot
+from supervisor.sync._exclude import within
+from supervisor.sync._state import PairState, to_thread
+
+RECOPY_TRIES = 3
+
+
+class Publisher:
+    """Publishes one checkpoint pair's complete checkpoints and their pointers.
+
+    ``rescan(name)`` lists that one entry again (blocking: run in a thread), ``recheck(at)``
+    asks the schedule for another pass then, ``on_publish(done_at, ident)`` tells the mirror.
+    ``ours``: names this run directory published in earlier attempts (None: history unknown,
+    every entry may be replaced as before); a name on the persistent side in neither this nor
+    what is published now is another run's and is never replaced.
+    """
+
+    def __init__(self, state: PairState, *, rescan: Callable[[str], Listing], recheck: Callable[[float], None],
+                 on_publish: Callable[..., None], ours: set[str] | None = None) -> None:
+        self.state = state
+        self.pair, self.emit, self.backend = state.pair, state.emit, state.backend
+        self.rescan = rescan
+        self.recheck = recheck
+        self.on_publish = on_publish
+        self.ours = ours
+        self.refused: set[str] = set()
+        self.pointers_done: dict[str, bytes] = {}
+        self._torn: dict[str, Any] = {}         # checkpoint → Snap journaled as torn
+
+    def _journal_torn(self, listing: Listing) -> None:
+        for e in listing.entries.values():
+            if e.torn and (self._torn.get(e.name) is None or not self._torn[e.name].same_content(e.snap)):
+                self._torn[e.name] = e.snap
+                self.emit("torn", pair=self.pair.name, checkpoint=e.name, why=e.torn)
+
+    async def run(self, listing: Listing, trigger: str, stats: CopyResult, published: list[str]) -> None:
+        """One checkpoint pass over ``listing``, the local side as the engine just scanned it:
+        copies add to ``stats``, the names published now to ``published``."""
+        p = self.pair
+        self._journal_torn(listing)
+        todo: list[Entry] = []
+        for e in complete_newest_first(listing):
+            prev = self.state.published.get(e.name)
+            if prev is not None and prev.same_content(e.snap):
+                continue
+            if prev is None:  # already there from an earlier attempt?
+                there = await to_thread(snapshot, p.dst / e.name, within(e.name, p.exclude))
+                if matches(there, e.snap):
+                    self.state.published[e.name] = e.snap
+                    if e.name in listing.sigs:
+                        self.state.sigs[e.name] = listing.sigs[e.name]
+                    continue
+                if there is not None and not self._owns(e.name):
+                    self._refuse(e.name)
+                    continue
+            todo.append(e)
+        self._note_pending(listing)
+        for e in todo:  # newest first: the one most at risk
+            staging = p.dst / f"{STAGING_PREFIX}{e.name}"
+            try:
+                ok = await self._publish(e, trigger, stats)
+            except (OSError, CopyError):
+                # Never published, so ours to drop: a full disk gets its space back for the retry.
+                with anyio.CancelScope(shield=True):
+                    await to_thread(_fsops.remove_ours, staging)
+                raise
+            if ok:
+                published.append(e.name)
+            await self._publish_pointers(listing)
+            self._note_pending(listing)
+        await self._publish_pointers(listing)
+        await self._end_pass(listing)
+
+    async def _end_pass(self, listing: Listing) -> None:
+        """After a checkpoint pass: what is pending, when to look again, what local copies to keep."""
+        self._note_pending(listing)
+        ready = [e.ready_at for e in listing.entries.values() if e.ready_at is not None]
+        if ready:
+            self.recheck(time.monotonic() + max(0.05, min(ready) - time.time() + 0.05))
+        if self.pair.keep_local:
+            await self._retain(listing)
+
+    def _owns(self, name: str) -> bool:
+        """This run directory published ``name`` (a checkpoint, or a pointer or link, in this
+        attempt or an earlier one), whatever it has turned into since (a Lightning
+        ``last.ckpt`` link replaced by a regular file): it may replace it (issue 22)."""
+        return self.ours is None or name in self.ours or name in self.state.published or name in self.pointers_done
+
+    def _refuse(self, name: str, what: str = "checkpoint") -> None:
+        """An entry of that name is on the persistent side and this run never published it
+        (another run's, sharing the directory): it is never replaced. Journaled once; the
+        local one stays pending, so ``end.not_durable`` and the report name it."""
+        if name not in self.refused:
+            self.refused.add(name)
+            self.emit("sync-refused", pair=self.pair.name, checkpoint=name, what=what,
+                      why="on the persistent side already and not published by this run directory: not replaced")
+
+    async def _publish(self, e: Entry, trigger: str, stats: CopyResult) -> bool:
+        """Stage, verify, rename. False when the checkpoint vanished or stopped being complete."""
+        p = self.pair
+        src, final = p.src / e.name, p.dst / e.name
+        staging = p.dst / f"{STAGING_PREFIX}{e.name}"
+        # Staging left by a killed run is resumed (rsync skips what is already whole) but then
+        # always verified: it may hold files the source no longer has.
+        leftover = await to_thread(_fsops.claim_staging, staging, is_dir=e.is_dir)
+        for attempt in range(RECOPY_TRIES):
+            got = CopyResult()
+            try:
+                if e.is_dir:
+                    # the snapshot's files, not a second walk; shared among the copy streams
+                    got += await self.backend.copy_tree(src, staging, exclude=within(e.name, p.exclude), skip=e.markers, fsync=p.fsync,
+                                                        fresh=not leftover, files=e.snap.files)
+                    got.bytes += await to_thread(_fsops.copy_markers, src, staging, e.markers, fsync=p.fsync)
+                    got.files += len(e.markers)
+                else:
+                    got += await self.backend.copy_file(src, staging, fsync=p.fsync)
+            except (CopyError, FileNotFoundError):
+                if await to_thread(os.path.lexists, src):
+                    raise
+                # the whole checkpoint was rotated away under the copier: not a failure
+                await to_thread(_fsops.remove_ours, staging)
+                return False
+            stats += got
+            again: Listing = await to_thread(self.rescan, e.name)
+            now = again.entries.get(e.name)
+            if now is None or not now.complete:  # rotated away, or not what we thought: not a failure
+                await to_thread(_fsops.remove_ours, staging)
+                return False
+            if now.snap.files != e.snap.files:  # changed while copied: copy again before it counts (no copies of 100 000-entry dicts)
+                e = now
+                continue
+            # A clean first copy of an unchanged source is whole (the copier exits non-zero
+            # otherwise); a retry into a used staging area, or files that vanished, get checked.
+            if attempt or got.vanished or leftover:
+                staged = await to_thread(snapshot, staging, within(e.name, p.exclude))
+                if not matches(staged, e.snap):
+                    await to_thread(_fsops.prune_staging, staging, e.snap)
+                    continue
+            await to_thread(_fsops.swap_in, staging, final, is_dir=e.is_dir, fsync=p.fsync)
+            self.state.published[e.name] = e.snap
+            if e.name in again.sigs:
+                self.state.sigs[e.name] = again.sigs[e.name]
+            lag = round(time.time() - e.done_at, 3) if e.done_at else None
+            # A file beside the checkpoints (DeepSpeed's zero_to_fp32.py, HF's training_args.bin)
+            # is mirrored but is no checkpoint: it never answers a request nor sets the save rhythm.
+            stray = {} if e.restorable else {"restorable": False}
+            self.emit("publish", pair=p.name, checkpoint=e.name, trigger=trigger, files=len(e.snap.files),
+                      bytes=e.snap.bytes, why=e.why, lag_s=lag, **stray)
+            if e.restorable:
+                self.on_publish(e.done_at, (e.name, again.sigs[e.name][0]) if e.name in again.sigs else None)
+            return True
+        self.emit("sync-deferred", pair=p.name, checkpoint=e.name,
+                  reason=f"changed while being copied, {RECOPY_TRIES} times; trying again on the next pass")
+        return False
+
+    async def _publish_pointers(self, listing: Listing) -> None:
+        """A pointer lands only once the checkpoint it names is published (docs/design.md, invariant 1)."""
+        p = self.pair
+        for ptr in listing.pointers.values():
+            target = ptr.target
+            if target is None or target not in self.state.published or self.pointers_done.get(ptr.name) == ptr.content:
+                continue
+            cur = listing.entries.get(target)
+            if cur is not None and not self.state.published[target].same_content(cur.snap):
+                continue
+            if not self._owns(ptr.name) and await to_thread(os.path.lexists, p.dst / ptr.name):
+                self._refuse(ptr.name, "pointer")  # another run's `latest` sharing the directory
+                continue
+            if ptr.link:
+                wrote = await to_thread(_fsops.write_link, p.dst / ptr.name, target)
+            else:
+                wrote = await to_thread(_fsops.write_atomic, p.dst / ptr.name, ptr.content, ptr.mtime_ns, fsync=p.fsync,
+                                        mode=ptr.mode)
+            self.pointers_done[ptr.name] = ptr.content
+            if wrote:
+                self.emit("publish", pair=p.name, checkpoint=ptr.name, pointer=True, target=target,
+                          lag_s=round(time.time() - ptr.mtime_ns / 1e9, 3))
+
+    def _note_pending(self, listing: Listing) -> None:
+        out = []
+        for e in sorted(listing.entries.values(), key=lambda e: natural_key(e.name)):
+            prev = self.state.published.get(e.name)
+            if e.torn:
+                out.append(f"{self.pair.name}: {e.name} (torn: {e.torn}; never published)")
+            elif not e.complete:
+                out.append(f"{self.pair.name}: {e.name} (incomplete: {e.why})")
+            elif e.name in self.refused and prev is None:
+                out.append(f"{self.pair.name}: {e.name} (refused: another run's {e.name} is on persistent storage)")
+            elif prev is None or not prev.same_content(e.snap):
+                out.append(f"{self.pair.name}: {e.name} (complete, not yet on persistent storage)")
+        for ptr in listing.pointers.values():
+            if ptr.name in self.refused:
+                out.append(f"{self.pair.name}: {ptr.name} (refused: another run's {ptr.name} is on persistent storage)")
+            elif self.pointers_done.get(ptr.name) != ptr.content:
+                out.append(f"{self.pair.name}: {ptr.name} ({'link' if ptr.link else 'pointer'} to "
+                           f"{ptr.target or 'a missing checkpoint'})")
+        for name in listing.outside:
+            out.append(f"{self.pair.name}: {name} (a link out of the pair's directory: never followed, not mirrored)")
+        self.state.pending = out
+
+    async def _retain(self, listing: Listing) -> None:
+        """keep_local = N: delete local checkpoints beyond the newest N, each only once its
+        persistent copy is verified against it. Never the one a pointer names."""
+        p = self.pair
+        assert p.keep_local
+        done = sorted((e for e in listing.entries.values() if e.complete), key=lambda e: natural_key(e.name), reverse=True)
+        named = {ptr.target for ptr in listing.pointers.values()}
+        removed = []
+        for e in done[p.keep_local:]:
+            if e.name in named or e.name not in self.state.published or not self.state.published[e.name].same_content(e.snap):
+                continue
+            there = await to_thread(snapshot, p.dst / e.name, within(e.name, p.exclude))
+            if not self._holds(there, e.snap):
+                continue
+            await to_thread(_remove_local, p.src / e.name)
+            self.state.published.pop(e.name, None)
+            self.state.sigs.pop(e.name, None)
+            removed.append(e.name)
+        if removed:
+            self.emit("retention", pair=p.name, removed=removed, kept=p.keep_local, where="local", **self._retention_fields())
+
+    def _holds(self, there: Snap | None, local: Snap) -> bool:
+        """Does the published copy hold this local checkpoint? (Here: exactly it.)"""
+        return matches(there, local)
+
+    def _retention_fields(self) -> dict[str, object]:
+        return {}
+
+
+def complete_newest_first(listing: Listing) -> list[Entry]:
+    """The complete entries of a pass, the newest name first (a stop wants the newest soonest)."""
+    return [e for e in sorted(listing.entries.values(), key=lambda e: natural_key(e.name), reverse=True) if e.complete]
+
+
+def _remove_local(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
