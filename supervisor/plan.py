@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -50,9 +50,10 @@ class Plan:
 
 def make_plan(cfg: Config, env: Mapping[str, str] | None = None) -> Plan:
     """Build and validate the run; ConfigError for anything that would stop it."""
-    assert cfg.run_dir is not None
     env = dict(os.environ if env is None else env)
     job = detect_job(env)
+    cfg = replace(cfg, sync=tuple(p.for_job(job.num_nodes) for p in cfg.sync))  # nodes = "auto": this job's
+    assert cfg.run_dir is not None
     profile = launchers.detect(cfg.command, cfg.launcher)
     try:  # a path too long, a file on the way, no permission: exit 2 naming it, nothing started
         exists = cfg.run_dir.exists()
