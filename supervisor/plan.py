@@ -22,6 +22,7 @@ from supervisor.config import Config, public_view
 from supervisor.errors import ConfigError
 from supervisor.job import Job, detect_job
 from supervisor.journal import next_attempt, read_journal, redact_argv, redact_env
+from supervisor.ports import MirrorPort
 
 SCHEDULER_ENV_PREFIXES = ("SLURM_", "PBS_", "SUPERVISE_", "CUDA_VISIBLE_DEVICES", "OMPI_COMM_WORLD", "PMI_", "CS_")
 
@@ -37,7 +38,7 @@ class Plan:
     previous_events: list[dict[str, Any]]
     lead: float                       # warn this long before the job's end (before fitting to the job)
     request_path: Path
-    mirror: Any = None                # supervisor.sync.Mirror, when there are pairs
+    mirror: MirrorPort | None = None  # supervisor.sync.Mirror, when there are pairs
     notify_urls: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     lead_basis: deadline.Lead | None = None  # what ``auto`` learned it from; None when --warn-before is set
@@ -72,11 +73,12 @@ def make_plan(cfg: Config, env: Mapping[str, str] | None = None) -> Plan:
         from supervisor.sync import Mirror
 
         # The training's processes are attached when the agent runs (Mirror.attach); they will be seen.
-        plan.mirror = Mirror(cfg.sync, emit=lambda kind, **f: f, sync_every=cfg.sync_every,
-                             backend=cfg.sync_backend, nice=cfg.sync_nice, ionice=cfg.sync_ionice, writers=set,
-                             streams=cfg.sync_streams,
-                             published_before=Mirror.published_in(previous))  # another run's are never replaced
-        plan.warnings += plan.mirror.check()
+        mirror = Mirror(cfg.sync, emit=lambda kind, **f: f, sync_every=cfg.sync_every,
+                        backend=cfg.sync_backend, nice=cfg.sync_nice, ionice=cfg.sync_ionice, writers=set,
+                        streams=cfg.sync_streams,
+                        published_before=Mirror.published_in(previous))  # another run's are never replaced
+        plan.warnings += mirror.check()
+        plan.mirror = mirror
     if cfg.notify:
         from supervisor.notify import resolve_urls
 
