@@ -8,7 +8,7 @@ import signal
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
@@ -20,6 +20,10 @@ from supervisor.journal import read_journal
 from supervisor.plan import make_plan
 from supervisor.policy import Reason, Trigger
 from supervisor.stopping import StopSequence
+
+if TYPE_CHECKING:
+    from supervisor.dispositions import Dispositions
+    from supervisor.ports import ChildPort, MirrorPort, NotifierPort, SamplerPort
 
 pytestmark = pytest.mark.anyio
 
@@ -202,6 +206,9 @@ class FakeMirror:
     def last_activity(self) -> float | None:
         return None
 
+    def describe(self) -> list[tuple[str, str]]:
+        return [("ok", "fake pairs")]
+
 
 class FakeNotifier:
     def __init__(self) -> None:
@@ -216,6 +223,13 @@ class FakeNotifier:
 
     async def drain(self, timeout: float) -> None:
         return None
+
+
+if TYPE_CHECKING:  # each fake against the port it stands for: mypy (scripts/lint.sh) fails when one drifts
+    _child: ChildPort = FakeChild(FakeMirror())
+    _mirror: MirrorPort = FakeMirror()
+    _notifier: NotifierPort = FakeNotifier()
+    _dispositions: Dispositions = FakeDispositions()
 
 
 def make_agent(tmp_path: Path, *, env: dict[str, str] | None = None, flags: dict[str, str] | None = None,
@@ -594,6 +608,9 @@ class HeldGpu:
     def last_busy(self) -> None:
         return None
 
+
+if TYPE_CHECKING:
+    _gpu: SamplerPort = HeldGpu(0)
 
 @pytest.mark.parametrize("held_mib, restarted", [(4096, False), (0, True)])
 async def test_the_health_gate_checks_that_the_crashed_trainings_gpu_memory_is_free(tmp_path, held_mib, restarted):
