@@ -76,7 +76,9 @@ class Agent:
         with anyio.open_signal_receiver(*caught) as signals:
             try:
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(routing.intake, self.deliver, signals, self._early)  # the early ones first
+                    tg.start_soon(routing.intake, self.deliver, signals)
+                    while self._early:  # what came before we listened, in order, before anything starts
+                        await self.deliver(signal.Signals(self._early.pop(0)))
                     await self._start_parts(tg)
                     if run.trigger is None:
                         await self._spawn(tg)

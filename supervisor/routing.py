@@ -27,12 +27,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("supervise")
 
 
-async def intake(deliver: Callable[[signal.Signals], Awaitable[None]], signals: AsyncIterator[int],
-                 early: list[int]) -> None:
-    """Every signal, one at a time, in the order it came: first those that came before the
-    receiver listened (``early``, held by the CLI), then the receiver's."""
-    while early:
-        await deliver(signal.Signals(early.pop(0)))
+async def intake(deliver: Callable[[signal.Signals], Awaitable[None]], signals: AsyncIterator[int]) -> None:
+    """Every signal the receiver gets, one at a time, in the order it came."""
     async for sig in signals:
         await deliver(signal.Signals(sig))
 

@@ -298,6 +298,23 @@ async def test_signal_dispositions_change_only_through_the_port_it_was_given(tmp
     assert calls[0] == "quiet-stray" and calls[-2:] == ["ignore-stop", "quiet-stray"], calls
 
 
+async def test_a_stop_signal_that_came_before_the_agent_listened_starts_nothing(tmp_path):
+    """The CLI holds a TERM that came during the imports; with no part to start (nothing that
+    would yield to the intake task), it is still acted on before the spawn: 128+15."""
+    _, children, _ = make_agent(tmp_path)
+    plan = make_plan(build_config(flags={"gpu_every": "0"}, command=("torchrun", "train.py"), env={}, cwd=tmp_path), {})
+    spawned: list[tuple] = []
+
+    async def spawn(command, env):
+        spawned.append(command)
+        raise AssertionError("spawned after a stop")
+
+    agent = Agent(plan, spawn=spawn, early=[signal.SIGTERM], dispositions=FakeDispositions())
+    with anyio.fail_after(10):
+        assert await agent.run() == 143
+    assert not spawned and events(agent, "end")[0]["reason"] in ("preempted", "cancelled")
+
+
 async def test_the_stop_sequence_runs_on_a_run_state_alone_and_returns_its_result(tmp_path):
     """No conductor: a RunState with a running child, a trigger, and the sequence's answer."""
     agent, _, _ = make_agent(tmp_path)
