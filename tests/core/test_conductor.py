@@ -303,7 +303,7 @@ async def test_a_stop_signal_that_came_before_the_agent_listened_starts_nothing(
     would yield to the intake task), it is still acted on before the spawn: 128+15."""
     _, children, _ = make_agent(tmp_path)
     plan = make_plan(build_config(flags={"gpu_every": "0"}, command=("torchrun", "train.py"), env={}, cwd=tmp_path), {})
-    spawned: list[tuple] = []
+    spawned = []
 
     async def spawn(command, env):
         spawned.append(command)
