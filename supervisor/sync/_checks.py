@@ -69,25 +69,25 @@ def check_pairs(pairs: Sequence[SyncPair], env: dict[str, str] | None = None) ->
         names.add(p.name)
         src, dst = Path(os.path.realpath(p.src)), Path(os.path.realpath(p.dst))
         if src == dst:
-            raise ConfigError(key, f"{p.src} -> {p.dst}", "local and persistent sides are the same path")
+            raise ConfigError(key, f"{p.src} -> {p.dst}", "local and persistent sides are the same path", p.origin)
         if dst.is_relative_to(src) or src.is_relative_to(dst):
-            raise ConfigError(key, f"{p.src} -> {p.dst}", "one side is inside the other; mirror into a separate directory")
+            raise ConfigError(key, f"{p.src} -> {p.dst}", "one side is inside the other; mirror into a separate directory", p.origin)
         for other in pairs[:i]:
             o = Path(os.path.realpath(other.dst))
             if o == dst or o.is_relative_to(dst) or dst.is_relative_to(o):
-                raise ConfigError(key, str(p.dst), f"persistent side overlaps that of sync {other.name}")
+                raise ConfigError(key, str(p.dst), f"persistent side overlaps that of sync {other.name}", p.origin)
         if p.src.exists() and not p.src.is_dir():
-            raise ConfigError(f"{key}.from", str(p.src), "exists and is not a directory")
+            raise ConfigError(f"{key}.from", str(p.src), "exists and is not a directory", p.origin)
         if p.dst.exists() and not p.dst.is_dir():
-            raise ConfigError(f"{key}.to", str(p.dst), "exists and is not a directory")
+            raise ConfigError(f"{key}.to", str(p.dst), "exists and is not a directory", p.origin)
         if p.dst.is_dir():
             from supervisor.journal import check_run_dir_safe
 
             unsafe = check_run_dir_safe(p.dst)  # issue 14: staging and temp names live there
             if unsafe:
-                raise ConfigError(f"{key}.to", str(p.dst), f"persistent side {unsafe}")
+                raise ConfigError(f"{key}.to", str(p.dst), f"persistent side {unsafe}", p.origin)
         if p.keep_local is not None and p.kind != "checkpoint":
-            raise ConfigError(f"{key}.keep_local", p.keep_local, "only checkpoint pairs keep a number of local copies")
+            raise ConfigError(f"{key}.keep_local", p.keep_local, "only checkpoint pairs keep a number of local copies", p.origin)
         if not p.src.exists():
             parent = _existing(p.src)
             if os.access(parent, os.W_OK):

@@ -47,6 +47,7 @@ CASES = [
      "[[sync]]\nname = 'x'\nfrom = '/tmp/c'\nto = '/tmp/d'\n", {}, ["sync x", "must be unique", "supervise.toml"]),
     ("config-sync-exclude-hides-marker", [], "[[sync]]\nfrom = '/tmp/a'\nto = '/tmp/b'\nprofile = 'hf-trainer'\n"
      "exclude = ['trainer_state.json']\n", {}, ["exclude", "trainer_state.json", "marker", "supervise.toml"]),
+    ("config-sync-same-path", [], "[[sync]]\nfrom = '/tmp/same'\nto = '/tmp/same'\n", {}, ["same path", "supervise.toml"]),
     ("config-sync-empty-pattern", [], "[[sync]]\nfrom = '/tmp/a'\nto = '/tmp/b'\nexclude = ['/']\n", {},
      ["sync[0].exclude", "pattern"]),
     ("env-bad-duration", [], None, {"SUPERVISE_GRACE": "forever"}, ["grace", "forever", "SUPERVISE_GRACE"]),
