@@ -43,8 +43,13 @@ class SyncPair:
     keep_local: int | None = None
     settle: float = 5.0
     fsync: bool = False
-    nodes: int = 1  # > 1: every node writes its own part; published once all parts are durable (0: auto, resolved)
+    nodes: int = 1  # > 1: every node writes its own part; published once all parts are durable (0: auto, see for_job)
     profile: str = "auto"  # the framework's layout (supervisor/sync/_profiles.py), or auto: detected
+    origin: str = field(default="", compare=False)  # the file that set it: the plan's errors name it
+
+    def for_job(self, job_nodes: int) -> SyncPair:
+        """``nodes = "auto"`` (0) made the job's node count: the plan knows the job, config does not."""
+        return replace(self, nodes=max(1, job_nodes)) if self.nodes == 0 else self
 
 
 # --- converters: each returns the typed value or raises ValueError(what would be right) ---
@@ -212,11 +217,10 @@ def _future_deadline(v: Any) -> float:
 
 
 def _profile(v: Any) -> str:
-    from supervisor.sync._profiles import NAMES
-
-    if not isinstance(v, str) or v not in ("auto", *NAMES):
-        raise ValueError("auto or one of " + ", ".join(NAMES))
-    return v
+    """A name; which names exist is the sync part's knowledge, checked by the plan (``Mirror.check``)."""
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError("auto or a profile name")
+    return v.strip()
 
 
 def _run_dir(v: Any) -> Path:
@@ -229,7 +233,7 @@ def _opt_path(v: Any) -> Path | None:
 
 def _nodes(v: Any) -> int:
     """How many nodes write parts of each checkpoint: a count, or ``auto`` (0 here; the job's
-    node count once the environment is known, in ``build_config``)."""
+    node count once the plan knows the job, ``SyncPair.for_job``)."""
     if isinstance(v, str) and v.strip().lower() == "auto":
         return 0
     try:
@@ -472,11 +476,10 @@ def _sync_table(t: Mapping[str, Any], index: int, path: Path) -> SyncPair:
         return parse_duration(v)
 
     def patterns(v: Any) -> tuple[str, ...]:
-        from supervisor.sync._exclude import check_pattern
-
         out = globs(v)
         for g in out:
-            check_pattern(g)
+            if not g.strip("/") or "\0" in g:
+                raise ValueError(f"a file or directory pattern, not {g!r}")
         return out
 
     kind = conv("kind", _choice(*SYNC_KINDS), "checkpoint")
@@ -496,6 +499,7 @@ def _sync_table(t: Mapping[str, Any], index: int, path: Path) -> SyncPair:
         fsync=conv("fsync", _bool, _PAIR.fsync),
         nodes=conv("nodes", _nodes, _PAIR.nodes),
         profile=conv("profile", _profile, _PAIR.profile),
+        origin=source,
     )
 
 
@@ -514,54 +518,27 @@ def _from_env(env: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
     return values, warnings
 
 
-def job_nodes(env: Mapping[str, str]) -> int:
-    """The job's node count (``nodes = "auto"``): from the scheduler's environment, 1 outside one."""
-    from supervisor.job import detect_job
-
-    try:
-        return max(1, detect_job(env).num_nodes)
-    except Exception:  # noqa: BLE001 - an unreadable nodefile means one node, not a crash
-        return 1
-
-
-def _resolve_pairs(pairs: list[SyncPair], env: Mapping[str, str] | None = None) -> tuple[SyncPair, ...]:
-    """Absolute paths, unique names, node counts; the sides themselves are checked by the plan
-    (``sync._checks.check_pairs``, through ``Mirror.check``)."""
+def _resolve_pairs(pairs: list[SyncPair]) -> tuple[SyncPair, ...]:
+    """Absolute paths and a name for each pair; what a pair means (a known profile, unique
+    names, sides that do not overlap, an ``exclude`` that keeps the markers) is checked by
+    the plan (``check_pairs`` in supervisor/sync/_checks.py, through ``Mirror.check``), and ``nodes = "auto"``
+    resolved there from the job (``SyncPair.for_job``)."""
     out: list[SyncPair] = []
-    names: set[str] = set()
+    names = {p.name for p in pairs if p.name}
     for i, p in enumerate(pairs):
         src, dst = p.src.absolute(), p.dst.absolute()
-        key = f"sync {p.name or i}"
         if p.nodes != 1 and p.kind != "checkpoint":
-            raise ConfigError(f"{key}.nodes", p.nodes or "auto",
-                              "only checkpoint pairs are mirrored per node; log pairs are the leader's")
-        if p.nodes == 0:
-            p = replace(p, nodes=job_nodes(os.environ if env is None else env))
-        if p.kind == "checkpoint" and p.exclude:
-            _check_markers_kept(p, key)
-        name = p.name or src.name or f"pair{i}"
-        base, n = name, 2
-        while name in names:
-            name, n = f"{base}-{n}", n + 1
-        if p.name and p.name in names:
-            raise ConfigError(key, p.name, "names of [[sync]] pairs must be unique")
-        names.add(name)
+            raise ConfigError(f"sync {p.name or i}.nodes", p.nodes or "auto",
+                              "only checkpoint pairs are mirrored per node; log pairs are the leader's", p.origin)
+        name = p.name
+        if not name:  # a name of our own never takes one the user gave
+            base = name = src.name or f"pair{i}"
+            n = 2
+            while name in names:
+                name, n = f"{base}-{n}", n + 1
+            names.add(name)
         out.append(replace(p, name=name, src=src, dst=dst))
     return tuple(out)
-
-
-def _check_markers_kept(p: SyncPair, key: str) -> None:
-    """An ``exclude`` that hides a profile's marker would keep every checkpoint unpublished."""
-    from supervisor.sync._exclude import excluded_path
-    from supervisor.sync._profiles import marker_examples
-
-    for profile, path in marker_examples(p.profile, p.markers):
-        for pattern in p.exclude:
-            if excluded_path(path, (pattern,)):
-                hint = "" if p.profile != "auto" else f"; set profile = \"{profile}\" if only that one applies"
-                raise ConfigError(f"{key}.exclude", pattern,
-                                  f"would exclude {path}, the {profile} marker, and nothing would ever be published "
-                                  f"(anchor it: /{pattern.lstrip('/')} matches only the pair's top level{hint})")
 
 
 def default_run_dir(env: Mapping[str, str], cwd: Path) -> Path:
@@ -571,17 +548,6 @@ def default_run_dir(env: Mapping[str, str], cwd: Path) -> Path:
         return cwd / f"supervise-{job}"
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     return cwd / f"supervise-{stamp}-{os.getpid()}"
-
-
-def check_persistent_sides(pairs: tuple[SyncPair, ...]) -> None:
-    """A persistent side others can plant links in (writable by all, not sticky and ours) is
-    refused: staging and temp names are created there."""
-    from supervisor.journal import check_run_dir_safe
-
-    for p in pairs:
-        unsafe = check_run_dir_safe(p.dst)
-        if unsafe:
-            raise ConfigError(f"sync {p.name}.to", str(p.dst), f"persistent side {unsafe}")
 
 
 def check_run_dir(path: Path) -> None:
@@ -663,12 +629,11 @@ def build_config(
         command=tuple(command),
         run_dir=run_dir,
         config_file=config_file,
-        sync=_resolve_pairs(pairs, env),
+        sync=_resolve_pairs(pairs),
         warnings=tuple(warnings),
         **values,
     )
     if create_run_dir:
-        check_persistent_sides(cfg.sync)  # issue 14: before anything is created
         check_run_dir(run_dir)
     return cfg
 
@@ -702,7 +667,7 @@ def public_view(cfg: Config) -> dict[str, Any]:
         if f.name in SECRET_KEYS:
             v = len(v)
         elif f.name == "sync":
-            v = [{k: (str(x) if isinstance(x, Path) else x) for k, x in vars(p).items()} for p in v]
+            v = [{k: (str(x) if isinstance(x, Path) else x) for k, x in vars(p).items() if k != "origin"} for p in v]
         elif isinstance(v, Path):
             v = str(v)
         elif isinstance(v, signal.Signals):

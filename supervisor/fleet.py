@@ -207,7 +207,7 @@ async def start(plan: Any, tg: Any, guarded: Callable[..., Any], emit: Emit) -> 
     except Exception as e:  # noqa: BLE001 - a report line, never a reason to stop
         log.warning("could not tell which nodes are gone: %s", e)
     if plan.job.num_nodes > 1:  # this host's files from another node's role are no part of node 0's
-        from supervisor.sync._nodes import role_before, set_aside_other_role
+        from supervisor.sync import role_before, set_aside_other_role
 
         before = next((e for e in reversed(plan.previous_events) if e.get("kind") == "start"), None)
         set_aside_other_role(list(plan.cfg.sync), role_before(before, os.uname().nodename), 0, emit)

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import anyio
 
 from supervisor import policy
 from supervisor.journal import Emit
+
+if TYPE_CHECKING:
+    from supervisor.ports import SamplerPort
 
 
 class Faults:
@@ -38,7 +41,7 @@ class Faults:
     def reasons(self) -> list[str]:
         return [f["why"] for f in self.seen]
 
-    async def gate(self, gpu: Any, since: float, wait: float) -> bool:
+    async def gate(self, gpu: SamplerPort | None, since: float, wait: float) -> bool:
         """The health gate before an in-place restart: no GPU fault seen, and the GPUs' memory
         back to what it was before the training (a sample after ``since``, waited for up to
         ``wait`` s). Without GPU sampling only the faults count. A failed gate makes the node

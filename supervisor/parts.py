@@ -8,12 +8,15 @@ that fails later is retried with backoff (docs/design.md, invariant 4).
 from __future__ import annotations
 
 import logging
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import anyio
 from anyio.abc import TaskStatus
 
 from supervisor.journal import Emit
+
+if TYPE_CHECKING:
+    from supervisor.ports import ChildPort
 
 log = logging.getLogger("supervise")
 PART_RESTARTS = 5
@@ -56,7 +59,13 @@ class _Ready:
         self._ready()
 
 
-async def reap_orphans(child_of: Callable[[], Any], emit: Emit) -> None:
+async def cancel_when(event: anyio.Event, scope: anyio.CancelScope) -> None:
+    """Cancel ``scope`` once ``event`` is set (a restore that a stop must not wait for)."""
+    await event.wait()
+    scope.cancel()
+
+
+async def reap_orphans(child_of: Callable[[], ChildPort | None], emit: Emit) -> None:
     """Reap orphans re-parented to us (a child subreaper), so none lingers as a zombie."""
     while True:
         child = child_of()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -22,6 +22,7 @@ from supervisor.config import Config, public_view
 from supervisor.errors import ConfigError
 from supervisor.job import Job, detect_job
 from supervisor.journal import next_attempt, read_journal, redact_argv, redact_env
+from supervisor.ports import MirrorPort
 
 SCHEDULER_ENV_PREFIXES = ("SLURM_", "PBS_", "SUPERVISE_", "CUDA_VISIBLE_DEVICES", "OMPI_COMM_WORLD", "PMI_", "CS_")
 
@@ -37,7 +38,7 @@ class Plan:
     previous_events: list[dict[str, Any]]
     lead: float                       # warn this long before the job's end (before fitting to the job)
     request_path: Path
-    mirror: Any = None                # supervisor.sync.Mirror, when there are pairs
+    mirror: MirrorPort | None = None  # supervisor.sync.Mirror, when there are pairs
     notify_urls: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     lead_basis: deadline.Lead | None = None  # what ``auto`` learned it from; None when --warn-before is set
@@ -50,9 +51,10 @@ class Plan:
 
 def make_plan(cfg: Config, env: Mapping[str, str] | None = None) -> Plan:
     """Build and validate the run; ConfigError for anything that would stop it."""
-    assert cfg.run_dir is not None
     env = dict(os.environ if env is None else env)
     job = detect_job(env)
+    cfg = replace(cfg, sync=tuple(p.for_job(job.num_nodes) for p in cfg.sync))  # nodes = "auto": this job's
+    assert cfg.run_dir is not None
     profile = launchers.detect(cfg.command, cfg.launcher)
     try:  # a path too long, a file on the way, no permission: exit 2 naming it, nothing started
         exists = cfg.run_dir.exists()
@@ -71,11 +73,12 @@ def make_plan(cfg: Config, env: Mapping[str, str] | None = None) -> Plan:
         from supervisor.sync import Mirror
 
         # The training's processes are attached when the agent runs (Mirror.attach); they will be seen.
-        plan.mirror = Mirror(cfg.sync, emit=lambda kind, **f: f, sync_every=cfg.sync_every,
-                             backend=cfg.sync_backend, nice=cfg.sync_nice, ionice=cfg.sync_ionice, writers=set,
-                             streams=cfg.sync_streams,
-                             published_before=Mirror.published_in(previous))  # another run's are never replaced
-        plan.warnings += plan.mirror.check()
+        mirror = Mirror(cfg.sync, emit=lambda kind, **f: f, sync_every=cfg.sync_every,
+                        backend=cfg.sync_backend, nice=cfg.sync_nice, ionice=cfg.sync_ionice, writers=set,
+                        streams=cfg.sync_streams,
+                        published_before=Mirror.published_in(previous))  # another run's are never replaced
+        plan.warnings += mirror.check()
+        plan.mirror = mirror
     if cfg.notify:
         from supervisor.notify import resolve_urls
 

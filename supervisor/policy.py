@@ -158,6 +158,26 @@ def grace_for(grace: float, left: float, *, already_signalled: bool, since_trigg
     return round(g, 3)
 
 
+RESTART_GRACE = 10.0  # seconds at most a crashed training's leftovers get before an in-place restart
+EXIT_WAIT = 5.0  # seconds past the grace (and its SIGKILL) to see the launcher's exit
+EMERGENCY_SLACK = 10.0  # seconds past the grace an emergency stop (after a supervisor error) may take
+
+
+def restart_grace(grace: float) -> float:
+    """The grace of a restart in place: the training already exited, only leftovers remain."""
+    return min(grace, RESTART_GRACE)
+
+
+def exit_wait(grace: float) -> float:
+    """How long the stop step waits for the launcher's exit after its stop with ``grace``."""
+    return grace + EXIT_WAIT
+
+
+def emergency_bound(grace: float) -> float:
+    """The whole emergency stop's bound: the grace, then the SIGKILL of the tree."""
+    return grace + EMERGENCY_SLACK
+
+
 def stop_signal_for(*, configured: signal.Signals | None, launcher_signal: signal.Signals, plain: bool,
                     trigger_signal: signal.Signals | None) -> signal.Signals:
     """``--stop-signal`` when given; else a plain process gets the stop signal the person

@@ -10,129 +10,47 @@ the next attempt's deadline learning can read them.
 from __future__ import annotations
 
 import logging
-import signal as signal_module
 import time
 from functools import partial
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable
 
 import anyio
 
-from supervisor import childenv, job as jobs, policy, stacks, suspects
+from supervisor import job as jobs, policy, stacks, suspects
 from supervisor._units import format_duration
 from supervisor.child import exit_status
 from supervisor.health import this_node
 from supervisor.journal import read_journal
 from supervisor.policy import Reason, Trigger
-
-if TYPE_CHECKING:
-    from supervisor.child import Child
-    from supervisor.config import Config
-    from supervisor.health import Faults
-    from supervisor.journal import Journal
-    from supervisor.plan import Plan
-    from supervisor.sync import Mirror
-    from supervisor.watches import ProgressGaps
+from supervisor.routing import request_checkpoint
+from supervisor.state import RunState, StopResult
 
 log = logging.getLogger("supervise")
 EXCLUDE_BOUND = 4.0  # seconds for the node exclusion after the requeue (KillWait is 30 s by default, 5 in tests)
 REQUEST_SLACK = 0.02  # a file's mtime can trail the wall clock by a tick
 
 
-async def emergency_stop(child: Any, sig: int, grace: float) -> None:
+async def emergency_stop(run: RunState) -> None:
     """After a supervisor error: stop the tree, bounded, whatever else is broken."""
-    if child is not None:
-        with anyio.move_on_after(grace + 10):
-            await child.stop(sig, grace)
-
-
-def ignore_stop_signals() -> None:
-    """Once the stop is done, a TERM (``scontrol requeue`` sends one at once) must not cut
-    the journal's last line: nothing is left to stop."""
-    for sig in policy.STOP_SIGNALS:
-        signal_module.signal(sig, signal_module.SIG_IGN)
-
-
-async def pass_on(plan: "Plan", child: Any, sig: int, forward: str) -> Any:
-    """A passed-on signal: to the launcher process itself (found behind a wrapper shell:
-    ``horovodrun --mpi`` execs ``sh -c mpirun``), or to the launcher's whole process group."""
-    if forward == "group":
-        return child.send(sig, "group")
-    pid = await anyio.to_thread.run_sync(plan.launcher.find_launcher, child.pid)
-    return child.send_to({pid}, sig, "launcher")
-
-
-async def request_checkpoint(plan: "Plan", child: Any, emit: Any, why: str, *, received: float | None = None,
-                             signal: bool = True) -> dict[str, Any]:
-    """"Checkpoint now": a fresh request file, plus the checkpoint signal to the ranks when
-    ``signal`` (policy.signal_checkpoint); journaled as ``checkpoint-request``."""
-    def prepare() -> Any:
-        # The file first: a rank that saw the signal must not count the file of the same
-        # request as a second one. Finding ranks reads /proc: off the loop, in one hop.
-        try:
-            childenv.write_request(plan.request_path, why)
-        except OSError as e:  # a full run directory: the signal still goes
-            request_error.append(f"{e.strerror or e}")
-        return plan.launcher.checkpoint_targets(child.pid, plan.checkpoint_signal) if signal else None
-
-    request_error: list[str] = []
-    targets = await anyio.to_thread.run_sync(prepare)
-    fields: dict[str, Any] = {"request_file": str(plan.request_path), "signal": None}
-    if request_error:
-        fields["request_file_error"] = request_error[0]
-    if targets is not None:
-        delivery = child.send_to(set(targets.pids), plan.checkpoint_signal, targets.route)
-        fields.update(signal=plan.checkpoint_signal.name, route=targets.route, to=delivery.targets,
-                      skipped={str(k): v for k, v in targets.skipped.items()})
-    else:
-        fields["why_no_signal"] = "the scheduler already sent SIGTERM to every process: the training is leaving"
-    if received is not None:
-        fields["latency_ms"] = round((time.monotonic() - received) * 1000, 3)
-    emit("checkpoint-request", why=why, **fields)
-    log.info("checkpoint requested (%s)%s", why, f": {fields['signal']} to {fields['to']}" if targets else "")
-    return fields
-
-
-class StopRun(Protocol):
-    """What the stop sequence reads of the run it stops, and the five results it writes back
-    (``exit_status``, ``stopped_cleanly``, ``requeued_by_scheduler``, ``no_progress``, through
-    ``status()`` the exit status). The conductor (``agent.Agent``) is one; an in-process test
-    can pass another. Declared here so that this module needs nothing from the conductor."""
-
-    plan: Plan
-    cfg: Config
-    journal: Journal
-    notifier: Any
-    mirror: Mirror | None
-    child: Child | None
-    faults: Faults
-    gaps: ProgressGaps
-    trigger: Trigger | None
-    end: float | None
-    kill_wait: float | None
-    exit_status: int | None
-    stopped_cleanly: bool
-    no_progress: bool
-    requeued_by_scheduler: bool
-
-    def tree_pids(self) -> set[int]: ...
-    def child_running(self) -> bool: ...
-    def signalled_all(self) -> bool: ...
-    def kill(self) -> float | None: ...
-    def time_left(self) -> float: ...
-    def status(self) -> int: ...
+    if run.child is not None:
+        with anyio.move_on_after(policy.emergency_bound(run.cfg.grace)):
+            await run.child.stop(run.stop_signal(), run.cfg.grace)
 
 
 class StopSequence:
-    """Runs the steps for one conductor; reads its public state, never decides alone."""
+    """Runs the steps for one run; reads its state, never decides alone, and returns what it
+    found out (``StopResult``) instead of writing the conductor."""
 
-    def __init__(self, run: StopRun) -> None:
+    def __init__(self, run: RunState) -> None:
+        assert run.trigger is not None
         self.run = run
         self.outcomes: dict[str, dict[str, Any]] = {}
+        self.result = StopResult(trigger=run.trigger, exit_status=run.exit_status)
 
-    async def __call__(self) -> None:
-        run = self.run
+    async def __call__(self) -> StopResult:
+        run, result = self.run, self.result
         self.journal_stop()
-        if run.trigger is not None and run.trigger.reason == Reason.HANG:
+        if result.trigger.reason == Reason.HANG:
             await self.step("stacks", self.stacks)
         await self.step("checkpoint", self.checkpoint)
         await self.step("flush", lambda: self.flush("stop"))
@@ -143,15 +61,14 @@ class StopSequence:
         await self.step("final-flush", lambda: self.flush("final"))
         with anyio.move_on_after(10):
             await self.refine_reason()
-        assert run.trigger is not None
-        run.stopped_cleanly = policy.stopped_cleanly(run.trigger.reason, self.outcomes)
+        result.stopped_cleanly = policy.stopped_cleanly(result.trigger.reason, self.outcomes)
         await self.tell_end()
         await self.step("requeue", self.requeue)
+        return result
 
     def journal_stop(self) -> None:
         """The ``stop`` event: why, and how long is left before the job's end and its hard kill."""
-        run, t = self.run, self.run.trigger
-        assert t is not None
+        run, t = self.run, self.result.trigger
         now = time.time()
         run.journal.emit("stop", reason=t.reason.value, detail=t.detail, signal=t.signal.name if t.signal else None,
                          time_left_s=None if run.end is None else round(run.end - now, 3),
@@ -185,9 +102,7 @@ class StopSequence:
 
     async def checkpoint(self) -> dict[str, Any]:
         """Ask for a checkpoint and wait until one completed after the request is durable."""
-        run = self.run
-        trigger = run.trigger
-        assert trigger is not None
+        run, trigger = self.run, self.result.trigger
         if not policy.wants_checkpoint(trigger.reason):
             return {"skipped": f"not wanted after {trigger.reason.value}"}
         child = run.child
@@ -268,16 +183,14 @@ class StopSequence:
     async def stop_child(self) -> dict[str, Any]:
         """Stop signal once → grace → SIGKILL of the whole tree; also ends leftovers after an exit."""
         run = self.run
-        child, trigger = run.child, run.trigger
+        child, trigger = run.child, self.result.trigger
         if child is None:
             return {"skipped": "no child was started"}
         launcher = run.plan.launcher
-        sig = policy.stop_signal_for(configured=run.cfg.stop_signal, launcher_signal=launcher.stop_signal,
-                                     plain=launcher.name in ("python", "generic"),
-                                     trigger_signal=trigger.signal if trigger else None)
+        sig = run.stop_signal()
         already = run.signalled_all()
         grace = policy.grace_for(run.cfg.grace, run.time_left(), already_signalled=already,
-                                 since_trigger=time.monotonic() - trigger.at if trigger else 0.0)
+                                 since_trigger=time.monotonic() - trigger.at)
         targets = None
         if child.returncode is None:
             targets = await anyio.to_thread.run_sync(launcher.stop_targets, child.pid)
@@ -292,10 +205,10 @@ class StopSequence:
             result["steps_signalled"] = steps
         if already:
             result["already_signalled"] = "the scheduler sent SIGTERM to every process of the job; not sent twice"
-        with anyio.move_on_after(grace + 5):
+        with anyio.move_on_after(policy.exit_wait(grace)):
             await child.exited.wait()
         if child.returncode is not None:
-            run.exit_status = exit_status(child.returncode)
+            self.result.exit_status = exit_status(child.returncode)
         return result
 
     async def no_orphans(self) -> None:
@@ -311,27 +224,27 @@ class StopSequence:
     async def refine_reason(self) -> None:
         """After a SIGTERM under Slurm, the controller tells cancel, requeue, preemption and
         the time limit apart (they all send the same TERM)."""
-        run = self.run
-        trigger = run.trigger
-        if trigger is None or trigger.signal is None or trigger.signal.name != "SIGTERM" or run.plan.job.scheduler != "slurm":
+        run, trigger = self.run, self.result.trigger
+        if trigger.signal is None or trigger.signal.name != "SIGTERM" or run.plan.job.scheduler != "slurm":
             return
         view = await jobs.job_view(run.plan.job, report=log.warning)
         reason, requeued = jobs.reason_from_view(view, trigger.reason.value, run.plan.job.restart_count)
-        run.requeued_by_scheduler = requeued
+        self.result.requeued_by_scheduler = requeued
         state = view.state if view else None
         run.journal.emit("reason", state=state, reason=reason, was=trigger.reason.value,
                          requeued_by_scheduler=requeued, restarts=view.restarts if view else None,
                          preempted=bool(view and view.preempt_time))
         if reason != trigger.reason.value:
-            run.trigger = Trigger(Reason(reason), f"{trigger.detail}; scheduler state {state}", trigger.signal, trigger.at)
+            self.result.trigger = Trigger(Reason(reason), f"{trigger.detail}; scheduler state {state}", trigger.signal,
+                                          trigger.at)
 
     async def tell_end(self) -> None:
         """The end's notice (finished, failed, preempted), delivered before a requeue's TERM."""
         run = self.run
-        if run.notifier is None or run.trigger is None:
+        if run.notifier is None:
             return
-        reason = run.trigger.reason
-        status = run.status()
+        reason = self.result.trigger.reason
+        status = self.result.status(run.cfg.stopped_status)
         run.notifier.post(policy.END_NOTICE[reason], reason=reason.value, exit_status=status, attempt=run.plan.attempt)
         with anyio.CancelScope(shield=True):
             await run.notifier.drain(min(run.cfg.notify_timeout, max(0.0, run.time_left())))
@@ -348,9 +261,7 @@ class StopSequence:
         return policy.no_progress(progress, run.cfg.no_progress_attempts)
 
     async def requeue(self) -> dict[str, Any]:
-        run, cfg = self.run, self.run.cfg
-        trigger = run.trigger
-        assert trigger is not None
+        run, cfg, trigger = self.run, self.run.cfg, self.result.trigger
         job = run.plan.job
         suspect, node = policy.exclude_node(trigger.reason, run.faults.reasons), this_node(run.plan.env)
         listed: list[str] = []
@@ -359,11 +270,11 @@ class StopSequence:
                 suspects.on_requeue, cfg.suspect_nodes, cfg.suspect_nodes_ttl, node, suspect, run.journal.emit,
                 job_id=job.job_id, run_dir=str(run.plan.run_dir)), abandon_on_cancel=True)
         wanted, why = policy.requeue_decision(trigger.reason, requeue=cfg.requeue, on_failure=cfg.requeue_on_failure,
-                                              scheduler=job.scheduler, already=run.requeued_by_scheduler,
+                                              scheduler=job.scheduler, already=self.result.requeued_by_scheduler,
                                               restart_count=job.restart_count, max_requeues=cfg.max_requeues,
                                               suspect=bool(run.faults.reasons))
         if wanted and await anyio.to_thread.run_sync(self.no_progress):
-            run.no_progress = True
+            self.result.no_progress = True
             k = cfg.no_progress_attempts
             run.journal.emit("requeue-refused", why="no-progress", attempts=k, restart_count=job.restart_count,
                              max_requeues=cfg.max_requeues)
@@ -385,7 +296,7 @@ class StopSequence:
                 await run.notifier.drain(min(cfg.notify_timeout, max(0.0, run.time_left())))
         # Requeueing sends us SIGTERM at once (Slurm): it is the very last thing we do, and
         # that TERM must not cut the journal's `end` (the training is already stopped).
-        ignore_stop_signals()
+        run.dispositions.ignore_stop()
         ok, message = await jobs.requeue(job, timeout=min(60.0, max(5.0, run.time_left())), report=log.warning)
         log.info("requeue: %s", message)
         result: dict[str, Any] = {"requeued": ok, "message": message, "restart_count": job.restart_count}

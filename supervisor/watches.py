@@ -1,7 +1,10 @@
-"""The conductor's watches: the job's end, and a training that stopped making progress.
+"""The conductor's watches: the job's end, its kill delay, and a training that stopped
+making progress.
 
-Each watch runs until cancelled or until it asks for a stop once (``stop``), and tells the
-conductor through plain callbacks; neither reads the conductor's state.
+Each watch runs until cancelled or until it asks for a stop once (``request_stop``). The
+clock's facts they learn (the end, the fitted lead, KillWait) go into the run's state
+(``state.RunState``), their one home; ``hang_watch`` itself is state-free (its inputs are
+callbacks, tests/core/test_stop_sequence.py drives the real binary).
 """
 
 from __future__ import annotations
@@ -9,14 +12,16 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import anyio
 
 from supervisor import deadline, job as jobs, policy
 from supervisor._units import format_duration
-from supervisor.config import Config
-from supervisor.journal import Emit
+from supervisor.policy import Reason, Trigger
+from supervisor.state import ProgressGaps, RunState
+
+RequestStop = Callable[[Trigger], None]
 
 log = logging.getLogger("supervise")
 
@@ -24,11 +29,11 @@ HANG_POLL = 1.0  # seconds between looks at the progress marks: the gaps are mea
 END_REFRESH = 300.0  # re-read the scheduler's end time this often: limits change (scontrol update)
 
 
-async def deadline_watch(*, cfg: Config, job: jobs.Job, lead: float, basis: deadline.Lead | None, started_wall: float,
-                         emit: Emit, set_end: Callable[[float | None], None], set_lead: Callable[[float], None],
-                         stopping: anyio.Event, warn: Callable[[float, str], None]) -> None:
-    """Sleep until end − lead, re-reading the scheduler's end every few minutes; then ``warn``.
-    A learned (``auto``) lead is fitted to the allocation once the end is known (deadline.fit)."""
+async def deadline_watch(run: RunState, *, started_wall: float, stopping: anyio.Event, request_stop: RequestStop) -> None:
+    """Sleep until end − lead, re-reading the scheduler's end every few minutes; then warn
+    (journal, notification) and ask for the stop. A learned (``auto``) lead is fitted to the
+    allocation once the end is known (deadline.fit); ``run.end`` and ``run.lead`` are kept."""
+    cfg, job, basis, lead, emit = run.cfg, run.plan.job, run.plan.lead_basis, run.plan.lead, run.journal.emit
     overridden = cfg.time_limit is not None or cfg.deadline is not None
     if job.scheduler == "local" and not overridden:
         return
@@ -36,14 +41,14 @@ async def deadline_watch(*, cfg: Config, job: jobs.Job, lead: float, basis: dead
     while True:
         scheduler_end = None if overridden else await jobs.end_time(job, report=log.warning)
         end, source = deadline.resolve_end(time.time(), started_wall, cfg.time_limit, cfg.deadline, scheduler_end)
-        set_end(end)
+        run.end = end
         if (end, source) != shown:
             shown = (end, source)
             fields: dict[str, object] = {}
             if basis is not None:
                 allocation = None if end is None else end - started_wall
                 lead, bound = deadline.fit(basis, allocation)
-                set_lead(lead)
+                run.lead = lead
                 fields = {**basis.fields(), "unfitted_s": round(basis.seconds, 3), "bound": bound,
                           "allocation_s": None if allocation is None else round(allocation, 3)}
             emit("deadline", end=end, source=source, lead_s=round(lead, 3),
@@ -59,33 +64,42 @@ async def deadline_watch(*, cfg: Config, job: jobs.Job, lead: float, basis: dead
         if stopping.is_set():
             return
         if end is not None and time.time() >= end - lead:
-            warn(end - time.time(), source)
+            left = end - time.time()
+            shown_left = format_duration(max(0.0, left))
+            log.warning("%s left before the job's end: stopping with a checkpoint", shown_left)
+            emit("warning", left_s=round(left, 3), source=source)
+            if run.notifier is not None:
+                run.notifier.post("warning", left=shown_left)
+            request_stop(Trigger(Reason.DEADLINE, f"{shown_left} before the end ({source})", at=time.monotonic()))
             return
 
 
-class ProgressGaps:
-    """The gaps between successive progress marks of this attempt, and the longest gaps of
-    earlier ones (their ``stop`` events' ``longest_gap_s``): what the hang bound learns from."""
+async def learn_kill_wait(run: RunState) -> None:
+    """KillWait, read once at start: after Slurm's TERM to the whole job it is all we have."""
+    run.kill_wait = await jobs.kill_wait(run.plan.job, report=log.warning) or run.kill_wait
 
-    def __init__(self, earlier_events: list[dict[str, Any]] = ()) -> None:  # type: ignore[assignment]
-        self.earlier = [float(e["longest_gap_s"]) for e in earlier_events
-                        if e.get("kind") == "stop" and isinstance(e.get("longest_gap_s"), (int, float))]
-        self.gaps: list[float] = []
-        self._last: float | None = None
-        self._changes = 0
 
-    def see(self, mark: float) -> None:
-        """A newest progress mark; the first change (start-up to the first progress) is no gap."""
-        if self._last is not None and mark > self._last:
-            self._changes += 1
-            if self._changes > 1:
-                self.gaps.append(mark - self._last)
-        if self._last is None or mark > self._last:
-            self._last = mark
+async def progress_watch(run: RunState, *, started: float, request_stop: RequestStop) -> None:
+    """The hang watch over this run's progress marks (start, mirror activity, busy GPUs):
+    journaled and told once per idle spell; with ``hang_action = stop``, a stop."""
+    cfg = run.cfg
 
-    @property
-    def longest(self) -> float | None:
-        return round(max(self.gaps), 3) if self.gaps else None
+    def marks() -> list[float]:
+        seen = [started, run.mirror.last_activity() if run.mirror else None, run.gpu.last_busy() if run.gpu else None]
+        return [m for m in seen if m is not None]
+
+    def hang(idle: float, bound: float) -> bool:
+        run.journal.emit("hang", idle_s=round(idle, 1), action=cfg.hang_action, bound_s=round(bound, 3),
+                         longest_gap_s=run.gaps.longest, earlier_gaps_s=run.gaps.earlier)
+        log.warning("no checkpoint, log growth or GPU work for %s: the training may hang", format_duration(idle))
+        if run.notifier is not None:
+            run.notifier.post("hang", idle=format_duration(idle))
+        if cfg.hang_action == "stop":
+            request_stop(Trigger(Reason.HANG, f"idle for {format_duration(idle)}", at=time.monotonic()))
+        return cfg.hang_action == "stop"
+
+    await hang_watch(limit=cfg.hang_after, floor=cfg.hang_floor, marks=marks, running=run.child_running, hang=hang,
+                     gaps=run.gaps)
 
 
 async def hang_watch(*, limit: float | None, floor: float, marks: Callable[[], list[float]], running: Callable[[], bool],

@@ -1,4 +1,10 @@
-"""Validation of sync pairs before anything starts: hard errors raise, doubts are warnings."""
+"""What a sync pair means, checked before anything starts: hard errors raise, doubts are warnings.
+
+Config checks a pair's syntax (types, paths, durations); this is the one place that checks
+its meaning (a known profile, unique names, sides that do not overlap and are safe, an
+``exclude`` that keeps every marker), run by the plan through ``Mirror.check``: exit 2,
+nothing started. Errors name the file that set the pair (``SyncPair.origin``).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,8 @@ from typing import Sequence
 
 from supervisor.config import SyncPair
 from supervisor.errors import ConfigError
+from supervisor.sync._exclude import excluded_path
+from supervisor.sync._profiles import NAMES, marker_examples
 
 # Filesystems that are shared between nodes: anything else under a persistent side is suspect.
 SHARED_FS = frozenset({"nfs", "nfs4", "lustre", "gpfs", "beegfs", "cephfs", "ceph", "panfs", "wekafs",
@@ -50,31 +58,36 @@ def check_pairs(pairs: Sequence[SyncPair], env: dict[str, str] | None = None) ->
     for i, p in enumerate(pairs):
         key = f"sync {p.name or i}"
         if p.kind not in ("checkpoint", "log"):
-            raise ConfigError(f"{key}.kind", p.kind, "expected checkpoint or log")
+            raise ConfigError(f"{key}.kind", p.kind, "expected checkpoint or log", p.origin)
         if p.name in names:
-            raise ConfigError(key, p.name, "names of sync pairs must be unique")
+            raise ConfigError(key, p.name, "names of [[sync]] pairs must be unique", p.origin)
+        if p.profile not in ("auto", *NAMES):
+            raise ConfigError(f"{key}.profile", p.profile, "expected auto or one of " + ", ".join(NAMES),
+                              p.origin or "--profile")
+        if p.kind == "checkpoint" and p.exclude:
+            _check_markers_kept(p, key)
         names.add(p.name)
         src, dst = Path(os.path.realpath(p.src)), Path(os.path.realpath(p.dst))
         if src == dst:
-            raise ConfigError(key, f"{p.src} -> {p.dst}", "local and persistent sides are the same path")
+            raise ConfigError(key, f"{p.src} -> {p.dst}", "local and persistent sides are the same path", p.origin)
         if dst.is_relative_to(src) or src.is_relative_to(dst):
-            raise ConfigError(key, f"{p.src} -> {p.dst}", "one side is inside the other; mirror into a separate directory")
+            raise ConfigError(key, f"{p.src} -> {p.dst}", "one side is inside the other; mirror into a separate directory", p.origin)
         for other in pairs[:i]:
             o = Path(os.path.realpath(other.dst))
             if o == dst or o.is_relative_to(dst) or dst.is_relative_to(o):
-                raise ConfigError(key, str(p.dst), f"persistent side overlaps that of sync {other.name}")
+                raise ConfigError(key, str(p.dst), f"persistent side overlaps that of sync {other.name}", p.origin)
         if p.src.exists() and not p.src.is_dir():
-            raise ConfigError(f"{key}.from", str(p.src), "exists and is not a directory")
+            raise ConfigError(f"{key}.from", str(p.src), "exists and is not a directory", p.origin)
         if p.dst.exists() and not p.dst.is_dir():
-            raise ConfigError(f"{key}.to", str(p.dst), "exists and is not a directory")
+            raise ConfigError(f"{key}.to", str(p.dst), "exists and is not a directory", p.origin)
         if p.dst.is_dir():
             from supervisor.journal import check_run_dir_safe
 
             unsafe = check_run_dir_safe(p.dst)  # issue 14: staging and temp names live there
             if unsafe:
-                raise ConfigError(f"{key}.to", str(p.dst), f"persistent side {unsafe}")
+                raise ConfigError(f"{key}.to", str(p.dst), f"persistent side {unsafe}", p.origin)
         if p.keep_local is not None and p.kind != "checkpoint":
-            raise ConfigError(f"{key}.keep_local", p.keep_local, "only checkpoint pairs keep a number of local copies")
+            raise ConfigError(f"{key}.keep_local", p.keep_local, "only checkpoint pairs keep a number of local copies", p.origin)
         if not p.src.exists():
             parent = _existing(p.src)
             if os.access(parent, os.W_OK):
@@ -97,3 +110,15 @@ def check_pairs(pairs: Sequence[SyncPair], env: dict[str, str] | None = None) ->
             warnings.append(f"sync {p.name}: persistent side {p.dst} is on {fstype} at {mnt}, not a shared filesystem; "
                             "check that it outlives the node")
     return warnings
+
+
+def _check_markers_kept(p: SyncPair, key: str) -> None:
+    """An ``exclude`` that hides a profile's marker would keep every checkpoint unpublished."""
+    for profile, path in marker_examples(p.profile, p.markers):
+        for pattern in p.exclude:
+            if excluded_path(path, (pattern,)):
+                hint = "" if p.profile != "auto" else f"; set profile = \"{profile}\" if only that one applies"
+                raise ConfigError(f"{key}.exclude", pattern,
+                                  f"would exclude {path}, the {profile} marker, and nothing would ever be published "
+                                  f"(anchor it: /{pattern.lstrip('/')} matches only the pair's top level{hint})",
+                                  p.origin)

@@ -70,12 +70,6 @@ def _compile(pattern: str) -> _Rule:
     return _Rule(pattern, anchored, dir_only, re.compile(("^" if anchored else r"^(?:.*/)?") + rx + "$"))
 
 
-def check_pattern(pattern: str) -> None:
-    """ValueError for a pattern that can never mean anything."""
-    if not pattern.strip("/") or "\0" in pattern:
-        raise ValueError(f"a file or directory pattern, not {pattern!r}")
-
-
 def excluded(rel: str, patterns: Sequence[str], is_dir: bool = False) -> bool:
     """Does a pattern exclude ``rel`` (a path from the root the patterns are relative to)?
     Ancestors are not checked: walkers never descend into an excluded directory."""

@@ -33,6 +33,7 @@ import anyio
 from supervisor import childenv
 from supervisor.config import Config
 from supervisor.errors import ConfigError
+from supervisor.job import detect_job
 from supervisor.journal import EVENTS_FILE, Emit, Journal, next_attempt
 from supervisor.sync._nodes import role_before, set_aside_other_role
 
@@ -165,7 +166,8 @@ async def run_node_agent(cfg: Config, rank: int, env: Mapping[str, str] | None =
 
     env = dict(os.environ if env is None else env)
     assert cfg.run_dir is not None
-    pairs = [p for p in cfg.sync if p.kind == "checkpoint" and p.nodes > 1]
+    job_nodes = detect_job(env).num_nodes  # nodes = "auto": this job's (as the leader's plan resolves it)
+    pairs = [q for q in (p.for_job(job_nodes) for p in cfg.sync) if q.kind == "checkpoint" and q.nodes > 1]
     if rank == 0:
         log.info("node rank 0 is the leader's: the main supervise mirrors this node's part; nothing to do")
         _say("leader", rank)

@@ -40,6 +40,16 @@ CASES = [
     ("config-sync-bad-kind", [], "[[sync]]\nfrom = '/tmp/a'\nto = '/tmp/b'\nkind = 'model'\n", {}, ["sync[0].kind", "model", "checkpoint, log"]),
     ("config-sync-unknown-key", [], "[[sync]]\nfrom = '/tmp/a'\nto = '/tmp/b'\nmarker = 'x'\n", {}, ["sync[0].marker", "did you mean 'markers'"]),
     ("config-sync-keep-zero", [], "[[sync]]\nfrom = '/tmp/a'\nto = '/tmp/b'\nkeep_local = 0\n", {}, ["keep_local", "1 or more"]),
+    # what a pair means is checked by the plan (sync/_checks.py), still naming the file that set it
+    ("config-sync-unknown-profile", [], "[[sync]]\nfrom = '/tmp/a'\nto = '/tmp/b'\nprofile = 'keras'\n", {},
+     ["sync a.profile", "keras", "hf-trainer", "supervise.toml"]),
+    ("config-sync-duplicate-names", [], "[[sync]]\nname = 'x'\nfrom = '/tmp/a'\nto = '/tmp/b'\n"
+     "[[sync]]\nname = 'x'\nfrom = '/tmp/c'\nto = '/tmp/d'\n", {}, ["sync x", "must be unique", "supervise.toml"]),
+    ("config-sync-exclude-hides-marker", [], "[[sync]]\nfrom = '/tmp/a'\nto = '/tmp/b'\nprofile = 'hf-trainer'\n"
+     "exclude = ['trainer_state.json']\n", {}, ["exclude", "trainer_state.json", "marker", "supervise.toml"]),
+    ("config-sync-same-path", [], "[[sync]]\nfrom = '/tmp/same'\nto = '/tmp/same'\n", {}, ["same path", "supervise.toml"]),
+    ("config-sync-empty-pattern", [], "[[sync]]\nfrom = '/tmp/a'\nto = '/tmp/b'\nexclude = ['/']\n", {},
+     ["sync[0].exclude", "pattern"]),
     ("env-bad-duration", [], None, {"SUPERVISE_GRACE": "forever"}, ["grace", "forever", "SUPERVISE_GRACE"]),
     ("env-bad-bool", [], None, {"SUPERVISE_REQUEUE": "maybe"}, ["requeue", "maybe", "true or false"]),
     ("run-dir-is-a-file", ["--run-dir", "{file}"], None, {}, ["run_dir", "not a directory"]),

@@ -8,7 +8,7 @@ import signal
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
@@ -19,6 +19,11 @@ from supervisor.config import build_config
 from supervisor.journal import read_journal
 from supervisor.plan import make_plan
 from supervisor.policy import Reason, Trigger
+from supervisor.stopping import StopSequence
+
+if TYPE_CHECKING:
+    from supervisor.dispositions import Dispositions
+    from supervisor.ports import ChildPort, MirrorPort, NotifierPort, SamplerPort
 
 pytestmark = pytest.mark.anyio
 
@@ -28,19 +33,18 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture(autouse=True)
-def own_signal_dispositions() -> Any:
-    """The agent ignores TERM/INT/QUIT once its stop is done (and stray signals while it runs):
-    in pytest's own process that would be inherited by every process a later test starts (a
-    shell given SIG_IGN for TERM never dies of it). Put back what was there."""
-    saved = {s: signal.getsignal(s) for s in signal.valid_signals()
-             if s not in (signal.SIGKILL, signal.SIGSTOP) and signal.getsignal(s) is not None}
-    yield
-    for s, handler in saved.items():
-        try:
-            signal.signal(s, handler)
-        except (OSError, ValueError):
-            pass
+class FakeDispositions:
+    """The agent's signal dispositions, recorded and left alone: the real ones (ignoring TERM
+    once the stop is done) would be inherited by every process a later test starts."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def quiet_stray(self, handled: Any) -> None:
+        self.calls.append("quiet-stray")
+
+    def ignore_stop(self) -> None:
+        self.calls.append("ignore-stop")
 
 
 @dataclass
@@ -202,6 +206,9 @@ class FakeMirror:
     def last_activity(self) -> float | None:
         return None
 
+    def describe(self) -> list[tuple[str, str]]:
+        return [("ok", "fake pairs")]
+
 
 class FakeNotifier:
     def __init__(self) -> None:
@@ -216,6 +223,13 @@ class FakeNotifier:
 
     async def drain(self, timeout: float) -> None:
         return None
+
+
+if TYPE_CHECKING:  # each fake against the port it stands for: mypy (scripts/lint.sh) fails when one drifts
+    _child: ChildPort = FakeChild(FakeMirror())
+    _mirror: MirrorPort = FakeMirror()
+    _notifier: NotifierPort = FakeNotifier()
+    _dispositions: Dispositions = FakeDispositions()
 
 
 def make_agent(tmp_path: Path, *, env: dict[str, str] | None = None, flags: dict[str, str] | None = None,
@@ -233,7 +247,7 @@ def make_agent(tmp_path: Path, *, env: dict[str, str] | None = None, flags: dict
         children.append(FakeChild(plan.mirror, **(child_kw or {})))
         return children[-1]
 
-    agent = Agent(plan, spawn=spawn, notifier=notifier)
+    agent = Agent(plan, spawn=spawn, notifier=notifier, dispositions=FakeDispositions())
     return agent, children, notifier
 
 
@@ -269,9 +283,53 @@ async def test_preemption_takes_the_requested_checkpoint_then_stops_and_tells(tm
     assert child.stops[0]["signal"] == "SIGTERM"
     assert events(agent, "end")[0]["reason"] == "preempted"
     assert notifier.posted == ["start", "preempted"]
-    mirror = agent.mirror
+    mirror = agent.run_state.mirror
     assert mirror.calls.index("prepared") < mirror.calls.index("flush:stop")
     assert mirror.calls.index("training-exited") < mirror.calls.index("flush:final")
+
+
+async def test_signal_dispositions_change_only_through_the_port_it_was_given(tmp_path):
+    """A conductor run in someone else's process (this one) leaves its dispositions as they were."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGALRM)}
+    agent, children, _ = make_agent(tmp_path)
+    await run_with(agent, children, lambda a, c: a.deliver(signal.SIGTERM))
+    assert {s: signal.getsignal(s) for s in before} == before
+    calls = agent.run_state.dispositions.calls
+    assert calls[0] == "quiet-stray" and calls[-2:] == ["ignore-stop", "quiet-stray"], calls
+
+
+async def test_a_stop_signal_that_came_before_the_agent_listened_starts_nothing(tmp_path):
+    """The CLI holds a TERM that came during the imports; with no part to start (nothing that
+    would yield to the intake task), it is still acted on before the spawn: 128+15."""
+    _, children, _ = make_agent(tmp_path)
+    plan = make_plan(build_config(flags={"gpu_every": "0"}, command=("torchrun", "train.py"), env={}, cwd=tmp_path), {})
+    spawned = []
+
+    async def spawn(command, env):
+        spawned.append(command)
+        raise AssertionError("spawned after a stop")
+
+    agent = Agent(plan, spawn=spawn, early=[signal.SIGTERM], dispositions=FakeDispositions())
+    with anyio.fail_after(10):
+        assert await agent.run() == 143
+    assert not spawned and events(agent, "end")[0]["reason"] in ("preempted", "cancelled")
+
+
+async def test_the_stop_sequence_runs_on_a_run_state_alone_and_returns_its_result(tmp_path):
+    """No conductor: a RunState with a running child, a trigger, and the sequence's answer."""
+    agent, _, _ = make_agent(tmp_path)
+    run = agent.run_state
+    run.mirror.tg = None
+    async with anyio.create_task_group() as tg:
+        await tg.start(run.mirror.run)
+        run.mirror.attach(agent.journal.emit)
+        run.child = FakeChild(run.mirror)
+        run.trigger = Trigger(Reason.PREEMPTED, "received SIGTERM", signal.SIGTERM, time.monotonic())
+        result = await StopSequence(run)()
+        tg.cancel_scope.cancel()
+    assert result.trigger.reason == Reason.PREEMPTED and result.exit_status == 0 and result.stopped_cleanly
+    assert result.status(0) == 0 and not result.no_progress
+    assert run.dispositions.calls == []  # not requeued: the process's dispositions were never asked for
 
 
 async def test_a_checkpoint_completed_before_the_request_is_not_the_requested_one(tmp_path):
@@ -394,11 +452,11 @@ async def test_an_early_warning_signal_waits_for_end_minus_lead_then_stops_and_c
     agent, children, _ = make_agent(tmp_path, flags={"time_limit": "3s", "warn_before": "1s"})
 
     async def early_usr1(a: Agent, c: FakeChild) -> None:
-        while a.end is None:
+        while a.run_state.end is None:
             await anyio.sleep(0.01)
         await a.deliver(signal.SIGUSR1)
         await anyio.sleep(0.3)
-        assert a.trigger is None  # deferred, not a checkpoint-and-go-on either
+        assert a.run_state.trigger is None  # deferred, not a checkpoint-and-go-on either
         assert not any(s[0] == "SIGUSR1" for s in c.sent)
 
     t0 = time.monotonic()
@@ -413,10 +471,10 @@ async def test_a_checkpoint_signal_far_from_the_end_is_a_checkpoint_request(tmp_
     agent, children, _ = make_agent(tmp_path, flags={"time_limit": "3h"})
 
     async def usr1(a: Agent, c: FakeChild) -> None:
-        while a.end is None:
+        while a.run_state.end is None:
             await anyio.sleep(0.01)
         await a.deliver(signal.SIGUSR1)
-        assert a.trigger is None
+        assert a.run_state.trigger is None
         await a.deliver(signal.SIGINT)
 
     await run_with(agent, children, usr1)
@@ -447,14 +505,14 @@ async def test_a_training_that_only_saves_periodically_is_journaled_as_not_answe
     agent, children, _ = make_agent(tmp_path, flags={"checkpoint_timeout": "5s"}, child_kw={"answers": False})
 
     async def periodic(a: Agent, c: FakeChild) -> None:
-        while a.mirror.tg is None:
+        while a.run_state.mirror.tg is None:
             await anyio.sleep(0.01)
         for pause in (0.5, 0.5, 0.1):
-            a.mirror.save_later(0.0)
+            a.run_state.mirror.save_later(0.0)
             await anyio.sleep(pause)
         await a.deliver(signal.SIGTERM)
         await anyio.sleep(0.4)
-        a.mirror.save_later(0.0)   # the next periodic save, due 0.5 s after the last
+        a.run_state.mirror.save_later(0.0)   # the next periodic save, due 0.5 s after the last
 
     await run_with(agent, children, periodic)
     cp = steps(agent)["checkpoint"]
@@ -465,10 +523,10 @@ async def test_an_answered_stop_is_journaled_as_answered(tmp_path):
     agent, children, _ = make_agent(tmp_path)
 
     async def periodic_then_term(a: Agent, c: FakeChild) -> None:
-        while a.mirror.tg is None:
+        while a.run_state.mirror.tg is None:
             await anyio.sleep(0.01)
         for pause in (0.5, 0.5, 0.25):
-            a.mirror.save_later(0.0)
+            a.run_state.mirror.save_later(0.0)
             await anyio.sleep(pause)
         await a.deliver(signal.SIGTERM)
 
@@ -519,7 +577,7 @@ async def test_after_a_gpu_fault_a_crash_is_not_restarted_in_place_but_requeued(
                                                                 "restart_backoff": "0.01s"})
 
     async def xid_then_crash(a: Agent, c: FakeChild) -> None:
-        a.faults.through(a.journal.emit)("gpu-xid", durable=True, device=0, uuid="GPU-0", xid=79)
+        a.run_state.faults.through(a.journal.emit)("gpu-xid", durable=True, device=0, uuid="GPU-0", xid=79)
         c.exit(1)
 
     await run_with(agent, children, xid_then_crash)
@@ -533,7 +591,7 @@ async def test_without_a_fault_a_crash_is_restarted_in_place(tmp_path):
     agent, children, _ = make_agent(tmp_path, flags={"max_restarts": "1", "restart_backoff": "0.01s"})
 
     async def crash_twice(a: Agent, c: FakeChild) -> None:
-        a.faults.through(a.journal.emit)("gpu-xid", durable=True, device=0, uuid="GPU-0", xid=13)  # an application XID
+        a.run_state.faults.through(a.journal.emit)("gpu-xid", durable=True, device=0, uuid="GPU-0", xid=13)  # an application XID
         c.exit(1)
         with anyio.fail_after(5):
             while len(children) < 2:
@@ -568,16 +626,19 @@ class HeldGpu:
         return None
 
 
+if TYPE_CHECKING:
+    _gpu: SamplerPort = HeldGpu(0)
+
 @pytest.mark.parametrize("held_mib, restarted", [(4096, False), (0, True)])
 async def test_the_health_gate_checks_that_the_crashed_trainings_gpu_memory_is_free(tmp_path, held_mib, restarted):
     agent, children, _ = make_agent(tmp_path, env=SLURM, flags={"max_restarts": "1", "requeue": "true",
                                                                 "restart_backoff": "0.01s"})
-    agent.gpu = HeldGpu(held_mib * 2**20)   # gpu_every is 0 in these tests: the part is not started
+    agent.run_state.gpu = HeldGpu(held_mib * 2**20)   # gpu_every is 0 in these tests: the part is not started
 
     async def crash(a: Agent, c: FakeChild) -> None:
         c.exit(1)
         with anyio.fail_after(5):
-            while len(children) < 2 and a.trigger is None:
+            while len(children) < 2 and a.run_state.trigger is None:
                 await anyio.sleep(0.01)
         if len(children) == 2:
             children[1].exit(0)

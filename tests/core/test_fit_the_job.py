@@ -96,8 +96,10 @@ def test_a_run_that_cannot_progress_is_not_requeued_and_says_why(tmp_path: Path)
         def attempt(restart: str | None, *flags: str) -> subprocess.CompletedProcess:
             env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "localhost", "SLURM_NNODES": "1",
                    **({"SLURM_RESTART_COUNT": restart} if restart else {})}
-            p = start_supervise("--run-dir", str(run), "--checkpoints", str(local), str(persist), "--time-limit", "4s",
-                                "--warn-before", "2s", "--checkpoint-timeout", "1s", "--grace", "2s", "--gpu-every", "0",
+            # the notice is bounded by the time left before the end (drain): the stop (1 s checkpoint
+            # wait, 2 s grace) ends about 3 s after the warning, 3 s before the end, however loaded
+            p = start_supervise("--run-dir", str(run), "--checkpoints", str(local), str(persist), "--time-limit", "10s",
+                                "--warn-before", "6s", "--checkpoint-timeout", "1s", "--grace", "2s", "--gpu-every", "0",
                                 "--requeue", "--notify", server.url("np"), *flags, "--",
                                 *TRAINER, str(local), "--no-answer", "--ignore-stop", env=env)
             out, err = p.communicate(timeout=120)

@@ -644,6 +644,31 @@ def test_gpu_memory_freed(held: int | None, expected: bool) -> None:
     assert policy.gpu_memory_freed(held) is expected
 
 
+@pytest.mark.parametrize(("grace", "expected"), [
+    P(30.0, 10.0, id="--grace past 10 s: 10 s for the leftovers"),
+    P(10.0, 10.0, id="exactly 10 s"),
+    P(3.0, 3.0, id="a shorter --grace is kept"),
+])
+def test_restart_grace(grace: float, expected: float) -> None:
+    assert policy.restart_grace(grace) == expected
+
+
+@pytest.mark.parametrize(("grace", "expected"), [
+    P(30.0, 35.0, id="the grace and 5 s"),
+    P(0.0, 5.0, id="no grace: 5 s"),
+])
+def test_exit_wait(grace: float, expected: float) -> None:
+    assert policy.exit_wait(grace) == expected
+
+
+@pytest.mark.parametrize(("grace", "expected"), [
+    P(30.0, 40.0, id="the grace and 10 s"),
+    P(0.0, 10.0, id="no grace: 10 s"),
+])
+def test_emergency_bound(grace: float, expected: float) -> None:
+    assert policy.emergency_bound(grace) == expected
+
+
 # ---------------------------------------------------------------- every function has a table
 
 def _public_functions() -> set[str]:

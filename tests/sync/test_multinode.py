@@ -23,6 +23,7 @@ import pytest
 from supervisor.config import SyncPair, build_config
 from supervisor.errors import ConfigError
 from supervisor.journal import read_journal
+from supervisor.plan import make_plan
 from supervisor.sync import Mirror
 from supervisor.sync._parts import PARTS_DIR
 from tests.conftest import start_supervise, wait_for
@@ -322,9 +323,9 @@ def test_nodes_key(tmp_path):
     cfg_file.write_text('[[sync]]\nfrom = "/l/ckpt"\nto = "/p/ckpt"\nnodes = "auto"\n')
     env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[01-03]", "SLURM_JOB_NUM_NODES": "3"}
     cfg = build_config(flags={"run_dir": str(tmp_path / "r")}, command=("true",), config_file=cfg_file, env=env)
-    assert cfg.sync[0].nodes == 3
-    cfg = build_config(flags={"run_dir": str(tmp_path / "r")}, command=("true",), config_file=cfg_file, env={})
-    assert cfg.sync[0].nodes == 1
+    assert cfg.sync[0].nodes == 0  # auto: the plan knows the job, config does not
+    assert make_plan(cfg, env).cfg.sync[0].nodes == 3
+    assert make_plan(cfg, {}).cfg.sync[0].nodes == 1
     cfg = build_config(flags={"run_dir": str(tmp_path / "r")}, flag_pairs=[("checkpoint", "/l/a", "/p/a"),
                        ("log", "/l/tb", "/p/tb")], command=("true",), env={}, flag_nodes="4")
     assert [p.nodes for p in cfg.sync] == [4, 1]

@@ -1,0 +1,138 @@
+"""The run's state: what the conductor and the stop sequence share, and nothing else.
+
+``RunState`` holds the facts of one attempt that more than one part reads: the plan, the
+journal, the parts (child, mirror, notifier, GPU sampler), the trigger, and the job's clock
+(``end``, the fitted ``lead``, ``kill_wait``, the last SIGCONT). The conductor (``agent.py``)
+and the watches write it; the stop sequence (``stopping.py``) reads it and hands back its
+outcome as a ``StopResult`` rather than writing the conductor. Time facts are derived here
+from ``policy``'s pure functions and the clock, in one place, so a stop step never calls
+back up into the conductor (docs/design.md, "Where each rule lives").
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from supervisor import job as jobs, policy
+from supervisor.health import Faults
+from supervisor.policy import STOP_SIGNALS, Trigger
+
+if TYPE_CHECKING:
+    from supervisor.config import Config
+    from supervisor.dispositions import Dispositions
+    from supervisor.journal import Journal
+    from supervisor.plan import Plan
+    from supervisor.ports import ChildPort, MirrorPort, NotifierPort, SamplerPort
+
+
+class ProgressGaps:
+    """The gaps between successive progress marks of this attempt, and the longest gaps of
+    earlier ones (their ``stop`` events' ``longest_gap_s``): what the hang bound learns from."""
+
+    def __init__(self, earlier_events: list[dict[str, Any]] = ()) -> None:  # type: ignore[assignment]
+        self.earlier = [float(e["longest_gap_s"]) for e in earlier_events
+                        if e.get("kind") == "stop" and isinstance(e.get("longest_gap_s"), (int, float))]
+        self.gaps: list[float] = []
+        self._last: float | None = None
+        self._changes = 0
+
+    def see(self, mark: float) -> None:
+        """A newest progress mark; the first change (start-up to the first progress) is no gap."""
+        if self._last is not None and mark > self._last:
+            self._changes += 1
+            if self._changes > 1:
+                self.gaps.append(mark - self._last)
+        if self._last is None or mark > self._last:
+            self._last = mark
+
+    @property
+    def longest(self) -> float | None:
+        return round(max(self.gaps), 3) if self.gaps else None
+
+
+@dataclass
+class RunState:
+    """One attempt's shared state. ``lead`` starts as the plan's and is fitted to the
+    allocation once the end is known (``watches.deadline_watch``); ``kill_wait`` starts as
+    the scheduler's default and is read from it at start (``watches.learn_kill_wait``)."""
+
+    plan: Plan
+    journal: Journal
+    dispositions: Dispositions
+    mirror: MirrorPort | None = None   # supervisor.sync.Mirror, when there are pairs
+    notifier: NotifierPort | None = None  # supervisor.notify.Notifier, when there are URLs
+    gpu: SamplerPort | None = None     # supervisor.gpu.GpuSampler, when sampling
+    child: ChildPort | None = None
+    trigger: Trigger | None = None     # what asked for the stop; the first one wins
+    end: float | None = None           # unix seconds when the job ends, when known
+    lead: float = field(init=False)
+    kill_wait: float | None = field(init=False)
+    last_cont: float | None = None     # when SIGCONT came (slurmstepd sends it with the TERM)
+    exit_status: int | None = None     # the launcher's own, when known before the stop (spawn failed)
+    restarts: int = 0
+    restored_from: Path | None = None
+    faults: Faults = field(init=False)
+    gaps: ProgressGaps = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.lead = self.plan.lead
+        self.kill_wait = jobs.DEFAULT_KILL_WAIT.get(self.plan.job.scheduler)
+        self.faults = Faults(self.journal.emit)  # GPU faults that make this node suspect (health.py)
+        self.gaps = ProgressGaps(self.plan.previous_events)  # the hang bound learns from them
+
+    @property
+    def cfg(self) -> Config:
+        return self.plan.cfg
+
+    def tree_pids(self) -> set[int]:
+        return self.child.tree() if self.child is not None else set()
+
+    def child_running(self) -> bool:
+        return self.child is not None and self.child.returncode is None
+
+    def stop_signal(self) -> signal.Signals:
+        """What stops the training politely now (policy.stop_signal_for): the stop, the
+        emergency stop and a restart's cleanup all ask here."""
+        launcher, t = self.plan.launcher, self.trigger
+        return policy.stop_signal_for(configured=self.cfg.stop_signal, launcher_signal=launcher.stop_signal,
+                                      plain=launcher.name in ("python", "generic"), trigger_signal=t.signal if t else None)
+
+    def signalled_all(self) -> bool:
+        """Did the scheduler send the stop signal to every process of the job itself?"""
+        t = self.trigger
+        return jobs.signalled_all(self.plan.job.scheduler, t.signal if t else None, t.at if t else None, self.last_cont)
+
+    def kill(self) -> float | None:
+        """Unix seconds of the hard kill, when known."""
+        return policy.hard_kill(end=self.end, kill=policy.killed_at(
+            self.trigger, scheduler_signalled_all=self.signalled_all(), kill_wait=self.kill_wait,
+            now=time.time(), mono=time.monotonic()))
+
+    def time_left(self) -> float:
+        """Seconds the remaining steps may take before the job is killed (inf if never)."""
+        kill = self.kill()
+        t = self.trigger
+        return policy.time_left(end=self.end, kill=kill if kill != self.end else None, lead=self.lead,
+                                kill_wait=self.kill_wait, now=time.time(),
+                                signalled_for=time.monotonic() - t.at if t and t.signal in STOP_SIGNALS else None)
+
+
+@dataclass
+class StopResult:
+    """What the stop sequence found out: the conductor's end event and exit status read it."""
+
+    trigger: Trigger                   # refined by the scheduler's view (a TERM: preempted, or the time limit)
+    exit_status: int | None            # the launcher's own
+    stopped_cleanly: bool = False
+    no_progress: bool = False
+    requeued_by_scheduler: bool = False
+
+    def status(self, stopped_status: int | None) -> int:
+        """The exit status (policy.exit_status); the launcher's own stays in the journal."""
+        return policy.exit_status(self.exit_status, self.trigger,
+                                  clean_status=stopped_status if self.stopped_cleanly else None,
+                                  no_progress=self.no_progress)
