@@ -16,7 +16,8 @@ own node's local disk. The job script has no node-agent line: supervise starts t
 Checked: every checkpoint on persistent storage holds every rank's shards (and never a
 partial one appears); each attempt resumed from the newest published checkpoint, on every
 node; the final weights equal an uninterrupted run's bit for bit; the checkpoint only n3 had
-is journaled as lost with n3 (`node-lost`) and `supervise report` names n3; and after
+is journaled as lost with n3 (`node-lost`) and `supervise report` names n3 (and LOST in its
+per-node rows, n1 left out of attempt 2, each node's samples counted); and after
 ``slurm-down.sh`` no namespace, mount or process of the cluster is left.
 """
 
@@ -174,6 +175,17 @@ def test_requeue_and_node_death(cluster3: Cluster, tmp_path: Path) -> None:
                             timeout=60)
     assert report.returncode == 0, report.stderr
     assert "node n3" in report.stdout and victim in report.stdout, report.stdout
+    # the per-node rows: the killed node named LOST, the excluded one left out, every node's samples there
+    rows = {r["node"]: r for r in json.loads(subprocess.run([sys.executable, "-m", "supervisor", "report", str(run), "--json"],
+                                                            capture_output=True, text=True, timeout=60).stdout)["nodes"]}
+    assert sorted(rows) == ["n1", "n2", "n3"], rows
+    assert rows["n3"]["lost"] and rows["n3"]["roles"] == [[2, 1]], rows["n3"]
+    assert any(p.startswith("LOST in attempt 2") and victim in p for p in rows["n3"]["problems"]), rows["n3"]
+    assert "not in attempt 2" in rows["n1"]["problems"] and not rows["n1"]["lost"], rows["n1"]
+    assert rows["n2"]["roles"] == [[1, 1], [2, 0], [3, 1]] and not rows["n2"]["lost"], rows["n2"]
+    assert all(rows[n]["host_samples"] > 0 for n in ("n1", "n2")), rows
+    nodes_section = report.stdout.split("\nNodes", 1)[1]
+    assert "node n3: attempts 2 (node 1) · LOST in attempt 2" in nodes_section, nodes_section
 
     # node 1's GPU and host samples reach the run directory, beside its journal
     node1_dir = run / "nodes" / "node-1"
