@@ -10,7 +10,8 @@ hostname, with the roles each host had (``start.nodes``: attempt → node rank �
 
 What a row says went wrong, from the journals: the node died (``node-lost``), its agent was
 not ready (``node-agents.missing``), its agent left no ``node-end`` (killed with its node),
-its copies failed (``sync-failed``), its GPUs had a hardware fault (``gpu-xid``,
+its copies failed (``sync-failed``), its local disk could not hold another checkpoint
+(``local-disk-full``), its GPUs had a hardware fault (``gpu-xid``,
 ``gpu-lost``: suspect), or it was in an attempt and not in a later one (excluded, busy or
 down). The sample files are streamed once in bounded memory, as the leader's are.
 """
@@ -188,6 +189,10 @@ def node_rows(run_dir: Path, events: list[dict[str, Any]], *, samples: bool = Tr
             row(host).suspect = True
         elif kind == "sync-failed":
             say(host, 2, "sync failed")
+        elif kind == "local-disk-full":
+            say(e.get("host") if isinstance(e.get("host"), str) else host, 1,
+                f"local disk full in attempt {e.get('attempt')} ({_size(e.get('free_bytes'))} free, "
+                f"{e.get('checkpoint')} takes {_size(e.get('need_bytes'))})")
 
     for e in events:
         kind = e.get("kind")
@@ -228,6 +233,16 @@ def node_rows(run_dir: Path, events: list[dict[str, Any]], *, samples: bool = Tr
             seen[text] = seen.get(text, 0) + 1
         r.problems = [f"{text} ×{n}" if n > 1 else text for text, n in seen.items()]
     return sorted(rows.values(), key=lambda r: (r.roles[0] if r.roles else [10**9, 0], natural_key(r.node)))
+
+
+def _size(n: Any) -> str:
+    if not isinstance(n, int):
+        return "?"
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return "?"
 
 
 def _fault(e: dict[str, Any]) -> str:

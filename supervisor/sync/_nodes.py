@@ -13,8 +13,10 @@ ordinary staging directory and renames it into place, then writes the pointer fi
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import shutil
+import socket
 import time
 from pathlib import Path
 from typing import Callable, Collection
@@ -29,8 +31,11 @@ from supervisor.sync._complete import Context, Entry, Listing, Snap, classify, m
 from supervisor.sync._exclude import within
 from supervisor.sync._pair import RECOPY_TRIES, PairEngine, _complete_newest_first, _to_thread
 from supervisor.sync._profiles import Profile
+from supervisor.sync._space import SpaceWatch
 from supervisor.sync._parts import (PartConflict, PartsChanged, assemble, manifest_path, manifest_snap,
                                     part_dir, read_manifest, remove_parts, waiting, withdraw, write_manifest)
+
+log = logging.getLogger("supervise")
 
 
 def contains(there: Snap | None, mine: Snap) -> bool:
@@ -169,6 +174,7 @@ class PartEngine(PairEngine):
         self.conflicts: dict[str, str] = {}
         self.stale: dict[str, Snap] = {}           # changed here after it was published from every node
         self.awaiting_go: set[str] = set()         # node K: directories not complete yet (the leader may say go)
+        self.space = SpaceWatch()                  # this node's local disk: will the next checkpoint fit?
 
     async def restore(self) -> Path | None:
         """Every node brings back the newest *published* checkpoint, the one the leader hands
@@ -240,6 +246,12 @@ class PartEngine(PairEngine):
         p = self.pair
         listing: Listing = await _to_thread(self._scan, cheap=trigger in ("watch", "parts"))
         self._take_listing(listing)
+        full = await _to_thread(self.space.check, p.src, listing)
+        if full is not None:
+            host = socket.gethostname()
+            self.emit("local-disk-full", pair=p.name, node=self.node, host=host, **full)
+            log.warning("node %d (%s): %s has %d bytes free, less than %s takes (%d): the next checkpoint will not fit",
+                        self.node, host, full["path"], full["free_bytes"], full["checkpoint"], full["need_bytes"])
         todo: list[Entry] = []
         for e in _complete_newest_first(listing):
             prev = self.published.get(e.name) or self.stale.get(e.name)
