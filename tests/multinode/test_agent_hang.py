@@ -51,6 +51,7 @@ def test_a_hung_agent_holds_publishing_back_and_is_named(cluster3: Cluster, tmp_
     assert sum(float(e.get("seconds") or 0) for e in stop) < 5.0 + 2.0, stop  # within KillWait (5 s) and a margin
     # node 1's GPU and host samples reach the run directory, beside its journal
     node1_dir = run / "nodes" / "node-1"
-    assert (node1_dir / "host.csv").exists(), sorted(x.name for x in node1_dir.iterdir())
+    # (the agent, resumed by the cancel's SIGCONT, flushes its last batch as it ends: after the leader's end)
+    wait_for(lambda: (node1_dir / "host.csv").exists(), 15, lambda: f"node 1's host.csv: {sorted(x.name for x in node1_dir.iterdir())}")
     assert any(e.get("kind") in ("gpu-start", "gpu-none") for e in events(node1_dir / "events.jsonl"))
     shutil.copytree(run, tmp_path / "run")
