@@ -14,6 +14,7 @@ from typing import Any
 from supervisor._units import natural_key
 from supervisor.report._goodput import Goodput, goodput, step_of
 from supervisor.report._load import GpuAcc, RunData
+from supervisor.report._nodes import NodeRow
 
 FAILED = {"child-failed", "spawn-failed", "supervisor-error", "hang"}
 EARLY = {"deadline", "preempted"}  # the work is not done; a next attempt resumes it
@@ -176,6 +177,7 @@ class Facts:
     requeue_refused: list[dict[str, Any]] = field(default_factory=list)
     goodput: Goodput | None = None
     notes: list[Note] = field(default_factory=list)
+    nodes: list[NodeRow] = field(default_factory=list)  # multi-node runs: one row per host (_nodes)
 
 
 def _num(v: Any) -> float | None:

@@ -17,7 +17,7 @@ from typing import Any
 from supervisor.report._facts import Facts, throttled
 from supervisor.report._goodput import step_of
 from supervisor.report._load import RunData, Series
-from supervisor.report._text import dur, mem, sanitized, summary, utc
+from supervisor.report._text import dur, mem, node_samples, roles, sanitized, summary, utc
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf"]
@@ -323,6 +323,10 @@ def body(f: Facts) -> str:
                                                "energy", "throttled", "errors"], rows))
     else:
         parts.append("<h2>GPUs</h2><p>No GPU data" + (": " + e("; ".join(f.gpu_none)) if f.gpu_none else "") + ".</p>")
+    if f.nodes:
+        parts.append("<h2>Nodes</h2>" + _table(["node", "attempts (node rank)", "GPU samples", "host samples", "what happened"],
+                                                [[r.node, roles(r), *node_samples(r), "; ".join(r.problems) or "ok"]
+                                                 for r in f.nodes]))
     if f.host:
         h = f.host
         parts.append("<h2>Training processes</h2>" + _table(

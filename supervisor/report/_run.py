@@ -11,6 +11,7 @@ from typing import Any
 from supervisor.journal import EVENTS_FILE
 from supervisor.report._facts import Facts, build
 from supervisor.report._load import RunData, load
+from supervisor.report._nodes import node_rows
 from supervisor.report._notes import notes
 
 
@@ -38,6 +39,7 @@ def facts_of(run_dir: Path, *, samples: bool = True) -> tuple[Facts, RunData]:
         raise ReportError(f"{events}: cannot read it ({type(e).__name__})") from None
     try:
         f = build(data)
+        f.nodes = node_rows(run_dir, data.journal.events, samples=samples)
         f.notes = notes(f)
     except (TypeError, ValueError, KeyError, AttributeError, OverflowError, ZeroDivisionError, IndexError) as e:
         # Events are typed on loading; a value that still does not fit (a hand-edited journal)

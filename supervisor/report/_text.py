@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.report._facts import Facts, Gpu, throttled
+from supervisor.report._nodes import NodeRow
 
 WIDTH = 100
 STATUS_COLOUR = {"finished": "32", "local-only": "31", "failed": "31", "cancelled": "33", "stopped": "31", "requeued": "33", "running": "36", "killed": "31"}
@@ -108,8 +109,8 @@ def render(f: Facts, *, colour: bool = False) -> str:
     job = f.job
     out.append(f"run dir {f.run_dir}" + (f" · job {job['job_id']}" if job.get("job_id") else "")
                + (f" ({job['job_name']})" if job.get("job_name") else "") + (f" · {job['scheduler']}" if job.get("scheduler") else ""))
-    out += (_timeline(f, st) + _stops(f, st) + _stacks(f, st) + _checkpoints(f, st) + _goodput(f, st) + _gpus(f, st) + _host(f, st)
-            + _notes(f, st))
+    out += (_timeline(f, st) + _stops(f, st) + _stacks(f, st) + _checkpoints(f, st) + _goodput(f, st) + _gpus(f, st) + _nodes(f, st)
+            + _host(f, st) + _notes(f, st))
     j = f.journal
     if j["torn_last_line"] or j["bad_lines"] or j["malformed_events"]:
         out.append(st("2", f"journal: {j['events']} events; torn last line: {'yes' if j['torn_last_line'] else 'no'}; "
@@ -295,6 +296,37 @@ def _gpus(f: Facts, st: Style) -> list[str]:
     total = [g.energy_kwh for g in f.gpus if g.energy_kwh is not None]
     if total:
         out.append(f"  all GPUs: {sum(total):.3f} kWh")
+    return out
+
+
+def roles(r: NodeRow) -> str:
+    """``1 (node 0), 3 (node 1)``: the attempts a host was in, with its node rank in each."""
+    return ", ".join(f"{a} (node {k})" for a, k in r.roles) or "none"
+
+
+def node_samples(r: NodeRow) -> tuple[str, str]:
+    """What a node's GPU and host samples say, as two short cells."""
+    gpu = (f"{r.gpu_samples} GPU samples ({r.gpus} GPU{'s' if r.gpus != 1 else ''}), util {r.util_mean_pct:.0f}% mean"
+           if r.util_mean_pct is not None else f"{r.gpu_samples} GPU samples" if r.gpu_samples else "no GPU samples")
+    host = f"{r.host_samples} host samples" if r.host_samples else "no host samples"
+    if r.mem_min_available_mib is not None and r.mem_total_mib:
+        host += f", memory available ≥ {mem(r.mem_min_available_mib)} of {mem(r.mem_total_mib)}"
+    if r.load1_mean is not None:
+        host += f", load {r.load1_mean:.1f} mean"
+    return gpu, host
+
+
+def _nodes(f: Facts, st: Style) -> list[str]:
+    """One row per node of a multi-node run (``_nodes``), with what went wrong on it."""
+    if not f.nodes:
+        return []
+    out = ["", st.head("Nodes") + " (attempt (node rank); samples from the run directory and nodes/node-K/)"]
+    for r in f.nodes:
+        gpu, host = node_samples(r)
+        flags = "; ".join(r.problems) or "ok"
+        bad = r.lost or r.suspect or any(not p.startswith("not in ") for p in r.problems)
+        out.append(f"  node {r.node}: attempts {roles(r)} · " + (st("31", flags) if bad else flags))
+        out.append(f"    {gpu} · {host}")
     return out
 
 

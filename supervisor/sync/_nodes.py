@@ -13,8 +13,10 @@ ordinary staging directory and renames it into place, then writes the pointer fi
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import shutil
+import socket
 import time
 from pathlib import Path
 from typing import Callable, Collection
@@ -31,8 +33,11 @@ from supervisor.sync._pair import PairEngine
 from supervisor.sync._publish import RECOPY_TRIES, Publisher, complete_newest_first
 from supervisor.sync._state import PairState, to_thread
 from supervisor.sync._profiles import Profile
+from supervisor.sync._space import SpaceWatch
 from supervisor.sync._parts import (PartConflict, PartsChanged, assemble, manifest_path, manifest_snap,
                                     part_dir, read_manifest, remove_parts, waiting, withdraw, write_manifest)
+
+log = logging.getLogger("supervise")
 
 
 def contains(there: Snap | None, mine: Snap) -> bool:
@@ -163,6 +168,7 @@ class PartEngine(PairEngine):
         self.leader = node == 0
         self.parts_poll = parts_poll
         self.awaiting_go: set[str] = set()         # node K: directories not complete yet (the leader may say go)
+        self.space = SpaceWatch()                  # this node's local disk: will the next checkpoint fit?
         super().__init__(pair, backend, emit, every=every, retry_base=retry_base, retry_cap=retry_cap,
                          on_publish=on_publish)
 
@@ -245,6 +251,13 @@ class PartEngine(PairEngine):
     async def _pass_listing(self, trigger: str) -> Listing:
         listing: Listing = await to_thread(self.scan, cheap=trigger in ("watch", "parts"))
         self.take_listing(listing)
+        p = self.pair
+        full = await to_thread(self.space.check, p.src, listing)
+        if full is not None:
+            host = socket.gethostname()
+            self.emit("local-disk-full", pair=p.name, node=self.node, host=host, **full)
+            log.warning("node %d (%s): %s has %d bytes free, less than %s takes (%d): the next checkpoint will not fit",
+                        self.node, host, full["path"], full["free_bytes"], full["checkpoint"], full["need_bytes"])
         return listing
 
 

@@ -75,12 +75,21 @@ class Cluster:
         return self.show(jobid).get("JobState")
 
     def node_state(self, node: str) -> str:
-        return self.run("sinfo", "-h", "-N", "-n", node, "-o", "%T").stdout.strip()
+        """The controller's state of ``node``, lower case (``down+not_responding``). Not sinfo's
+        ``%T``: while a requeued job still completes on a dead node, sinfo prints ``mixed*``
+        for a node the controller has set DOWN (seen for 80 s and more)."""
+        out = self.run("scontrol", "-o", "show", "node", node).stdout
+        m = re.search(r"\bState=(\S+)", out)
+        return m.group(1).lower() if m else "?"
+
+    def is_down(self, node: str) -> bool:
+        """Down, drained or failed, whatever else the state says (``mixed+down``)."""
+        return any(w in self.node_state(node) for w in ("down", "drain", "fail"))
 
     def wait_down(self, node: str, timeout: float) -> bool:
         """Whether Slurm marked ``node`` down (or drained, failed) within ``timeout`` seconds."""
         try:
-            wait_for(lambda: self.node_state(node).startswith(("down", "drain", "fail")), timeout, f"{node} down")
+            wait_for(lambda: self.is_down(node), timeout, f"{node} down")
         except AssertionError:
             return False
         return True
@@ -97,6 +106,19 @@ class Cluster:
             if time.monotonic() > deadline:
                 raise AssertionError(f"job {jobid} still {state} after StartTime=now")
             time.sleep(1.0)
+
+    def agent_pids(self, node: str) -> list[int]:
+        """The node agents (not their srun) running on ``node``."""
+        out = []
+        for pid in subprocess.run(["ip", "netns", "pids", f"{self.pfx}-{node}"], capture_output=True,
+                                  text=True).stdout.split():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"node-agent" in cmd and b"srun" not in cmd[0]:
+                out.append(int(pid))
+        return out
 
     def kill_node(self, node: str) -> list[int]:
         """The node dies: its slurmd and every process in its namespaces are SIGKILLed (by pid),

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -27,24 +26,12 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not os.environ.get("SUPERVISE_LONG"), reason="the long set: SUPERVISE_LONG=1")]
 
 
-def agent_pids(c: Cluster, node: str) -> list[int]:
-    out = []
-    for pid in subprocess.run(["ip", "netns", "pids", f"{c.pfx}-{node}"], capture_output=True, text=True).stdout.split():
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"node-agent" in cmd and b"srun" not in cmd[0]:
-            out.append(int(pid))
-    return out
-
-
 def test_a_hung_agent_holds_publishing_back_and_is_named(cluster3: Cluster, tmp_path: Path) -> None:
     c = cluster3
     job, run, _progress, _final = submit_job(c)
     leader = run / "events.jsonl"
     wait_for(lambda: any(e.get("kind") == "publish" for e in events(leader)), 180, lambda: f"a publish; job {c.state(job)}")
-    hung = wait_for(lambda: agent_pids(c, "n2"), 10, "node 1's agent on n2")
+    hung = wait_for(lambda: c.agent_pids("n2"), 10, "node 1's agent on n2")
     for pid in hung:
         os.kill(pid, signal.SIGSTOP)
     stopped = time.time()
@@ -64,6 +51,7 @@ def test_a_hung_agent_holds_publishing_back_and_is_named(cluster3: Cluster, tmp_
     assert sum(float(e.get("seconds") or 0) for e in stop) < 5.0 + 2.0, stop  # within KillWait (5 s) and a margin
     # node 1's GPU and host samples reach the run directory, beside its journal
     node1_dir = run / "nodes" / "node-1"
-    assert (node1_dir / "host.csv").exists(), sorted(x.name for x in node1_dir.iterdir())
+    # (the agent, resumed by the cancel's SIGCONT, flushes its last batch as it ends: after the leader's end)
+    wait_for(lambda: (node1_dir / "host.csv").exists(), 15, lambda: f"node 1's host.csv: {sorted(x.name for x in node1_dir.iterdir())}")
     assert any(e.get("kind") in ("gpu-start", "gpu-none") for e in events(node1_dir / "events.jsonl"))
     shutil.copytree(run, tmp_path / "run")

@@ -35,7 +35,7 @@ def test_batch_node_dies(cluster3: Cluster, tmp_path: Path) -> None:
              lambda: f"two publishes; job {c.state(job)}")
     assert c.show(job)["NodeList"] == "n[1-2]"
     c.kill_node("n1")
-    wait_for(lambda: c.node_state("n1").startswith(("down", "drain", "fail")), 180, lambda: f"n1 down: {c.node_state('n1')}")
+    wait_for(lambda: c.is_down("n1"), 180, lambda: f"n1 down: {c.node_state('n1')}")
     wait_for(lambda: c.state(job) in ("PENDING", "REQUEUED"), 120, lambda: f"requeued: {c.state(job)}")
     c.release(job)
     wait_for(lambda: c.state(job) == "COMPLETED", 300, lambda: f"job {job} completed; {c.state(job)}", every=0.5)
