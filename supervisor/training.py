@@ -141,13 +141,22 @@ def acknowledge() -> None:
     count twice, while a new or touched file is a new request. Only what
     ``checkpoint_requested()`` last reported is cleared: a request that came during the save
     (or a periodic save that never asked) stays pending, since supervise waits for a
-    checkpoint *started* after its request (issue 22).
+    checkpoint *started* after its request (issue 22). A request is its file: a signal that finds
+    the answered file unchanged belongs to it (if supervise could not write the file, a full run
+    directory, such a signal during a save is taken for the answered one).
     """
     global _signalled, _file_pending, _acked_stamp, _next_stat
     _signalled = _signals != _asked[0]
     _file_pending = False
     _acked_stamp = _asked[1]
     _next_stat = 0.0
+    if _signalled and _acked_stamp is not None:
+        # supervise writes a new request file before each signal. A signal that came during
+        # the save while the file on disk is still the one just answered is that request's
+        # own signal, late (the stat saw the file first), not a second request.
+        path = request_path()
+        if path and _stamp(path) == _acked_stamp:
+            _signalled = False
 
 
 def stop_requested() -> bool:
