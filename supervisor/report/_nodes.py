@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from supervisor._units import natural_key
 from supervisor.journal import EVENTS_FILE, read_journal
@@ -90,35 +90,36 @@ def _scan(where: Path, windows: _Windows, accs: dict[str, _Acc]) -> None:
 
 
 def _scan_files(where: Path, windows: _Windows, accs: dict[str, _Acc]) -> None:
-    if (where / GPU_FILE).is_file():
-        for cols, row in _rows(where / GPU_FILE):
-            t = _cell(cols, row, "time")
-            if t is None:
-                continue
-            a = accs.setdefault(str(windows.host(t)), _Acc())
-            a.gpu_n += 1
-            u = cols.get("uuid")
-            if u is not None and u < len(row) and row[u]:
-                a.uuids.add(row[u])
-            util = _cell(cols, row, "util_gpu_pct")
-            if util is not None:
-                a.util_n += 1
-                a.util_sum += util
-    if (where / HOST_FILE).is_file():
-        for cols, row in _rows(where / HOST_FILE):
-            t = _cell(cols, row, "time")
-            if t is None:
-                continue
-            a = accs.setdefault(str(windows.host(t)), _Acc())
-            a.host_n += 1
-            avail, total, load = (_cell(cols, row, k) for k in ("node_mem_available_mib", "node_mem_total_mib", "load1"))
-            if avail is not None:
-                a.avail_min = avail if a.avail_min is None else min(a.avail_min, avail)
-            if total is not None:
-                a.total = total
-            if load is not None:
-                a.load_n += 1
-                a.load_sum += load
+    for a, cols, row in _timed_rows(where / GPU_FILE, windows, accs):
+        a.gpu_n += 1
+        u = cols.get("uuid")
+        if u is not None and u < len(row) and row[u]:
+            a.uuids.add(row[u])
+        util = _cell(cols, row, "util_gpu_pct")
+        if util is not None:
+            a.util_n += 1
+            a.util_sum += util
+    for a, cols, row in _timed_rows(where / HOST_FILE, windows, accs):
+        a.host_n += 1
+        avail, total, load = (_cell(cols, row, k) for k in ("node_mem_available_mib", "node_mem_total_mib", "load1"))
+        if avail is not None:
+            a.avail_min = avail if a.avail_min is None else min(a.avail_min, avail)
+        if total is not None:
+            a.total = total
+        if load is not None:
+            a.load_n += 1
+            a.load_sum += load
+
+
+def _timed_rows(path: Path, windows: _Windows, accs: dict[str, _Acc]) -> Iterator[tuple[_Acc, dict[str, int], list[str]]]:
+    """Each row of a sample file that has a time, with the accumulator of the host that held
+    the directory then."""
+    if not path.is_file():
+        return
+    for cols, row in _rows(path):
+        t = _cell(cols, row, "time")
+        if t is not None:
+            yield accs.setdefault(str(windows.host(t)), _Acc()), cols, row
 
 
 def _cell(cols: dict[str, int], row: list[str], name: str) -> float | None:
