@@ -25,7 +25,10 @@ def _events(run_dir: Path) -> list[dict]:
 
 def test_demo_preempts_resumes_and_matches_an_uninterrupted_run(tmp_path: Path) -> None:
     demo = tmp_path / "demo"
-    env = clean_env(DEMO_STEPS=str(STEPS), DEMO_CKPT_EVERY="10", DEMO_PREEMPT_AFTER="2", DEMO_VERIFY="0")
+    # 0.2 s a step (the demo's 0.05 s gives 3 s of training): the demo preempts once 2 checkpoints
+    # are durable, and under CI's load the mirror's lag let a 3 s training finish first (stop 28).
+    env = clean_env(DEMO_STEPS=str(STEPS), DEMO_CKPT_EVERY="10", DEMO_PREEMPT_AFTER="2", DEMO_VERIFY="0",
+                    DEMO_STEP_SLEEP="0.2")
     proc = subprocess.run(["bash", str(REPO / "scripts" / "demo.sh"), "--no-setup", str(demo)], env=env,
                           capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     out = proc.stdout + proc.stderr
