@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -197,19 +198,21 @@ def _whole_run(config: pytest.Config) -> bool:
     return all(Path(a).resolve() == ROOT / "tests" for a in config.args)
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """After a whole, green run: every kind and notification documented in docs/ was produced by a
-    real `supervise` in some test, and nothing undocumented was (read from every run directory the
-    tests left under pytest's base temp directory)."""
-    if (exitstatus != 0 or not _whole_run(session.config) or os.environ.get("PYTEST_XDIST_WORKER")
-            or session.config.option.collectonly):
-        return
-    from tests.test_contract import NOT_END_TO_END, documented
+JOURNAL_READ_MAX = 64 << 20  # the largest journal a test's supervise writes is well under 1 MiB
 
-    base = session.config._tmp_path_factory.getbasetemp()  # noqa: SLF001 - pytest's own temp root
-    kinds, notices = set(), set()
+
+def journal_kinds(base: Path) -> tuple[set[str], set[str]]:
+    """The journal kinds, and the notified events, that real supervise runs under ``base`` wrote."""
+    kinds: set[str] = set()
+    notices: set[str] = set()
     for journal in base.rglob("events.jsonl"):
+        # Only a real supervise's journal: a regular file, not a link, of a sane size. The tests
+        # plant hostile ones (a link to /dev/zero, a FIFO, 200 MB of spaces: tests/report/test_fleet.py)
+        # that would read forever or block (CI, stop 28: this check was OOM-killed at 24 GB).
         try:
+            st = journal.lstat()
+            if not stat.S_ISREG(st.st_mode) or st.st_size > JOURNAL_READ_MAX:
+                continue
             lines = journal.read_text(errors="replace").splitlines()
         except OSError:
             continue
@@ -224,6 +227,20 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                 kinds.add(event["kind"])
                 if event["kind"] == "notify" and isinstance(event.get("event"), str):
                     notices.add(event["event"])
+    return kinds, notices
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """After a whole, green run: every kind and notification documented in docs/ was produced by a
+    real `supervise` in some test, and nothing undocumented was (read from every run directory the
+    tests left under pytest's base temp directory)."""
+    if (exitstatus != 0 or not _whole_run(session.config) or os.environ.get("PYTEST_XDIST_WORKER")
+            or session.config.option.collectonly):
+        return
+    from tests.test_contract import NOT_END_TO_END, documented
+
+    base = session.config._tmp_path_factory.getbasetemp()  # noqa: SLF001 - pytest's own temp root
+    kinds, notices = journal_kinds(base)
     want_kinds, want_notices = documented("kind") - set(NOT_END_TO_END), documented("event", [ROOT / "docs" / "notify.md"])
     problems = []
     if want_kinds - kinds:

@@ -149,3 +149,21 @@ def test_nodes_makes_checkpoints_pairs_per_node(tmp_path: Path) -> None:
                              f"{str(tmp_path / 'p')!r})], flag_nodes='2', require_command=False, create_run_dir=False); "
                              "print(c.sync[0].nodes)"], capture_output=True, text=True, cwd=ROOT)
     assert events.stdout.strip() == "2"
+
+
+def test_the_contract_walk_reads_only_real_journals(tmp_path: Path) -> None:
+    """The end-of-run contract check walks every events.jsonl the tests left, and the tests plant
+    hostile ones: a link to /dev/zero (read forever: the check was OOM-killed at 24 GB in CI), a
+    FIFO (blocks), a directory. It reads the real journal and passes the others by."""
+    import os
+
+    from tests.conftest import journal_kinds
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "events.jsonl").write_text('{"v":1,"kind":"start"}\n{"v":1,"kind":"publish"}\n')
+    (tmp_path / "zero").mkdir()
+    (tmp_path / "zero" / "events.jsonl").symlink_to("/dev/zero")
+    (tmp_path / "fifo").mkdir()
+    os.mkfifo(tmp_path / "fifo" / "events.jsonl")
+    (tmp_path / "dir" / "events.jsonl").mkdir(parents=True)
+    assert journal_kinds(tmp_path) == ({"start", "publish"}, set())
