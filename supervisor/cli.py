@@ -304,7 +304,7 @@ def _hold_signals() -> None:
 def _run(ns: argparse.Namespace, command: list[str]) -> int:
     import anyio
 
-    from supervisor.agent import supervise
+    from supervisor.conduct.agent import supervise
     from supervisor.child import become_subreaper
 
     from supervisor.config import check_run_dir
@@ -324,7 +324,7 @@ def _run(ns: argparse.Namespace, command: list[str]) -> int:
 def _node_agent(ns: argparse.Namespace, command: list[str]) -> int:
     import anyio
 
-    from supervisor.sync.node_agent import node_rank, run_node_agent
+    from supervisor.conduct.node_agent import node_rank, run_node_agent
 
     if command:
         raise UsageError("supervise node-agent takes no command: it mirrors, the main supervise runs the training")

@@ -22,7 +22,7 @@ from supervisor.config import Config, public_view
 from supervisor.errors import ConfigError
 from supervisor.job import Job, detect_job
 from supervisor.journal import next_attempt, read_journal, redact_argv, redact_env
-from supervisor.ports import MirrorPort
+from supervisor.conduct.ports import MirrorPort
 
 SCHEDULER_ENV_PREFIXES = ("SLURM_", "PBS_", "SUPERVISE_", "CUDA_VISIBLE_DEVICES", "OMPI_COMM_WORLD", "PMI_", "CS_")
 

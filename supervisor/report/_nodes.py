@@ -27,7 +27,7 @@ from supervisor._units import natural_key
 from supervisor.journal import EVENTS_FILE, read_journal
 from supervisor.report._load import GPU_FILE, HOST_FILE, _f, _rows
 
-NODES_DIR = "nodes"  # supervisor.sync.node_agent.NODES_DIR (not imported: the report stays light)
+NODES_DIR = "nodes"  # supervisor.conduct.node_agent.NODES_DIR (not imported: the report stays light)
 
 
 @dataclass

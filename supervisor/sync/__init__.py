@@ -28,7 +28,7 @@ from supervisor.sync._backend import Backend, CopyError, PythonBackend, choose_b
 from supervisor.sync._checks import check_pairs
 from supervisor.sync._complete import STAGING_PREFIX
 from supervisor.sync._nodes import PartEngine
-from supervisor.sync._nodes import role_before, set_aside_other_role  # the leader's start (fleet.py)
+from supervisor.sync._nodes import role_before, set_aside_other_role  # the leader's start (conduct/fleet.py) and the node agent
 from supervisor.sync._pair import PairEngine
 from supervisor.sync._profiles import GENERIC
 from supervisor.sync._parts import PARTS_DIR, parts_root, remove_parts, waiting

@@ -14,16 +14,16 @@ import anyio
 import pytest
 
 from supervisor import policy
-from supervisor.agent import Agent
+from supervisor.conduct.agent import Agent
 from supervisor.config import build_config
 from supervisor.journal import read_journal
 from supervisor.plan import make_plan
 from supervisor.policy import Reason, Trigger
-from supervisor.stopping import StopSequence
+from supervisor.conduct.stopping import StopSequence
 
 if TYPE_CHECKING:
-    from supervisor.dispositions import Dispositions
-    from supervisor.ports import ChildPort, MirrorPort, NotifierPort, SamplerPort
+    from supervisor.conduct.dispositions import Dispositions
+    from supervisor.conduct.ports import ChildPort, MirrorPort, NotifierPort, SamplerPort
 
 pytestmark = pytest.mark.anyio
 

@@ -26,12 +26,12 @@ def _gpu_present() -> bool:
         return shutil.which("nvidia-smi") is not None
 
 
-AGENT = ROOT / "supervisor" / "agent.py"
+AGENT = ROOT / "supervisor" / "conduct" / "agent.py"
 
 
-@pytest.mark.skipif(not AGENT.exists(), reason="supervisor/agent.py is not written yet")
+@pytest.mark.skipif(not AGENT.exists(), reason="supervisor/conduct/agent.py is not written yet")
 @pytest.mark.skipif(AGENT.exists() and "GpuSampler" not in AGENT.read_text(),
-                    reason="supervisor/agent.py does not start GpuSampler yet")
+                    reason="supervisor/conduct/agent.py does not start GpuSampler yet")
 @pytest.mark.skipif(_gpu_present(), reason="a GPU driver or nvidia-smi is present: this checks the no-GPU path")
 def test_gpu_cli_without_gpu_exits_0_and_journals_why(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"

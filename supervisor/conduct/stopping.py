@@ -22,8 +22,8 @@ from supervisor.child import exit_status
 from supervisor.health import this_node
 from supervisor.journal import read_journal
 from supervisor.policy import Reason, Trigger
-from supervisor.routing import request_checkpoint
-from supervisor.state import RunState, StopResult
+from supervisor.conduct.routing import request_checkpoint
+from supervisor.conduct.state import RunState, StopResult
 
 log = logging.getLogger("supervise")
 EXCLUDE_BOUND = 4.0  # seconds for the node exclusion after the requeue (KillWait is 30 s by default, 5 in tests)

@@ -22,20 +22,21 @@ from typing import Any, Awaitable, Callable
 import anyio
 from anyio.abc import TaskGroup
 
-from supervisor import childenv, fleet, logs, policy, routing, suspects, watches
+from supervisor import childenv, logs, policy, suspects
+from supervisor.conduct import fleet, routing, watches
 from supervisor._units import format_duration
 from supervisor.child import Child, SpawnError
 from supervisor.config import Config
-from supervisor.dispositions import Dispositions, ProcessDispositions
+from supervisor.conduct.dispositions import Dispositions, ProcessDispositions
 from supervisor.errors import root_cause
 from supervisor.health import this_node
 from supervisor.journal import Journal
 from supervisor.plan import Plan, job_label, make_plan, start_fields
-from supervisor.parts import cancel_when, guarded, reap_orphans
+from supervisor.conduct.parts import cancel_when, guarded, reap_orphans
 from supervisor.policy import STOP_SIGNALS, Reason, State, Trigger
-from supervisor.ports import ChildPort, NotifierPort
-from supervisor.state import RunState, StopResult
-from supervisor.stopping import StopSequence, emergency_stop
+from supervisor.conduct.ports import ChildPort, NotifierPort
+from supervisor.conduct.state import RunState, StopResult
+from supervisor.conduct.stopping import StopSequence, emergency_stop
 
 log = logging.getLogger("supervise")
 Spawn = Callable[[tuple[str, ...], dict[str, str]], Awaitable[ChildPort]]  # Child.spawn: the command, its environment

@@ -23,10 +23,10 @@ from supervisor.policy import STOP_SIGNALS, Trigger
 
 if TYPE_CHECKING:
     from supervisor.config import Config
-    from supervisor.dispositions import Dispositions
+    from supervisor.conduct.dispositions import Dispositions
     from supervisor.journal import Journal
     from supervisor.plan import Plan
-    from supervisor.ports import ChildPort, MirrorPort, NotifierPort, SamplerPort
+    from supervisor.conduct.ports import ChildPort, MirrorPort, NotifierPort, SamplerPort
 
 
 class ProgressGaps:

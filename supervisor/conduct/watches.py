@@ -19,7 +19,7 @@ import anyio
 from supervisor import deadline, job as jobs, policy
 from supervisor._units import format_duration
 from supervisor.policy import Reason, Trigger
-from supervisor.state import ProgressGaps, RunState
+from supervisor.conduct.state import ProgressGaps, RunState
 
 RequestStop = Callable[[Trigger], None]
 

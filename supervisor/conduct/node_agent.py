@@ -35,7 +35,7 @@ from supervisor.config import Config
 from supervisor.errors import ConfigError
 from supervisor.job import detect_job
 from supervisor.journal import EVENTS_FILE, Emit, Journal, next_attempt
-from supervisor.sync._nodes import role_before, set_aside_other_role
+from supervisor.sync import role_before, set_aside_other_role
 
 log = logging.getLogger("supervise")
 
@@ -75,7 +75,7 @@ async def _start_samplers(tg: anyio.abc.TaskGroup, cfg: Config, where: Path, emi
 
     from supervisor.gpu import GpuSampler
     from supervisor.host import HostSampler
-    from supervisor.parts import guarded
+    from supervisor.conduct.parts import guarded
 
     gpu = GpuSampler(run_dir=where, emit=emit, every=cfg.gpu_every, backend=cfg.gpu_backend, env=env,
                      dmon_log=cfg.dmon_log)
@@ -209,7 +209,7 @@ async def run_node_agent(cfg: Config, rank: int, env: Mapping[str, str] | None =
         await mirror.restore()
         async with anyio.create_task_group() as tg:
             await tg.start(mirror.run)
-            _say("ready", rank)  # the leader that started us (supervisor/fleet.py) spawns the training now
+            _say("ready", rank)  # the leader that started us (supervisor/conduct/fleet.py) spawns the training now
             if cfg.gpu_every > 0:
                 await _start_samplers(tg, cfg, where, journal.emit, env)
             stop = anyio.Event()
