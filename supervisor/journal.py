@@ -22,6 +22,7 @@ from typing import Any, Iterable, Iterator, Mapping, Protocol
 
 SCHEMA_VERSION = 1
 EVENTS_FILE = "events.jsonl"
+NODES_DIR = "nodes"  # RUN/nodes/node-K/: each node agent's journal and samples (docs/multinode.md)
 DURABLE_KINDS = frozenset({"signal", "end"})
 
 _SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|PASSWD|KEY|WEBHOOK|CREDENTIAL|AUTH|COOKIE|SESSION_ID|URL|NOTIFY", re.I)

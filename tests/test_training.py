@@ -214,20 +214,18 @@ print(sorted(m for m in new if m not in stdlib and m != 'supervisor'))
     assert rc == 0 and out.strip() == "[]", out
 
 
-def test_a_request_seen_by_its_file_whose_signal_comes_during_the_save_is_one_checkpoint(tmp_path: Path) -> None:
-    """The other order (CI, stop 28: two checkpoints for one ``scancel --signal=USR1``): the rank's
-    stat sees the request file first, saves, and the same request's signal lands during the save.
-    The file on disk is still the one just answered, so the signal is its doorbell, not a new request."""
-    req = tmp_path / "checkpoint-request"
-    p = child(PREAMBLE + """
+def one_request_child(tmp_path: Path, req: Path, before_seen: str, after_seen: str) -> subprocess.Popen[str]:
+    """A rank that waits for a checkpoint request (running ``before_seen`` first and
+    ``after_seen`` once it sees it: the save), acknowledges it, then watches three stat
+    intervals and prints whether a request is still pending."""
+    return child(PREAMBLE + f"""
 from supervisor import training
-mark('ready')
+mark('ready'); {before_seen}
 end = time.monotonic() + 20
 while not training.checkpoint_requested():
     assert time.monotonic() < end, 'request never seen'
     time.sleep(0.01)
-mark('saving'); until('signalled')
-time.sleep(0.2)
+{after_seen}
 training.acknowledge()
 end = time.monotonic() + 3 * training.STAT_INTERVAL
 again = False
@@ -236,6 +234,14 @@ while time.monotonic() < end:
     time.sleep(0.01)
 print('requested again', again)
 """, tmp_path, SUPERVISE_CHECKPOINT_REQUEST=str(req))
+
+
+def test_a_request_seen_by_its_file_whose_signal_comes_during_the_save_is_one_checkpoint(tmp_path: Path) -> None:
+    """The other order (CI, stop 28: two checkpoints for one ``scancel --signal=USR1``): the rank's
+    stat sees the request file first, saves, and the same request's signal lands during the save.
+    The file on disk is still the one just answered, so the signal is its doorbell, not a new request."""
+    req = tmp_path / "checkpoint-request"
+    p = one_request_child(tmp_path, req, "", "mark('saving'); until('signalled'); time.sleep(0.2)")
     wait_for(lambda: (tmp_path / "ready").exists(), 20, "child ready")
     req.write_text("1")
     wait_for(lambda: (tmp_path / "saving").exists(), 20, "the file seen")
@@ -250,22 +256,7 @@ def test_a_new_request_during_a_save_is_still_seen(tmp_path: Path) -> None:
     """What the rule above must not swallow: a new request (a new file, then its signal) that
     comes while the previous one is being saved is answered after it."""
     req = tmp_path / "checkpoint-request"
-    p = child(PREAMBLE + """
-from supervisor import training
-mark('ready')
-end = time.monotonic() + 20
-while not training.checkpoint_requested():
-    assert time.monotonic() < end, 'request never seen'
-    time.sleep(0.01)
-mark('saving'); until('second')
-training.acknowledge()
-end = time.monotonic() + 3 * training.STAT_INTERVAL
-again = False
-while time.monotonic() < end and not again:
-    again = training.checkpoint_requested()
-    time.sleep(0.01)
-print('requested again', again)
-""", tmp_path, SUPERVISE_CHECKPOINT_REQUEST=str(req))
+    p = one_request_child(tmp_path, req, "", "mark('saving'); until('second')")
     wait_for(lambda: (tmp_path / "ready").exists(), 20, "child ready")
     req.write_text("1")
     wait_for(lambda: (tmp_path / "saving").exists(), 20, "the file seen")
@@ -283,21 +274,7 @@ def test_one_request_by_file_and_signal_is_one_checkpoint(tmp_path: Path) -> Non
     """supervise writes the request file, then signals: one request, so one acknowledge clears
     both (two checkpoints came from one request when only the signal was cleared)."""
     req = tmp_path / "checkpoint-request"
-    p = child(PREAMBLE + """
-from supervisor import training
-mark('ready'); until('sent')
-end = time.monotonic() + 20
-while not training.checkpoint_requested():
-    assert time.monotonic() < end, 'request never seen'
-    time.sleep(0.01)
-training.acknowledge()
-end = time.monotonic() + 3 * training.STAT_INTERVAL
-again = False
-while time.monotonic() < end:
-    again = again or training.checkpoint_requested()
-    time.sleep(0.01)
-print('requested again', again)
-""", tmp_path, SUPERVISE_CHECKPOINT_REQUEST=str(req))
+    p = one_request_child(tmp_path, req, "until('sent')", "")
     wait_for(lambda: (tmp_path / "ready").exists(), 20, "child ready")
     req.write_text("1")
     os.kill(p.pid, signal.SIGUSR1)

@@ -34,12 +34,11 @@ from supervisor import childenv
 from supervisor.config import Config
 from supervisor.errors import ConfigError
 from supervisor.job import detect_job
-from supervisor.journal import EVENTS_FILE, Emit, Journal, next_attempt
+from supervisor.journal import EVENTS_FILE, NODES_DIR, Emit, Journal, next_attempt
 from supervisor.sync import role_before, set_aside_other_role
 
 log = logging.getLogger("supervise")
 
-NODES_DIR = "nodes"
 # Where a launcher tells a process its place, in the order they are trusted. With one task per
 # node (srun --ntasks-per-node=1, mpiexec --ppn 1) a task's rank is its node's index.
 RANK_VARIABLES = (childenv.NODE_RANK, "SLURM_NODEID", "PMIX_RANK", "PMI_RANK", "PALS_RANKID",

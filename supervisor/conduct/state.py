@@ -15,7 +15,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from supervisor import job as jobs, policy
 from supervisor.health import Faults
@@ -33,7 +33,7 @@ class ProgressGaps:
     """The gaps between successive progress marks of this attempt, and the longest gaps of
     earlier ones (their ``stop`` events' ``longest_gap_s``): what the hang bound learns from."""
 
-    def __init__(self, earlier_events: list[dict[str, Any]] = ()) -> None:  # type: ignore[assignment]
+    def __init__(self, earlier_events: Iterable[Mapping[str, Any]] = ()) -> None:
         self.earlier = [float(e["longest_gap_s"]) for e in earlier_events
                         if e.get("kind") == "stop" and isinstance(e.get("longest_gap_s"), (int, float))]
         self.gaps: list[float] = []

@@ -24,10 +24,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from supervisor._units import natural_key
-from supervisor.journal import EVENTS_FILE, read_journal
+from supervisor.journal import EVENTS_FILE, NODES_DIR, read_journal
 from supervisor.report._load import GPU_FILE, HOST_FILE, _f, _rows
-
-NODES_DIR = "nodes"  # supervisor.conduct.node_agent.NODES_DIR (not imported: the report stays light)
 
 
 @dataclass

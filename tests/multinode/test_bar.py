@@ -63,6 +63,20 @@ def published(c: Cluster) -> dict[str, set[str]]:
     return {d.name: {f.name for f in d.iterdir()} for d in dst.iterdir() if d.is_dir() and not d.name.startswith(".")}
 
 
+class PublishedWatch:
+    """``published(c)`` each time it is called, remembering every checkpoint it ever saw on
+    persistent storage without all of its ranks' shards (``torn``: must stay empty)."""
+
+    def __init__(self, c: Cluster) -> None:
+        self.c = c
+        self.torn: list[str] = []
+
+    def __call__(self) -> dict[str, set[str]]:
+        now = published(self.c)
+        self.torn.extend(f"{n}: {sorted(SHARDS - files)}" for n, files in now.items() if not SHARDS <= files)
+        return now
+
+
 def submit_job(c: Cluster) -> tuple[str, Path, Path, Path]:
     """The 2-node torchrun DCP job; (job id, run dir, progress file, final weights file)."""
     run, progress, final = c.shared / "run", c.shared / "progress.jsonl", c.shared / "final.pt"
@@ -80,12 +94,7 @@ def test_requeue_and_node_death(cluster3: Cluster, tmp_path: Path) -> None:
     t0 = time.monotonic()
     job, run, progress, final = submit_job(c)
     leader = run / "events.jsonl"
-    torn_seen: list[str] = []
-
-    def watch_published() -> dict[str, set[str]]:
-        now = published(c)
-        torn_seen.extend(f"{n}: {sorted(SHARDS - files)}" for n, files in now.items() if not SHARDS <= files)
-        return now
+    watch_published = PublishedWatch(c)
 
     def publishes(attempt: int) -> list[str]:
         watch_published()
@@ -162,7 +171,7 @@ def test_requeue_and_node_death(cluster3: Cluster, tmp_path: Path) -> None:
     assert [attempts[a]["nodes"] for a in (1, 2, 3)] == [["n1", "n2"], ["n2", "n3"], ["n1", "n2"]]
 
     # every published checkpoint holds every rank's shards, and none was ever seen partial
-    assert not torn_seen, torn_seen
+    assert not watch_published.torn, watch_published.torn
     now = published(c)
     assert now and all(files == SHARDS for files in now.values()), now
     assert f"step_{STEPS:05d}" in now

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from tests.multinode.conftest import Cluster, events, wait_for
-from tests.multinode.test_bar import SHARDS, published, submit_job
+from tests.multinode.test_bar import SHARDS, PublishedWatch, submit_job
 
 
 def slurmd_pid(c: Cluster, node: str) -> int:
@@ -37,12 +37,7 @@ def test_a_full_local_disk_on_one_node_publishes_nothing_partial(cluster3: Clust
     assert mount.returncode == 0, mount.stderr
     job, run, progress, _final = submit_job(c)
     leader = run / "events.jsonl"
-    torn_seen: list[str] = []
-
-    def watch() -> dict[str, set[str]]:
-        now = published(c)
-        torn_seen.extend(f"{n}: {sorted(SHARDS - files)}" for n, files in now.items() if not SHARDS <= files)
-        return now
+    watch = PublishedWatch(c)
 
     def ended() -> bool:
         watch()
@@ -63,7 +58,7 @@ def test_a_full_local_disk_on_one_node_publishes_nothing_partial(cluster3: Clust
     broken = f"step_{max(saved) + 5:05d}"
     # nothing partial was ever published: the checkpoint n2 could not hold is not, the earlier ones are whole
     now = watch()
-    assert not torn_seen, torn_seen
+    assert not watch.torn, watch.torn
     assert broken not in now and sorted(now) == [f"step_{s:05d}" for s in saved], (broken, now)
     assert all(files == SHARDS for files in now.values()), now
     assert any(broken in str(x) for x in end.get("not_durable") or []), end
