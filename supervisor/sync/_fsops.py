@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -91,14 +92,20 @@ def write_atomic(path: Path, content: bytes, mtime_ns: int, *, fsync: bool, mode
     except (FileNotFoundError, IsADirectoryError):
         pass
     tmp = path.with_name(f"{STAGING_PREFIX}{path.name}")
-    with open(create_exclusive(tmp), "wb") as f:
-        f.write(content)
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
-        os.fchmod(f.fileno(), mode & 0o7777)
-    os.utime(tmp, ns=(mtime_ns, mtime_ns))
-    os.replace(tmp, path)
+    try:
+        with open(create_exclusive(tmp), "wb") as f:
+            f.write(content)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+            os.fchmod(f.fileno(), mode & 0o7777)
+        os.utime(tmp, ns=(mtime_ns, mtime_ns))
+        os.replace(tmp, path)
+    except BaseException:
+        # A full or failing disk: no temp name of ours stays behind on persistent storage.
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     if fsync:
         fsync_dir(path.parent)
     return True

@@ -203,7 +203,11 @@ def place_symlink(target: str, tmp: str, path: str) -> None:
     except FileNotFoundError:
         pass
     os.symlink(target, tmp)
-    os.replace(tmp, path)
+    try:
+        os.replace(tmp, path)
+    except OSError:
+        os.unlink(tmp)  # no temp name stays behind on persistent storage
+        raise
 
 
 def tree(req: dict, stats: Stats) -> None:

@@ -236,3 +236,24 @@ async def test_leftover_staging_is_verified_before_publishing(tmp_path, backend,
     assert (await mirror.flush("test"))["ok"]
     assert sorted(os.listdir(dst / "step_001")) == sorted(os.listdir(src / "step_001"))
     assert problems(dst, style="dcp", shards=2, size=1000) == []
+
+
+def test_a_pointer_that_cannot_be_written_leaves_no_staging_file(tmp_path: Path) -> None:
+    """A full persistent side while the pointer (``latest``) is written: the write fails, and its
+    temp name must not stay behind (CI, stop 28: a chaos trial with the disk full through the
+    end found ``.supervise-staging-latest`` after a clean end). A file size limit of 0 makes the
+    write fail the way ENOSPC does, without root for a small tmpfs."""
+    code = (
+        "import resource, signal, sys\n"
+        "from pathlib import Path\n"
+        "from supervisor.sync import _fsops\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))\n"
+        "try:\n"
+        "    _fsops.write_atomic(Path(sys.argv[1]) / 'latest', b'step_000008', 0, fsync=True)\n"
+        "except OSError as e:\n"
+        "    print('failed', e.errno)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("failed"), (r.stdout, r.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
