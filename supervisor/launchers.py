@@ -19,7 +19,8 @@ project's machine, docs/launchers.md):
   SIGKILL, so its stop goes to the ranks themselves.
 
 So each launcher gets a :class:`LauncherProfile` that says where each message goes: to the
-launcher pid (``'launcher'``), to the rank processes found below it (``'ranks'``), or nowhere
+launcher pid (``'launcher'``), to the rank processes found below it (``'ranks'``; for the stop,
+``'local-ranks'``: the ranks when all of them are on this node, else the launcher), or nowhere
 but the request file (``'file'``; the request file is always written as well). Ranks are
 found from ``/proc`` (:mod:`supervisor.proctree`): a rank is the first process below the
 launcher, past shells, container runtimes and MPI daemons, whose environment carries a rank
@@ -184,13 +185,32 @@ class LauncherProfile:
 
     def stop_targets(self, launcher_pid: int) -> Targets:
         """The pids to send the stop signal to (once). Falls back to the launcher when no
-        rank is found, so a stop always reaches somebody."""
-        if self.stop_route == "ranks":
+        rank is found, so a stop always reaches somebody.
+
+        ``'local-ranks'`` is ``'ranks'`` when every rank the launcher started (its ``-np``) is
+        below it on this node, else ``'launcher'``: horovodrun --gloo SIGKILLs its ranks 5 s
+        after its own TERM (a constant), so TERMing the ranks themselves gives them the whole
+        grace; ranks on other hosts are reached only through horovodrun.
+        """
+        if self.stop_route in ("ranks", "local-ranks"):
             ranks = self.ranks(launcher_pid)
-            if ranks:
+            if ranks and (self.stop_route == "ranks" or len(ranks) >= _num_proc(launcher_pid, self)):
                 return Targets("ranks", frozenset(ranks))
         pid = self._launcher_alive(launcher_pid) or launcher_pid
         return Targets("launcher", frozenset({pid}))
+
+
+def _num_proc(launcher_pid: int, profile: LauncherProfile) -> int:
+    """The launcher's ``-np N`` / ``--num-proc N`` (horovodrun's spelling); a number no rank
+    count reaches when it is absent or unreadable."""
+    argv = _cmdline(profile.find_launcher(launcher_pid))
+    for i, arg in enumerate(argv):
+        for flag in ("-np", "--num-proc"):
+            value = argv[i + 1] if arg == flag and i + 1 < len(argv) else \
+                arg[len(flag) + 1:] if arg.startswith(flag + "=") else None
+            if value is not None:
+                return int(value) if value.isdigit() and int(value) > 0 else 1 << 30
+    return 1 << 30
 
 
 # --- /proc helpers; every one tolerates the process being gone ---
@@ -344,10 +364,11 @@ PROFILES: Mapping[str, LauncherProfile] = {p.name: p for p in (
     _p("deepspeed", "ranks", "launcher", programs=("deepspeed", "ds"),
        modules=("deepspeed.launcher.runner", "deepspeed.launcher.launch"), rank_vars=_RANK_VARS_TORCH,
        note="the runner dies on USR1: USR1 goes to the ranks"),
-    _p("horovodrun-gloo", "ranks", "launcher", programs=("horovodrun",),
+    _p("horovodrun-gloo", "ranks", "local-ranks", programs=("horovodrun",),
        modules=("horovod.runner.launch",), rank_vars=("HOROVOD_RANK",),
        note="dies on USR1 (its ranks get TERM, then KILL 5 s later): USR1 goes to the ranks; "
-            "TERM reaches every rank at once"),
+            "TERM to the ranks when all -np are on this node (its own TERM kills them after 5 s), "
+            "else to horovodrun, which reaches every host"),
     _p("horovodrun-mpi", "launcher", "ranks", programs=("horovodrun", "mpirun", "mpiexec"),
        modules=("horovod.runner.launch",), rank_vars=("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"),
        env_from_grace=_OMPI_ENV,

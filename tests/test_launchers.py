@@ -334,6 +334,7 @@ def test_horovodrun_gloo_ranks_and_checkpoint(launch, tmp_path: Path, horovod_co
     assert not catches(proc.pid, signal.SIGUSR1)      # the driver would die of USR1: hence the route
     t = prof.checkpoint_targets(proc.pid)
     assert (t.route, set(t.pids)) == ("ranks", set(pids))
+    assert prof.stop_targets(proc.pid) == type(t)("ranks", frozenset(pids))  # -np 2, both here
     send(t.pids, prof.checkpoint_signal)
     wait_for(lambda: all(events(out, p) == ["checkpoint"] for p in pids), 20, "both ranks to see the request")
     time.sleep(0.5)
@@ -355,6 +356,30 @@ def test_horovodrun_gloo_turns_term_int_and_usr1_into_a_stop_of_every_rank(
     wait_for(lambda: all(events(out, p) == ["stop"] for p in pids), 10, "both ranks to get TERM")
     wait_for(lambda: not any(proctree.alive(p) for p in pids), 10, "ranks gone")
     assert time.monotonic() - t0 < 5
+
+
+_FAKE_HOROVODRUN = """
+import os, subprocess, sys
+out = sys.argv[-1]
+ranks = [subprocess.Popen([sys.executable, os.path.join(%r, "signal_rank.py"), out],
+                          env=dict(os.environ, HOROVOD_RANK=str(i))) for i in range(2)]
+for r in ranks:
+    r.wait()
+"""
+
+
+@pytest.mark.parametrize("np_args, route", [(["-np", "2"], "ranks"), (["--num-proc=2"], "ranks"),
+                                            (["-np", "4"], "launcher"), ([], "launcher")],
+                         ids=["all-local", "all-local-long-flag", "two-of-four-here", "no-count"])
+def test_horovodrun_gloo_stops_through_the_ranks_only_when_all_are_here(
+        launch, tmp_path: Path, np_args: list[str], route: str) -> None:
+    """horovodrun --gloo SIGKILLs its ranks 5 s after its own TERM, so the stop goes to the
+    ranks, which then have the whole --grace; but only when every rank of its -np is below it
+    on this node: ranks on other hosts hear only horovodrun."""
+    argv = [PY, "-c", _FAKE_HOROVODRUN % str(RANKS), *np_args, "{out}"]
+    proc, out, pids = start_ranks(launch, tmp_path, argv)
+    t = PROFILES["horovodrun-gloo"].stop_targets(proc.pid)
+    assert (t.route, set(t.pids)) == (route, set(pids) if route == "ranks" else {proc.pid})
 
 
 def test_horovodrun_mpi_is_a_shell_around_mpirun(launch, tmp_path: Path, horovod_controllers: set[str]) -> None:

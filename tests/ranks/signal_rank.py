@@ -1,8 +1,10 @@
 """A rank for launcher tests: reports its pid, records every checkpoint request and stop.
 
-argv: OUT_DIR [--stop-handler | --ignore-term]. Writes OUT_DIR/ready.<pid> (holding the rank number it was
-given), appends "checkpoint <monotonic>" to OUT_DIR/events.<pid> per request, exits 0 when
-OUT_DIR/stop exists, a stop signal arrived (with --stop-handler), or after 120 s (a leak guard).
+argv: OUT_DIR [--stop-handler | --ignore-term] [--exit-delay S]. Writes OUT_DIR/ready.<pid> (holding
+the rank number it was given), appends "checkpoint <monotonic>" to OUT_DIR/events.<pid> per request,
+exits 0 when OUT_DIR/stop exists, a stop signal arrived (with --stop-handler; after S more seconds
+and a "stopped" line with --exit-delay, as a large model's save on the way out), or after 120 s
+(a leak guard).
 """
 
 import os
@@ -38,6 +40,9 @@ while time.monotonic() < end and not os.path.exists(os.path.join(out, "stop")):
         training.acknowledge()
     if training.stop_requested():
         note("stop")
+        if "--exit-delay" in sys.argv:
+            time.sleep(float(sys.argv[sys.argv.index("--exit-delay") + 1]))
+            note("stopped")
         sys.exit(0)
     time.sleep(0.02)
 note("exit")
