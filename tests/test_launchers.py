@@ -113,9 +113,10 @@ def test_unknown_override_is_an_error() -> None:
 def test_profile_table_is_consistent() -> None:
     for p in PROFILES.values():
         assert p.checkpoint_route in ("launcher", "ranks", "file"), p.name
-        assert p.stop_route in ("launcher", "ranks"), p.name
+        assert p.stop_route in ("launcher", "ranks", "local-ranks"), p.name
     # the measured hazards
     assert PROFILES["torchrun"].checkpoint_route == "ranks"          # dies on USR1
+    assert PROFILES["horovodrun-gloo"].stop_route == "local-ranks"   # its own TERM kills after 5 s
     assert PROFILES["horovodrun-gloo"].checkpoint_route == "ranks"   # dies on USR1
     assert PROFILES["mpiexec-openmpi"].checkpoint_route == "launcher"  # forwards USR1
 
