@@ -63,7 +63,8 @@ class PairEngine:
 
     def _publisher(self, on_publish: Callable[..., None], ours: set[str] | None) -> Publisher:
         """The checkpoint publisher this engine composes (a per-node pair's stages parts)."""
-        return Publisher(self.state, rescan=self.rescan, recheck=self.schedule.recheck, on_publish=on_publish, ours=ours)
+        return Publisher(self.state, rescan=self.rescan, recheck=self.schedule.recheck, on_publish=on_publish,
+                         ours=ours, wanted=self.schedule.wanted)
 
     # ---- what the mirror reads ------------------------------------------------------
 

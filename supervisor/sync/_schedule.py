@@ -69,6 +69,12 @@ class Schedule:
         self.failures, self.backoff_until, self.retry_at = 0, None, None
         return was
 
+    def wanted(self) -> bool:
+        """Something waits for this pair while a pass runs: a trigger came (a file event, a
+        request, a settle re-check) or a flush waits for the lock. A long pass over older
+        checkpoints yields to it, so the newest is never kept waiting behind them."""
+        return self._wake.is_set() or self.lock.statistics().tasks_waiting > 0
+
     def take_dirty(self) -> set[str]:
         """The top-level names file events touched since the last call (a cheap scan walks them)."""
         dirty, self._dirty = self._dirty, set()

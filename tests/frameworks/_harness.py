@@ -280,6 +280,13 @@ class Run:
                     pass
         a.rc = a.proc.wait(30)
 
+    def close(self) -> None:
+        """After the test, pass or fail: no attempt's supervise or training left running (a
+        failed wait used to leave torchrun and its ranks behind for the rest of the session)."""
+        for a in self.attempts:
+            if a.proc.poll() is None:
+                self.kill_node(a)
+
     def wipe_local(self) -> None:
         """The next attempt lands on another node: an empty node-local disk."""
         shutil.rmtree(self.root / "node-local", ignore_errors=True)

@@ -15,6 +15,7 @@ from tests.frameworks._harness import CASES, Poller, Run
 @pytest.fixture
 def open_run(tmp_path: Path) -> Iterator[Callable[[str], tuple[Run, Poller]]]:
     pollers: list[Poller] = []
+    runs: list[Run] = []
 
     def make(case_id: str) -> tuple[Run, Poller]:
         case = CASES[case_id]
@@ -24,8 +25,11 @@ def open_run(tmp_path: Path) -> Iterator[Callable[[str], tuple[Run, Poller]]]:
         run = Run(case, tmp_path / case_id)
         poller = Poller.start(case.loader, run.persistent, tmp_path / f"{case_id}-sightings.jsonl")
         pollers.append(poller)
+        runs.append(run)
         return run, poller
 
     yield make
     for p in pollers:
         p.stop()
+    for r in runs:
+        r.close()
