@@ -423,6 +423,18 @@ def reason_from_view(view: JobView | None, was: str, restart_count: int) -> tupl
     return was, False
 
 
+def reason_after_signal_death(view: JobView | None, restart_count: int) -> tuple[str, bool] | None:
+    """(reason, requeued by the scheduler) when the training died of a signal supervise did not
+    send, before any TERM reached supervise: a scancel, the time limit or a requeue signals every
+    process of the job at once, and the child may be seen dead first (CI: exit 143 33 ms before
+    supervise's own TERM). The controller has changed the job's state before it signals, so a job
+    that is no longer RUNNING says which; a RUNNING one (or no view) means something else killed
+    the training (the OOM killer, a user's ``kill``): None, the failure stands."""
+    if view is None or view.state.split("+")[0] in ("RUNNING", "PENDING", "SUSPENDED"):
+        return None
+    return reason_from_view(view, "preempted", restart_count)
+
+
 async def kill_wait(job: Job, report: Report | None = None) -> float | None:
     """Seconds from the scheduler's SIGTERM to the whole job to its SIGKILL; None without a
     scheduler. Slurm: ``KillWait`` from ``scontrol show config``; else the documented default."""

@@ -253,6 +253,12 @@ def exit_status(child_status: int | None, trigger: Trigger, *, clean_status: int
     return 1
 
 
+def died_of_stop_signal(status: int | None) -> bool:
+    """The training's exit status says a stop signal (TERM, INT, HUP, KILL) ended it: 128+N,
+    as ``exit_status`` turns a death by signal N. A scheduler's job-wide TERM looks like this."""
+    return status is not None and status - 128 in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL)
+
+
 # ---- issue 15: warning signals, answered requests, clean stops, runs that cannot progress ----
 
 NEAR_END = 300.0  # a checkpoint signal this close to a known end means "the end is near" (docs/slurm.md)

@@ -260,6 +260,20 @@ def test_the_reason_after_a_slurm_term(text: str, was: str, reason: str, requeue
     assert reason_from_view(parse_job_view(text), was, 0) == (reason, requeued)
 
 
+@pytest.mark.parametrize("text, expected", [
+    (SHOW_CANCELLED, ("cancelled", False)),                           # scancel: the job is COMPLETING
+    (SHOW_CANCELLED.replace("COMPLETING", "CANCELLED"), ("cancelled", False)),
+    (SHOW_CANCELLED.replace("COMPLETING", "TIMEOUT"), ("deadline", False)),
+    (SHOW_REQUEUED, ("preempted", True)),                             # a requeue raised Restarts
+    (SHOW_CANCELLED.replace("COMPLETING", "RUNNING"), None),          # the OOM killer, a user's kill
+    ("slurm_load_jobs error: Invalid job id specified", None),        # no view: the failure stands
+])
+def test_the_reason_when_the_training_died_of_a_signal_first(text: str, expected: tuple[str, bool] | None) -> None:
+    from supervisor.job import reason_after_signal_death
+
+    assert reason_after_signal_death(parse_job_view(text), 0) == expected
+
+
 def test_kill_wait_from_scontrol_show_config(fake_bin: Path) -> None:
     _fake_tool(fake_bin, "scontrol", 'echo "JobRequeue              = 1"; echo "KillWait                = 5 sec"\n')
     assert anyio.run(kill_wait, Job(scheduler="slurm", job_id="4")) == 5.0

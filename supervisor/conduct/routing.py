@@ -54,7 +54,7 @@ async def deliver(run: RunState, sig: signal.Signals, received: float, request_s
             request_stop(Trigger(reason, f"received {name}", sig, received))
         else:  # a second TERM during the grace period would make mpiexec abandon its ranks
             run.journal.emit("signal", signal=name, action="ignored", why="stop already in progress; not sent twice")
-            log.warning("received %s again: the stop is already under way", name)
+            log.warning("received %s during the stop (%s): not passed on", name, run.trigger.reason.value)
     elif not run.child_running():
         run.journal.emit("signal", signal=name, action="dropped", why="no running child")
     elif sig == run.plan.checkpoint_signal:

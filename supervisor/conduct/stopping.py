@@ -223,12 +223,21 @@ class StopSequence:
 
     async def refine_reason(self) -> None:
         """After a SIGTERM under Slurm, the controller tells cancel, requeue, preemption and
-        the time limit apart (they all send the same TERM)."""
+        the time limit apart (they all send the same TERM). So it does when the training died
+        of a stop signal before supervise's own TERM arrived (jobs.reason_after_signal_death)."""
         run, trigger = self.run, self.result.trigger
-        if trigger.signal is None or trigger.signal.name != "SIGTERM" or run.plan.job.scheduler != "slurm":
+        if run.plan.job.scheduler != "slurm":
+            return
+        termed = trigger.signal is not None and trigger.signal.name == "SIGTERM"
+        died = trigger.reason == Reason.CHILD_FAILED and policy.died_of_stop_signal(self.result.exit_status)
+        if not (termed or died):
             return
         view = await jobs.job_view(run.plan.job, report=log.warning)
-        reason, requeued = jobs.reason_from_view(view, trigger.reason.value, run.plan.job.restart_count)
+        if termed:
+            reason, requeued = jobs.reason_from_view(view, trigger.reason.value, run.plan.job.restart_count)
+        else:
+            reason, requeued = jobs.reason_after_signal_death(view, run.plan.job.restart_count) or \
+                (trigger.reason.value, False)
         self.result.requeued_by_scheduler = requeued
         state = view.state if view else None
         run.journal.emit("reason", state=state, reason=reason, was=trigger.reason.value,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -78,3 +79,41 @@ def test_orphans_are_reaped_without_stealing_the_launchers_status(run_dir: Path)
     events = read_journal(run_dir).events
     assert sum(e["kind"] == "orphan-reaped" for e in events) == 1
     assert next(e for e in events if e["kind"] == "child-exit")["exit_status"] == 5
+
+
+SCONTROL = """#!/bin/sh
+case "$*" in
+  *"show config"*) echo "KillWait                = 5 sec" ;;
+  *"show job"*) echo "JobId=77 JobName=t UserId=root(0) JobState=$(cat {state} 2>/dev/null || echo RUNNING) \
+Reason=None Requeue=1 Restarts=0 BatchFlag=1 RunTime=00:00:02 TimeLimit=01:00:00 \
+StartTime=2026-11-22T22:26:10 EndTime=2099-11-22T23:26:10 PreemptTime=None" ;;
+  *) exit 1 ;;
+esac
+"""
+
+
+@pytest.mark.parametrize(("state", "reason"), [("COMPLETING", "cancelled"), ("TIMEOUT", "deadline"),
+                                               ("RUNNING", "child-failed")])
+def test_a_training_killed_by_the_schedulers_term_before_ours_is_not_a_failure(
+        tmp_path: Path, state: str, reason: str) -> None:
+    """scancel (or the time limit) signals every process of the job at once, and supervise may
+    see its training dead of that TERM before its own TERM arrives (CI: exit 143, 33 ms before):
+    the controller, which changed the job's state before it signalled, names the stop. A job
+    still RUNNING means something else killed the training: the failure stands. (Slurm's tools
+    stand in: the order of the two deliveries cannot be chosen under the real one, where
+    tests/slurm/test_issue22_slurm.py cancels a real job.)"""
+    bindir, run_dir, state_file = tmp_path / "bin", tmp_path / "run", tmp_path / "state"
+    bindir.mkdir()
+    for name, body in (("scontrol", SCONTROL.format(state=state_file)), ("squeue", "#!/bin/sh\nexit 1\n")):
+        (bindir / name).write_text(body)
+        (bindir / name).chmod(0o755)
+    env = {"SLURM_JOB_ID": "77", "PATH": f"{bindir}:{os.environ['PATH']}"}
+    # The controller's state changes first, then the TERM reaches the training.
+    script = f"sleep 0.5; echo {state} > {state_file}; kill -TERM $$"
+    r = run_supervise("--run-dir", str(run_dir), "--gpu-every", "0", "--", "sh", "-c", script, env=env)
+    events = read_journal(run_dir).events
+    end = next(e for e in events if e["kind"] == "end")
+    assert end["reason"] == reason, (end, r.stderr)
+    assert r.returncode == end["exit_status"] == 143, r.stderr
+    refined = [e for e in events if e["kind"] == "reason"]
+    assert [(e["state"], e["was"]) for e in refined] == [(state, "child-failed")], refined

@@ -496,6 +496,19 @@ def test_exit_status(child: int | None, trigger: Trigger, changes: dict[str, Any
     assert policy.exit_status(child, trigger, **changes) == expected
 
 
+@pytest.mark.parametrize(("status", "expected"), [
+    P(143, True, id="TERM: a scancel, the time limit, a requeue"),
+    P(137, True, id="KILL"),
+    P(130, True, id="INT"),
+    P(129, True, id="HUP"),
+    P(1, False, id="a failure"),
+    P(139, False, id="SEGV: the training's own fault"),
+    P(None, False, id="no status"),
+])
+def test_died_of_stop_signal(status: int | None, expected: bool) -> None:
+    assert policy.died_of_stop_signal(status) is expected
+
+
 GOOD_STOP: dict[str, dict[str, object]] = {
     "checkpoint": {"outcome": "published"}, "flush": {"outcome": "done"},
     "stop-child": {"graceful": True, "killed": False}, "final-flush": {"outcome": "done"}}
