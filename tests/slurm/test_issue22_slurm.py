@@ -103,11 +103,14 @@ def test_a_scancel_is_labelled_cancelled_in_the_stop_table(slurm: Slurm, tmp_pat
     script = (f"#!/bin/bash\n#SBATCH --time=10:00\n#SBATCH --output={tmp_path}/job-%j.out\n"
               f"exec {sys.executable} -m supervisor --run-dir {run} --gpu-every 0 --grace 2s -- sleep 600\n")
     job = slurm.submit(script, "--ntasks=1", cwd=tmp_path, env=_env())
-    slurm.wait_for(lambda: (run / "events.jsonl").exists() and any(e["kind"] == "spawn" for e in journal_events(run)),
-                   120, "the training to start")
+    # Cancelled once supervise has read the job's end: a scancel while that query is in flight
+    # moves EndTime to the cancel time, which reads as a time limit reached (ci29b: `deadline`).
+    slurm.wait_for(lambda: (run / "events.jsonl").exists() and
+                   {"spawn", "deadline"} <= {e["kind"] for e in journal_events(run)}, 120, "the training to start")
     slurm.cancel(job)
     slurm.wait_for(lambda: any(e["kind"] == "end" for e in journal_events(run)), 60, "the end event")
-    assert [e["reason"] for e in journal_events(run) if e["kind"] == "end"] == ["cancelled"]
+    ends = [e for e in journal_events(run) if e["kind"] == "end"]
+    assert [e["reason"] for e in ends] == ["cancelled"], (ends, (tmp_path / f"job-{job}.out").read_text()[-3000:])
     r = subprocess.run([sys.executable, "-m", "supervisor", "report", str(run)], capture_output=True, text=True,
                        timeout=60, env={**_env(), "NO_COLOR": "1"})
     stops = [line for line in r.stdout.splitlines() if line.startswith("  attempt 1 at ")]
