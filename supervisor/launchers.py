@@ -194,23 +194,25 @@ class LauncherProfile:
         """
         if self.stop_route in ("ranks", "local-ranks"):
             ranks = self.ranks(launcher_pid)
-            if ranks and (self.stop_route == "ranks" or len(ranks) >= _num_proc(launcher_pid, self)):
+            if ranks and self.stop_route == "local-ranks":
+                started = _num_proc(launcher_pid, self)
+                ranks = ranks if started is not None and len(ranks) >= started else set()
+            if ranks:
                 return Targets("ranks", frozenset(ranks))
         pid = self._launcher_alive(launcher_pid) or launcher_pid
         return Targets("launcher", frozenset({pid}))
 
 
-def _num_proc(launcher_pid: int, profile: LauncherProfile) -> int:
-    """The launcher's ``-np N`` / ``--num-proc N`` (horovodrun's spelling); a number no rank
-    count reaches when it is absent or unreadable."""
+def _num_proc(launcher_pid: int, profile: LauncherProfile) -> int | None:
+    """The launcher's ``-np N`` / ``--num-proc N`` (horovodrun's spelling); None when it is
+    absent or not a positive number."""
     argv = _cmdline(profile.find_launcher(launcher_pid))
     for i, arg in enumerate(argv):
-        for flag in ("-np", "--num-proc"):
-            value = argv[i + 1] if arg == flag and i + 1 < len(argv) else \
-                arg[len(flag) + 1:] if arg.startswith(flag + "=") else None
-            if value is not None:
-                return int(value) if value.isdigit() and int(value) > 0 else 1 << 30
-    return 1 << 30
+        flag, eq, value = arg.partition("=")
+        if flag in ("-np", "--num-proc"):
+            value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+            return int(value) if value.isdigit() and int(value) > 0 else None
+    return None
 
 
 # --- /proc helpers; every one tolerates the process being gone ---

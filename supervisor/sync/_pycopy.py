@@ -26,6 +26,7 @@ rsync's: 0 ok, 24 some sources vanished, 23 partial failure, 11 I/O error.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -206,7 +207,8 @@ def place_symlink(target: str, tmp: str, path: str) -> None:
     try:
         os.replace(tmp, path)
     except OSError:
-        os.unlink(tmp)  # no temp name stays behind on persistent storage
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)  # no temp name stays behind on persistent storage
         raise
 
 

@@ -109,7 +109,7 @@ def test_a_training_killed_by_the_schedulers_term_before_ours_is_not_a_failure(
         (bindir / name).chmod(0o755)
     env = {"SLURM_JOB_ID": "77", "PATH": f"{bindir}:{os.environ['PATH']}"}
     # The controller's state changes first, then the TERM reaches the training.
-    script = f"sleep 0.5; echo {state} > {state_file}; kill -TERM $$"
+    script = f"echo {state} > {state_file}; kill -TERM $$"
     r = run_supervise("--run-dir", str(run_dir), "--gpu-every", "0", "--", "sh", "-c", script, env=env)
     events = read_journal(run_dir).events
     end = next(e for e in events if e["kind"] == "end")
