@@ -31,7 +31,7 @@ from supervisor.sync._nodes import PartEngine
 from supervisor.sync._nodes import role_before, set_aside_other_role  # the leader's start (conduct/fleet.py) and the node agent
 from supervisor.sync._pair import PairEngine
 from supervisor.sync._profiles import GENERIC
-from supervisor.sync._parts import PARTS_DIR, parts_root, remove_parts, waiting
+from supervisor.sync._parts import PARTS_DIR, parts_root, waiting
 
 __all__ = ["Mirror"]
 __all__ += ["role_before", "set_aside_other_role"]
@@ -201,16 +201,17 @@ class Mirror:
         """Our leftovers on the persistent side of one pair. Parts are never leftovers: other
         nodes may be writing them now, and a complete one still counts after a requeue. A
         node agent leaves the leader's staging alone; the leader keeps an assembly staging
-        whose parts are still there (it may hold files renamed out of them), and drops the
-        parts of checkpoints already published."""
+        whose parts are still there (it may hold files renamed out of them), and releases the
+        parts that checkpoints already published hold."""
         p = eng.pair
         if isinstance(eng, PartEngine):
             if not eng.leader:
                 return []
             parts = waiting(p.dst)
             for name in list(parts):
-                if (p.dst / name).exists():
-                    remove_parts(p.dst, name)
+                # a newer version than the published one (the last attempt's last save, its
+                # leader gone before assembling it) still counts; the rest is released
+                if (p.dst / name).exists() and not eng.parts.current_parts(name, parts[name]):
                     del parts[name]
             keep = {f"{STAGING_PREFIX}{n}" for n in parts} | {PARTS_DIR}
             return [s for s in _fsops.stale_staging(p.dst) if s.name not in keep]

@@ -34,8 +34,8 @@ from supervisor.sync._publish import RECOPY_TRIES, Publisher, complete_newest_fi
 from supervisor.sync._state import PairState, to_thread
 from supervisor.sync._profiles import Profile
 from supervisor.sync._space import SpaceWatch
-from supervisor.sync._parts import (PartConflict, PartsChanged, assemble, manifest_path, manifest_snap,
-                                    part_dir, read_manifest, remove_parts, waiting, withdraw, write_manifest)
+from supervisor.sync._parts import (PartConflict, PartsChanged, assemble, assembled_snap, manifest_path, manifest_snap,
+                                    part_dir, read_manifest, release_parts, waiting, withdraw, write_manifest)
 
 log = logging.getLogger("supervise")
 
@@ -50,6 +50,11 @@ def contains(there: Snap | None, mine: Snap) -> bool:
         if got is None or got[0] != size or abs(got[1] - mt) > 1_000_000_000:
             return False
     return True
+
+
+def written(snap: Snap) -> int:
+    """When a version was written: its newest file's mtime (not ctime: a copy's is its copying)."""
+    return max((mt for _size, mt in snap.files.values()), default=0)
 
 
 SET_ASIDE_DIR = ".supervise-set-aside"  # hidden: never a checkpoint, never copied
@@ -197,14 +202,15 @@ class PartEngine(PairEngine):
         """Leader: a pass whenever a node's manifest appears or goes (polled: other nodes'
         writes on a network filesystem raise no inotify event here), more often while a
         checkpoint waits for parts. Node K: a pass when the leader says a checkpoint this node
-        is waiting on is complete (``GO_FILE``)."""
+        is waiting on is complete (``GO_FILE``), or has taken a part of this node's (its
+        manifest gone: the pass tidies the part directory away)."""
         if not self.leader:
             told: set[str] = set()
             while True:
                 await anyio.sleep(GO_POLL_S if self.awaiting_go else self.parts_poll)
                 names = set(self.awaiting_go) - told
                 said = {n for n in names if await to_thread(go_path(self.pair.dst, n).exists)}
-                if said:
+                if said or await to_thread(self.parts.taken):
                     told |= said
                     self.trigger("parts")
         last: dict[str, dict[int, float]] | None = None
@@ -277,21 +283,21 @@ class PartPublisher(Publisher):
         self.missing: dict[str, list[int]] = {}    # leader: checkpoint → nodes whose part is not there
         self._told_missing: dict[str, tuple[int, ...]] = {}
         self.conflicts: dict[str, str] = {}
-        self.stale: dict[str, Snap] = {}           # changed here after it was published from every node
+        self.stale: dict[str, Snap] = {}           # older here than the version published (by another node)
+        self.seen: dict[str, Snap] = {}            # checkpoint → the local version last accounted for here
 
     async def run(self, listing: Listing, trigger: str, stats: CopyResult, published: list[str]) -> None:
         p = self.pair
+        if not self.leader:
+            await to_thread(self._tidy)
         todo: list[Entry] = []
         for e in complete_newest_first(listing):
-            prev = self.state.published.get(e.name) or self.stale.get(e.name)
-            if prev is not None and prev.same_content(e.snap):
+            if self._accounted(e):
                 continue
             if await to_thread(os.path.lexists, p.dst / e.name):
-                self._published_already(e, await to_thread(snapshot, p.dst / e.name, within(e.name, p.exclude)), listing)
-                continue
-            staged = self.parted.get(e.name)
-            if staged is not None and staged.same_content(e.snap):
-                continue
+                there = await to_thread(snapshot, p.dst / e.name, within(e.name, p.exclude))
+                if not self._new_version(e, there, listing):
+                    continue
             todo.append(e)
         self._note_pending(listing)
         for e in todo:  # newest first: the one most at risk
@@ -310,12 +316,54 @@ class PartPublisher(Publisher):
             await self._publish_pointers(listing)
         await self._end_pass(listing)
 
-    def _single_files(self, name: str, have: dict[int, float]) -> bool:
-        """Are the parts there all single-file checkpoints? Such a checkpoint (``model_500.pt``,
-        a ``.ckpt``) cannot be split across nodes: the node whose rank saved it, which need not
-        be the batch node, holds all of it."""
-        found = [read_manifest(manifest_path(self.pair.dst, name, k)) for k in have if k < self.nodes]
-        return bool(found) and all(m is not None and m.get("is_dir") is False for m in found)
+    def taken(self) -> list[str]:
+        """Node K: its parts whose manifest the leader has removed (published, or superseded
+        by a newer version). Blocking: one stat per part not yet taken."""
+        return [n for n in self.parted if not os.path.lexists(manifest_path(self.pair.dst, n, self.node))]
+
+    def _tidy(self) -> None:
+        """Node K, inside a pass (so never while it stages): the part directories of parts the
+        leader has taken go; what they held is published (hard links) or superseded."""
+        for name in self.taken():
+            self.parted.pop(name)
+            shutil.rmtree(part_dir(self.pair.dst, name, self.node), ignore_errors=True)
+            try:
+                os.rmdir(part_dir(self.pair.dst, name, self.node).parent)
+            except OSError:
+                pass  # another node's part, or the leader's word, is still there
+
+    def _accounted(self, e: Entry) -> bool:
+        """This very version of ``e`` was already dealt with here: published (or found on
+        persistent storage), staged as this node's part, or found older than the published one."""
+        for known in (self.state.published.get(e.name), self.stale.get(e.name), self.parted.get(e.name)):
+            if known is not None and known.same_content(e.snap):
+                return True
+        return False
+
+    def _new_version(self, e: Entry, there: Snap | None, listing: Listing) -> bool:
+        """``e.name`` is on persistent storage already: is this node's ``e`` a newer version
+        of it, to publish as such (a ``snapshot.pt`` rewritten in place every epoch, a
+        ``last.ckpt``)? The evidence is this node's own: the file changed here since this node
+        last accounted for it (published, staged, restored), so the training wrote it in this
+        attempt. A version this node never saw before counts only if it was written after the
+        published one (mtime, whole seconds: some filesystems keep no more). Otherwise it is
+        the published one (recorded), or an older one, never published over a newer."""
+        if contains(there, e.snap):
+            self.parted.pop(e.name, None)
+            self.stale.pop(e.name, None)
+            self.state.published[e.name] = self.seen[e.name] = e.snap
+            if e.name in listing.sigs:
+                self.state.sigs[e.name] = listing.sigs[e.name]
+            return False
+        changed_here = e.name in self.seen and not self.seen[e.name].same_content(e.snap)
+        if changed_here or (there is not None and written(e.snap) > written(there) + 1_000_000_000):
+            return True
+        if e.name not in self.stale:
+            self.emit("sync-deferred", pair=self.pair.name, checkpoint=e.name, node=self.node,
+                      reason="older than the version on persistent storage (published from another node or "
+                             "attempt): never published over it")
+        self.stale[e.name] = self.seen[e.name] = e.snap
+        return False
 
     def _go_applies(self, e: Entry) -> bool:
         """Node 0's completeness speaks for every node only where rank 0's own marker or
@@ -325,20 +373,6 @@ class PartPublisher(Publisher):
         return bool(e.is_dir and not self.pair.markers and prof is not None and prof.needs_marker
                     and (e.why.startswith(("marker ", "pointer ", "older than "))))
 
-    def _published_already(self, e: Entry, there: Snap | None, listing: Listing) -> None:
-        """``<name>`` is on persistent storage (assembled from every part, perhaps by an
-        earlier attempt). It is never published again from parts (docs/sync.md, limits)."""
-        self.parted.pop(e.name, None)
-        if contains(there, e.snap):
-            self.state.published[e.name] = e.snap
-            if e.name in listing.sigs:
-                self.state.sigs[e.name] = listing.sigs[e.name]
-            return
-        if e.name not in self.stale:
-            self.emit("sync-deferred", pair=self.pair.name, checkpoint=e.name, node=self.node,
-                      reason="changed on this node after it was published from every node's part; not published again")
-        self.stale[e.name] = e.snap
-
     async def _stage_part(self, e: Entry, trigger: str, stats: CopyResult) -> bool:
         """This node's files of ``e`` into its part directory, verified, then the manifest."""
         p = self.pair
@@ -346,7 +380,7 @@ class PartPublisher(Publisher):
         src, pdir = p.src / name, part_dir(p.dst, name, self.node)
         old = await to_thread(read_manifest, manifest_path(p.dst, name, self.node))
         if old is not None and manifest_snap(old).same_content(e.snap) and old.get("nodes") == self.nodes:
-            self.parted[name] = e.snap  # written by an earlier attempt, from these very files
+            self.parted[name] = self.seen[name] = e.snap  # written by an earlier attempt, from these very files
             return True
         if await to_thread(withdraw, p.dst, name, self.node):
             self.emit("part-withdrawn", pair=p.name, checkpoint=name, node=self.node,
@@ -387,7 +421,7 @@ class PartPublisher(Publisher):
                 await to_thread(_fsops.fsync_dir, pdir)
             await to_thread(write_manifest, p.dst, name, self.node, self.nodes, e.snap, is_dir=e.is_dir,
                             markers=e.markers, why=e.why, done_at=e.done_at)
-            self.parted[name] = e.snap
+            self.parted[name] = self.seen[name] = e.snap
             if name in again.sigs:
                 self.state.sigs[name] = again.sigs[name]
             lag = round(time.time() - e.done_at, 3) if e.done_at else None
@@ -401,32 +435,28 @@ class PartPublisher(Publisher):
         return False
 
     async def _assemble_ready(self, trigger: str, published: list[str], listing: Listing) -> None:
-        """Leader: publish every checkpoint whose N parts all have manifests."""
+        """Leader: publish every checkpoint whose parts are all there (every node's manifest;
+        one, for a single file), including a newer version of one published before."""
         p = self.pair
         state = await to_thread(waiting, p.dst)
         self.missing = {}
         for name in sorted(state, key=natural_key, reverse=True):
-            have = state[name]
-            if await to_thread(os.path.lexists, p.dst / name):
-                # published (just now, or by an earlier attempt): what is left is ours to drop
-                await to_thread(remove_parts, p.dst, name)
-                continue
-            if not have:
-                continue  # a part being copied, no manifest yet: nothing to say
-            missing = [k for k in range(self.nodes) if k not in have]
-            if missing and await to_thread(self._single_files, name, have):
-                missing = []  # a single file is whole on the one node that wrote it (rank 0's torch.save)
+            manifests = await to_thread(self.current_parts, name, state[name])
+            if not manifests:
+                continue  # a part being copied, no manifest yet, or only older versions: nothing to say
+            single = all(m.get("is_dir") is False for m in manifests.values())
+            if single and len(manifests) > 1:
+                # A single file is whole on the one node that wrote it (rank 0's torch.save);
+                # two nodes' versions of one name: the newest is the checkpoint.
+                newest = max(manifests, key=lambda k: written(manifest_snap(manifests[k])))
+                manifests = {newest: manifests[newest]}
+            missing = [] if single else [k for k in range(self.nodes) if k not in manifests]
             if missing:
                 self.missing[name] = missing
                 if self._told_missing.get(name) != tuple(missing):
                     self._told_missing[name] = tuple(missing)
                     self.emit("parts-waiting", pair=p.name, checkpoint=name, nodes=self.nodes,
-                              have=sorted(k for k in have if k < self.nodes), missing=missing)
-                continue
-            manifests = {k: await to_thread(read_manifest, manifest_path(p.dst, name, k))
-                         for k in range(self.nodes) if k in have}
-            if any(m is None for m in manifests.values()):
-                self.missing[name] = [k for k, m in manifests.items() if m is None]
+                              have=sorted(manifests), missing=missing)
                 continue
             try:
                 got = await to_thread(assemble, p.dst, name, manifests, fsync=p.fsync)
@@ -441,18 +471,39 @@ class PartPublisher(Publisher):
                 continue
             self.conflicts.pop(name, None)
             self._told_missing.pop(name, None)
+            version = assembled_snap(manifests)
             local = listing.entries.get(name)
-            self.state.published[name] = local.snap if local is not None and local.complete else manifest_snap(manifests[min(manifests)])
-            if name in listing.sigs:
+            mine = local is not None and local.complete and contains(version, local.snap)
+            self.state.published[name] = local.snap if mine and local is not None else version
+            if mine and name in listing.sigs:
                 self.state.sigs[name] = listing.sigs[name]
             self.parted.pop(name, None)
-            await to_thread(remove_parts, p.dst, name)
+            self.stale.pop(name, None)
+            await to_thread(release_parts, p.dst, name, manifests, GO_FILE)
             lag = round(time.time() - got.done_at, 3) if got.done_at else None
             self.emit("publish", pair=p.name, checkpoint=name, trigger=trigger, files=got.files, bytes=got.bytes,
-                      why=f"all {self.nodes} parts", lag_s=lag, nodes=self.nodes,
-                      parts={str(k): n for k, n in got.parts.items()}, shared=got.shared, linked=got.linked)
+                      why=f"all {self.nodes} parts" if not single else f"whole on node {min(manifests)}",
+                      lag_s=lag, nodes=self.nodes, parts={str(k): n for k, n in got.parts.items()}, shared=got.shared,
+                      linked=got.linked)
             self.on_publish(got.done_at)
             published.append(name)
+
+    def current_parts(self, name: str, have: Collection[int]) -> dict[int, dict]:
+        """The manifests of ``name`` that hold a version not yet published. Blocking. Parts
+        the published ``name`` already holds (or a newer one replaced) are released here:
+        their manifests dropped, node 0's files too (node K's part directory is node K's: it
+        may be staging a newer version there now, and reuses it)."""
+        p = self.pair
+        manifests = {k: m for k in sorted(have) if k < self.nodes
+                     and (m := read_manifest(manifest_path(p.dst, name, k))) is not None}
+        if not manifests or not os.path.lexists(p.dst / name):
+            return manifests
+        there = snapshot(p.dst / name, within(name, p.exclude))
+        old = {k: m for k, m in manifests.items()
+               if contains(there, manifest_snap(m)) or there is not None and written(manifest_snap(m)) <= written(there)}
+        if old:
+            release_parts(p.dst, name, old, GO_FILE)
+        return {k: m for k, m in manifests.items() if k not in old}
 
     def _note_pending(self, listing: Listing) -> None:
         name_ = self.pair.name

@@ -139,11 +139,39 @@ def waiting(dst: Path) -> dict[str, dict[int, float]]:
     return out
 
 
-def remove_parts(dst: Path, name: str) -> None:
-    """Drop the parts of ``name`` (ours, never published: they sit under a hidden name)."""
-    path = parts_root(dst) / name
-    assert path.parent.name == PARTS_DIR
-    shutil.rmtree(path, ignore_errors=True)
+def release_parts(dst: Path, name: str, manifests: Mapping[int, Mapping[str, Any]], *also: str) -> None:
+    """The leader, once ``manifests`` are published (or superseded): each manifest is removed
+    if it is still the one read (its node may have withdrawn it to stage a newer version of
+    the same name), node 0's part directory with it, and the files ``also`` names beside the
+    parts. Node K's part directory stays: node K may be copying into it right now; its files
+    are hard links to the published ones (no space) and node K reuses it for the next version."""
+    for node, m in manifests.items():
+        path = manifest_path(dst, name, node)
+        if read_manifest(path) != m:
+            continue
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        if node == 0:
+            shutil.rmtree(part_dir(dst, name, 0), ignore_errors=True)
+    for extra in also:
+        try:
+            os.unlink(parts_root(dst) / name / extra)
+        except FileNotFoundError:
+            pass
+    try:
+        os.rmdir(parts_root(dst) / name)
+    except OSError:
+        pass  # node K's part directory is still there
+
+
+def assembled_snap(manifests: Mapping[int, Mapping[str, Any]]) -> Snap:
+    """The version the parts make together: the union of their files."""
+    files: dict[str, tuple[int, int]] = {}
+    for m in manifests.values():
+        files.update(manifest_snap(m).files)
+    return Snap(files, max((mt for _s, mt in files.values()), default=0), sum(s for s, _m in files.values()))
 
 
 @dataclass
