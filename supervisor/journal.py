@@ -290,6 +290,41 @@ def read_journal(path: Path) -> JournalRead:
     return result
 
 
+class JournalTail:
+    """Another writer's journal, read on from where it was when this was made: what it
+    appends after (the leader's ``end`` for a node agent; an agent's answer for the leader).
+    A line not yet whole stays for the next read."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.offset = path.stat().st_size
+        except OSError:
+            self.offset = 0
+        self.tail = b""
+
+    def appended(self) -> list[dict[str, Any]]:
+        """The events appended since the last call. Blocking: run in a thread."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return []
+        self.offset += len(data)
+        lines = (self.tail + data).split(b"\n")
+        self.tail = lines.pop()
+        out = []
+        for raw in lines:
+            try:
+                ev = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(ev, dict):
+                out.append(ev)
+        return out
+
+
 def last_attempt(run_dir: Path) -> int:
     """The highest attempt number already in the run directory's journal (0 if none)."""
     path = Path(run_dir) / EVENTS_FILE

@@ -16,6 +16,7 @@ could give were never published (docs/multinode.md, the failure table).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -28,12 +29,13 @@ import anyio
 from anyio.abc import TaskStatus
 
 from supervisor.config import Config
-from supervisor.journal import Emit
+from supervisor.journal import EVENTS_FILE, Emit, JournalTail
 
 log = logging.getLogger("supervise")
 
 READY_TIMEOUT_S = 60.0
-READY_LINE = "supervise-node-agent"  # "<READY_LINE> ready K" / "… leader 0" / "… duplicate K" on stdout
+READY_LINE = "supervise-node-agent"  # "<READY_LINE> offered K" / "… ready K HOST HOLDS" / "… leader 0" / "… duplicate K"
+CHOICE_VAR = "SUPERVISE_NODE_CHOICE"  # the file the leader writes its choice to; agents restore exactly that
 GONE_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWER_DOWN", "FUTURE", "UNKNOWN")
 
 
@@ -65,7 +67,15 @@ class Fleet:
         self.argv, self.nodes, self.emit, self.env = argv, nodes, emit, env
         self.ready_timeout = ready_timeout
         self.ready: dict[int, float] = {}
+        self.offered: dict[int, float] = {}
+        self.holds: dict[int, Any] = {}
         self.proc: subprocess.Popen[str] | None = None
+        self.requests = 0
+        self.run_dir = Path(_run_dir_of(argv))
+        self.choice_path = self.run_dir / "nodes" / f"choice-{os.getpid()}-{time.time_ns()}.json"
+        self.env = {**env, CHOICE_VAR: str(self.choice_path)}
+        self._heard_any = anyio.Event()
+        self._t0 = time.monotonic()
 
     @classmethod
     def from_plan(cls, plan: Any, emit: Emit) -> Fleet | None:
@@ -85,9 +95,10 @@ class Fleet:
                 "--job-name=supervise-node-agents", *self.argv]
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Start the agents; ``started`` once every node other than the leader's is ready
-        (or the wait ran out); then follow srun until it ends or the run does."""
-        t0 = time.monotonic()
+        """Start the agents; ``started`` once every node other than the leader's has offered
+        its versions (or the wait ran out: ``agree`` says which); then follow srun until it
+        ends or the run does."""
+        self._t0 = t0 = time.monotonic()
         argv = self.srun_argv()
         env = self.env
         try:
@@ -97,7 +108,6 @@ class Fleet:
             self.emit("node-agents", started=False, error=str(e), nodes=list(self.nodes))
             task_status.started()
             return
-        want = set(range(1, len(self.nodes)))
         lines: anyio.abc.ObjectReceiveStream[str]
         send, lines = anyio.create_memory_object_stream[str](64)
         proc = self.proc
@@ -110,35 +120,102 @@ class Fleet:
             finally:
                 anyio.from_thread.run_sync(send.close)
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: anyio.to_thread.run_sync(read, abandon_on_cancel=True))
-            started = False
-            with anyio.move_on_after(self.ready_timeout):
-                async for line in lines:
-                    self._heard(line, t0)
-                    if want <= set(self.ready):
-                        break
-            missing = sorted(want - set(self.ready))
-            self.emit("node-agents", started=True, nodes=list(self.nodes), pid=proc.pid, argv=argv,
-                      ready=sorted(self.ready), missing=missing, seconds=round(time.monotonic() - t0, 3))
-            if missing:
-                log.warning("node agents not ready after %.0fs on node(s) %s; their parts may be missing",
-                            time.monotonic() - t0, ", ".join(str(k) for k in missing))
-            else:
-                log.info("node agents ready on %d node(s) in %.2fs", len(want), time.monotonic() - t0)
-            task_status.started()
-            started = True
+        async def follow() -> None:
             async for line in lines:
                 self._heard(line, t0)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: anyio.to_thread.run_sync(read, abandon_on_cancel=True))
+            tg.start_soon(follow)
+            await self._until(lambda: self.want <= set(self.offered), self.ready_timeout)
+            task_status.started()
             status = await anyio.to_thread.run_sync(proc.wait)
-            if started:  # before the leader's end: a node died, or srun could not reach one
-                log.warning("the node agents' srun ended with status %d before the run did", status)
+            # before the leader's end: a node died, or srun could not reach one
+            log.warning("the node agents' srun ended with status %d before the run did", status)
             tg.cancel_scope.cancel()
 
+    @property
+    def want(self) -> set[int]:
+        return set(range(1, len(self.nodes)))
+
+    async def _until(self, done: Callable[[], bool], within: float) -> None:
+        with anyio.move_on_after(within):
+            while not done():
+                await self._heard_any.wait()
+
+    async def agree(self, choice: dict[str, str | None]) -> dict[int, Any]:
+        """Tell every agent the leader's choice (one version per pair, for every node) and
+        wait until each has restored exactly it and said what it holds (``ready``)."""
+        await anyio.to_thread.run_sync(_write_choice, self.choice_path, choice)
+        await self._until(lambda: self.want <= set(self.ready), self.ready_timeout)
+        missing = sorted(self.want - set(self.ready))
+        self.emit("node-agents", started=True, nodes=list(self.nodes), pid=self.proc.pid if self.proc else None,
+                  argv=self.srun_argv(), ready=sorted(self.ready), missing=missing,
+                  seconds=round(time.monotonic() - self._t0, 3))
+        if missing:
+            log.warning("node agents not ready after %.0fs on node(s) %s; their parts may be missing",
+                        time.monotonic() - self._t0, ", ".join(str(k) for k in missing))
+        else:
+            log.info("node agents ready on %d node(s) in %.2fs", len(self.want), time.monotonic() - self._t0)
+        return dict(self.holds)
+
+    async def flush_nodes(self, reason: str, *, exited: bool, within: float) -> dict[str, Any]:
+        """Ask every ready agent for one last pass now and wait (at most ``within`` seconds)
+        until each has journaled its answer: a part node K's rank saved a moment before the
+        training exited is then on persistent storage before the leader's own last pass
+        assembles it (``nodes-flush`` here, ``node-flush`` with the same ``request`` in
+        ``RUN/nodes/node-K/events.jsonl``). Nodes that do not answer in time are named."""
+        from supervisor.conduct.node_agent import node_dir
+
+        self.requests += 1
+        request = f"{os.getpid()}.{self.requests}"
+        nodes = sorted(self.ready)
+        watches = {k: JournalTail(node_dir(self.run_dir, k) / EVENTS_FILE) for k in nodes}
+        self.emit("nodes-flush", request=request, reason=reason, exited=exited, nodes=nodes, durable=True)
+        t0 = time.monotonic()
+        answers: dict[int, dict[str, Any]] = {}
+        with anyio.move_on_after(max(0.0, within)):
+            while len(answers) < len(nodes):
+                for k, w in watches.items():
+                    if k in answers:
+                        continue
+                    for ev in await anyio.to_thread.run_sync(w.appended):
+                        if ev.get("kind") == "node-flush" and ev.get("request") == request:
+                            answers[k] = ev
+                if len(answers) < len(nodes):
+                    if self.proc is not None and self.proc.poll() is not None:
+                        break  # the agents' srun has ended: nobody is left to answer
+                    await anyio.sleep(ANSWER_POLL_S)
+        missing = [k for k in nodes if k not in answers]
+        pending = [line for k in sorted(answers) for line in answers[k].get("not_durable") or []]
+        pending += [f"node {k}: did not answer the final flush in {within:.1f}s; its newest part may be missing"
+                    for k in missing]
+        return {"request": request, "answered": sorted(answers), "missing": missing, "pending": pending,
+                "seconds": round(time.monotonic() - t0, 3)}
+
     def _heard(self, line: str, t0: float) -> None:
-        words = line.split()
+        words = line.split(maxsplit=4)
         if len(words) >= 3 and words[0] == READY_LINE and words[2].isdigit():
-            self.ready.setdefault(int(words[2]), round(time.monotonic() - t0, 3))
+            node, at = int(words[2]), round(time.monotonic() - t0, 3)
+            if words[1] == "offered":
+                self.offered.setdefault(node, at)
+            elif words[1] in ("ready", "leader", "duplicate"):
+                self.offered.setdefault(node, at)
+                self.ready.setdefault(node, at)
+                if words[1] == "ready" and len(words) == 5:
+                    try:
+                        self.holds[node] = json.loads(words[4])
+                    except ValueError:
+                        pass
+        self._heard_any.set()
+        self._heard_any = anyio.Event()
+
+
+ANSWER_POLL_S = 0.1  # the leader, while it waits for the agents' answers to its last flush
+
+
+def _run_dir_of(argv: list[str]) -> str:
+    return argv[argv.index("--run-dir") + 1]
 
 
 def lost_nodes(previous: list[dict[str, Any]], now: tuple[str, ...], persistent: list[Path],
@@ -199,9 +276,49 @@ async def journal_lost_nodes(plan: Any, emit: Emit) -> None:
                     f": {', '.join(lost['lost'])} only partly saved, never published" if lost["lost"] else "")
 
 
-async def start(plan: Any, tg: Any, guarded: Callable[..., Any], emit: Emit) -> None:
+def _write_choice(path: Path, choice: dict[str, str | None]) -> None:
+    """Whole or not at all (temp + rename): an agent polling for it never reads half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps({"choice": choice, "pid": os.getpid()}))
+    os.replace(tmp, path)
+
+
+def read_choice(path: Path) -> dict[str, str | None] | None:
+    """The leader's choice, once written (None before, or unreadable)."""
+    try:
+        body = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    choice = body.get("choice") if isinstance(body, dict) else None
+    return choice if isinstance(choice, dict) else None
+
+
+def disagreement(holds: dict[int, Any]) -> str | None:
+    """Nodes that hold different versions of a pair at the spawn, in words; None if all agree
+    (a node that said nothing is not a disagreement: ``node-agents`` names it missing)."""
+    by_pair: dict[str, dict[int, Any]] = {}
+    for node, pairs in holds.items():
+        for pair, version in (pairs or {}).items():
+            by_pair.setdefault(pair, {})[node] = version
+    for pair, versions in sorted(by_pair.items()):
+        ids = {json.dumps(v, sort_keys=True) for v in versions.values()}
+        if len(ids) > 1:
+            said = "; ".join(f"node {k}: {_version_text(v)}" for k, v in sorted(versions.items()))
+            return f"sync {pair}: the nodes hold different versions ({said})"
+    return None
+
+
+def _version_text(v: Any) -> str:
+    if not v:
+        return "nothing"
+    return f"{v.get('name')} ({v.get('bytes')} bytes, sha256 {str(v.get('sha256'))[:12]})"
+
+
+async def start(plan: Any, tg: Any, guarded: Callable[..., Any], emit: Emit) -> Fleet | None:
     """The agent's one call, before its restore: say which nodes are gone, then start the
-    node agents and wait until they are ready (each bounded; never fatal)."""
+    node agents and wait until they have offered their versions (each bounded; never
+    fatal). The fleet it returns, if any, then hears the leader's choice (``agree``)."""
     try:
         await journal_lost_nodes(plan, emit)
     except Exception as e:  # noqa: BLE001 - a report line, never a reason to stop
@@ -214,3 +331,6 @@ async def start(plan: Any, tg: Any, guarded: Callable[..., Any], emit: Emit) -> 
     fleet = Fleet.from_plan(plan, emit)
     if fleet is not None:
         await tg.start(guarded("node-agents", fleet.run))
+        if plan.mirror is not None:
+            plan.mirror.attach_nodes(fleet.flush_nodes)  # the last flush waits for node K's last part
+    return fleet

@@ -26,7 +26,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 import anyio
 
@@ -34,7 +34,7 @@ from supervisor import childenv
 from supervisor.config import Config
 from supervisor.errors import ConfigError
 from supervisor.job import detect_job
-from supervisor.journal import EVENTS_FILE, NODES_DIR, Emit, Journal, next_attempt
+from supervisor.journal import EVENTS_FILE, NODES_DIR, Emit, Journal, JournalTail, next_attempt
 from supervisor.sync import role_before, set_aside_other_role
 
 log = logging.getLogger("supervise")
@@ -45,7 +45,8 @@ RANK_VARIABLES = (childenv.NODE_RANK, "SLURM_NODEID", "PMIX_RANK", "PMI_RANK", "
                   "OMPI_COMM_WORLD_RANK")
 FINAL_FLUSH_S = 60.0
 LOCK_FILE = "agent.lock"
-LEADER_POLL_S = 1.0
+CHOICE_POLL_S = 0.1  # while the leader chooses what every node restores
+LEADER_POLL_S = 0.2  # the leader's journal: its last flush's request waits on our answer
 
 
 def node_rank(given: str | None, env: Mapping[str, str]) -> int:
@@ -83,12 +84,35 @@ async def _start_samplers(tg: anyio.abc.TaskGroup, cfg: Config, where: Path, emi
     await tg.start(partial(guarded, "host", partial(host.run, tree_pids=set), emit))
 
 
-def _say(what: str, rank: int) -> None:
+def _say(what: str, rank: int, more: str = "") -> None:
     """One line on stdout for the leader that started the agents (``fleet.READY_LINE``)."""
     try:
-        print(f"supervise-node-agent {what} {rank} {socket.gethostname()}", flush=True)
+        print(f"supervise-node-agent {what} {rank} {socket.gethostname()} {more}".rstrip(), flush=True)
     except (OSError, ValueError):
         pass  # nobody reads it (an agent started by the job script with its stdout closed)
+
+
+async def _restore(mirror: Any, env: Mapping[str, str], rank: int) -> None:
+    """Started by the leader: offer this node's unpublished whole versions, say so, wait for
+    the leader's choice and restore exactly that (every node the same version). Started by
+    the job script (no choice file named): the newest published version, as the leader's
+    own restore picks it."""
+    from supervisor.conduct.fleet import CHOICE_VAR, READY_TIMEOUT_S, read_choice
+
+    path = env.get(CHOICE_VAR)
+    if not path:
+        await mirror.restore()
+        return
+    await mirror.offer()
+    _say("offered", rank)
+    choice = None
+    with anyio.move_on_after(2 * READY_TIMEOUT_S):
+        while (choice := await anyio.to_thread.run_sync(read_choice, Path(path))) is None:
+            await anyio.sleep(CHOICE_POLL_S)
+    if choice is None:
+        log.warning("no choice from the leader in %.0fs (%s): restoring the newest published version",
+                    2 * READY_TIMEOUT_S, path)
+    await mirror.restore(choice)
 
 
 def _hold(where: Path) -> int | None:
@@ -124,37 +148,6 @@ def _previous_start(path: Path) -> dict | None:
 
 def node_dir(run_dir: Path, rank: int) -> Path:
     return run_dir / NODES_DIR / f"node-{rank}"
-
-
-class _LeaderWatch:
-    """Has the leader journaled ``end`` since we started? Reads only what was appended."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        try:
-            self.offset = path.stat().st_size
-        except FileNotFoundError:
-            self.offset = 0
-        self.tail = b""
-
-    def ended(self) -> dict | None:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return None
-        self.offset += len(data)
-        lines = (self.tail + data).split(b"\n")
-        self.tail = lines.pop()
-        for raw in lines:
-            try:
-                ev = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(ev, dict) and ev.get("kind") == "end":
-                return ev
-        return None
 
 
 async def run_node_agent(cfg: Config, rank: int, env: Mapping[str, str] | None = None,
@@ -200,15 +193,18 @@ async def run_node_agent(cfg: Config, rank: int, env: Mapping[str, str] | None =
                  pairs=[{"name": p.name, "nodes": p.nodes, "from": str(p.src), "to": str(p.dst)} for p in pairs])
     log.info("node agent %d of %d on %s, journal %s", rank, max(p.nodes for p in pairs), socket.gethostname(), where)
     t0 = time.monotonic()
-    leader = _LeaderWatch(cfg.run_dir / EVENTS_FILE)
+    leader = JournalTail(cfg.run_dir / EVENTS_FILE)
     reason, detail = "leader-ended", ""
     try:
         set_aside_other_role(pairs, role_before(_previous_start(cfg.run_dir / EVENTS_FILE), socket.gethostname()),
                              rank, journal.emit)
-        await mirror.restore()
+        await _restore(mirror, env, rank)
+        holds = await anyio.to_thread.run_sync(mirror.holds)
         async with anyio.create_task_group() as tg:
             await tg.start(mirror.run)
-            _say("ready", rank)  # the leader that started us (supervisor/conduct/fleet.py) spawns the training now
+            # the leader that started us (supervisor/conduct/fleet.py) compares what every node
+            # holds, then spawns the training
+            _say("ready", rank, json.dumps(holds, separators=(",", ":")))
             if cfg.gpu_every > 0:
                 await _start_samplers(tg, cfg, where, journal.emit, env)
             stop = anyio.Event()
@@ -232,17 +228,29 @@ async def run_node_agent(cfg: Config, rank: int, env: Mapping[str, str] | None =
                         why.append(("signal", name))
                         stop.set()
 
-            async def leader_end() -> None:
+            async def leader_words() -> None:
+                """The leader's journal: its last flush asks for ours (answered in this
+                node's journal, ``node-flush`` with its ``request``); its ``end`` ends us."""
                 while True:
-                    ev = await anyio.to_thread.run_sync(leader.ended)
-                    if ev is not None:
-                        why.append(("leader-ended", f"leader attempt {ev.get('attempt')}: {ev.get('reason')}"))
-                        stop.set()
-                        return
+                    for ev in await anyio.to_thread.run_sync(leader.appended):
+                        if ev.get("kind") == "nodes-flush":
+                            await answer(ev)
+                        elif ev.get("kind") == "end":
+                            why.append(("leader-ended", f"leader attempt {ev.get('attempt')}: {ev.get('reason')}"))
+                            stop.set()
+                            return
                     await anyio.sleep(LEADER_POLL_S)
 
+            async def answer(ev: dict) -> None:
+                if ev.get("exited"):
+                    mirror.training_exited()  # every rank is gone: nothing here waits for quiescence
+                result = await mirror.flush("leader")
+                journal.emit("node-flush", request=ev.get("request"), ok=result["ok"], seconds=result["seconds"],
+                             pairs=result["pairs"], not_durable=[f"node {rank}: {line}" for line in mirror.pending()],
+                             durable=True)
+
             tg.start_soon(signals)
-            tg.start_soon(leader_end)
+            tg.start_soon(leader_words)
             await stop.wait()
             reason, detail = why[0]
             with anyio.move_on_after(FINAL_FLUSH_S):

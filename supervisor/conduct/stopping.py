@@ -175,7 +175,7 @@ class StopSequence:
         if bound <= 0:
             return {"outcome": "no-time", "pending": run.mirror.pending()}
         with anyio.move_on_after(bound) as scope:
-            result = await run.mirror.flush(reason)
+            result = await run.mirror.flush(reason, within=bound)
         if scope.cancelled_caught:
             return {"outcome": "timeout", "bound_s": round(bound, 3), "pending": run.mirror.pending()}
         return {"outcome": "done", **(result or {})}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
 
 import anyio
 from anyio.abc import TaskStatus
@@ -37,6 +37,10 @@ __all__ = ["Mirror"]
 __all__ += ["role_before", "set_aside_other_role"]
 
 log = logging.getLogger("supervise")
+
+NODES_FLUSH_SHARE = 0.75  # of the last flush's budget, the most the leader waits for its agents' answers
+NODES_FLUSH_S = 30.0      # ... when no budget is given
+NODES_FLUSH_CAP_S = 300.0  # ... and never more (hours left before the time limit: a hung agent is not waited out)
 
 
 class Mirror:
@@ -68,6 +72,9 @@ class Mirror:
         self._completed: list[tuple[float | None, Any]] = []  # (completed at, (name, inode)) per publish
         self._published_event = anyio.Event()
         self._engines: list[PairEngine] = []
+        self._exited = False
+        self._nodes_flush: Callable[..., Awaitable[dict[str, Any]]] | None = None
+        self._nodes_pending: list[str] = []
         for p in self._pairs:
             if p.kind == "checkpoint" and p.nodes > 1:
                 self._engines.append(PartEngine(p, self._backend, emit, node=node_rank, every=sync_every,
@@ -146,22 +153,54 @@ class Mirror:
                 raise ConfigError("node_rank", self.node_rank, f"expected 1 to {p.nodes - 1}: sync {p.name} has nodes = {p.nodes}")
         return warnings
 
-    async def restore(self) -> Path | None:
+    async def restore(self, choice: Mapping[str, str | None] | None = None) -> Path | None:
         """Before spawn: for pairs with ``restore = true``, the newest complete checkpoint from
         persistent storage to local disk, so a requeued attempt resumes from fast local disk.
         Returns the local path of the first pair's restored checkpoint (SUPERVISE_RESTORED_FROM).
-        A failed restore is journaled and the run starts without it."""
+        A failed restore is journaled and the run starts without it. ``choice``: per per-node
+        pair, the version the leader chose for every node (``choose``)."""
         first: Path | None = None
-        for eng in self._engines:
-            if eng.pair.kind != "checkpoint" or not eng.pair.restore:
-                continue
+        for eng in self._restoring():
             try:
-                got = await eng.restore()
+                if isinstance(eng, PartEngine) and choice is not None and eng.pair.name in choice:
+                    got = await eng.restore(choice[eng.pair.name], chosen=True)
+                else:
+                    got = await eng.restore()
             except (OSError, CopyError) as e:
                 self._emit("restore-failed", pair=eng.pair.name, error=str(e))
                 continue
             first = first or got
         return first
+
+    def _restoring(self) -> list[PairEngine]:
+        return [e for e in self._engines if e.pair.kind == "checkpoint" and e.pair.restore]
+
+    async def offer(self) -> None:
+        """A node agent, before the leader chooses: its whole versions not yet published go up
+        as parts (``PartEngine.offer``)."""
+        for eng in self._restoring():
+            if isinstance(eng, PartEngine):
+                try:
+                    await eng.offer()
+                except (OSError, CopyError) as e:
+                    self._emit("restore-failed", pair=eng.pair.name, error=f"offering this node's versions: {e}")
+
+    async def choose(self) -> dict[str, str | None]:
+        """The leader, before every node restores: per per-node pair, the one version they all
+        restore (the newest complete one on persistent storage, after its own offer)."""
+        out: dict[str, str | None] = {}
+        for eng in self._restoring():
+            if isinstance(eng, PartEngine):
+                try:
+                    out[eng.pair.name] = await eng.choose()
+                except (OSError, CopyError) as e:
+                    self._emit("restore-failed", pair=eng.pair.name, error=f"choosing the version: {e}")
+        return out
+
+    def holds(self) -> dict[str, Any]:
+        """Per per-node pair, the version this node restored (name, bytes, mtime, sha256), or
+        None. Blocking: hashes the restored file."""
+        return {eng.pair.name: eng.holds() for eng in self._restoring() if isinstance(eng, PartEngine)}
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Watchers, pass loops and safety-net timers for every pair, until cancelled."""
@@ -220,6 +259,7 @@ class Mirror:
     def training_exited(self) -> None:
         """The training's whole tree is gone: nothing can change any more, so later passes
         publish what its profile calls complete without waiting, and name what is torn."""
+        self._exited = True
         for eng in self._engines:
             eng.training_exited()
 
@@ -279,13 +319,30 @@ class Mirror:
                     return ident
             await self._published_event.wait()
 
-    async def flush(self, reason: str) -> dict[str, Any]:
+    async def flush(self, reason: str, within: float | None = None) -> dict[str, Any]:
         """One final pass of every pair, concurrently, right now (backoff ignored).
 
         Cancel-safe: a cancelled copy kills its copier; a staged checkpoint is renamed into
         place only after it is verified, so the destination holds old or new, never torn.
+        The leader's last flush (``final``) with node agents also asks them for theirs and
+        waits for their answers (most of ``within`` seconds, the stop's budget), then passes
+        once more, so node K's last part is assembled before the end (``attach_nodes``).
         """
         t0 = time.monotonic()
+        results = await self._passes(reason)
+        nodes = None
+        if reason == "final" and self._nodes_flush is not None:
+            wait = min(NODES_FLUSH_S if within is None else within * NODES_FLUSH_SHARE, NODES_FLUSH_CAP_S)
+            nodes = await self._nodes_flush(reason, exited=self._exited, within=wait)
+            self._nodes_pending = nodes["pending"]
+            if nodes["answered"]:
+                results = await self._passes(reason)
+        pending = self.pending()
+        return {"reason": reason, "seconds": round(time.monotonic() - t0, 3), "pairs": results,
+                "ok": all(r["ok"] for r in results.values()) and not pending, "pending": pending,
+                **({"nodes": nodes} if nodes is not None else {})}
+
+    async def _passes(self, reason: str) -> dict[str, Any]:
         results: dict[str, Any] = {}
 
         async def one(eng: PairEngine) -> None:
@@ -295,13 +352,16 @@ class Mirror:
         async with anyio.create_task_group() as tg:
             for eng in self._engines:
                 tg.start_soon(one, eng)
-        pending = self.pending()
-        return {"reason": reason, "seconds": round(time.monotonic() - t0, 3), "pairs": results,
-                "ok": all(r["ok"] for r in results.values()) and not pending, "pending": pending}
+        return results
+
+    def attach_nodes(self, flush_nodes: Callable[..., Awaitable[dict[str, Any]]]) -> None:
+        """The leader's node agents (``conduct/fleet.py``): its last flush waits for theirs."""
+        self._nodes_flush = flush_nodes
 
     def pending(self) -> list[str]:
-        """What is not yet durable, one line each (for the ``end`` event)."""
-        return [line for eng in self._engines for line in eng.pending]
+        """What is not yet durable, one line each (for the ``end`` event); with node agents,
+        what they said they could not make durable, and the nodes that did not answer."""
+        return [line for eng in self._engines for line in eng.pending] + self._nodes_pending
 
     def last_activity(self) -> float | None:
         """``time.monotonic()`` of the last change seen in any local side (hang watchdog)."""

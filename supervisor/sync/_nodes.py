@@ -13,6 +13,7 @@ ordinary staging directory and renames it into place, then writes the pointer fi
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 import shutil
@@ -90,18 +91,60 @@ def set_aside(p: SyncPair, node: int, emit: Emit, why: str) -> list[str]:
         if name.startswith(".") or os.path.lexists(p.dst / name) or os.path.islink(p.src / name) \
                 or not os.path.isdir(p.src / name) and not os.path.isfile(p.src / name):
             continue
-        where = p.src / SET_ASIDE_DIR
-        where.mkdir(parents=True, exist_ok=True)
-        target, n = where / name, 1
-        while os.path.lexists(target):
-            target, n = where / f"{name}.{n}", n + 1
-        try:
-            os.rename(p.src / name, target)
-        except OSError:
-            continue
-        moved.append(name)
-        emit("part-set-aside", pair=p.name, checkpoint=name, node=node, to=str(target), why=why)
+        if _move_aside(p, name, node, emit, why):
+            moved.append(name)
     return moved
+
+
+def _move_aside(p: SyncPair, name: str, node: int, emit: Emit, why: str) -> bool:
+    where = p.src / SET_ASIDE_DIR
+    where.mkdir(parents=True, exist_ok=True)
+    target, n = where / name, 1
+    while os.path.lexists(target):
+        target, n = where / f"{name}.{n}", n + 1
+    try:
+        os.rename(p.src / name, target)
+    except OSError:
+        return False
+    emit("part-set-aside", pair=p.name, checkpoint=name, node=node, to=str(target), why=why)
+    return True
+
+
+def set_aside_versions(p: SyncPair, node: int, emit: Emit, why: str) -> list[str]:
+    """Set aside every local entry of ``p`` whose name is published with another content
+    (``snapshot.pt`` saved again after the version on persistent storage): a rank loading
+    it would resume from a version the other nodes do not have."""
+    moved = []
+    try:
+        names = sorted(os.listdir(p.src))
+    except OSError:
+        return []
+    for name in names:
+        if name.startswith(".") or os.path.islink(p.src / name) or not os.path.lexists(p.dst / name):
+            continue
+        there = snapshot(p.dst / name, within(name, p.exclude))
+        mine = snapshot(p.src / name, within(name, p.exclude))
+        if mine is None or there is None or matches(there, mine) or (mine.files and contains(there, mine)):
+            continue
+        if _move_aside(p, name, node, emit, why):
+            moved.append(name)
+    return moved
+
+
+def version_of(path: Path) -> dict[str, object]:
+    """A version's identity on one node: name, bytes, newest mtime (ns) and sha256 (of a
+    file's content; of a directory's sorted listing of names, sizes and mtimes)."""
+    snap = snapshot(path)
+    h = hashlib.sha256()
+    if snap is not None and path.is_file():
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+    elif snap is not None:
+        for rel, (size, mt) in sorted(snap.files.items()):
+            h.update(f"{rel}\0{size}\0{mt // 1_000_000_000}\n".encode())
+    return {"name": path.name, "bytes": snap.bytes if snap else None, "mtime_ns": written(snap) if snap else None,
+            "sha256": h.hexdigest()}
 
 
 GO_FILE = "complete-on-node-0"  # in .supervise-parts/<checkpoint>/: the leader saw it complete
@@ -174,6 +217,7 @@ class PartEngine(PairEngine):
         self.parts_poll = parts_poll
         self.awaiting_go: set[str] = set()         # node K: directories not complete yet (the leader may say go)
         self.space = SpaceWatch()                  # this node's local disk: will the next checkpoint fit?
+        self.restored: Path | None = None          # the version this node restored (``holds``)
         super().__init__(pair, backend, emit, every=every, retry_base=retry_base, retry_cap=retry_cap,
                          on_publish=on_publish)
 
@@ -187,14 +231,48 @@ class PartEngine(PairEngine):
         """The leader: checkpoint → the nodes whose part is not there yet."""
         return self.parts.missing
 
-    async def restore(self) -> Path | None:
-        """Every node brings back the newest *published* checkpoint, the one the leader hands
-        the training (SUPERVISE_RESTORED_FROM): a newer local one is only this node's part of
-        a checkpoint that never gathered every part, so it is set aside first (an ordinary
-        pair would keep it and resume from it; here the other nodes may not hold theirs)."""
-        await to_thread(set_aside, self.pair, self.node, self.emit,
-                        "not published: only this node's part; every node restores the newest published checkpoint")
-        return await super().restore()
+    async def offer(self) -> None:
+        """Before the leader chooses what every node restores: this node's whole versions not
+        yet on persistent storage (a last save the previous attempt's end did not publish) go
+        up as parts, judged as finished (nothing writes before the spawn), so the newest
+        complete version anywhere can be chosen, and is published first, truly. The leader's
+        pass also assembles every part that is whole."""
+        exited, self.exited = self.exited, True
+        try:
+            await self.run_pass("offer")
+        finally:
+            self.exited = exited
+
+    async def choose(self) -> str | None:
+        """After ``offer``, the version to restore: the newest complete one on persistent
+        storage (the leader's choice for every node)."""
+        await self.offer()
+        return await self.restorer.choose()
+
+    async def restore(self, want: str | None = None, *, chosen: bool = False) -> Path | None:
+        """This node brings back exactly one version, the same on every node: the leader's
+        choice (``want``, ``chosen``), else the newest published one (after this node's own
+        offer). Every other local version is set aside first, never left where a rank would
+        load it: a checkpoint never published (this node's part alone) and a different version
+        of a published name (an unpublished ``snapshot.pt`` rewritten in place)."""
+        if not chosen:
+            want = await self.choose()
+        why = "not the version every node restores: set aside"
+        await to_thread(set_aside, self.pair, self.node, self.emit, why)
+        await to_thread(set_aside_versions, self.pair, self.node, self.emit, why)
+        self.restored = await self.restorer.run(want, keep_newer=False) if want is not None else None
+        if want is None:
+            self.emit("restore", pair=self.pair.name, checkpoint=None, node=self.node,
+                      reason="no complete checkpoint on persistent storage")
+        return self.restored
+
+    def holds(self) -> dict[str, object] | None:
+        """What this node holds of the restored version, to compare across nodes: its name,
+        size, newest mtime and a hash (a file's content; a directory's listing, its shards'
+        names, sizes and mtimes). Blocking."""
+        if self.restored is None:
+            return None
+        return version_of(self.restored)
 
     # ---- triggers -------------------------------------------------------------------
 

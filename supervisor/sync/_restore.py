@@ -9,6 +9,8 @@ checkpoint is kept and published, never overwritten.
 from __future__ import annotations
 
 import fnmatch
+import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -33,13 +35,23 @@ class Restorer:
         self.judge = judge
         self.adopt_profile = adopt_profile
 
-    async def run(self) -> Path | None:
+    async def choose(self) -> str | None:
+        """The checkpoint a restore now would bring back: the newest complete one on
+        persistent storage (a multi-node leader's choice for every node)."""
+        listing: Listing = await to_thread(self.judge, self.pair.dst)
+        self.adopt_profile(listing, "persistent")
+        best = _newest(listing, self.state.profile)
+        return best.name if best is not None else None
+
+    async def run(self, want: str | None = None, *, keep_newer: bool = True) -> Path | None:
         """Newest complete checkpoint persistent → local, unless local has it or a newer one.
 
         Both sides are judged as finished (nothing writes them before the spawn): a checkpoint
         its profile calls torn is never chosen, nor a file that is not one of the profile's
         checkpoints, nor a link out of the pair. A newer complete local checkpoint (a requeue
-        onto the same node keeps node-local disk) is kept and published, never overwritten.
+        onto the same node keeps node-local disk) is kept and published, never overwritten
+        (``keep_newer``; a per-node pair instead restores the leader's choice, ``want``, on
+        every node).
         """
         p = self.pair
         t0 = time.monotonic()
@@ -47,6 +59,10 @@ class Restorer:
         self.adopt_profile(listing, "persistent")
         local: Listing = await to_thread(self.judge, p.src)
         best, mine = _newest(listing, self.state.profile), _newest(local, self.state.profile)
+        if want is not None:
+            best = listing.entries.get(want) if want in listing.entries and listing.entries[want].complete else None
+        if not keep_newer:
+            mine = None
         skipped = {"torn": sorted(n for n, e in listing.entries.items() if e.torn)} if any(
             e.torn for e in listing.entries.values()) else {}
         if listing.outside:
@@ -106,8 +122,11 @@ class Restorer:
 
     def _restore_pointers(self, listing: Listing, local: Listing, best: Entry) -> list[str]:
         """Pointers and links that name ``best`` come back with it. With Lightning, a
-        ``last.ckpt`` that is not the newest checkpoint comes back as a link to it (Lightning's
-        own ``save_last="link"`` layout), so ``ckpt_path="last"`` resumes at the newest."""
+        ``last.ckpt`` that is not the newest checkpoint comes back as the newest, so
+        ``ckpt_path="last"`` resumes there: a copy of it (``save_last=True`` rewrites
+        ``last.ckpt`` in place, and would write through a link into the restored file), or a
+        link where the persistent ``last.ckpt`` is one (``save_last="link"``, which replaces
+        its link before it writes)."""
         p = self.pair
         done = []
         for ptr in listing.pointers.values():
@@ -120,14 +139,28 @@ class Restorer:
             done.append(ptr.name)
         prof = self.state.profile
         if prof is not None and prof.links and not any(fnmatch.fnmatchcase(best.name, g) for g in prof.links):
-            stale = [n for n in listing.entries if n != best.name and n not in done
+            # a persistent last.ckpt that is a link (to an older file) is one of them too: without
+            # it, ckpt_path="last" finds nothing on a new node and training starts over (D5)
+            stale = [n for n in (*listing.entries, *listing.pointers) if n != best.name and n not in done
                      and any(fnmatch.fnmatchcase(n, g) for g in prof.links)]
             for name in stale:
                 if name not in local.entries and name not in local.pointers and not (p.src / name).is_symlink():
-                    _fsops.write_link(p.src / name, best.name)
+                    if listing.pointers.get(name) is not None and listing.pointers[name].link:
+                        _fsops.write_link(p.src / name, best.name)  # save_last="link": Lightning replaces links
+                    else:
+                        # save_last=True writes last.ckpt in place: a link would be written
+                        # through into the restored checkpoint (issue 29, D4), so a copy.
+                        _copy_local(p.src / best.name, p.src / name)
                     done.append(name)
         return done
 
+
+
+def _copy_local(src: Path, dst: Path) -> None:
+    """A regular file of its own at ``dst`` (temp + rename), mtime kept: ``last.ckpt``."""
+    tmp = dst.with_name(f"{STAGING_PREFIX}{dst.name}")
+    shutil.copy2(src, tmp)
+    os.replace(tmp, dst)
 
 
 def _newest(listing: Listing, profile: Profile | None) -> Entry | None:

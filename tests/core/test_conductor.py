@@ -192,7 +192,7 @@ class FakeMirror:
     def request(self, reason: str) -> None:
         self.calls.append(f"request:{reason}")
 
-    async def flush(self, reason: str) -> dict:
+    async def flush(self, reason: str, within: float | None = None) -> dict:
         self.calls.append(f"flush:{reason}")
         return {"reason": reason, "ok": True, "pairs": {}, "pending": []}
 
