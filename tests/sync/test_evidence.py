@@ -178,7 +178,10 @@ def test_restore_never_overwrites_a_newer_local_checkpoint_and_publishes_it(tmp_
     assert "nothing restored" in r.stderr
 
 
-def test_lightning_last_link_comes_back_pointing_at_the_newest_and_links_out_are_never_followed(tmp_path, run_dir):
+def test_lightning_last_ckpt_comes_back_as_the_newest_and_links_out_are_never_followed(tmp_path, run_dir):
+    """A stale ``last.ckpt`` file (save_last=True) comes back as a copy of the newest, never a
+    link: Lightning's next save_last writes last.ckpt in place, and through a link it would
+    overwrite the restored epoch file (issue 29, D4)."""
     local, persist = tmp_path / "local", tmp_path / "persist"
     persist.mkdir()
     for step in (100, 200):
@@ -189,9 +192,26 @@ def test_lightning_last_link_comes_back_pointing_at_the_newest_and_links_out_are
     (persist / "evil.ckpt").symlink_to("/etc/passwd")
     got, _ = _restored_from(tmp_path, run_dir, local, persist)
     assert got == str(local / "epoch=0-step=200.ckpt")
-    assert os.readlink(local / "last.ckpt") == "epoch=0-step=200.ckpt"
+    assert not (local / "last.ckpt").is_symlink()
+    assert (local / "last.ckpt").read_bytes() == (local / "epoch=0-step=200.ckpt").read_bytes()
+    with open(local / "last.ckpt", "wb") as f:  # save_last=True, the next epoch
+        f.write(b"epoch 1")
+    assert (local / "epoch=0-step=200.ckpt").read_bytes() == (persist / "epoch=0-step=200.ckpt").read_bytes()
     assert not (local / "evil.ckpt").exists()
     assert events(run_dir, "restore")[-1]["links_out"] == ["evil.ckpt"]
+
+
+def test_a_persistent_last_ckpt_link_to_an_older_file_comes_back_as_a_link_to_the_newest(tmp_path, run_dir):
+    """save_last="link" (Lightning replaces its link before it writes): the link comes back,
+    naming the newest, on a new node too; without it ckpt_path="last" found nothing (D5)."""
+    local, persist = tmp_path / "local", tmp_path / "persist"
+    persist.mkdir()
+    for step in (100, 200):
+        (persist / f"epoch=0-step={step}.ckpt").write_bytes(zip_bytes(f"s{step}"))
+    (persist / "last.ckpt").symlink_to("epoch=0-step=100.ckpt")
+    got, _ = _restored_from(tmp_path, run_dir, local, persist)
+    assert got == str(local / "epoch=0-step=200.ckpt")
+    assert os.readlink(local / "last.ckpt") == "epoch=0-step=200.ckpt"
 
 
 def test_a_symlink_to_a_checkpoint_is_published_as_a_link_after_its_target(tmp_path, run_dir):
