@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from supervisor import __version__, logs
-from supervisor.config import KEYS, SyncPair
+from supervisor.config import AGENT_GROUPS, KEYS, SyncPair
 from supervisor.errors import UsageError
 
 SUBCOMMANDS = ("run", "check", "env", "report", "node-agent", "init")
@@ -69,10 +69,19 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("-q", "--quiet", action="count", default=0, help="only warnings and errors on stderr")
     g.add_argument("-v", "--verbose", action="count", default=0, help="more detail on stderr")
     g.add_argument("-V", "--version", action="version", version=f"supervise {__version__}")
+    groups = _setting_options(p, {"run": g})
+    groups["time limit, preemption and requeue"].add_argument("--no-requeue", dest="requeue", action="store_const",
+                                                              const="false", default=S, help=argparse.SUPPRESS)
 
-    groups = {"run": g}
+
+def _setting_options(p: argparse.ArgumentParser, groups: dict[str, argparse._ArgumentGroup],
+                     only: tuple[str, ...] | None = None) -> dict[str, argparse._ArgumentGroup]:
+    """One flag per setting of ``config.KEYS`` (those of the groups ``only``, or all), under its
+    group's heading; the mirroring group also holds the pairs and their options. The leader's
+    parser and the node agent's both come from here: one definition of each option."""
+    S = argparse.SUPPRESS
     for key in KEYS:
-        if key.name == "run_dir" or key.name in SPECIAL:
+        if key.name == "run_dir" or key.name in SPECIAL or (only is not None and key.group not in only):
             continue
         if key.group not in groups:
             groups[key.group] = p.add_argument_group(key.group)
@@ -87,8 +96,7 @@ def _run_options(p: argparse.ArgumentParser) -> None:
         else:
             groups[key.group].add_argument(key.flag, dest=key.name, metavar=key.metavar, default=S, help=help_text,
                                            action="append" if key.name in REPEATABLE else "store")
-    groups["time limit, preemption and requeue"].add_argument("--no-requeue", dest="requeue", action="store_const",
-                                                              const="false", default=S, help=argparse.SUPPRESS)
+    return groups
 
 
 REPEATABLE = ("notify",)
@@ -161,21 +169,22 @@ def _node_agent_parser() -> _Parser:
                 description="Multi-node jobs whose nodes write checkpoint shards to their own local disks: mirror this "
                             "node's part of every checkpoint of the per-node pairs (nodes > 1) to persistent storage; "
                             "the main supervise (node 0) publishes a checkpoint once every node's part is there. "
-                            "Start one per node, e.g. srun --overlap --ntasks-per-node=1 supervise node-agent "
-                            "--config FILE & (docs/sync.md).")
-    p.add_argument("-c", "--config", metavar="FILE", default=S, help="the same TOML file as the main supervise")
-    p.add_argument("--run-dir", metavar="DIR", default=S,
+                            "Under Slurm the main supervise starts one per node itself; elsewhere start one per node, "
+                            "e.g. mpiexec --ppn 1 supervise node-agent --config FILE & (docs/multinode.md). It takes "
+                            "the main supervise's mirroring and sampling options.")
+    g = p.add_argument_group("node agent")
+    g.add_argument("-c", "--config", metavar="FILE", default=S, help="the same TOML file as the main supervise")
+    g.add_argument("--run-dir", metavar="DIR", default=S,
                    help="the main supervise's run directory; this agent journals into DIR/nodes/node-K/")
-    p.add_argument("--node-rank", metavar="K", default=S,
+    g.add_argument("--node-rank", metavar="K", default=S,
                    help="this node's index, 1 to N-1 (default: SUPERVISE_NODE_RANK, SLURM_NODEID, PMIX_RANK, "
                         "PMI_RANK, PALS_RANKID, OMPI_COMM_WORLD_RANK); 0 is the main supervise's and exits at once")
-    p.add_argument("--nodes", metavar="N|auto", default=S, help="node count of the --checkpoints pairs")
-    p.add_argument("--checkpoints", nargs=2, metavar=("LOCAL", "PERSISTENT"), action="append", default=S,
-                   help="this node's local checkpoint directory and the shared persistent one; repeatable")
-    p.add_argument("--sync-every", metavar="DURATION", default=S, help="safety-net period (default 10m)")
-    p.add_argument("--sync-backend", metavar="NAME", default=S, help="auto (rsync if on PATH), rsync, or python")
-    p.add_argument("-q", "--quiet", action="count", default=0, help="only warnings and errors on stderr")
-    p.add_argument("-v", "--verbose", action="count", default=0, help="more detail on stderr")
+    g.add_argument("--leader-config", metavar="JSON", default=S,
+                   help="the main supervise's resolved configuration, as it starts its agents: the whole of it "
+                        "(no --config, other setting or SUPERVISE_* variable applies beside it)")
+    g.add_argument("-q", "--quiet", action="count", default=0, help="only warnings and errors on stderr")
+    g.add_argument("-v", "--verbose", action="count", default=0, help="more detail on stderr")
+    _setting_options(p, {}, only=AGENT_GROUPS)
     return p
 
 
@@ -328,7 +337,7 @@ def _node_agent(ns: argparse.Namespace, command: list[str]) -> int:
 
     if command:
         raise UsageError("supervise node-agent takes no command: it mirrors, the main supervise runs the training")
-    cfg = config_from(ns, (), for_check=True)
+    cfg = node_agent_config(ns)
     if cfg.run_dir is not None and cfg.run_dir.name.endswith(f"Z-{os.getpid()}"):
         # outside a scheduler the default run directory is new per process: not the leader's
         raise UsageError("supervise node-agent needs the main supervise's run directory here: give --run-dir DIR")
@@ -338,6 +347,23 @@ def _node_agent(ns: argparse.Namespace, command: list[str]) -> int:
         return anyio.run(run_node_agent, cfg, rank)
     finally:
         logs.close()
+
+
+def node_agent_config(ns: argparse.Namespace):  # noqa: ANN201
+    """The agent's Config: its leader's whole (``--leader-config``, as the leader starts it), or
+    built as the leader's own is (file < environment < flags) when a job script starts it."""
+    given = vars(ns)
+    if "leader_config" not in given:
+        return config_from(ns, (), for_check=True)
+    beside = sorted(k for k in given if k not in ("leader_config", "run_dir", "node_rank", "quiet", "verbose"))
+    if beside:
+        raise UsageError(f"--leader-config is the whole configuration: give no --{beside[0].replace('_', '-').replace('markers', 'marker')} with it")
+    if "run_dir" not in given:
+        raise UsageError("--leader-config needs --run-dir DIR, the main supervise's run directory")
+    from supervisor.config import from_leader
+
+    return from_leader(given["leader_config"], Path(given["run_dir"]).absolute(),
+                       given.get("verbose", 0) - given.get("quiet", 0))
 
 
 def _env(ns: argparse.Namespace, command: list[str]) -> int:

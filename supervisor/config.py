@@ -7,6 +7,7 @@ what would be right (exit status 2). Keys are documented in ``configs/example.to
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -319,6 +320,7 @@ KEYS: tuple[Key, ...] = (
     Key("notify_format", _choice("json", "slack", "teams", "ntfy"), "json", "json, slack, teams or ntfy", "FORMAT", _G_NOTIFY),
     Key("notify_timeout", _positive_duration, 5.0, "per-attempt deadline of a webhook post", "DURATION", _G_NOTIFY, "5s"),
 )
+AGENT_GROUPS = (_G_SYNC, _G_SAMPLE)  # what a node agent runs by, besides the pairs (agent_view)
 SCALAR_KEYS: dict[str, Callable[[Any], Any]] = {k.name: k.convert for k in KEYS}
 DEFAULT: dict[str, Any] = {k.name: k.default for k in KEYS}
 SECRET_KEYS = frozenset({"notify"})
@@ -636,6 +638,57 @@ def build_config(
     if create_run_dir:
         check_run_dir(run_dir)
     return cfg
+
+
+LEADER_SOURCE = "the leader's configuration (--leader-config)"  # how errors name it
+_FILE_NAMES = {"src": "from", "dst": "to"}  # SyncPair field → its key in a [[sync]] table
+
+
+def _file_form(v: Any) -> Any:
+    """A resolved value as a config file writes it, which its converter reads back the same."""
+    if isinstance(v, Path):
+        return str(v)
+    if isinstance(v, tuple):
+        return [_file_form(x) for x in v]
+    if isinstance(v, signal.Signals):
+        return v.name
+    return v
+
+
+def agent_view(cfg: Config) -> dict[str, Any]:
+    """The leader's resolved settings that its node agents run by (``AGENT_GROUPS``) and every
+    pair, whole, in the config file's own form: the agent reads them with the file reader and
+    its checks (``from_leader``), so what came from a file, ``SUPERVISE_*`` variables or flags
+    reaches it alike, per pair, and a new key or pair field travels without a line here. No
+    secret is in it (``notify`` is not what an agent runs by)."""
+    out: dict[str, Any] = {k.name: _file_form(getattr(cfg, k.name)) for k in KEYS
+                           if k.group in AGENT_GROUPS and getattr(cfg, k.name) is not None}
+    out["sync"] = [pair_view(p) for p in cfg.sync]
+    return out
+
+
+def pair_view(p: SyncPair) -> dict[str, Any]:
+    """One pair as a ``[[sync]]`` table (None: left out, the default); ``nodes = "auto"`` as such."""
+    out = {_FILE_NAMES.get(f.name, f.name): _file_form(getattr(p, f.name)) for f in fields(p)
+           if f.name != "origin" and getattr(p, f.name) is not None}
+    if p.nodes == 0:
+        out["nodes"] = "auto"
+    return out
+
+
+def from_leader(text: str, run_dir: Path, verbosity: int = 0) -> Config:
+    """A node agent's Config from its leader's ``agent_view`` (conduct/fleet.py puts it on the
+    agents' command line): read as a config file is, and nothing else. The ``SUPERVISE_*``
+    variables srun hands the agent were the leader's, already applied there: read again here
+    they would undo the leader's flags, which outrank them."""
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise ConfigError("--leader-config", text[:80], f"not JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError("--leader-config", text[:80], "expected a JSON object")
+    values, pairs = _from_file(data, Path(LEADER_SOURCE))
+    return Config(run_dir=run_dir, sync=_resolve_pairs(pairs), verbosity=verbosity, **values)
 
 
 def _checkpoint_flags(raw: Mapping[str, Any]) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import anyio
 from anyio.abc import TaskStatus
 
-from supervisor.config import Config
+from supervisor.config import Config, agent_view
 from supervisor.journal import EVENTS_FILE, Emit, JournalTail
 
 log = logging.getLogger("supervise")
@@ -40,23 +40,15 @@ GONE_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWER_DOWN", "FUTURE"
 
 
 def agent_argv(cfg: Config, python: str = sys.executable) -> list[str]:
-    """The agents' command: the leader's own configuration, as a node agent takes it (the
-    environment, ``SUPERVISE_*`` included, reaches them through srun)."""
+    """The agents' command: the leader's resolved configuration, whole (``config.agent_view``:
+    every pair with all its fields, every setting an agent runs by), whether it came from a
+    file, ``SUPERVISE_*`` variables or flags. Re-expressing it as the agent's own flags would
+    lose what flags cannot say (pairs that differ, keys only a file or the environment sets);
+    a config file read again on another node might not read the same."""
     assert cfg.run_dir is not None
-    argv = [python, "-m", "supervisor", "node-agent", "--run-dir", str(cfg.run_dir),
-            "--sync-every", f"{cfg.sync_every:g}s", "--sync-backend", cfg.sync_backend]
-    if cfg.config_file is not None:
-        return [*argv, "--config", str(cfg.config_file)]
-    pairs = [p for p in cfg.sync if p.kind == "checkpoint" and p.nodes > 1]
-    for p in pairs:
-        argv += ["--checkpoints", str(p.src), str(p.dst)]
-    first = pairs[0]
-    argv += ["--nodes", str(first.nodes), "--settle", f"{first.settle:g}s", "--profile", first.profile]
-    if first.restore:
-        argv.append("--restore")
-    for m in first.markers:
-        argv += ["--marker", m]
-    return argv
+    loud = ["-v"] * cfg.verbosity if cfg.verbosity > 0 else ["-q"] * -cfg.verbosity
+    return [python, "-m", "supervisor", "node-agent", "--run-dir", str(cfg.run_dir), *loud,
+            "--leader-config", json.dumps(agent_view(cfg), separators=(",", ":"))]
 
 
 class Fleet:

@@ -31,7 +31,7 @@ from typing import Any, Mapping
 import anyio
 
 from supervisor import childenv
-from supervisor.config import Config
+from supervisor.config import Config, agent_view, pair_view
 from supervisor.errors import ConfigError
 from supervisor.job import detect_job
 from supervisor.journal import EVENTS_FILE, NODES_DIR, Emit, Journal, JournalTail, next_attempt
@@ -190,7 +190,7 @@ async def run_node_agent(cfg: Config, rank: int, env: Mapping[str, str] | None =
                     parts_poll=parts_poll)
     journal.emit("node-start", durable=True, version=__version__, node=rank, nodes=max(p.nodes for p in pairs),
                  host=socket.gethostname(), pid=os.getpid(), argv=sys.argv, backend=mirror.backend_name,
-                 pairs=[{"name": p.name, "nodes": p.nodes, "from": str(p.src), "to": str(p.dst)} for p in pairs])
+                 pairs=[pair_view(p) for p in pairs], settings={k: v for k, v in agent_view(cfg).items() if k != "sync"})
     log.info("node agent %d of %d on %s, journal %s", rank, max(p.nodes for p in pairs), socket.gethostname(), where)
     t0 = time.monotonic()
     leader = JournalTail(cfg.run_dir / EVENTS_FILE)
