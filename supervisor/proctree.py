@@ -21,6 +21,7 @@ class ProcInfo:
     sid: int
     state: str
     comm: str
+    start: int = 0  # clock ticks after boot (stat field 22): with the pid, names one process over time
 
 
 def read_stat(pid: int) -> ProcInfo | None:
@@ -33,7 +34,8 @@ def read_stat(pid: int) -> ProcInfo | None:
     lpar, rpar = raw.find("("), raw.rfind(")")
     rest = raw[rpar + 2 :].split()
     try:
-        return ProcInfo(pid=pid, ppid=int(rest[1]), pgid=int(rest[2]), sid=int(rest[3]), state=rest[0], comm=raw[lpar + 1 : rpar])
+        return ProcInfo(pid=pid, ppid=int(rest[1]), pgid=int(rest[2]), sid=int(rest[3]), state=rest[0],
+                        comm=raw[lpar + 1 : rpar], start=int(rest[19]))
     except (IndexError, ValueError):
         return None
 

@@ -1,0 +1,121 @@
+"""The training's processes on this node, found by a process that is not their parent.
+
+The leader (the main ``supervise``) knows the training's processes as its own child tree
+(``Child.tree``), and judges a checkpoint complete by their open files (sync/_writers.py). A
+node agent on node K started none of them: the scheduler did, in another step of the same
+job. What the scheduler gives every process of a job is the job's id in its environment:
+Slurm puts ``SLURM_JOB_ID`` into every task of every step (with the step's ``SLURM_STEP_ID``),
+PBS puts ``PBS_JOBID`` into every process its MOM starts (``pbsdsh``, PALS' ``mpiexec``). So
+the job's processes here are the live ones whose ``/proc/PID/environ`` names this job, less
+the asking agent's own: itself, its ancestors (its step's daemon, a launcher's proxy), its
+descendants (its copiers) and, under Slurm, every process of its own step.
+
+``/proc/PID/environ`` is the environment a process was started with (what it changes in
+itself later is not seen), and only its own user (or root) may read it: a process that cannot
+be read is not counted as the job's, so another user's processes never are. Not the cgroup:
+Slurm puts steps in cgroups only with ``proctrack/cgroup``, and PBS mostly not at all.
+Blocking reads of /proc: call from a worker thread.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+from supervisor import proctree
+
+JOB_VARIABLES = ("SLURM_JOB_ID", "PBS_JOBID")  # in the order they are trusted
+STEP_VARIABLE = "SLURM_STEP_ID"
+
+
+def job_key(env: Mapping[str, str]) -> tuple[str, str] | None:
+    """(variable, value) that names this job in the environment the scheduler gave us; None
+    outside a job (then no process can be told to be the job's)."""
+    for var in JOB_VARIABLES:
+        value = env.get(var, "").strip()
+        if value:
+            return var, value
+    return None
+
+
+def read_environ(pid: int, names: tuple[str, ...]) -> dict[str, str] | None:
+    """``names`` as set in ``pid``'s starting environment (those unset are left out); None
+    when it cannot be read: gone, or another user's process."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    wanted = tuple(n.encode() + b"=" for n in names)
+    out: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        if item.startswith(wanted):
+            name, _, value = item.partition(b"=")
+            out[name.decode()] = value.decode("utf-8", "replace")
+    return out
+
+
+def own_processes(me: int, procs: list[proctree.ProcInfo]) -> set[int]:
+    """``me``, its ancestors and its descendants: the asking agent's own, never the training's."""
+    parent = {p.pid: p.ppid for p in procs}
+    out = {me} | proctree.descendants(me, procs)
+    pid = parent.get(me, 0)
+    while pid > 0 and pid not in out:
+        out.add(pid)
+        pid = parent.get(pid, 0)
+    return out
+
+
+class JobProcesses:
+    """Called, the job's processes on this node now (``writers`` of a node agent's mirror).
+
+    Cheap enough for every sync pass: the verdict on each process is kept by (pid, start
+    time, name), so a call reads one ``stat`` per process, as the leader's ``Child.tree``
+    does, and the environment only of processes it has not judged yet. The name is in the key
+    because a process forked by a step's daemon carries the daemon's environment until its
+    ``exec``, which keeps the pid and the start time but changes the name. Safe to call from
+    several threads at once: each call keeps a new map of verdicts, losing at most some reuse.
+    """
+
+    def __init__(self, key: tuple[str, str], step: str | None = None, me: int | None = None) -> None:
+        self.key = key
+        self.step = step if key[0] == "SLURM_JOB_ID" else None
+        self.me = os.getpid() if me is None else me
+        self._verdicts: dict[tuple[int, int, str], bool] = {}
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], me: int | None = None) -> JobProcesses | None:
+        """For an agent whose environment is ``env``; None outside a job (no evidence to find)."""
+        key = job_key(env)
+        if key is None:
+            return None
+        return cls(key, env.get(STEP_VARIABLE, "").strip() or None, me)
+
+    def describe(self) -> str:
+        """How they are found, for ``supervise check`` and the journal."""
+        mine = f", not of the agent's own step ({STEP_VARIABLE}={self.step})" if self.step else ""
+        return f"the processes on this node whose /proc/PID/environ has {self.key[0]}={self.key[1]}{mine}"
+
+    def __call__(self) -> set[int]:
+        procs = proctree.all_processes()
+        own = own_processes(self.me, procs)
+        verdicts: dict[tuple[int, int, str], bool] = {}
+        found = set()
+        for p in procs:
+            if p.state == "Z" or p.pid in own:
+                continue
+            k = (p.pid, p.start, p.comm)
+            verdict = self._verdicts.get(k)
+            if verdict is None:
+                verdict = self._is_job(p.pid)
+            verdicts[k] = verdict
+            if verdict:
+                found.add(p.pid)
+        self._verdicts = verdicts  # those gone are forgotten
+        return found
+
+    def _is_job(self, pid: int) -> bool:
+        env = read_environ(pid, (self.key[0], STEP_VARIABLE))
+        if env is None or env.get(self.key[0]) != self.key[1]:
+            return False
+        return self.step is None or env.get(STEP_VARIABLE) != self.step
