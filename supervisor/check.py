@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from supervisor.child import SpawnError, resolve_command
 from supervisor.config import Config
@@ -105,7 +105,32 @@ def _check_plan(cfg: Config) -> bool:
         print(f"{WARN:4}  {'plan':10} {w}")
     for status, topic, text in describe(plan):
         print(f"{status:4}  {topic:10} {text}")
+    for status, text in node_evidence(plan.cfg, plan.env):
+        print(f"{status:4}  {'evidence':10} {text}")
     return False
+
+
+def node_evidence(cfg: Config, env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """With per-node pairs: what tells each node that its part of a checkpoint is complete.
+    Node 0 is the leader's (its child tree); the others' agents find the job's processes by
+    what the scheduler puts in every process's environment, as ``node_agent`` does with the
+    environment srun (or the job script's launcher) hands it, this one's."""
+    from supervisor.jobprocs import JobProcesses
+
+    nodes = max((p.nodes for p in cfg.sync if p.kind == "checkpoint" and p.nodes > 1), default=1)
+    if nodes < 2:
+        return []
+    others = "node 1 (its node agent)" if nodes == 2 else f"nodes 1-{nodes - 1} (their node agents)"
+    out = [(OK, "node 0 (the leader, supervise itself): open files of its child tree, the training's processes there")]
+    finder = JobProcesses.from_env(env)
+    if finder is None:
+        out.append((WARN, f"{others}: quiet time alone (settle), or node 0's word for a directory part: "
+                          "no SLURM_JOB_ID or PBS_JOBID here to find the training's processes by"))
+    else:
+        out.append((OK, f"{others}: open files of the job's processes found by {finder.key[0]} in "
+                        "/proc/PID/environ (the agent's own step left out); a directory part also waits for node 0's "
+                        "word or settle"))
+    return out
 
 
 def run_check(cfg: Config, command: Sequence[str]) -> int:

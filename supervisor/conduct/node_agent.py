@@ -34,8 +34,9 @@ from supervisor import childenv
 from supervisor.config import Config, agent_view, pair_view
 from supervisor.errors import ConfigError
 from supervisor.job import detect_job
+from supervisor.jobprocs import JobProcesses
 from supervisor.journal import EVENTS_FILE, NODES_DIR, Emit, Journal, JournalTail, next_attempt
-from supervisor.sync import role_before, set_aside_other_role
+from supervisor.sync import Mirror, role_before, set_aside_other_role
 
 log = logging.getLogger("supervise")
 
@@ -47,6 +48,7 @@ FINAL_FLUSH_S = 60.0
 LOCK_FILE = "agent.lock"
 CHOICE_POLL_S = 0.1  # while the leader chooses what every node restores
 LEADER_POLL_S = 0.2  # the leader's journal: its last flush's request waits on our answer
+TRAINING_POLL_S = 1.0  # how often the agent looks for the job's processes on its node (_follow_training)
 
 
 def node_rank(given: str | None, env: Mapping[str, str]) -> int:
@@ -82,6 +84,26 @@ async def _start_samplers(tg: anyio.abc.TaskGroup, cfg: Config, where: Path, emi
     host = HostSampler(run_dir=where, emit=emit, every=cfg.gpu_every)
     await tg.start(partial(guarded, "gpu", partial(gpu.run, tree_pids=set), emit))
     await tg.start(partial(guarded, "host", partial(host.run, tree_pids=set), emit))
+
+
+async def _follow_training(training: JobProcesses, mirror: Mirror, emit: Emit, rank: int) -> None:
+    """The job's processes on this node, looked for every ``TRAINING_POLL_S``: once found and
+    then all gone, the training here has exited, and nothing can change its files any more
+    (``node-training``); found again (the leader restarted it in place), it runs again."""
+    running = False
+    while True:
+        pids = await anyio.to_thread.run_sync(training)
+        if bool(pids) != running:
+            running = bool(pids)
+            if running:
+                mirror.training_resumed()
+            else:
+                mirror.training_exited()
+                mirror.request("training-exited")  # what waited for quiet time is judged now
+            emit("node-training", node=rank, state="running" if running else "exited", processes=len(pids))
+            log.info("node %d: the training's processes here %s", rank,
+                     f"found ({len(pids)})" if running else "are gone: it has exited")
+        await anyio.sleep(TRAINING_POLL_S)
 
 
 def _say(what: str, rank: int, more: str = "") -> None:
@@ -154,7 +176,6 @@ async def run_node_agent(cfg: Config, rank: int, env: Mapping[str, str] | None =
                          parts_poll: float = 1.0) -> int:
     """Mirror this node's parts until the leader ends (or a second stop signal); exit status."""
     from supervisor import __version__, logs
-    from supervisor.sync import Mirror
 
     env = dict(os.environ if env is None else env)
     assert cfg.run_dir is not None
@@ -185,12 +206,14 @@ async def run_node_agent(cfg: Config, rank: int, env: Mapping[str, str] | None =
     for w in warnings:
         log.warning("%s", w)
     journal = Journal(where, next_attempt(where, env))
+    training = JobProcesses.from_env(env)  # None outside a job: no writer can be seen, quiet time decides
     mirror = Mirror(pairs, emit=journal.emit, sync_every=cfg.sync_every, backend=cfg.sync_backend,
                     nice=cfg.sync_nice, ionice=cfg.sync_ionice, streams=cfg.sync_streams, node_rank=rank,
-                    parts_poll=parts_poll)
+                    parts_poll=parts_poll, writers=training)
     journal.emit("node-start", durable=True, version=__version__, node=rank, nodes=max(p.nodes for p in pairs),
                  host=socket.gethostname(), pid=os.getpid(), argv=sys.argv, backend=mirror.backend_name,
-                 pairs=[pair_view(p) for p in pairs], settings={k: v for k, v in agent_view(cfg).items() if k != "sync"})
+                 pairs=[pair_view(p) for p in pairs], settings={k: v for k, v in agent_view(cfg).items() if k != "sync"},
+                 writers=training.describe() if training is not None else None)
     log.info("node agent %d of %d on %s, journal %s", rank, max(p.nodes for p in pairs), socket.gethostname(), where)
     t0 = time.monotonic()
     leader = JournalTail(cfg.run_dir / EVENTS_FILE)
@@ -207,6 +230,8 @@ async def run_node_agent(cfg: Config, rank: int, env: Mapping[str, str] | None =
             _say("ready", rank, json.dumps(holds, separators=(",", ":")))
             if cfg.gpu_every > 0:
                 await _start_samplers(tg, cfg, where, journal.emit, env)
+            if training is not None:
+                tg.start_soon(_follow_training, training, mirror, journal.emit, rank)
             stop = anyio.Event()
             why: list[tuple[str, str]] = []
 

@@ -79,7 +79,8 @@ class Mirror:
             if p.kind == "checkpoint" and p.nodes > 1:
                 self._engines.append(PartEngine(p, self._backend, emit, node=node_rank, every=sync_every,
                                                 retry_base=retry_base, retry_cap=retry_cap,
-                                                on_publish=self._count_publish, parts_poll=parts_poll))
+                                                on_publish=self._count_publish, parts_poll=parts_poll,
+                                                writers=writers))
             else:
                 ours = set(published_before.get(p.name, ())) if published_before is not None else None
                 self._engines.append(PairEngine(p, self._backend, emit, every=sync_every, retry_base=retry_base,
@@ -120,7 +121,7 @@ class Mirror:
         is open), and the training's processes, whose open files are the evidence."""
         self._sink = emit
         for eng in self._engines:
-            if eng.pair.kind == "checkpoint" and not isinstance(eng, PartEngine):
+            if eng.pair.kind == "checkpoint":
                 eng.writers = writers
 
     @property
@@ -262,6 +263,13 @@ class Mirror:
         self._exited = True
         for eng in self._engines:
             eng.training_exited()
+
+    def training_resumed(self) -> None:
+        """A node agent: the job's processes are back on this node (the leader restarted the
+        training in place) after ``training_exited``: files may change again."""
+        self._exited = False
+        for eng in self._engines:
+            eng.exited = False
 
     def describe(self) -> list[tuple[str, str]]:
         """For ``supervise check`` and the start: each pair, its sides, backend and profile

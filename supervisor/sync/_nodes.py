@@ -19,17 +19,20 @@ import os
 import shutil
 import socket
 import time
+from functools import partial
 from pathlib import Path
 from typing import Callable, Collection
 
 import anyio
 
+from supervisor import stacks
 from supervisor.config import SyncPair
 from supervisor.journal import Emit
 from supervisor.sync import _fsops
 from supervisor.sync._backend import Backend, CopyError, CopyResult
 from supervisor.sync._complete import Context, Entry, Listing, Snap, classify, matches, natural_key, snapshot
 from supervisor.sync._exclude import within
+from supervisor.sync._writers import open_for_write
 from supervisor.sync._pair import PairEngine
 from supervisor.sync._publish import RECOPY_TRIES, Publisher, complete_newest_first
 from supervisor.sync._state import PairState, to_thread
@@ -211,15 +214,16 @@ class PartEngine(PairEngine):
 
     def __init__(self, pair: SyncPair, backend: Backend, emit: Emit, *, node: int, every: float,
                  retry_base: float, retry_cap: float, on_publish: Callable[[float | None], None],
-                 parts_poll: float = 1.0) -> None:
+                 parts_poll: float = 1.0, writers: Callable[[], set[int]] | None = None) -> None:
         self.node = node
         self.leader = node == 0
         self.parts_poll = parts_poll
         self.awaiting_go: set[str] = set()         # node K: directories not complete yet (the leader may say go)
         self.space = SpaceWatch()                  # this node's local disk: will the next checkpoint fit?
         self.restored: Path | None = None          # the version this node restored (``holds``)
+        self.writers_seen = False                  # the training's processes were found here (writer_view)
         super().__init__(pair, backend, emit, every=every, retry_base=retry_base, retry_cap=retry_cap,
-                         on_publish=on_publish)
+                         on_publish=on_publish, writers=writers)
 
     def _publisher(self, on_publish: Callable[..., None], ours: set[str] | None) -> Publisher:
         self.parts = PartPublisher(self.state, node=self.node, rescan=self.rescan, recheck=self.schedule.recheck,
@@ -314,26 +318,51 @@ class PartEngine(PairEngine):
         p = self.pair
         reuse = self.reusable({**self.parts.parted, **self.state.published}) if cheap else None
         local = root is None
-        if self.leader:  # cheap
-            ctx = Context(profile=self.profile)
-        else:  # a node agent sees no writer: no open files to ask about
-            provisional = self.profile is not None and self.profile.name == "torch-save" and p.profile == "auto"
-            ctx = Context(profile=None if provisional else local_profile(self.profile, False), exited=finished,
-                          inodes=self._inodes if local else {}, torn_check=self._torn_check)
+        ctx = self._context(local, finished, pids)
         listing = classify(root or p.src, markers=p.markers, exclude=p.exclude,
                            settle=p.settle if settle is None else settle, now=time.time(),
                            marker_seen=self.marker_seen if local else False, only=only, reuse=reuse, ctx=ctx)
         if not self.leader:
             go = {n for n, e in listing.entries.items() if not e.complete and e.is_dir and go_path(p.dst, n).exists()}
-            settled_here(listing, p.settle if settle is None else settle, time.time(), finished=finished, go=go)
+            settled_here(listing, p.settle if settle is None else settle, time.time(),
+                         finished=finished or (local and self.exited), go=go)
             if local and only is None:
                 self.awaiting_go = {n for n, e in listing.entries.items() if not e.complete and e.is_dir}
         if local and only is None and not cheap:
             self._inodes = {n: sig[0] for n, sig in listing.sigs.items()}
         return listing
 
+    # ---- evidence: who writes this node's files -----------------------------------
+
+    def _context(self, local: bool, finished: bool, pids: set[int] | None) -> Context:
+        """This node's rules (``local_profile``) and what is known of the writers of its files,
+        as ``PairEngine.scan`` has it: the training's processes on this node (the leader's
+        child tree; node K's agent finds the job's, supervisor/jobprocs.py) and the files they
+        hold open for writing, so a file its writer closed is complete at once. Node K finding
+        none of them (not started here yet, or not visible) knows nothing of writers: quiet
+        time decides, as before; the leader's empty tree is a training not running."""
+        p = self.pair
+        provisional = self.profile is not None and self.profile.name == "torch-save" and p.profile == "auto"
+        writing = None
+        if local and pids is not None and (pids or self.leader) and not self.exited:
+            writing = open_for_write(pids, os.path.realpath(p.src))
+        saving = partial(stacks.inside, set(pids)) if writing is not None and pids else None
+        return Context(profile=None if provisional else local_profile(self.profile, self.leader), writing=writing,
+                       exited=finished or (local and self.exited), inodes=self._inodes if local else {},
+                       torn_check=self._torn_check, saving=saving)
+
+    def _pids(self) -> set[int] | None:
+        pids = super()._pids()
+        self.writers_seen = self.writers_seen or bool(pids)
+        return pids
+
+    def writer_view(self) -> str:
+        """The leader's are its child tree; node K's are visible once its agent found the job's
+        processes here."""
+        return "visible" if self.writers is not None and (self.leader or self.writers_seen) else "unseen"
+
     async def _pass_listing(self, trigger: str) -> Listing:
-        listing: Listing = await to_thread(self.scan, cheap=trigger in ("watch", "parts"))
+        listing: Listing = await to_thread(lambda: self.scan(cheap=trigger in ("watch", "parts"), pids=self._pids()))
         self.take_listing(listing)
         p = self.pair
         full = await to_thread(self.space.check, p.src, listing)

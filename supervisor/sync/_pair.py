@@ -236,7 +236,7 @@ class PairEngine:
         if self.pair.markers or (prof is not None and (prof.markers or prof.name in ("deepspeed", "megatron", "orbax"))):
             return False
         if prof is not None and prof.is_dir is False:
-            return self.writers is None
+            return self.writer_view() == "unseen"
         return True
 
     def training_exited(self) -> None:
