@@ -23,6 +23,11 @@ from typing import Any, Iterable, Iterator, Mapping, Protocol
 SCHEMA_VERSION = 1
 EVENTS_FILE = "events.jsonl"
 NODES_DIR = "nodes"  # RUN/nodes/node-K/: each node agent's journal and samples (docs/multinode.md)
+
+
+def node_dir(run_dir: Path, rank: int) -> Path:
+    """Node K's agent's directory in the run directory (its journal, log and samples)."""
+    return run_dir / NODES_DIR / f"node-{rank}"
 DURABLE_KINDS = frozenset({"signal", "end"})
 
 _SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|PASSWD|KEY|WEBHOOK|CREDENTIAL|AUTH|COOKIE|SESSION_ID|URL|NOTIFY", re.I)

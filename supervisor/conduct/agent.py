@@ -139,28 +139,11 @@ class Agent:
                 tg.start_soon(cancel_when, self._stop_wanted, restore_scope)
                 agents = await fleet.start(self.plan, tg, self._guarded, self.journal.emit)  # multi-node: the node agents
                 self._set_state(State.RESTORING)
-                if agents is None:
-                    run.restored_from = await run.mirror.restore()
-                else:
-                    await self._restore_everywhere(agents)
+                run.restored_from, differ = await fleet.restore_everywhere(agents, run.mirror, self.journal.emit)
+                if differ is not None:  # nodes that would resume from different versions: never started
+                    log.error("%s: not starting the training", differ)
+                    self._request_stop(Trigger(Reason.ERROR, differ, at=time.monotonic()))
             await tg.start(self._guarded("sync", run.mirror.run))
-
-    async def _restore_everywhere(self, agents: fleet.Fleet) -> None:
-        """One version on every node: the leader chooses (after every node offered what it
-        had), each agent restores exactly that, then the leader; what each node holds is
-        journaled (``restore-versions``) and nodes that differ stop the start."""
-        run = self.run_state
-        assert run.mirror is not None
-        choice = await run.mirror.choose()
-        theirs = await agents.agree(choice)
-        run.restored_from = await run.mirror.restore(choice)
-        holds = {0: await anyio.to_thread.run_sync(run.mirror.holds), **theirs}
-        differ = fleet.disagreement(holds)
-        self.journal.emit("restore-versions", choice=choice, nodes={str(k): v for k, v in sorted(holds.items())},
-                          agree=differ is None, missing=sorted(agents.want - set(theirs)))
-        if differ is not None:
-            log.error("%s: not starting the training", differ)
-            self._request_stop(Trigger(Reason.ERROR, differ, at=time.monotonic()))
 
     def _guarded(self, name: str, run: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[None]]:
         return partial(guarded, name, run, self.journal.emit)

@@ -29,7 +29,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from supervisor.config import Config, agent_view
-from supervisor.journal import EVENTS_FILE, Emit, JournalTail
+from supervisor.journal import EVENTS_FILE, Emit, JournalTail, node_dir
 
 log = logging.getLogger("supervise")
 
@@ -121,7 +121,7 @@ class Fleet:
             tg.start_soon(follow)
             await self._until(lambda: self.want <= set(self.offered), self.ready_timeout)
             task_status.started()
-            status = await anyio.to_thread.run_sync(proc.wait)
+            status = await anyio.to_thread.run_sync(proc.wait, abandon_on_cancel=True)
             # before the leader's end: a node died, or srun could not reach one
             log.warning("the node agents' srun ended with status %d before the run did", status)
             tg.cancel_scope.cancel()
@@ -157,11 +157,9 @@ class Fleet:
         training exited is then on persistent storage before the leader's own last pass
         assembles it (``nodes-flush`` here, ``node-flush`` with the same ``request`` in
         ``RUN/nodes/node-K/events.jsonl``). Nodes that do not answer in time are named."""
-        from supervisor.conduct.node_agent import node_dir
-
         self.requests += 1
         request = f"{os.getpid()}.{self.requests}"
-        nodes = sorted(self.ready)
+        nodes = sorted(set(self.ready) & self.want)  # node 0's "leader" line is no agent
         watches = {k: JournalTail(node_dir(self.run_dir, k) / EVENTS_FILE) for k in nodes}
         self.emit("nodes-flush", request=request, reason=reason, exited=exited, nodes=nodes, durable=True)
         t0 = time.monotonic()
@@ -305,6 +303,23 @@ def _version_text(v: Any) -> str:
     if not v:
         return "nothing"
     return f"{v.get('name')} ({v.get('bytes')} bytes, sha256 {str(v.get('sha256'))[:12]})"
+
+
+async def restore_everywhere(agents: Fleet | None, mirror: Any, emit: Emit) -> tuple[Path | None, str | None]:
+    """One version on every node: the leader chooses (after every node offered what it had),
+    each agent restores exactly that, then the leader. What each node holds is journaled
+    (``restore-versions``); returns the leader's restored path and, when nodes hold different
+    versions, the words that stop the start. Without agents, the leader's own restore."""
+    if agents is None:
+        return await mirror.restore(), None
+    choice = await mirror.choose()
+    theirs = await agents.agree(choice)
+    restored = await mirror.restore(choice)
+    holds = {0: await anyio.to_thread.run_sync(mirror.holds), **theirs}
+    differ = disagreement(holds)
+    emit("restore-versions", choice=choice, nodes={str(k): v for k, v in sorted(holds.items())},
+         agree=differ is None, missing=sorted(agents.want - set(theirs)))
+    return restored, differ
 
 
 async def start(plan: Any, tg: Any, guarded: Callable[..., Any], emit: Emit) -> Fleet | None:

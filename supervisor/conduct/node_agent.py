@@ -31,11 +31,12 @@ from typing import Any, Mapping
 import anyio
 
 from supervisor import childenv
+from supervisor.conduct.fleet import CHOICE_VAR, READY_TIMEOUT_S, read_choice
 from supervisor.config import Config, agent_view, pair_view
 from supervisor.errors import ConfigError
 from supervisor.job import detect_job
 from supervisor.jobprocs import JobProcesses
-from supervisor.journal import EVENTS_FILE, NODES_DIR, Emit, Journal, JournalTail, next_attempt
+from supervisor.journal import EVENTS_FILE, Emit, Journal, JournalTail, next_attempt, node_dir
 from supervisor.sync import Mirror, role_before, set_aside_other_role
 
 log = logging.getLogger("supervise")
@@ -119,8 +120,6 @@ async def _restore(mirror: Any, env: Mapping[str, str], rank: int) -> None:
     the leader's choice and restore exactly that (every node the same version). Started by
     the job script (no choice file named): the newest published version, as the leader's
     own restore picks it."""
-    from supervisor.conduct.fleet import CHOICE_VAR, READY_TIMEOUT_S, read_choice
-
     path = env.get(CHOICE_VAR)
     if not path:
         await mirror.restore()
@@ -166,10 +165,6 @@ def _previous_start(path: Path) -> dict | None:
     except OSError:
         return None
     return starts[-2] if len(starts) >= 2 else None
-
-
-def node_dir(run_dir: Path, rank: int) -> Path:
-    return run_dir / NODES_DIR / f"node-{rank}"
 
 
 async def run_node_agent(cfg: Config, rank: int, env: Mapping[str, str] | None = None,

@@ -23,6 +23,7 @@ Everything here does blocking I/O (``os.scandir``, ``stat``) and is called throu
 
 from __future__ import annotations
 
+import filecmp
 import fnmatch
 import functools
 import os
@@ -512,6 +513,19 @@ def newest_complete(listing: Listing) -> Entry | None:
             return listing.entries[p.target]
     done = [e for e in listing.entries.values() if e.complete and e.restorable]
     return max(done, key=lambda e: e.order) if done else None
+
+
+def identical(a: Path, b: Path, sa: Snap | None, sb: Snap | None) -> bool:
+    """Are ``a`` and ``b`` the same version, not merely alike? ``matches`` allows mtimes 1 s
+    apart (whole-second filesystems), and ``torch.save`` writes a file of the same size every
+    epoch: two epochs saved within a second would pass. Same files and sizes, and each file's
+    mtime equal to the nanosecond or else its bytes equal. Blocking: may read both."""
+    if sa is None or sb is None or not matches(sa, sb):
+        return False
+    for rel, (_size, mt) in sa.files.items():
+        if sb.files[rel][1] != mt and not filecmp.cmp(a / rel if rel else a, b / rel if rel else b, shallow=False):
+            return False
+    return True
 
 
 def matches(staged: Snap | None, source: Snap) -> bool:

@@ -30,7 +30,7 @@ from supervisor.config import SyncPair
 from supervisor.journal import Emit
 from supervisor.sync import _fsops
 from supervisor.sync._backend import Backend, CopyError, CopyResult
-from supervisor.sync._complete import Context, Entry, Listing, Snap, classify, matches, natural_key, snapshot
+from supervisor.sync._complete import Context, Entry, Listing, Snap, classify, identical, matches, natural_key, snapshot
 from supervisor.sync._exclude import within
 from supervisor.sync._writers import open_for_write
 from supervisor.sync._pair import PairEngine
@@ -39,7 +39,7 @@ from supervisor.sync._state import PairState, to_thread
 from supervisor.sync._profiles import Profile
 from supervisor.sync._space import SpaceWatch
 from supervisor.sync._parts import (PartConflict, PartsChanged, assemble, assembled_snap, manifest_path, manifest_snap,
-                                    part_dir, read_manifest, release_parts, waiting, withdraw, write_manifest)
+                                    part_dir, part_source, read_manifest, release_parts, waiting, withdraw, write_manifest)
 
 log = logging.getLogger("supervise")
 
@@ -54,6 +54,9 @@ def contains(there: Snap | None, mine: Snap) -> bool:
         if got is None or got[0] != size or abs(got[1] - mt) > 1_000_000_000:
             return False
     return True
+
+
+SAME_SECOND_NS = 1_000_000_000  # mtimes this close may be one version (filesystems that keep whole seconds)
 
 
 def written(snap: Snap) -> int:
@@ -127,7 +130,9 @@ def set_aside_versions(p: SyncPair, node: int, emit: Emit, why: str) -> list[str
             continue
         there = snapshot(p.dst / name, within(name, p.exclude))
         mine = snapshot(p.src / name, within(name, p.exclude))
-        if mine is None or there is None or matches(there, mine) or (mine.files and contains(there, mine)):
+        whole = there is not None and mine is not None and there.files.keys() == mine.files.keys()
+        if mine is None or there is None or (identical(p.src / name, p.dst / name, mine, there) if whole
+                                             else contains(there, mine)):
             continue
         if _move_aside(p, name, node, emit, why):
             moved.append(name)
@@ -403,7 +408,8 @@ class PartPublisher(Publisher):
                 continue
             if await to_thread(os.path.lexists, p.dst / e.name):
                 there = await to_thread(snapshot, p.dst / e.name, within(e.name, p.exclude))
-                if not self._new_version(e, there, listing):
+                same = await to_thread(self._same, e, there)
+                if not self._new_version(e, there, same, listing):
                     continue
             todo.append(e)
         self._note_pending(listing)
@@ -447,15 +453,23 @@ class PartPublisher(Publisher):
                 return True
         return False
 
-    def _new_version(self, e: Entry, there: Snap | None, listing: Listing) -> bool:
+    def _same(self, e: Entry, there: Snap | None) -> bool:
+        """Does the published ``e.name`` hold this node's ``e``? A directory: this node's files
+        among every node's; a file: that very version (``identical``). Blocking."""
+        if e.is_dir:
+            return contains(there, e.snap)
+        return identical(self.pair.src / e.name, self.pair.dst / e.name, e.snap, there)
+
+    def _new_version(self, e: Entry, there: Snap | None, same: bool, listing: Listing) -> bool:
         """``e.name`` is on persistent storage already: is this node's ``e`` a newer version
         of it, to publish as such (a ``snapshot.pt`` rewritten in place every epoch, a
         ``last.ckpt``)? The evidence is this node's own: the file changed here since this node
         last accounted for it (published, staged, restored), so the training wrote it in this
         attempt. A version this node never saw before counts only if it was written after the
-        published one (mtime, whole seconds: some filesystems keep no more). Otherwise it is
+        published one (mtime; for a directory's part, a whole second later: some filesystems
+        keep no more, and a file's sameness was read byte for byte). Otherwise it is
         the published one (recorded), or an older one, never published over a newer."""
-        if contains(there, e.snap):
+        if same:
             self.parted.pop(e.name, None)
             self.stale.pop(e.name, None)
             self.state.published[e.name] = self.seen[e.name] = e.snap
@@ -463,7 +477,8 @@ class PartPublisher(Publisher):
                 self.state.sigs[e.name] = listing.sigs[e.name]
             return False
         changed_here = e.name in self.seen and not self.seen[e.name].same_content(e.snap)
-        if changed_here or (there is not None and written(e.snap) > written(there) + 1_000_000_000):
+        slack = SAME_SECOND_NS if e.is_dir else 0  # a file's sameness was read byte for byte
+        if changed_here or (there is not None and written(e.snap) > written(there) + slack):
             return True
         if e.name not in self.stale:
             self.emit("sync-deferred", pair=self.pair.name, checkpoint=e.name, node=self.node,
@@ -606,11 +621,22 @@ class PartPublisher(Publisher):
         if not manifests or not os.path.lexists(p.dst / name):
             return manifests
         there = snapshot(p.dst / name, within(name, p.exclude))
-        old = {k: m for k, m in manifests.items()
-               if contains(there, manifest_snap(m)) or there is not None and written(manifest_snap(m)) <= written(there)}
+        old = {k: m for k, m in manifests.items() if self._superseded(name, k, m, there)}
         if old:
             release_parts(p.dst, name, old, GO_FILE)
         return {k: m for k, m in manifests.items() if k not in old}
+
+    def _superseded(self, name: str, node: int, m: dict, there: Snap | None) -> bool:
+        """Is node ``node``'s part of ``name`` the published version already, or older? A single
+        file is compared byte for byte with the published one when the two look alike
+        (``identical``); a directory's part by ``contains``. Blocking."""
+        mine = manifest_snap(m)
+        if there is None:
+            return False
+        if m.get("is_dir") is False:
+            src = part_source(self.pair.dst, name, node, "")
+            return written(mine) < written(there) or identical(src, self.pair.dst / name, mine, there)
+        return contains(there, mine) or written(mine) <= written(there)
 
     def _note_pending(self, listing: Listing) -> None:
         name_ = self.pair.name

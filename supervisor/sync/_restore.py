@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from supervisor.sync import _fsops
 from supervisor.sync._backend import CopyError, CopyResult
-from supervisor.sync._complete import STAGING_PREFIX, Entry, Listing, matches, newest_complete, snapshot
+from supervisor.sync._complete import STAGING_PREFIX, Entry, Listing, identical, matches, newest_complete, snapshot
 from supervisor.sync._exclude import within
 from supervisor.sync._profiles import Profile
 from supervisor.sync._state import PairState, to_thread
@@ -81,7 +81,10 @@ class Restorer:
         dest = p.src / best.name
         have = await to_thread(snapshot, dest, within(best.name, p.exclude))
         stats = CopyResult()
-        if not matches(have, best.snap):
+        # one version on every node (a per-node pair): this node's copy must be that very
+        # version, not one alike (same size, saved within the same second)
+        same = matches(have, best.snap) if keep_newer else await to_thread(identical, dest, p.dst / best.name, have, best.snap)
+        if not same:
             await to_thread(p.src.mkdir, parents=True, exist_ok=True)
             staging = p.src / f"{STAGING_PREFIX}{best.name}"
             await to_thread(_fsops.remove_ours, staging)

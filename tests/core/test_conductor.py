@@ -156,9 +156,18 @@ class FakeMirror:
         self.calls.append("attach")
         self.emit = emit
 
-    async def restore(self):
+    async def restore(self, choice=None):
         self.calls.append("restore")
         return None
+
+    async def choose(self) -> dict:
+        return {}
+
+    def holds(self) -> dict:
+        return {}
+
+    def attach_nodes(self, flush_nodes) -> None:
+        self.calls.append("attach-nodes")
 
     async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         self.calls.append("prepared")

@@ -1,0 +1,131 @@
+"""The training people really run across nodes (issue 29): the PyTorch DDP tutorial's pattern.
+
+``ddp_tutorial.py`` is written as the tutorial's multi-node script is: global rank 0
+``torch.save``s ``snapshot.pt`` in place every epoch on its node's local disk, and every rank
+on every node loads ``snapshot.pt`` from its own disk at start. Under ``srun torchrun
+--nnodes 2 --nproc_per_node 2`` on the 3-node cluster, with the documented config (``nodes =
+"auto"``, ``restore = true``), through a requeue onto other nodes and the death of a
+non-batch node:
+
+* every version rank 0 saved is published while the job runs (one ``publish`` a save), and
+  the final one at the end;
+* every rank on every node resumes from the same epoch, the newest published before the
+  interruption (after the requeue exactly the last one saved), and the leader journals what
+  each node held at the spawn (``restore-versions``, all the same);
+* the job completes, with the last epoch durable.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.multinode.conftest import REPO, Cluster, events, wait_for
+
+EPOCHS = 24
+
+JOB = """#!/bin/bash
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --requeue
+#SBATCH --open-mode=append
+cd {repo}
+echo "attempt $SLURM_RESTART_COUNT on $SLURM_JOB_NODELIST"
+export EPOCH_SLEEP=1.0 OMP_NUM_THREADS=1
+HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -1)
+exec {python} -m supervisor --config {cfg} --run-dir {run} -- \\
+  srun --ntasks-per-node=1 --chdir={local}/ckpt {torchrun} --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d \\
+  --rdzv-endpoint=$HEAD:29500 --rdzv-id=$SLURM_JOB_ID-$SLURM_RESTART_COUNT {train} {epochs} 1
+"""
+
+
+def attempts_of(out: str) -> dict[int, str]:
+    """The job's output, cut at each attempt's first line (``attempt N``, N from 0)."""
+    parts = re.split(r"^attempt (\d+) on .*$", out, flags=re.M)
+    return {int(parts[i]) + 1: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+
+
+def test_the_ddp_tutorial_pattern_through_a_requeue_and_a_node_death(cluster3: Cluster, tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    c = cluster3
+    t0 = time.monotonic()
+    run, cfg, out = c.shared / "run", c.shared / "run.toml", c.shared / "job.out"
+    dst = c.shared / "persist" / "ckpt"
+    cfg.write_text(f'[[sync]]\nname = "ckpt"\nfrom = "{c.local}/ckpt"\nto = "{dst}"\n'
+                   'nodes = "auto"\nsettle = "1s"\nrestore = true\n')
+    job = c.submit(JOB.format(repo=REPO, python=sys.executable, cfg=cfg, run=run, local=c.local,
+                              torchrun=Path(sys.executable).parent / "torchrun", train=Path(__file__).parent / "ddp_tutorial.py",
+                              epochs=EPOCHS), "-o", str(out))
+    leader = run / "events.jsonl"
+
+    def publishes(attempt: int) -> list[dict]:
+        return [e for e in events(leader) if e.get("kind") == "publish" and e["attempt"] == attempt
+                and e.get("checkpoint") == "snapshot.pt"]
+
+    def said() -> str:
+        return f"job {c.state(job)}; {out.read_text()[-2000:] if out.exists() else ''}"
+
+    # 1. attempt 1 on n1+n2: versions published as they are saved; then requeued onto n2+n3
+    wait_for(lambda: len(publishes(1)) >= 3, 240, lambda: f"three versions published in attempt 1; {said()}", every=0.5)
+    assert c.show(job)["NodeList"] == "n[1-2]"
+    c.run("scontrol", "requeuehold", job)
+    c.run("scontrol", "update", f"JobId={job}", "ExcNodeList=n1")
+    c.run("scontrol", "release", job)
+    c.release(job)
+    print(f"ddp: {time.monotonic() - t0:.1f}s requeued onto n2+n3", flush=True)
+
+    # 2. attempt 2 on n2+n3: after two more versions, n3 (not the batch node) dies
+    wait_for(lambda: len(publishes(2)) >= 2, 240, lambda: f"two versions published in attempt 2; {said()}", every=0.5)
+    assert c.show(job)["NodeList"] == "n[2-3]", c.show(job)
+    c.kill_node("n3")
+    print(f"ddp: {time.monotonic() - t0:.1f}s n3 killed", flush=True)
+    if not c.wait_down("n3", 90):
+        c.run("scontrol", "update", "NodeName=n3", "State=DOWN", "Reason=killed-by-the-test")
+    try:
+        wait_for(lambda: c.state(job) in ("PENDING", "REQUEUED") or c.show(job).get("RestartCnt") == "2"
+                 and c.state(job) != "COMPLETING", 30, "the requeued job done completing")
+    except AssertionError:
+        c.run("scontrol", "update", "NodeName=n3", "State=DOWN", "Reason=killed-by-the-test")
+    c.run("scontrol", "update", f"JobId={job}", "ExcNodeList=")
+    c.release(job)
+
+    # 3. attempt 3 on n1+n2 finishes
+    wait_for(lambda: c.state(job) == "COMPLETED", 300, lambda: f"job {job} completed; {said()}", every=0.5)
+    print(f"ddp: {time.monotonic() - t0:.1f}s completed", flush=True)
+    ev = events(leader)
+    text = attempts_of(out.read_text())
+    assert sorted(text) == [1, 2, 3], sorted(text)
+    for a in (1, 2, 3):
+        saved = [int(x) for x in re.findall(r"^Epoch (\d+) \| Training snapshot saved", text[a], flags=re.M)]
+        resumed = [int(x) for x in re.findall(r"^Resuming training from snapshot at Epoch (\d+)", text[a], flags=re.M)]
+        if a == 1:
+            assert resumed == [], text[a][-2000:]
+        else:
+            # every rank on every node resumed from the same epoch, the newest published before
+            before = [int(x) for b in range(1, a) for x in
+                      re.findall(r"^Epoch (\d+) \| Training snapshot saved", text[b], flags=re.M)]
+            assert len(resumed) == 4 and len(set(resumed)) == 1, (a, resumed)
+            if a == 2:
+                assert resumed[0] == before[-1], (resumed, before)  # a clean stop: the last save is durable
+            else:
+                assert resumed[0] in before[-2:], (resumed, before)  # the node died: at most its last save
+        versions = next(e for e in ev if e.get("kind") == "restore-versions" and e["attempt"] == a)
+        assert versions["agree"] and sorted(versions["nodes"]) == ["0", "1"], versions
+        if a > 1:
+            assert {v["ckpt"]["sha256"] for v in versions["nodes"].values()} and \
+                all(v["ckpt"] and v["ckpt"]["name"] == "snapshot.pt" for v in versions["nodes"].values()), versions
+        published = publishes(a)
+        if a != 2:  # a clean end: every version saved was published, the last at the end
+            assert len(published) >= len(saved), (a, len(published), saved)
+        assert not [e for e in ev if e.get("kind") == "sync-deferred" and e["attempt"] == a]
+    final = torch.load(dst / "snapshot.pt")
+    assert final["EPOCHS_RUN"] == EPOCHS - 1, final["EPOCHS_RUN"]
+    ends = [e for e in ev if e.get("kind") == "end"]
+    assert ends[-1]["reason"] == "child-exit" and ends[-1]["not_durable"] == [], ends[-1]
+    shutil.copytree(run, tmp_path / "run")  # the journals where the contract check reads every real run's
+    print(f"ddp: {time.monotonic() - t0:.1f}s", flush=True)

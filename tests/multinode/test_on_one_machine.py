@@ -1,0 +1,144 @@
+"""The leader and its node agents on one machine, srun played by a stand-in (issue 29).
+
+``stand_in/srun`` runs the leader's agents as tasks of this machine, each in a mount
+namespace of its own where the pair's local side (one path, as on every node of a cluster)
+is that node's own directory; the leader runs in one too, over node 0's. No Slurm daemon:
+the protocol between the leader and its agents, deterministic and in seconds, with the real
+``supervise`` and the real ``supervise node-agent`` processes. (The real cluster runs the
+same in tests/multinode/test_ddp_tutorial.py and test_mpi_rank0.py.)
+
+* rank 0 on node 1 saves ``snapshot.pt`` in place, the last time a moment before the
+  training exits: the leader's end waits for node 1's last part, and publishes it;
+* at the next attempt node 1 holds a newer whole version never published (its leader was
+  gone before its end) and node 0 an older one: the newer is published first, every node
+  restores exactly it, and the older local one is set aside; ``restore-versions`` agree.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.multinode.conftest import events
+
+STAND_IN = Path(__file__).parent / "stand_in"
+
+TRAIN = """
+import os, sys, time
+local, node1 = sys.argv[1], sys.argv[2]
+def epoch(path):
+    try:
+        return int(open(path, "rb").read().split(b"\\n", 1)[0].split(b"=")[1])
+    except (OSError, IndexError, ValueError):
+        return None
+print("node 0 loads", epoch(os.path.join(local, "snapshot.pt")), "node 1 loads", epoch(os.path.join(node1, "snapshot.pt")),
+      flush=True)
+first = int(os.environ.get("FIRST", "0"))
+for e in range(first, first + 3):
+    with open(os.path.join(node1, "snapshot.pt"), "wb") as f:   # rank 0 is on node 1
+        f.write(f"EPOCHS_RUN={e}\\n".encode() * 100)
+    time.sleep(1.2 if e < first + 2 else 0)                      # the last save, then exit at once
+"""
+
+
+def why_not() -> str | None:
+    if os.geteuid() != 0:
+        return "the stand-in's nodes are mount namespaces: needs root"
+    if shutil.which("unshare") is None:
+        return "needs unshare (util-linux)"
+    return None
+
+
+def epoch(path: Path) -> int | None:
+    try:
+        return int(path.read_bytes().split(b"\n", 1)[0].split(b"=")[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class Machine:
+    """Two nodes' local directories, the persistent one, the run directory, and a leader."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.local = root / "local"          # the pair's local side: one path, each node's own disk
+        self.nodes = [root / "node0", root / "node1"]
+        self.persist = root / "persist"
+        self.run_dir = root / "run"
+        for d in (self.local, *self.nodes, self.persist):
+            d.mkdir(parents=True, exist_ok=True)
+        self.cfg = root / "run.toml"
+        self.cfg.write_text(f'[[sync]]\nname = "ckpt"\nfrom = "{self.local}"\nto = "{self.persist}"\n'
+                            'nodes = "auto"\nsettle = "1s"\nrestore = true\n')
+        (root / "train.py").write_text(TRAIN)
+
+    def leader(self, first: int = 0) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "PATH": f"{STAND_IN}:{os.environ['PATH']}", "STAND_IN_NODES": str(self.root),
+               "STAND_IN_LOCAL": str(self.local), "SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2",
+               "SLURM_JOB_NODELIST": "vm,vm2", "FIRST": str(first)}
+        env.pop("SLURM_STEP_ID", None)
+        argv = [sys.executable, "-m", "supervisor", "--config", str(self.cfg), "--run-dir", str(self.run_dir),
+                "--gpu-every", "0", "--", sys.executable, str(self.root / "train.py"), str(self.local), str(self.nodes[1])]
+        return subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                               'mount --bind "$1" "$2" && shift 2 && exec "$@"', "sh", str(self.nodes[0]),
+                               str(self.local), *argv],
+                              env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture
+def machine(tmp_path: Path) -> Machine:
+    reason = why_not()
+    if reason:
+        pytest.skip(reason)
+    return Machine(tmp_path)
+
+
+def test_the_leaders_end_waits_for_node_1s_last_part(machine: Machine) -> None:
+    m = machine
+    t0 = time.monotonic()
+    r = m.leader()
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr[-3000:]
+    ev = events(m.run_dir / "events.jsonl")
+    end = next(e for e in ev if e.get("kind") == "end")
+    assert end["not_durable"] == [], end
+    assert epoch(m.persist / "snapshot.pt") == 2, r.stderr[-2000:]   # saved a moment before the exit
+    published = [e for e in ev if e.get("kind") == "publish" and e.get("checkpoint") == "snapshot.pt"]
+    assert len(published) == 3 and all(e["parts"] == {"1": 1} for e in published), published
+    ask = next(e for e in ev if e.get("kind") == "nodes-flush")
+    assert ask["exited"] is True and ask["nodes"] == [1], ask
+    node1 = events(m.run_dir / "nodes" / "node-1" / "events.jsonl")
+    answer = next(e for e in node1 if e.get("kind") == "node-flush" and e.get("request") == ask["request"])
+    assert answer["ok"] and answer["not_durable"] == [], answer
+    assert took < 60, took  # nothing waited out a bound
+
+
+def test_every_node_restores_the_newest_version_anywhere(machine: Machine) -> None:
+    m = machine
+    assert m.leader().returncode == 0
+    assert epoch(m.persist / "snapshot.pt") == 2
+    # node 1's rank saved epoch 3 after its leader's end (killed before publishing it); node 0
+    # holds an older copy of its own (epoch 1)
+    for node, e, age in ((1, 3, 0), (0, 1, -60)):
+        path = m.nodes[node] / "snapshot.pt"
+        path.write_bytes(f"EPOCHS_RUN={e}\n".encode() * 100)
+        t = time.time() + age
+        os.utime(path, (t, t))
+    r = m.leader(first=4)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "node 0 loads 3 node 1 loads 3" in r.stdout, r.stdout
+    ev = events(m.run_dir / "events.jsonl")
+    versions = [e for e in ev if e.get("kind") == "restore-versions" and e["attempt"] == 2][0]
+    assert versions["agree"] and versions["choice"] == {"ckpt": "snapshot.pt"}, versions
+    held = {k: v["ckpt"] for k, v in versions["nodes"].items()}
+    assert sorted(held) == ["0", "1"] and held["0"] == held["1"] and held["0"]["name"] == "snapshot.pt", held
+    aside = [e for e in ev if e.get("kind") == "part-set-aside" and e["attempt"] == 2]
+    assert [(e["checkpoint"], e["node"]) for e in aside] == [("snapshot.pt", 0)], aside
+    assert epoch(m.nodes[0] / ".supervise-set-aside" / "snapshot.pt") == 1
+    assert epoch(m.persist / "snapshot.pt") == 6  # and the new attempt's versions after it
