@@ -97,7 +97,7 @@ class RestoreOutcome:
     attempt: int
     pair: str
     checkpoint: str | None
-    outcome: str  # resumed, not-resumed, unverified, refused, failed, none
+    outcome: str  # resumed, not-resumed, unverified, refused, failed, none; nodes-agree, nodes-differ (multi-node)
     text: str  # one line for the report
 
 
@@ -205,7 +205,7 @@ def build(data: RunData) -> Facts:
     gpu_events = [e for e in events if e.get("kind") in GPU_KINDS]  # _gpu's, once, not once per GPU
     for r in checkpoints.restores:
         for a in attempts:
-            if a.number == r.attempt and r.checkpoint:
+            if a.number == r.attempt and r.checkpoint and r.outcome != "nodes-agree":
                 a.restore = r.text.split(": ", 1)[1]
     return Facts(
         run_dir=str(data.run_dir),
@@ -468,6 +468,9 @@ def _restores(events: list[dict[str, Any]]) -> list[RestoreOutcome]:
         if kind == "restore-failed":
             out.append(RestoreOutcome(n, pair, None, "failed", f"attempt {n}: restore failed: {e.get('error')}"))
             continue
+        if kind == "restore-versions":
+            out.extend(_node_versions(n, e))
+            continue
         if kind != "restore":
             continue
         name = e.get("checkpoint")
@@ -508,6 +511,29 @@ def _restores(events: list[dict[str, Any]]) -> list[RestoreOutcome]:
         else:
             outcome, text = "unverified", f"restored {name}; not verified: no newer checkpoint became durable in this attempt"
         out.append(RestoreOutcome(n, pair, str(name), outcome, f"attempt {n}: {text}"))
+    return out
+
+
+def _node_versions(n: int, e: dict[str, Any]) -> list[RestoreOutcome]:
+    """What each node of a multi-node attempt held at the spawn (``restore-versions``), per pair:
+    one version on every node, or, plainly, which node held what when they differed."""
+    nodes = e.get("nodes") if isinstance(e.get("nodes"), dict) else {}
+    pairs = sorted({p for held in nodes.values() if isinstance(held, dict) for p in held})
+    out = []
+    for pair in pairs:
+        held = {k: (v or {}).get(pair) for k, v in sorted(nodes.items(), key=lambda kv: int(kv[0]))}
+        ids = {(h or {}).get("sha256") for h in held.values()}
+        first = next(iter(held.values()))
+        name = (first or {}).get("name")
+        if len(ids) == 1 and name:
+            text = (f"every node ({', '.join(held)}) resumed from the same {name} "
+                    f"(sha256 {str(first.get('sha256'))[:12]})" if first else "")
+            out.append(RestoreOutcome(n, pair, name, "nodes-agree", f"attempt {n}: {text}"))
+        elif len(ids) > 1:
+            said = "; ".join(f"node {k}: " + (f"{h.get('name')} (sha256 {str(h.get('sha256'))[:12]})" if h else "nothing")
+                             for k, h in held.items())
+            out.append(RestoreOutcome(n, pair, name, "nodes-differ",
+                                      f"attempt {n}: the nodes held DIFFERENT versions ({said}); the training was not started"))
     return out
 
 

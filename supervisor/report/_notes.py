@@ -150,7 +150,7 @@ def checkpoint_pace(f: Facts) -> list[Note]:
         notes.append(Note("bad", "Left only on local disk at the end (not on persistent storage): "
                                  + "; ".join(c.not_durable) + ". Copy it by hand before the node is cleaned; " + fix + "."))
     for r in c.restores:
-        if r.outcome in ("not-resumed", "refused", "failed"):
+        if r.outcome in ("not-resumed", "refused", "failed", "nodes-differ"):
             notes.append(Note("bad" if r.outcome != "refused" else "warn", f"Restore, {r.text}."))
     if c.sync_failures:
         notes.append(Note("warn", f"{c.sync_failures} sync pass{'es' if c.sync_failures != 1 else ''} failed "

@@ -227,7 +227,7 @@ def _checkpoints(f: Facts, st: Style) -> list[str]:
         out.append("  " + st("33", f"{c.sync_failures} failed sync passes"))
     for r in c.restores:
         line = f"  restore, {r.text}"
-        out.append(st("31", line) if r.outcome in ("not-resumed", "failed", "refused") else line)
+        out.append(st("31", line) if r.outcome in ("not-resumed", "failed", "refused", "nodes-differ") else line)
     for t in c.torn:
         out.append("  " + st("31", f"torn (the training died writing it; never published): {t}"))
     for p in c.profiles:

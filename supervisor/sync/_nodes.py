@@ -297,7 +297,7 @@ class PartEngine(PairEngine):
                 await anyio.sleep(GO_POLL_S if self.awaiting_go else self.parts_poll)
                 names = set(self.awaiting_go) - told
                 said = {n for n in names if await to_thread(go_path(self.pair.dst, n).exists)}
-                if said or await to_thread(self.parts.taken):
+                if said or await to_thread(self.parts.taken, list(self.parts.parted)):
                     told |= said
                     self.trigger("parts")
         last: dict[str, dict[int, float]] | None = None
@@ -400,8 +400,11 @@ class PartPublisher(Publisher):
 
     async def run(self, listing: Listing, trigger: str, stats: CopyResult, published: list[str]) -> None:
         p = self.pair
-        if not self.leader:
-            await to_thread(self._tidy)
+        if not self.leader:  # inside the pass: never while this node stages
+            taken = await to_thread(self.taken, list(self.parted))
+            for name in taken:
+                self.parted.pop(name)
+            await to_thread(self._tidy, taken)
         todo: list[Entry] = []
         for e in complete_newest_first(listing):
             if self._accounted(e):
@@ -429,16 +432,15 @@ class PartPublisher(Publisher):
             await self._publish_pointers(listing)
         await self._end_pass(listing)
 
-    def taken(self) -> list[str]:
-        """Node K: its parts whose manifest the leader has removed (published, or superseded
-        by a newer version). Blocking: one stat per part not yet taken."""
-        return [n for n in self.parted if not os.path.lexists(manifest_path(self.pair.dst, n, self.node))]
+    def taken(self, names: list[str]) -> list[str]:
+        """Node K: those of its parts ``names`` whose manifest the leader has removed
+        (published, or superseded by a newer version). Blocking: one stat per part."""
+        return [n for n in names if not os.path.lexists(manifest_path(self.pair.dst, n, self.node))]
 
-    def _tidy(self) -> None:
-        """Node K, inside a pass (so never while it stages): the part directories of parts the
-        leader has taken go; what they held is published (hard links) or superseded."""
-        for name in self.taken():
-            self.parted.pop(name)
+    def _tidy(self, taken: list[str]) -> None:
+        """Node K: the part directories of parts the leader has taken go; what they held is
+        published (hard links) or superseded. Blocking."""
+        for name in taken:
             shutil.rmtree(part_dir(self.pair.dst, name, self.node), ignore_errors=True)
             try:
                 os.rmdir(part_dir(self.pair.dst, name, self.node).parent)

@@ -142,3 +142,8 @@ def test_every_node_restores_the_newest_version_anywhere(machine: Machine) -> No
     assert [(e["checkpoint"], e["node"]) for e in aside] == [("snapshot.pt", 0)], aside
     assert epoch(m.nodes[0] / ".supervise-set-aside" / "snapshot.pt") == 1
     assert epoch(m.persist / "snapshot.pt") == 6  # and the new attempt's versions after it
+    report = subprocess.run([sys.executable, "-m", "supervisor", "report", str(m.run_dir)], capture_output=True,
+                            text=True, timeout=60)
+    assert report.returncode == 0, report.stderr
+    sha = held["0"]["sha256"][:12]
+    assert f"attempt 2: every node (0, 1) resumed from the same snapshot.pt (sha256 {sha})" in report.stdout, report.stdout

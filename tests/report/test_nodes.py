@@ -130,3 +130,31 @@ def test_a_single_node_run_has_no_node_rows(tmp_path: Path) -> None:
     out = report(str(run))
     assert out.returncode == 0 and "\nNodes" not in out.stdout, out.stdout
     assert json.loads(report(str(run), "--json").stdout)["nodes"] == []
+
+
+def test_the_report_says_plainly_when_the_nodes_held_different_versions(tmp_path: Path) -> None:
+    """``restore-versions`` (the leader's, before the spawn): one line per attempt and pair,
+    "every node … the same" or, when they differed, which node held what, as a bad note."""
+    run = tmp_path / "run"
+    run.mkdir()
+    same = {"name": "snapshot.pt", "bytes": 1300, "mtime_ns": 1, "sha256": "a" * 64}
+    other = {**same, "sha256": "b" * 64}
+    (run / "events.jsonl").write_text("".join([
+        ev(0, 1, "start", host="n1", nodes=["n1", "n2"], job_id="7", scheduler="slurm"),
+        ev(0.5, 1, "sync-start", backend="rsync", pairs=[{"name": "ckpt", "kind": "checkpoint", "from": "/l", "to": "/p",
+                                                          "nodes": 2, "profile": "auto"}]),
+        ev(1, 1, "restore-versions", choice={"ckpt": "snapshot.pt"}, nodes={"0": {"ckpt": same}, "1": {"ckpt": same}},
+           agree=True, missing=[]),
+        ev(2, 1, "spawn", pid=10, argv=["srun"]),
+        ev(50, 1, "end", reason="preempted", exit_status=0, seconds=50, not_durable=[]),
+        ev(60, 2, "start", host="n2", nodes=["n2", "n3"], job_id="7", scheduler="slurm", restart_count=1),
+        ev(61, 2, "restore-versions", choice={"ckpt": "snapshot.pt"}, nodes={"0": {"ckpt": same}, "1": {"ckpt": other}},
+           agree=False, missing=[]),
+        ev(62, 2, "end", reason="supervisor-error", exit_status=1, seconds=2, not_durable=[]),
+    ]))
+    r = report(str(run))
+    assert r.returncode == 0, r.stderr
+    assert "attempt 1: every node (0, 1) resumed from the same snapshot.pt (sha256 aaaaaaaaaaaa)" in r.stdout, r.stdout
+    assert ("attempt 2: the nodes held DIFFERENT versions (node 0: snapshot.pt (sha256 aaaaaaaaaaaa); "
+            "node 1: snapshot.pt (sha256 bbbbbbbbbbbb)); the training was not started") in r.stdout, r.stdout
+    assert "Restore, attempt 2: the nodes held DIFFERENT versions" in r.stdout, r.stdout  # a note, not only a line
