@@ -7,6 +7,7 @@ or of the training is left running; nothing on persistent storage is lost."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -319,6 +320,40 @@ def test_a_log_on_a_new_node_keeps_the_earlier_attempts_lines(tmp_path: Path, ta
         assert rc == 0, err
     assert (persistent / "train.log.attempt-1").read_text() == lines
     assert (persistent / "train.log").read_text() == "attempt 2 line 0\n"
+    kept = kinds(run, "log-restarted")
+    assert [(e["file"], e["kept_as"]) for e in kept] == [("train.log", "train.log.attempt-1")]
+
+
+@pytest.mark.parametrize("backend", ["rsync", "python"])
+def test_a_new_log_written_during_the_first_pass_never_overwrites_the_earlier_attempts(
+        tmp_path: Path, tag: str, backend: str) -> None:
+    """Issue 30, 1: a requeued attempt on a fresh local disk whose training wrote its log at
+    once lost attempt 1's 2000 lines (2 of 5 tries under load): the check that sets a restarted
+    log aside ran before the file existed, and the copy after it grew the new file over the
+    persistent one. The window is opened deterministically: a stand-in ``nice`` (every copier
+    runs under it) writes the new log as the first copier of the attempt starts, after any
+    check supervise made before it."""
+    run, persistent, first, second = (tmp_path / n for n in ("run", "plogs", "node1", "node2"))
+    a1 = "".join(f"a1 {i}\n" for i in range(1, 2001))
+    a2 = "".join(f"a2 {i}\n" for i in range(1, 3001))
+    first.mkdir()
+    write = f"open({str(first / 'train.log')!r}, 'w').write({a1!r})"
+    rc, _out, err = finish(start_supervise("--run-dir", str(run), "--logs", str(first), str(persistent),
+                                           "--sync-backend", backend, "--", sys.executable, "-c", write,
+                                           env=env_with(tag)), 30)
+    assert rc == 0 and (persistent / "train.log").read_text() == a1, err
+    second.mkdir()
+    (tmp_path / "a2.log").write_text(a2)
+    bindir, fired = tmp_path / "bin", tmp_path / "fired"
+    fake_tool(bindir, "nice", f'if [ ! -e {fired} ]; then cp {tmp_path / "a2.log"} {second / "train.log"}; : > {fired}; fi\n'
+                              f'exec {shutil.which("nice")} "$@"\n')
+    wait_marker = f"while [ ! -e {fired} ]; do sleep 0.05; done"
+    rc, _out, err = finish(start_supervise("--run-dir", str(run), "--logs", str(second), str(persistent),
+                                           "--sync-backend", backend, "--", "sh", "-c", wait_marker,
+                                           env=env_with(tag, bindir)), 30)
+    assert rc == 0, err
+    assert (persistent / "train.log.attempt-1").read_text() == a1
+    assert (persistent / "train.log").read_text() == a2
     kept = kinds(run, "log-restarted")
     assert [(e["file"], e["kept_as"]) for e in kept] == [("train.log", "train.log.attempt-1")]
 
