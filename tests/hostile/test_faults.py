@@ -64,6 +64,29 @@ def test_a_hung_copier_is_killed_and_supervise_ends_bounded(tmp_path: Path, tag:
     none_left(tag)
 
 
+def test_a_hung_copier_after_a_failed_exit_ends_bounded_with_the_trainings_status(tmp_path: Path, tag: str) -> None:
+    """Issue 30, 3: a copier that never returns (a stale mount, past the stall bound) and a
+    training that exits 4 by itself: supervise was still running 40 s later with only the
+    ``checkpoint`` step journaled. The flush after a normal exit is bounded like a stop's
+    (no end known here, no KillWait: 30 s); ``end`` names what is not durable; exit 4."""
+    bindir = tmp_path / "bin"
+    fake_tool(bindir, "rsync", HUNG_RSYNC)
+    run, local = tmp_path / "run", tmp_path / "local"
+    train = " ".join(trainer(local, "--every", "5", "--steps", "10"))
+    p = start_supervise("--run-dir", str(run), "--checkpoints", str(local), str(tmp_path / "persistent"),
+                        "--sync-backend", "rsync", "--", "sh", "-c", f"{train}; exit 4",
+                        env=env_with(tag, bindir))
+    t0 = time.monotonic()
+    rc, _out, err = finish(p, 40)
+    assert time.monotonic() - t0 < 38
+    assert TRACEBACK not in err
+    end = _ended(run)
+    assert rc == 4 and end["exit_status"] == 4 and end["launcher_status"] == 4
+    assert end["reason"] == "child-failed"
+    assert end["not_durable"], end
+    none_left(tag)
+
+
 def test_a_hung_python_copier_is_killed(tmp_path: Path, tag: str) -> None:
     """The Python copier blocked for good opening a FIFO a checkpoint holds: killed, bounded."""
     run, local = tmp_path / "run", tmp_path / "local"
