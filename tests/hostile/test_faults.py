@@ -146,6 +146,49 @@ def test_a_hanging_scheduler_command_is_killed_and_never_left_behind(tmp_path: P
     none_left(tag, 5)
 
 
+def _slurm_time(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
+
+
+def test_a_scancel_during_the_start_up_read_of_the_end_is_cancelled_and_never_requeued(
+        tmp_path: Path, tag: str) -> None:
+    """Issue 30, 7: a scancel that lands while supervise reads the job's end at start-up moves
+    EndTime to the cancel time: supervise took it for the time limit (the deadline watch
+    stopped the run as `deadline` at once) and, with --requeue, asked `scontrol requeue` for
+    a cancelled job. The controller's facts tell them apart: EndTime before StartTime +
+    TimeLimit is an early end. Stand-in squeue/scontrol answer as Slurm 22.05 does during
+    the cancel's KillWait; the job-wide CONT+TERM follows."""
+    bindir, calls = tmp_path / "bin", tmp_path / "calls"
+    now = time.time()
+    start, cancel, limit = _slurm_time(now - 60), _slurm_time(now), "00:10:00"
+    fake_tool(bindir, "squeue", f'echo "{cancel} {start} 10:00"\n')
+    fake_tool(bindir, "scontrol", f'echo "$*" >> {calls}\n'
+                                  'case "$1 $2" in\n'
+                                  '"show config") echo "KillWait                = 5 sec";;\n'
+                                  f'"show job") echo "JobId=4242 JobName=x JobState=COMPLETING Reason=None Restarts=0 '
+                                  f'TimeLimit={limit} StartTime={start} EndTime={cancel} PreemptTime=None";;\n'
+                                  'esac\n')
+    run = tmp_path / "run"
+    p = start_supervise("--run-dir", str(run), "--requeue", "--grace", "3s", "--gpu-every", "0",
+                        "--", sys.executable, "-c", "import time; time.sleep(60)",
+                        env=env_with(tag, bindir, SLURM_JOB_ID="4242", SLURM_JOB_NAME="hostile"))
+    wait_for(lambda: {"spawn", "deadline"} <= {e["kind"] for e in events(run)} or p.poll() is not None, 30,
+             what="the training to start and the end to be read")
+    if p.poll() is None:  # the job-wide signals of the cancel: SIGCONT, then SIGTERM
+        p.send_signal(signal.SIGCONT)
+        p.send_signal(signal.SIGTERM)
+    rc, _out, err = finish(p, 40)
+    assert TRACEBACK not in err
+    deadline = kinds(run, "deadline")[0]
+    assert deadline["end"] == pytest.approx(now - 60 + 600, abs=2), "the end is the time limit, not the cancel"
+    end = _ended(run)
+    assert end["reason"] == "cancelled", end
+    assert not any(line.startswith("requeue") for line in calls.read_text().splitlines()), calls.read_text()
+    requeue = next(e for e in kinds(run, "stop-step") if e["step"] == "requeue")
+    assert requeue.get("requeued") is not True, requeue
+    none_left(tag)
+
+
 # ---------------------------------------------------------------- a full run directory
 
 def _tmpfs(path: Path, size: str) -> None:
