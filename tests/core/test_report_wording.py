@@ -3,6 +3,7 @@ on run directories the real supervise made (the scancel label: tests/slurm/test_
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -15,8 +16,9 @@ HF_LIKE = [sys.executable, str(ROOT / "tests" / "report" / "hf_like.py")]
 
 
 def _report(run: Path) -> str:
+    keep = {k: v for k, v in os.environ.items() if k == "PYTHONPATH"}  # a worktree's checkout, not the installed one
     r = subprocess.run(supervise_argv("report", str(run)), capture_output=True, text=True, timeout=60,
-                       env={"NO_COLOR": "1", "PATH": "/usr/bin:/bin"})
+                       env={"NO_COLOR": "1", "PATH": "/usr/bin:/bin", **keep})
     assert r.returncode == 0, r.stderr
     return r.stdout
 
@@ -49,3 +51,39 @@ def test_a_verified_resume_says_it_is_verified_and_how(tmp_path: Path) -> None:
     restore = next(line for line in text.splitlines() if "restore, attempt 2" in line)
     assert "resumed from step_000040" in restore and "verified" in restore, restore
     assert "is newer)" not in restore, restore
+
+
+HF_WITH_FILES_BESIDE = """
+import json, os, sys, time
+out = sys.argv[1]
+for step in (10, 20):
+    d = os.path.join(out, f"checkpoint-{step}")
+    os.makedirs(d)
+    with open(os.path.join(d, "model.safetensors"), "wb") as f:
+        f.write(b"w" * 4096)
+    with open(os.path.join(d, "trainer_state.json"), "w") as f:
+        json.dump({"global_step": step}, f)
+    time.sleep(0.5)
+# Trainer.save_model at the end: the model's files and the run's arguments beside the checkpoints
+for name in ("training_args.bin", "config.json", "README.md"):
+    with open(os.path.join(out, name), "w") as f:
+        f.write(name)
+time.sleep(0.5)
+"""
+
+
+def test_files_beside_the_checkpoints_are_never_called_checkpoints(tmp_path: Path) -> None:
+    """Issue 30, 2 and 6: an HF run's report said "last durable: training_args.bin", and counted
+    the files Trainer writes beside its checkpoints (training_args.bin, config.json, a README)
+    as checkpoints. They are mirrored as plain files; the report names checkpoint-20."""
+    local, persist, run = tmp_path / "local", tmp_path / "persist", tmp_path / "run"
+    local.mkdir()
+    r = run_supervise("--run-dir", str(run), "--checkpoints", str(local), str(persist), "--gpu-every", "0",
+                      "--", sys.executable, "-c", HF_WITH_FILES_BESIDE, str(local), timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (persist / "training_args.bin").read_text() == "training_args.bin"
+    text = _report(run)
+    last = [line for line in text.splitlines() if "last durable:" in line]
+    assert last and "checkpoint-20" in last[0], text
+    assert not any(name in text for name in ("training_args.bin", "config.json", "README.md")), text
+    assert "checkpoints: 2 durable, last checkpoint-20" in text, text
