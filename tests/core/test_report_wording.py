@@ -4,6 +4,7 @@ on run directories the real supervise made (the scancel label: tests/slurm/test_
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -87,3 +88,45 @@ def test_files_beside_the_checkpoints_are_never_called_checkpoints(tmp_path: Pat
     assert last and "checkpoint-20" in last[0], text
     assert not any(name in text for name in ("training_args.bin", "config.json", "README.md")), text
     assert "checkpoints: 2 durable, last checkpoint-20" in text, text
+
+
+def _planted(run: Path, not_durable: list[str], steps: dict[str, str]) -> Path:
+    """A one-attempt journal whose end left ``not_durable``, its stop steps' outcomes as given."""
+    import json
+
+    t0 = 1_800_000_000.0
+    evs = [{"kind": "start", "host": "vm", "scheduler": "local", "nodes": ["vm"]},
+           {"kind": "sync-start", "backend": "rsync", "pairs": [{"name": "ckpt", "kind": "checkpoint"}]},
+           {"kind": "spawn", "pid": 10, "argv": ["python", "train.py"]},
+           {"kind": "publish", "pair": "ckpt", "checkpoint": "model.pt", "files": 1, "bytes": 10, "why": "closed by its writer",
+            "lag_s": 0.2},
+           {"kind": "child-exit", "pid": 10, "exit_status": 0, "returncode": 0},
+           {"kind": "stop", "reason": "child-exit", "detail": "exit status 0", "signal": None}]
+    evs += [{"kind": "stop-step", "step": step, "outcome": outcome, "seconds": 1.0} for step, outcome in steps.items()]
+    evs.append({"kind": "end", "reason": "child-exit", "exit_status": 0, "launcher_status": 0, "seconds": 60.0,
+                "not_durable": not_durable})
+    run.mkdir()
+    (run / "events.jsonl").write_text("".join(json.dumps({"v": 1, "t": t0 + i, "attempt": 1, **e}) + "\n"
+                                              for i, e in enumerate(evs)))
+    return run
+
+
+def test_the_advice_for_what_was_left_on_local_disk_matches_its_cause(tmp_path: Path) -> None:
+    """Issue 30, 6: a complete file whose newest version was simply not copied again before the
+    end (the flush ran out of time) got "write a completion marker last": its cause is time.
+    The marker advice is for what was not complete; a failed copy and another run's name
+    get their own."""
+    cases = {
+        "complete": (["ckpt: model.pt (complete, not yet on persistent storage)"], {"flush": "timeout"},
+                     "not yet copied", "marker"),
+        "incomplete": (["ckpt: step_9 (incomplete: settling)"], {"flush": "done"}, "marker", None),
+        "failed": (["ckpt: model.pt (complete, not yet on persistent storage)", "ckpt: last sync failed (rsync exit 11)"],
+                   {"flush": "done"}, "copy failed", "marker"),
+    }
+    for name, (lines, steps, said, unsaid) in cases.items():
+        text = _report(_planted(tmp_path / name, lines, steps))
+        notes = " ".join(text.split("\nNotes", 1)[1].split())  # the notes unwrapped, one after another
+        assert "Left only on local disk" in notes, (name, text)
+        advice = re.split(r" [✗!·] ", notes.split("Left only on local disk", 1)[1])[0].lower()
+        assert said in advice, (name, text)
+        assert unsaid is None or unsaid not in advice, (name, advice)
