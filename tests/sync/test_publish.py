@@ -217,7 +217,7 @@ def test_files_beside_the_checkpoints_never_starve_the_newest(tmp_path: Path) ->
     copies = sorted(float(e["seconds"]) for e in events if e["kind"] == "sync" and e.get("published")
                     and e["t"] <= exited)
     assert samples and copies, (samples, copies)
-    bound = copies[int(0.95 * (len(copies) - 1))] + 1.0
+    bound = copies[-1] + 1.0  # one pass's copy time (the first one copies the files beside them too) + 1 s
     assert max(samples) <= bound, f"staleness up to {max(samples):.2f} s while training (bound {bound:.2f} s)"
     pubs = [e for e in events if e["kind"] == "publish" and not e.get("pointer")]
     helpers = {e["checkpoint"] for e in pubs if e.get("restorable") is False}
