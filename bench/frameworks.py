@@ -22,6 +22,10 @@ link, ``torch.save`` in place and through ``os.replace``, DCP, Accelerate, DeepS
     .venv/bin/python bench/frameworks.py --cases hf dcp  # some
     .venv/bin/python bench/frameworks.py --json out.json
     .venv/bin/python bench/frameworks.py --cases deepspeed-zero1 --save-pause 3   # rank 1 late by 3 s
+    .venv/bin/python bench/frameworks.py --cases deepspeed-zero1 --saves 100 --every 0.12 --save-every 3 --lag-only
+
+``stale_*``: how far the newest durable checkpoint trailed the newest complete one while the
+training ran (tests/staleness.py, issue 30).
 
 Goal (issue 12): lag p95 < 1 s for every profile whose writer is visible; 0 torn sightings;
 0 lost final checkpoints; 0 restores of a non-checkpoint.
@@ -42,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.frameworks._harness import CASES, Poller, Run  # noqa: E402
 from tests.frameworks.checkers import CHECKERS  # noqa: E402
+from tests.staleness import staleness  # noqa: E402
 
 
 def pct(xs: list[float], q: float) -> float | None:
@@ -62,9 +67,9 @@ def reader_lags(attempt_saved: list[dict[str, Any]], sightings: list[dict[str, A
     return [first[x["step"]] - x["t"] for x in attempt_saved if x["step"] in first]
 
 
-def bench_case(case_id: str, work: Path, saves: int, every: float, save_pause: float = 0.0) -> dict[str, Any]:
+def bench_case(case_id: str, work: Path, saves: int, every: float, save_pause: float = 0.0,
+               lag_only: bool = False, save_every: int = 5) -> dict[str, Any]:
     case = CASES[case_id]
-    save_every = 5
     step_sleep = every / save_every
     res: dict[str, Any] = {"case": case_id, "profile": case.profile}
 
@@ -81,11 +86,17 @@ def bench_case(case_id: str, work: Path, saves: int, every: float, save_pause: f
             and e.get("lag_s") is not None]
     seen = reader_lags(a.lines("saved"), poller.sightings())
     prof = (run.events(a, "sync-profile") or [{}])[-1]
+    # issue 30: how far the newest durable checkpoint trails the newest complete one while training
+    exits = [e["t"] for e in run.events(a, "child-exit")]
+    stale = staleness(run.events(a, "publish"), until=exits[0] if exits else None)
     res.update(rc=a.rc, detected=prof.get("profile"), writers=prof.get("writers"), publishes=len(lags),
                lag_p50=pct(lags, 50), lag_p95=pct(lags, 95), lag_max=max(lags, default=None),
+               stale_p50=pct(stale, 50), stale_max=max(stale, default=None),
                reader_p50=pct(seen, 50), reader_p95=pct(seen, 95), reader_n=len(seen),
                final_durable=bool(run.durable()) and run.durable()[-1] == max(a.saved(), default=-1))
     torn = len(poller.torn())
+    if lag_only:
+        return {**res, "torn_sightings": torn}
 
     # 2. preemption, then a requeue on an empty disk
     run = Run(case, work / case_id / "preempt")
@@ -125,6 +136,8 @@ def main() -> None:
     ap.add_argument("--every", type=float, default=1.0, help="seconds between saves (default 1)")
     ap.add_argument("--save-pause", type=float, default=0.0,
                     help="a pause inside each save of the lag run (DeepSpeed: rank 1 late by this much)")
+    ap.add_argument("--lag-only", action="store_true", help="the lag run alone, no preemption")
+    ap.add_argument("--save-every", type=int, default=5, help="steps between saves (default 5)")
     ap.add_argument("--work", type=Path, help="scratch directory (default: a temp dir)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
@@ -136,9 +149,10 @@ def main() -> None:
                 print(f"{cid}: skipped, {why}", file=sys.stderr)
                 continue
             print(f"{cid} …", file=sys.stderr, flush=True)
-            rows.append(bench_case(cid, Path(tmp), a.saves, a.every, a.save_pause))
+            rows.append(bench_case(cid, Path(tmp), a.saves, a.every, a.save_pause, a.lag_only, a.save_every))
     f = lambda v: "–" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
-    cols = ["case", "profile", "writers", "publishes", "lag_p50", "lag_p95", "reader_p50", "reader_p95",
+    cols = ["case", "profile", "writers", "publishes", "lag_p50", "lag_p95", "lag_max", "stale_p50", "stale_max",
+            "reader_p50", "reader_p95",
             "torn_sightings", "steps_lost", "restored", "bad_restores", "lost_finals"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))

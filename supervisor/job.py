@@ -10,8 +10,9 @@ through ``report`` (default: this module's logger).
 
 Facts relied on (docs/slurm.md, docs/pbs.md):
 * ``SLURM_JOB_END_TIME`` exists only from Slurm 23.02; on 22.05 the end time comes from
-  ``squeue -h -j ID -o %e`` (local time, no zone, ``NONE`` without a limit) or
-  ``scontrol show job`` (``EndTime=``).
+  ``squeue -h -j ID -o "%e %S %l"`` (local time, no zone, ``NONE`` without a limit) or
+  ``scontrol show job`` (``EndTime=``); a scancel moves EndTime to the cancel time, so the
+  time limit is StartTime + TimeLimit.
 * ``SLURM_RESTART_COUNT`` is unset on a job's first run.
 * PBS has no end-time variable; ``qstat -f`` gives ``stime`` and ``Resource_List.walltime``.
 """
@@ -231,17 +232,22 @@ class Slurm:
             return job.env_end_time
         if not job.job_id:
             return None
-        rc, out = await _run(["squeue", "-h", "-j", job.job_id, "-o", "%e"], QUERY_TIMEOUT, report)
+        # EndTime with StartTime and TimeLimit: a scancel moves EndTime, the time limit does not.
+        rc, out = await _run(["squeue", "-h", "-j", job.job_id, "-o", "%e %S %l"], QUERY_TIMEOUT, report)
         if rc == 0 and out.strip():
-            value = out.strip().splitlines()[0].strip()
+            value, *rest = out.strip().splitlines()[0].split()
             if value.upper() in ("NONE", "UNLIMITED", "N/A", "UNKNOWN"):
                 return None
             parsed = parse_slurm_time(value)
             if parsed is not None:
-                return parsed
+                start, limit = (rest + ["", ""])[:2]
+                return time_limit_end(parsed, parse_slurm_time(start), parse_slurm_duration(limit))
             report(f"squeue printed an end time we cannot read: {value!r}")
         rc, out = await _run(["scontrol", "show", "job", job.job_id], QUERY_TIMEOUT, report)
         if rc == 0:
+            view = parse_job_view(out)
+            if view is not None and view.end is not None:
+                return time_limit_end(view.end, view.start, view.limit)
             m = re.search(r"\bEndTime=(\S+)", out)
             if m:
                 return parse_slurm_time(m.group(1))
@@ -360,6 +366,13 @@ class JobView:
     restarts: int | None       # Restarts: the requeue counter (SLURM_RESTART_COUNT of the next run)
     end: float | None          # EndTime, unix seconds
     preempt_time: float | None  # PreemptTime, unix seconds; None when not preempted
+    start: float | None = None  # StartTime, unix seconds
+    limit: float | None = None  # TimeLimit, seconds; None when unlimited or unreadable
+
+    def ended_early(self) -> bool:
+        """EndTime before StartTime + TimeLimit: the job ends before its time limit (a scancel
+        moves EndTime to the cancel time; the time limit leaves it there or later)."""
+        return ended_early(self.end, self.start, self.limit)
 
 
 async def job_view(job: Job, report: Report | None = None, timeout: float = 5.0) -> JobView | None:
@@ -372,7 +385,7 @@ async def job_view(job: Job, report: Report | None = None, timeout: float = 5.0)
 
 def parse_job_view(text: str) -> JobView | None:
     """``scontrol show job -o`` output → JobView; None without a JobState."""
-    fields = dict(re.findall(r"\b(JobState|Restarts|EndTime|PreemptTime)=(\S+)", text))
+    fields = dict(re.findall(r"\b(JobState|Restarts|EndTime|PreemptTime|StartTime|TimeLimit)=(\S+)", text))
     if "JobState" not in fields:
         return None
     restarts = fields.get("Restarts")
@@ -381,7 +394,30 @@ def parse_job_view(text: str) -> JobView | None:
         restarts=int(restarts) if restarts and restarts.isdigit() else None,
         end=parse_slurm_time(fields.get("EndTime", "")),
         preempt_time=parse_slurm_time(fields.get("PreemptTime", "")),
+        start=parse_slurm_time(fields.get("StartTime", "")),
+        limit=parse_slurm_duration(fields.get("TimeLimit", "")),
     )
+
+
+END_TOLERANCE = 2.0  # s: Slurm's times have a 1 s grain; an EndTime this close to the time limit is it
+
+
+def ended_early(end: float | None, start: float | None, limit: float | None) -> bool:
+    """EndTime before StartTime + TimeLimit (by more than the clock's grain): the job is being
+    ended before its time limit, by a scancel (issue 30: read as the time limit). Unknowable
+    without all three."""
+    if end is None or start is None or limit is None:
+        return False
+    return end < start + limit - END_TOLERANCE
+
+
+def time_limit_end(end: float | None, start: float | None, limit: float | None) -> float | None:
+    """The job's end as its time limit sets it: StartTime + TimeLimit when EndTime was moved
+    earlier (a scancel landing while supervise reads the end at start-up would otherwise be
+    taken for a time limit reached, and warned and requeued as one), else EndTime."""
+    if ended_early(end, start, limit):
+        return start + limit  # type: ignore[operator]
+    return end
 
 
 DEFAULT_KILL_WAIT = {"slurm": 30.0, "pbs": 10.0}  # KillWait (slurm.conf), kill_delay (PBS Pro)
@@ -407,7 +443,8 @@ def reason_from_view(view: JobView | None, was: str, restart_count: int) -> tupl
     A job-wide TERM shows as COMPLETING for all of KillWait; then a raised ``Restarts``
     means a requeue (a preemption with PreemptMode=REQUEUE, or an admin's), a
     ``PreemptTime`` a preemption, and a TERM we took for a preemption with neither is
-    a cancel. A job still RUNNING got its TERM at the batch shell only (a site's
+    a cancel; so is one we took for the time limit when EndTime is before StartTime +
+    TimeLimit (the cancel moved it: ``ended_early``). A job still RUNNING got its TERM at the batch shell only (a site's
     preemption script, ``scancel --signal=TERM --batch``): it stays a preemption.
     """
     if view is None:
@@ -418,8 +455,8 @@ def reason_from_view(view: JobView | None, was: str, restart_count: int) -> tupl
         return _STATE_REASONS[base], requeued
     if requeued or view.preempt_time is not None:
         return ("deadline" if was == "deadline" else "preempted"), requeued
-    if was == "preempted" and base == "COMPLETING":
-        return "cancelled", False
+    if base == "COMPLETING" and (was == "preempted" or view.ended_early()):
+        return "cancelled", False  # a TERM near an end that a scancel moved is no time limit
     return was, False
 
 
@@ -520,6 +557,26 @@ def parse_slurm_time(text: str) -> float | None:
         return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
     except (ValueError, OverflowError):
         return None
+
+
+def parse_slurm_duration(text: str) -> float | None:
+    """A Slurm time limit (``TimeLimit=``, squeue ``%l``) → seconds: ``MM:SS``, ``HH:MM:SS``,
+    ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``; None for ``UNLIMITED``, ``Partition_Limit`` and
+    anything else."""
+    days, dash, rest = text.strip().rpartition("-")
+    parts = rest.split(":")
+    if (dash and not days.isdigit()) or not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3:
+        return None
+    nums = [int(p) for p in parts]
+    if days:
+        nums += [0] * (3 - len(nums))  # D-HH, D-HH:MM: hours first
+        return float(int(days) * 86400 + nums[0] * 3600 + nums[1] * 60 + nums[2])
+    if len(nums) == 1:
+        return float(nums[0] * 60)  # minutes
+    total = 0
+    for n in nums:
+        total = total * 60 + n
+    return float(total)
 
 
 def parse_walltime(text: str) -> float | None:

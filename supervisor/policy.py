@@ -122,12 +122,23 @@ def stop_budget(*, end: float | None, kill_wait: float | None, now: float) -> fl
     return kill_wait if kill_wait is not None else STOP_BUDGET
 
 
+BUDGETED_EXITS = frozenset({Reason.CHILD_EXIT, Reason.CHILD_FAILED})
+
+
+def has_stop_budget(trigger: Trigger) -> bool:
+    """Is this stop bounded by ``stop_budget`` when the end is unknown? One a stop signal
+    started (a SIGKILL follows it), and one the training's own exit started (issue 30: a
+    copier hung on a stale mount held the job past a normal exit, with no ``end``)."""
+    return trigger.signal in STOP_SIGNALS or trigger.reason in BUDGETED_EXITS
+
+
 def time_left(*, end: float | None, kill: float | None, lead: float, kill_wait: float | None, now: float,
               signalled_for: float | None = None) -> float:
     """Seconds the remaining steps may take before the job is killed (inf if never). A few
     seconds are kept in hand for the journal's last lines; less when the window is short.
-    ``signalled_for``: seconds since the signal that started the stop, if one did; then an
-    unknown end still leaves only ``stop_budget``."""
+    ``signalled_for``: seconds since the start of a stop that has a budget
+    (``has_stop_budget``: a stop signal, the training's own exit); then an unknown end
+    still leaves only ``stop_budget``."""
     if kill is not None:
         return max(0.0, kill - now - min(SAFETY, 0.2 * (kill_wait or 0.0)))
     if end is None:

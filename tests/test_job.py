@@ -13,7 +13,7 @@ import pytest
 
 from supervisor.job import (
     Job, JobView, count_devices, detect_job, end_time, expand_hostlist, expand_tasks_per_node, gpu_count,
-    kill_wait, parse_job_view, parse_qstat_f, parse_slurm_time, parse_walltime, pbs_end_time, pbs_gpus_per_node,
+    kill_wait, parse_job_view, parse_qstat_f, parse_slurm_duration, parse_slurm_time, parse_walltime, pbs_end_time, pbs_gpus_per_node,
     requeue, requeue_command,
 )
 
@@ -146,6 +146,26 @@ def test_end_time_from_squeue(fake_bin: Path) -> None:
     assert anyio.run(end_time, job) == datetime(2026, 11, 21, 13, 44, 55).timestamp()
 
 
+@pytest.mark.parametrize("line, expected", [
+    ("2026-11-21T13:44:55 2026-11-21T13:39:55 5:00", (2026, 11, 21, 13, 44, 55)),   # EndTime = the time limit
+    ("2026-11-21T13:40:10 2026-11-21T13:39:55 5:00", (2026, 11, 21, 13, 44, 55)),   # a scancel moved EndTime
+    ("2026-11-21T13:40:10 2026-11-21T13:39:55 UNLIMITED", (2026, 11, 21, 13, 40, 10)),  # no limit to compare
+])
+def test_end_time_is_the_time_limit_not_a_cancels_end(fake_bin: Path, line: str, expected: tuple[int, ...]) -> None:
+    """Issue 30, 7: a scancel landing while the end is read at start-up moved EndTime to the
+    cancel time, read as the time limit reached. StartTime + TimeLimit is the limit."""
+    _fake_tool(fake_bin, "squeue", f'echo "{line}"\n')
+    assert anyio.run(end_time, Job(scheduler="slurm", job_id="4")) == datetime(*expected).timestamp()
+
+
+@pytest.mark.parametrize("text, seconds", [
+    ("5:00", 300), ("00:05:00", 300), ("1:00:00", 3600), ("1-00:00:00", 86400), ("2-12", 216000),
+    ("2-12:30", 217800), ("10", 600), ("UNLIMITED", None), ("Partition_Limit", None), ("", None), ("-5", None),
+])
+def test_slurm_time_limits(text: str, seconds: int | None) -> None:
+    assert parse_slurm_duration(text) == seconds
+
+
 def test_end_time_none_for_no_limit(fake_bin: Path) -> None:
     _fake_tool(fake_bin, "squeue", 'echo NONE\n')
     _fake_tool(fake_bin, "scontrol", 'echo "should not be asked" >&2; exit 1\n')
@@ -234,12 +254,14 @@ SHOW_CANCELLED = ("JobId=4 JobName=stub.sh UserId=root(0) JobState=COMPLETING Re
 SHOW_REQUEUED = SHOW_CANCELLED.replace("Restarts=0", "Restarts=1").replace("EndTime=2026-11-22T22:26:12",
                                                                            "EndTime=2026-11-22T22:31:22")
 SHOW_PREEMPTED = SHOW_CANCELLED.replace("PreemptTime=None", "PreemptTime=2026-11-22T22:26:12")
+SHOW_TIME_LIMIT = SHOW_CANCELLED.replace("EndTime=2026-11-22T22:26:12", "EndTime=2026-11-22T22:31:10")
 
 
 def test_job_view_reads_the_kill_window_fields() -> None:
     view = parse_job_view(SHOW_CANCELLED)
     assert view == JobView(state="COMPLETING", restarts=0, end=datetime(2026, 11, 22, 22, 26, 12).timestamp(),
-                           preempt_time=None)
+                           preempt_time=None, start=datetime(2026, 11, 22, 22, 26, 10).timestamp(), limit=300.0)
+    assert view.ended_early()
     assert parse_job_view(SHOW_PREEMPTED).preempt_time == datetime(2026, 11, 22, 22, 26, 12).timestamp()
     assert parse_job_view("slurm_load_jobs error: Invalid job id specified") is None
 
@@ -248,7 +270,9 @@ def test_job_view_reads_the_kill_window_fields() -> None:
     (SHOW_CANCELLED, "preempted", "cancelled", False),    # scancel: COMPLETING, no requeue, no preemption
     (SHOW_REQUEUED, "preempted", "preempted", True),      # someone else's `scontrol requeue` (or PreemptMode=REQUEUE)
     (SHOW_PREEMPTED, "preempted", "preempted", False),    # PreemptMode=CANCEL with a PreemptTime
-    (SHOW_CANCELLED, "deadline", "deadline", False),      # the TERM came at the time limit
+    (SHOW_TIME_LIMIT, "deadline", "deadline", False),     # the TERM came at the time limit: EndTime = Start + Limit
+    (SHOW_CANCELLED, "deadline", "cancelled", False),     # issue 30: EndTime moved before the limit by a scancel
+    (SHOW_TIME_LIMIT.replace("TimeLimit=00:05:00", "TimeLimit=UNLIMITED"), "deadline", "deadline", False),
     (SHOW_CANCELLED.replace("COMPLETING", "RUNNING"), "preempted", "preempted", False),  # TERM to the batch shell only
     (SHOW_CANCELLED.replace("COMPLETING", "CANCELLED"), "preempted", "cancelled", False),
     (SHOW_CANCELLED.replace("COMPLETING", "TIMEOUT"), "preempted", "deadline", False),

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from supervisor import job as jobs, policy
 from supervisor.health import Faults
-from supervisor.policy import STOP_SIGNALS, Trigger
+from supervisor.policy import Trigger
 
 if TYPE_CHECKING:
     from supervisor.config import Config
@@ -118,7 +118,7 @@ class RunState:
         t = self.trigger
         return policy.time_left(end=self.end, kill=kill if kill != self.end else None, lead=self.lead,
                                 kill_wait=self.kill_wait, now=time.time(),
-                                signalled_for=time.monotonic() - t.at if t and t.signal in STOP_SIGNALS else None)
+                                signalled_for=time.monotonic() - t.at if t and policy.has_stop_budget(t) else None)
 
 
 @dataclass

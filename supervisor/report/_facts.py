@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from supervisor._units import natural_key
-from supervisor.report._goodput import Goodput, goodput, step_of
+from supervisor.report._goodput import Goodput, goodput, is_checkpoint, step_of
 from supervisor.report._load import GpuAcc, RunData
 from supervisor.report._nodes import NodeRow
 
@@ -396,7 +396,7 @@ def _verdict(attempts: list[Attempt], *, torn: bool = False, not_durable: list[s
 def _checkpoints(events: list[dict[str, Any]], attempts: list[Attempt]) -> Checkpoints:
     first_seen: dict[tuple[str, str], dict[str, Any]] = {}
     for e in events:
-        if e.get("kind") == "publish" and not e.get("pointer"):
+        if is_checkpoint(e):
             first_seen.setdefault((str(e.get("pair")), str(e.get("checkpoint"))), e)
     pubs = sorted(first_seen.values(), key=lambda e: e["t"])
     lags = [float(e["lag_s"]) for e in pubs if _num(e.get("lag_s")) is not None]
@@ -409,12 +409,12 @@ def _checkpoints(events: list[dict[str, Any]], attempts: list[Attempt]) -> Check
     pairs = sorted({p["name"] for e in events if e.get("kind") == "sync-start" for p in e.get("pairs") or []
                     if p.get("kind") == "checkpoint"})
     # The latest attempt's newest by step, not by when it landed: a pass publishes the newest first.
-    last = max((e for e in events if e.get("kind") == "publish" and not e.get("pointer")),
+    last = max((e for e in events if is_checkpoint(e)),
                key=lambda e: (int(e.get("attempt") or 0), natural_key(str(e.get("checkpoint"))), e["t"]), default=None)
     ends = [e for e in events if e.get("kind") == "end"]
     last_attempt = attempts[-1].number if attempts else None
     not_durable = [str(x) for x in (ends[-1].get("not_durable") or [])] if ends and ends[-1].get("attempt") == last_attempt else []
-    versions = [e for e in events if e.get("kind") == "publish" and not e.get("pointer")]
+    versions = [e for e in events if is_checkpoint(e)]
     copies = [float(e["seconds"]) for e in events if e.get("kind") == "sync" and e.get("published")
               and _num(e.get("seconds")) is not None]
     return Checkpoints(
@@ -482,7 +482,7 @@ def _restores(events: list[dict[str, Any]]) -> list[RestoreOutcome]:
             continue
         mine = [x for x in events if x.get("attempt") == n and x["t"] > e["t"]]
         spawn = next((x["t"] for x in mine if x.get("kind") == "spawn"), e["t"])
-        later = [x for x in mine if x.get("kind") == "publish" and not x.get("pointer") and x.get("pair") == pair
+        later = [x for x in mine if is_checkpoint(x) and x.get("pair") == pair
                  and x["t"] - (_num(x.get("lag_s")) or 0.0) >= spawn]  # completed after the training started
         nxt = next((x for x in later if x.get("checkpoint") != name), None)
         versions = sum(1 for x in later if x.get("checkpoint") == name)  # the same file rewritten in place

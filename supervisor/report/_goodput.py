@@ -70,6 +70,13 @@ def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
+def is_checkpoint(e: dict[str, Any]) -> bool:
+    """A ``publish`` event of a checkpoint: not a pointer, nor a file beside the checkpoints
+    (``restorable: false``: DeepSpeed's ``zero_to_fp32.py``, HF's ``training_args.bin``),
+    which the mirror copies as plain files and the report never counts nor names as one."""
+    return e.get("kind") == "publish" and not e.get("pointer") and e.get("restorable") is not False
+
+
 def step_of(name: Any) -> int | None:
     m = STEP_IN_NAME.search(str(name or ""))
     return int(m.group(1)) if m else None
@@ -84,7 +91,7 @@ def step_rate(by_attempt: dict[int, list[dict[str, Any]]]) -> float | None:
         if spawn is None:
             continue
         done = sorted({(e["t"] - (_num(e.get("lag_s")) or 0.0), step_of(e.get("checkpoint"))) for e in evs
-                       if e.get("kind") == "publish" and not e.get("pointer") and step_of(e.get("checkpoint")) is not None
+                       if is_checkpoint(e) and step_of(e.get("checkpoint")) is not None
                        and e["t"] - (_num(e.get("lag_s")) or 0.0) >= spawn})
         for (t1, s1), (t2, s2) in zip(done, done[1:]):
             if s2 > s1 and t2 > t1:  # type: ignore[operator]
@@ -166,7 +173,7 @@ def _attempt(n: int, evs: list[dict[str, Any]], log_pairs: set[str], previous_en
     # Checkpoints this attempt's training wrote (complete locally after the spawn) that became durable.
     written: list[tuple[float, str]] = []  # every version: a file rewritten in place is progress too
     for e in evs:
-        if e.get("kind") != "publish" or e.get("pointer") or spawn is None:
+        if not is_checkpoint(e) or spawn is None:
             continue
         done = e["t"] - (_num(e.get("lag_s")) or 0.0)
         if done >= spawn:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.report._facts import Facts, throttled
-from supervisor.report._goodput import step_of
+from supervisor.report._goodput import is_checkpoint, step_of
 from supervisor.report._load import RunData, Series
 from supervisor.report._text import dur, mem, node_samples, roles, sanitized, summary, utc
 
@@ -96,7 +96,7 @@ def _markers(f: Facts, data: RunData) -> tuple[list[dict[str, Any]], list[dict[s
     seen = set()
     for e in ev:
         key = (e.get("pair"), e.get("checkpoint"))
-        if e.get("kind") == "publish" and not e.get("pointer") and key not in seen:
+        if is_checkpoint(e) and key not in seen:
             seen.add(key)
             ck_x.append(iso(e["t"]))
             ck_text.append(f"{e.get('checkpoint')} durable ({e.get('pair')}), lag {e.get('lag_s')}s")
@@ -148,7 +148,7 @@ def gpu_figure(f: Facts, data: RunData) -> dict[str, Any]:
 def sync_figure(f: Facts, data: RunData) -> dict[str, Any]:
     pairs: dict[str, tuple[list[str], list[float], list[str]]] = {}
     for e in data.journal.events:
-        if e.get("kind") == "publish" and not e.get("pointer") and isinstance(e.get("lag_s"), (int, float)):
+        if is_checkpoint(e) and isinstance(e.get("lag_s"), (int, float)):
             x, y, text = pairs.setdefault(str(e.get("pair")), ([], [], []))
             x.append(iso(e["t"]))
             y.append(e["lag_s"])
@@ -229,7 +229,7 @@ def timeline_figure(f: Facts, data: RunData) -> dict[str, Any] | None:
     cx, ctext = [], []
     for e in ev:
         key = (e.get("pair"), e.get("checkpoint"))
-        if e.get("kind") == "publish" and not e.get("pointer") and key not in seen:
+        if is_checkpoint(e) and key not in seen:
             seen.add(key)
             cx.append(iso(e["t"]))
             step = step_of(e.get("checkpoint"))

@@ -9,7 +9,8 @@ files, each agent's ``node-start`` events (``host``) split its node's. The rows 
 hostname, with the roles each host had (``start.nodes``: attempt → node rank → host).
 
 What a row says went wrong, from the journals: the node died (``node-lost``), its agent was
-not ready (``node-agents.missing``), its agent left no ``node-end`` (killed with its node),
+not ready (``node-agents.missing``), its agent left no ``node-end`` (killed with its node when
+it is lost, else stopped or hung),
 its copies failed (``sync-failed``), its local disk could not hold another checkpoint
 (``local-disk-full``), its GPUs had a hardware fault (``gpu-xid``,
 ``gpu-lost``: suspect), or it was in an attempt and not in a later one (excluded, busy or
@@ -129,6 +130,17 @@ def _attempts(nums: list[int]) -> str:
     return f"attempt{'s' if len(nums) > 1 else ''} {', '.join(map(str, nums))}"
 
 
+def _no_end(r: NodeRow | None, attempt: int) -> str:
+    """Why an agent's attempt has no ``node-end``, as far as the journals tell: its node died
+    (``node-lost``), or it stayed up (it served a later attempt: the agent was stopped or
+    hung), or nothing says which. A surviving node is never called killed (issue 30)."""
+    if r is not None and r.lost:
+        return "killed with its node"
+    if r is not None and any(a > attempt for a, _ in r.roles):
+        return "the node stayed up: the agent was stopped or hung"
+    return "the agent was killed or hung"
+
+
 def node_rows(run_dir: Path, events: list[dict[str, Any]], *, samples: bool = True) -> list[NodeRow]:
     """The per-node rows of a multi-node run (an attempt on several nodes, or node agents'
     directories); ``[]`` for a single-node run. ``samples=False`` reads only the journals."""
@@ -217,7 +229,7 @@ def node_rows(run_dir: Path, events: list[dict[str, Any]], *, samples: bool = Tr
                 continue
             host = str(start.get("host"))
             if not any(e.get("kind") == "node-end" for e in aevs):
-                say(host, 1, f"its agent (node {rank}) left no end in attempt {attempt} (killed with its node?)")
+                say(host, 1, f"its agent (node {rank}) left no end in attempt {attempt} ({_no_end(rows.get(host), attempt)})")
         for e in evs:
             sampled(e, windows)
     attempts = sorted(allocation)

@@ -121,6 +121,30 @@ def warn_lead(f: Facts) -> list[Note]:
                  f"). Raise --warn-before to {_dur(suggest)}, or use --warn-before auto, which learns it.")]
 
 
+def _not_durable_advice(f: Facts) -> str:
+    """What to change for what the last attempt left on local disk, by its cause (issue 30:
+    "write a completion marker last" was said of a complete file that was only not copied
+    again in time): the warning too short, a copy that failed, another run's name, a
+    checkpoint not complete, else one complete but not yet copied."""
+    lines, last = f.checkpoints.not_durable, f.attempts[-1].number if f.attempts else None
+    timed_out = any(st.attempt == last and any(s.step in ("checkpoint", "flush", "final-flush")
+                                               and s.outcome in ("timeout", "no-time") for s in st.steps)
+                    for st in f.stops)
+    if timed_out and any(st.attempt == last and st.reason == "deadline" for st in f.stops):
+        return "raise --warn-before so the final flush has time"
+    if any("last sync failed" in line for line in lines):
+        return ("its copy failed (sync-failed above): fix the persistent storage (space, permissions, a hung mount); "
+                "the next attempt copies it if it still holds it")
+    if any("(refused:" in line for line in lines):
+        return "another run's checkpoint of that name is on persistent storage: give each run its own directory"
+    if any("(incomplete:" in line or "(torn:" in line for line in lines):
+        return ("it was not complete when the attempt ended (see why above), not short of time: write a completion "
+                "marker last (docs/sync.md) so the newest checkpoint is published as soon as it is written")
+    why = ("the stop's copy ran out of time (a slow or hung persistent file system, or a stop with too little time)"
+           if timed_out else "it was completed or rewritten as the attempt ended")
+    return f"it was complete but not yet copied when the attempt ended: {why}"
+
+
 def checkpoint_pace(f: Facts) -> list[Note]:
     c = f.checkpoints
     notes = []
@@ -140,15 +164,9 @@ def checkpoint_pace(f: Facts) -> list[Note]:
                                   f"between checkpoints: the training spends most of its time checkpointing. "
                                   f"Checkpoint every ≥ {_dur(max(writes) * 5)}."))
     if c.not_durable:
-        last = f.attempts[-1].number if f.attempts else None
-        short = any(st.attempt == last and st.reason == "deadline"
-                    and any(s.step in ("checkpoint", "flush", "final-flush") and s.outcome in ("timeout", "no-time")
-                            for s in st.steps) for st in f.stops)
-        fix = ("raise --warn-before so the final flush has time" if short else
-               "it was not complete when the attempt ended (see why above), not short of time: write a completion "
-               "marker last (docs/sync.md) so the newest checkpoint is published as soon as it is written")
         notes.append(Note("bad", "Left only on local disk at the end (not on persistent storage): "
-                                 + "; ".join(c.not_durable) + ". Copy it by hand before the node is cleaned; " + fix + "."))
+                                 + "; ".join(c.not_durable) + ". Copy it by hand before the node is cleaned; "
+                                 + _not_durable_advice(f) + "."))
     for r in c.restores:
         if r.outcome in ("not-resumed", "refused", "failed", "nodes-differ"):
             notes.append(Note("bad" if r.outcome != "refused" else "warn", f"Restore, {r.text}."))

@@ -21,7 +21,7 @@ import stat
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Awaitable, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
@@ -66,6 +66,14 @@ class CopyResult:
         return self
 
 
+@dataclass
+class GrowResult(CopyResult):
+    """A log pass's copy, with what the copier decided per file: each log's local inode now
+    (the next pass's ``inodes``) and the logs that started over, as (log, kept as)."""
+    inodes: dict[str, int] = field(default_factory=dict)
+    restarted: list[tuple[str, str]] = field(default_factory=list)
+
+
 class Backend(Protocol):
     """Copies that never delete. Paths are absolute; ``src``/``dst`` of trees are directories."""
 
@@ -89,9 +97,11 @@ class Backend(Protocol):
         """One file to one path, through a temp name."""
 
     async def grow(self, src: Path, dst: Path, *, exclude: Sequence[str] = (), fsync: bool = False,
-                   only: Sequence[str] | None = None) -> CopyResult:
+                   only: Sequence[str] | None = None, inodes: Mapping[str, int] | None = None) -> GrowResult:
         """Logs: grow destination files in place (same inode); ``only``: just these files
-        (relative to ``src``), not a walk of the whole tree."""
+        (relative to ``src``), not a walk of the whole tree. Whether a local file started
+        over (``inodes``: each log's inode at the last pass) is decided per file on the file
+        being copied, and its persistent copy set aside first (``_pycopy.grow``)."""
 
 
 def priority_prefix(nice: int, ionice: str) -> list[str]:
@@ -368,6 +378,7 @@ class RsyncBackend:
         self.prefix = priority_prefix(nice, ionice)
         self.streams = streams
         self._has_fsync: bool | None = None
+        self._logs = PythonBackend(nice, ionice)
 
     async def _fsync_flag(self, fsync: bool) -> list[str]:
         if not fsync:
@@ -419,14 +430,10 @@ class RsyncBackend:
         args = [f"--partial-dir={PARTIAL_DIR}", "--modify-window=-1", *await self._fsync_flag(fsync)]
         return await self._run([*args, "--", str(src), str(dst)], fsync_tree=dst if fsync else None)
 
-    async def grow(self, src, dst, *, exclude=(), fsync=False, only=None):
-        # --append-verify implies --inplace: same inode, so open readers see new data.
-        args = ["--append-verify", *await self._fsync_flag(fsync), *[f"--exclude={p}" for p in exclude]]
-        listed = None
-        if only is not None:  # NUL-separated names on stdin: any byte but NUL is allowed in a name
-            args += ["--from0", "--files-from=-"]
-            listed = b"\0".join(os.fsencode(rel) for rel in only)
-        return await self._run([*args, "--", f"{src}/", f"{dst}/"], stdin=listed, fsync_tree=dst if fsync else None)
+    async def grow(self, src, dst, *, exclude=(), fsync=False, only=None, inodes=None):
+        # The Python copier's grow: rsync --append-verify cannot set a restarted log aside
+        # in the same step as it copies it, and it rereads the whole persistent copy to verify.
+        return await self._logs.grow(src, dst, exclude=exclude, fsync=fsync, only=only, inodes=inodes)
 
 
 _VANISHED = re.compile(r'^rsync: \[sender\] link_stat ".*" failed: No such file or directory \(2\)$'
@@ -455,6 +462,11 @@ class PythonBackend:
 
     async def _run(self, req: dict, listed: Sequence[str] | None = None) -> CopyResult:
         """One copier; ``listed``: names streamed after the request's line, NUL-separated."""
+        out = await self._request(req, listed)
+        return CopyResult(out.get("files", 0), out.get("bytes", 0), bool(out.get("vanished")))
+
+    async def _request(self, req: dict, listed: Sequence[str] | None = None) -> dict:
+        """One copier's result line (``_pycopy.main``); a failure raises ``CopyError``."""
         argv = [*self.prefix, sys.executable, "-I", "-S", str(PYCOPY)]  # -S: no site, faster start
         head = json.dumps({**req, "listed": listed is not None}, default=str).encode() + b"\n"
         r = await run_copier(argv, stdin=head if listed is None else itertools.chain([head], nul_list(listed)))
@@ -466,7 +478,7 @@ class PythonBackend:
             if r.returncode < 0 or not out:
                 raise _failure("python copy", r.returncode, r.stderr.decode("utf-8", "replace"))
             raise CopyError(f"python copy: {out.get('error')}", out.get("errno"))
-        return CopyResult(out.get("files", 0), out.get("bytes", 0), r.returncode == 24)
+        return {**out, "vanished": r.returncode == 24}
 
     async def copy_tree(self, src, dst, *, exclude=(), skip=(), fsync=False, fresh=False, files=None):
         req = {"mode": "tree", "src": src, "dst": dst, "exclude": list(exclude), "skip": list(skip),
@@ -482,11 +494,15 @@ class PythonBackend:
     async def copy_file(self, src, dst, *, fsync=False):
         return await self._run({"mode": "file", "src": src, "dst": dst, "fsync": fsync})
 
-    async def grow(self, src, dst, *, exclude=(), fsync=False, only=None):
-        req = {"mode": "grow", "src": src, "dst": dst, "exclude": list(exclude), "fsync": fsync}
+    async def grow(self, src, dst, *, exclude=(), fsync=False, only=None, inodes=None):
+        req = {"mode": "grow", "src": src, "dst": dst, "exclude": list(exclude), "fsync": fsync,
+               "inodes": dict(inodes or {})}
         if only is not None:
             req["only"] = list(only)
-        return await self._run(req)
+        out = await self._request(req)
+        return GrowResult(out.get("files", 0), out.get("bytes", 0), bool(out.get("vanished")),
+                          inodes=dict(out.get("inodes") or {}),
+                          restarted=[(rel, kept) for rel, kept in out.get("restarted") or ()])
 
 
 def choose_backend(name: str = "auto", *, nice: int = 10, ionice: str = "idle", streams: int = 1) -> Backend:

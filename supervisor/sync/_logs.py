@@ -1,8 +1,10 @@
 """Log passes for one pair: logs grow in place on the persistent side.
 
 A TensorBoard or a person reading the persistent copy sees new lines as they come; a local
-file that started over (a new inode, shorter) never overwrites the longer persistent copy,
-which is kept under another name first (``log-restarted``). Failures raise to the engine
+file that started over (a new inode, shorter, other bytes) never overwrites the longer
+persistent copy, which is kept under another name first (``log-restarted``). The copier
+decides that per file, on the file it copies (``_pycopy.grow``): a decision made before the
+copy let a log that appeared in between grow over the earlier attempt's (issue 30). Failures raise to the engine
 (``_pair.py``), which backs off.
 """
 
@@ -12,7 +14,7 @@ import time
 from typing import Callable
 
 from supervisor.sync import _fsops
-from supervisor.sync._backend import CopyResult
+from supervisor.sync._backend import CopyResult, GrowResult
 from supervisor.sync._complete import snapshot
 from supervisor.sync._state import PairState, to_thread
 
@@ -40,9 +42,6 @@ class LogPass:
         if trigger in ("watch", "settle") and now < self._next:
             self.recheck(self._next)
             return
-        for rel, kept_as in await to_thread(_fsops.keep_restarted_logs, p.src, p.dst, p.exclude, self._inodes):
-            s.emit("log-restarted", pair=p.name, file=rel, kept_as=kept_as,
-                   why="the local file started over: the persistent copy is kept, not overwritten")
         snap = await to_thread(snapshot, p.src, p.exclude)
         files = dict(snap.files) if snap else {}
         if trigger in ("watch", "settle"):
@@ -50,14 +49,22 @@ class LogPass:
             if not grown:
                 return
             self._next = now + batch
-            r = await s.backend.grow(p.src, p.dst, exclude=p.exclude, fsync=p.fsync, only=grown)
+            r = await s.backend.grow(p.src, p.dst, exclude=p.exclude, fsync=p.fsync, only=grown, inodes=self._inodes)
             self._copied.update((rel, files[rel]) for rel in grown)
             s.pending = []
         else:
-            r = await s.backend.grow(p.src, p.dst, exclude=p.exclude, fsync=p.fsync)
+            r = await s.backend.grow(p.src, p.dst, exclude=p.exclude, fsync=p.fsync, inodes=self._inodes)
             self._copied = files
             behind = await to_thread(_fsops.log_lag, p.src, p.dst, p.exclude)
             s.pending = [f"{p.name}: {b}" for b in behind]
+        self._kept(r)
         stats += r
         if r.files:
             s.last_activity = time.monotonic()
+
+    def _kept(self, r: GrowResult) -> None:
+        """The inodes the copier saw, for the next pass; each log it set aside, journaled."""
+        self._inodes.update(r.inodes)
+        for rel, kept_as in r.restarted:
+            self.state.emit("log-restarted", pair=self.state.pair.name, file=rel, kept_as=kept_as,
+                            why="the local file started over: the persistent copy is kept, not overwritten")

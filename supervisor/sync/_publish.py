@@ -24,6 +24,9 @@ from supervisor.sync._exclude import within
 from supervisor.sync._state import PairState, to_thread
 
 RECOPY_TRIES = 3
+# s: a file beside the checkpoints (DeepSpeed's zero_to_fp32.py, rewritten at every save) is
+# published again at most this often while the training runs; a flush takes it at once.
+BESIDE_BATCH = 10.0
 
 
 class Publisher:
@@ -51,6 +54,7 @@ class Publisher:
         self.refused: set[str] = set()
         self.pointers_done: dict[str, bytes] = {}
         self._torn: dict[str, Any] = {}         # checkpoint → Snap journaled as torn
+        self._beside_at: dict[str, float] = {}  # file beside the checkpoints → time.monotonic() of its last publish
 
     def _journal_torn(self, listing: Listing) -> None:
         for e in listing.entries.values():
@@ -80,8 +84,11 @@ class Publisher:
                     continue
             todo.append(e)
         self._note_pending(listing)
-        for i, e in enumerate(todo):  # newest first: the one most at risk
-            if i and not trigger.startswith("flush") and self.wanted():
+        flushing = trigger.startswith("flush")
+        todo = self._beside_due(todo, flushing)
+        landed = False  # a checkpoint (not a file beside them) was published in this pass
+        for e in todo:  # the newest checkpoint first: the one most at risk
+            if landed and e.restorable and not flushing and self.wanted():
                 # A newer checkpoint, a request or a flush is waiting: at a slow copier a pass
                 # over older ones took 11 s after a stop's checkpoint (chaos trial, CI load).
                 # Each pass publishes at least one, so the older ones still get their turn.
@@ -96,10 +103,27 @@ class Publisher:
                 raise
             if ok:
                 published.append(e.name)
+                landed = landed or e.restorable
+                if not e.restorable:
+                    self._beside_at[e.name] = time.monotonic()
             await self._publish_pointers(listing)
             self._note_pending(listing)
         await self._publish_pointers(listing)
         await self._end_pass(listing)
+
+    def _beside_due(self, todo: list[Entry], flushing: bool) -> list[Entry]:
+        """The files beside the checkpoints that are due: one published less than
+        ``BESIDE_BATCH`` ago waits (a pass is asked for when it is due), unless a flush wants
+        everything. DeepSpeed rewrites two at every save; copied in every pass, they cost two
+        copier starts each time the newest checkpoint is published."""
+        now, out = time.monotonic(), []
+        for e in todo:
+            at = self._beside_at.get(e.name)
+            if e.restorable or flushing or at is None or now - at >= BESIDE_BATCH:
+                out.append(e)
+            else:
+                self.recheck(at + BESIDE_BATCH)
+        return out
 
     async def _end_pass(self, listing: Listing) -> None:
         """After a checkpoint pass: what is pending, when to look again, what local copies to keep."""
@@ -258,8 +282,14 @@ class Publisher:
 
 
 def complete_newest_first(listing: Listing) -> list[Entry]:
-    """The complete entries of a pass, the newest name first (a stop wants the newest soonest)."""
-    return [e for e in sorted(listing.entries.values(), key=lambda e: natural_key(e.name), reverse=True) if e.complete]
+    """The complete entries of a pass: the newest checkpoint first (a stop wants the newest
+    soonest), then the files beside the checkpoints (DeepSpeed's ``zero_to_fp32.py``, HF's
+    ``training_args.bin``: plain files, mirrored, never checkpoints), then the older
+    checkpoints, newest first. By name alone ``zero_to_fp32.py`` came before every
+    ``global_stepN`` and, rewritten at every save, was all a yielding pass published (issue 30)."""
+    done = sorted((e for e in listing.entries.values() if e.complete), key=lambda e: natural_key(e.name), reverse=True)
+    checkpoints = [e for e in done if e.restorable]
+    return checkpoints[:1] + [e for e in done if not e.restorable] + checkpoints[1:]
 
 
 def _remove_local(path: Path) -> None:

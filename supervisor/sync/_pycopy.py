@@ -13,8 +13,12 @@ Modes, mirroring the rsync invocations in ``_backend.py``:
   ``in_place`` (``rsync --inplace``, for a staging directory that is itself the temp name):
   a file not yet there is created with ``O_EXCL`` and written at its name, no rename.
 * ``file``: one file to one path, through a temp name.
-* ``grow``: logs in place (``rsync --append-verify``): a longer source is appended to the
-  same inode after checking the tail already there; a mismatch rewrites it in place.
+* ``grow``: logs in place: a longer source is appended to the same inode. Whether the local
+  file started over (a new inode since the last pass, fewer bytes, other first or last bytes)
+  is decided on the same open file that is then copied, one step per file: a file that
+  started over never grows over its persistent copy, which is renamed ``<name>.attempt-N``
+  first (``"inodes"``: the inodes of the last pass; the result adds ``"inodes"`` and
+  ``"restarted"``). Both backends grow logs this way (rsync cannot decide per file).
 
 ``tree`` with ``"listed": true``: the request's line is followed by the files to copy
 (NUL-separated, relative to ``src``, one stream's share of the checkpoint's snapshot):
@@ -34,7 +38,8 @@ import stat
 import sys
 
 PARTIAL_DIR = ".supervise-partial"
-VERIFY_TAIL = 1 << 20  # bytes of an existing log prefix compared before appending
+VERIFY_TAIL = 1 << 20  # bytes at the end of a log's persistent copy compared before appending
+LOG_PROBE = 4096       # bytes at the start of a log compared with its persistent copy
 
 
 class Stats:
@@ -42,6 +47,8 @@ class Stats:
         self.files = 0
         self.bytes = 0
         self.vanished = 0
+        self.inodes: dict[str, int] = {}              # grow: each log's local inode now
+        self.restarted: list[tuple[str, str]] = []    # grow: (log, name its persistent copy was kept as)
 
 
 _EXCLUDE = None
@@ -288,6 +295,7 @@ def _listed(src: str, names: list[str]):
 
 def grow(req: dict, stats: Stats) -> None:
     src, dst, fsync = req["src"], req["dst"], bool(req.get("fsync"))
+    known = req.get("inodes") or {}
     os.makedirs(dst, exist_ok=True)
     only = req.get("only")
     entries = _walk(src, list(req.get("exclude", ()))) if only is None else _listed(src, only)
@@ -301,53 +309,86 @@ def grow(req: dict, stats: Stats) -> None:
                 _copy_one(os.path.join(src, rel), target, st, fsync, stats)
             continue
         try:
-            _grow_one(os.path.join(src, rel), target, st, fsync, stats)
+            _grow_one(rel, os.path.join(src, rel), target, known.get(rel), fsync, stats)
         except FileNotFoundError:
             if os.path.exists(os.path.join(src, rel)):
                 raise
             stats.vanished += 1
 
 
-def _grow_one(src: str, dst: str, st: os.stat_result, fsync: bool, stats: Stats) -> None:
+def _grow_one(rel: str, src: str, dst: str, known: int | None, fsync: bool, stats: Stats) -> None:
     """Append to the same inode, so a TensorBoard reading ``dst`` sees new points.
 
-    A link at ``dst`` for a regular source is not ours (another user planted it in a shared
-    directory): it is removed, never written through."""
-    try:
-        d = os.lstat(dst)
-        have = d.st_size
-        if stat.S_ISLNK(d.st_mode):
-            os.unlink(dst)
+    The source is opened once: whether it started over and what is appended are read from
+    that one open file, so a log that appears or is replaced while the pass runs is judged
+    as it is copied (issue 30: a check made before the copy let a new attempt's log that
+    appeared in between overwrite the earlier attempt's lines). A link at ``dst`` for a
+    regular source is not ours (another user planted it in a shared directory): it is
+    removed, never written through."""
+    with open(src, "rb") as fi:
+        st = os.fstat(fi.fileno())
+        stats.inodes[rel] = st.st_ino
+        have = _have(dst)
+        if have > 0 and _started_over(fi, st, dst, have, known):
+            stats.restarted.append((rel, _set_aside(dst)))
             have = -1
-    except FileNotFoundError:
-        have = -1
-    if have >= st.st_size:
-        return  # --append: a destination as long as the source is skipped
-    if have < 0:
-        out = _create_exclusive(dst)
-    else:
-        out = os.open(dst, os.O_RDWR | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    with open(src, "rb") as fi, open(out, "r+b") as fo:
-        start = max(have, 0)
-        if have > 0:
-            n = min(VERIFY_TAIL, have)
-            fi.seek(have - n)
-            fo.seek(have - n)
-            if fi.read(n) != fo.read(n):
-                start = 0  # not a prefix after all: rewrite in place (--append-verify resends)
-        fi.seek(start)
-        fo.seek(start)
-        if start == 0:
+        if have >= st.st_size:
+            return  # a destination as long as the source is skipped
+        out = _create_exclusive(dst) if have < 0 else os.open(dst, os.O_RDWR | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        with open(out, "r+b") as fo:
+            start = max(have, 0)
+            fi.seek(start)
+            fo.seek(start)
+            shutil.copyfileobj(fi, fo, 1 << 20)
+            written = fo.tell() - start
             fo.truncate()
-        shutil.copyfileobj(fi, fo, 1 << 20)
-        written = fo.tell() - start
-        fo.truncate()
-        if fsync:
-            fo.flush()
-            os.fsync(fo.fileno())
+            if fsync:
+                fo.flush()
+                os.fsync(fo.fileno())
     os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
     stats.files += 1
     stats.bytes += written
+
+
+def _have(dst: str) -> int:
+    """Bytes of the persistent copy, -1 when there is none (a planted link is removed)."""
+    try:
+        d = os.lstat(dst)
+    except FileNotFoundError:
+        return -1
+    if stat.S_ISLNK(d.st_mode):
+        os.unlink(dst)
+        return -1
+    return d.st_size
+
+
+def _started_over(fi, st: os.stat_result, dst: str, have: int, known: int | None) -> bool:
+    """The open local log is not a continuation of its persistent copy: another inode than
+    at the last pass, fewer bytes, or other bytes at the start or at the end of the copy."""
+    if (known is not None and known != st.st_ino) or st.st_size < have:
+        return True
+    with open(dst, "rb", opener=_nofollow_read) as fd:
+        for at, n in ((0, min(LOG_PROBE, have)), (have - min(VERIFY_TAIL, have), min(VERIFY_TAIL, have))):
+            fi.seek(at)
+            fd.seek(at)
+            if fi.read(n) != fd.read(n):
+                return True
+    return False
+
+
+def _nofollow_read(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW)
+
+
+def _set_aside(dst: str) -> str:
+    """Rename the persistent copy to ``<name>.attempt-N`` (the lowest free N from 1): the
+    earlier lines are kept, and the new file starts beside them. Returns the name kept as."""
+    d, base = os.path.split(dst)
+    n = 1
+    while os.path.lexists(os.path.join(d, f"{base}.attempt-{n}")):
+        n += 1
+    os.rename(dst, os.path.join(d, f"{base}.attempt-{n}"))
+    return f"{base}.attempt-{n}"
 
 
 MODES = {"tree": tree, "file": one_file, "grow": grow}
@@ -368,7 +409,8 @@ def main() -> int:
             MODES[req["mode"]](req, stats)
     except OSError as e:
         error, errno_ = f"{e.strerror or e}: {e.filename or ''}".rstrip(": "), e.errno
-    out = {"files": stats.files, "bytes": stats.bytes, "vanished": stats.vanished, "error": error, "errno": errno_}
+    out = {"files": stats.files, "bytes": stats.bytes, "vanished": stats.vanished, "error": error, "errno": errno_,
+           "inodes": stats.inodes, "restarted": stats.restarted}
     sys.stdout.write(json.dumps(out))
     sys.stdout.flush()
     if error:

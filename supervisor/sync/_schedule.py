@@ -50,8 +50,10 @@ class Schedule:
 
     def recheck(self, at: float) -> None:
         """A pass wants another at ``at`` (``time.monotonic()``): a checkpoint settles then, or
-        a log batch is due."""
-        self.recheck_at = at
+        a log batch is due, a file beside the checkpoints may be published again. The
+        earliest asked for stands: a later one never pushes back a due re-check."""
+        if self.recheck_at is None or at < self.recheck_at:
+            self.recheck_at = at
         self._resched.set()
 
     def failed(self) -> float:

@@ -242,6 +242,22 @@ def test_stop_budget(end: float | None, kill_wait: float | None, now: float, exp
     assert policy.stop_budget(end=end, kill_wait=kill_wait, now=now) == pytest.approx(expected)
 
 
+# issue 30: a stop a signal or the training's own exit started is bounded by the stop budget.
+HAS_STOP_BUDGET = [
+    P(Reason.PREEMPTED, S.SIGTERM, True, id="a stop signal: a SIGKILL follows it"),
+    P(Reason.CANCELLED, S.SIGINT, True, id="a person's INT"),
+    P(Reason.CHILD_EXIT, None, True, id="the training's own exit 0: a hung copier must not hold the job"),
+    P(Reason.CHILD_FAILED, None, True, id="the training's own exit 4"),
+    P(Reason.DEADLINE, None, False, id="the deadline watch: the end is known"),
+    P(Reason.HANG, None, False, id="a hang: bounded by the known end alone"),
+]
+
+
+@pytest.mark.parametrize(("reason", "sig", "expected"), HAS_STOP_BUDGET)
+def test_has_stop_budget(reason: Reason, sig: signal.Signals | None, expected: bool) -> None:
+    assert policy.has_stop_budget(Trigger(reason, "", sig)) is expected
+
+
 # time_left after a stop signal with no end known: the budget less the time since, 5 s in hand.
 SIGNALLED_TIME_LEFT = [
     P(None, 10.0, 15.0, id="30 s budget, 10 s gone, 5 s in hand"),

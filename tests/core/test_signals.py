@@ -150,3 +150,49 @@ def test_sigkill_of_supervise_leaves_a_readable_journal(run_dir: Path, tmp_path:
     assert after.torn_last_line is None and len(after.bad_lines) == 1
     assert [e["attempt"] for e in after.events if e["kind"] == "start"] == [1, 2]
     assert after.events[-1]["kind"] == "end"
+
+
+BURST = "HUP USR1 HUP USR1 TERM HUP INT USR2 QUIT TERM USR1 HUP TERM INT CONT USR2 HUP TERM USR1 QUIT".split()
+PLAIN_CHILD = """
+import signal, sys, time
+log = open(sys.argv[1], "a", buffering=1)
+def record(n, _f):
+    log.write(signal.Signals(n).name + "\\n")
+def leave(n, _f):
+    record(n, _f)
+    time.sleep(0.3)  # still running while the rest of the burst arrives
+    sys.exit(0)
+for s in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(s, record)
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+    signal.signal(s, leave)
+log.write("ready\\n")
+time.sleep(100)
+"""
+
+
+def test_a_burst_of_mixed_signals_is_one_stop_with_the_first_requests_signal(run_dir: Path, tmp_path: Path) -> None:
+    """Issue 30, 4: HUP USR1 … TERM … INT … QUIT … to supervise running a plain child. One stop
+    sequence whatever arrives: the child gets the stop signal of the first stop request
+    supervise received, once (a warning signal's stop sends a plain child TERM), and the end's
+    reason is that request's. "First" is as received: standard signals pending at once are
+    coalesced and delivered lowest number first, to whichever thread of supervise the kernel
+    picks, so the order sent is not the order received (seen here: USR2, QUIT, TERM, USR1, …)."""
+    log = tmp_path / "signals.log"
+    p = start_supervise("--run-dir", str(run_dir), "--grace", "10s", "--",
+                        sys.executable, "-c", PLAIN_CHILD, str(log))
+    wait_for(lambda: "ready" in recorded(log), what="the child to install its handlers")
+    for name in BURST:
+        p.send_signal(getattr(signal, f"SIG{name}"))
+    p.communicate(timeout=60)
+    events = read_journal(run_dir).events
+    stops = [e for e in events if e["kind"] == "stop"]
+    assert len(stops) == 1, stops
+    first = next(e for e in events if e["kind"] == "signal" and e.get("action") == "stop")
+    assert sum(e["kind"] == "signal" and e.get("action") == "stop" for e in events) == 1
+    assert stops[0]["signal"] == first["signal"] and stops[0]["reason"] == first["reason"]
+    got = [s for s in recorded(log) if s in ("SIGTERM", "SIGINT", "SIGQUIT")]
+    stop_signal = first["signal"] if first["signal"] in ("SIGTERM", "SIGINT", "SIGQUIT") else "SIGTERM"
+    assert got == [stop_signal], f"the child got {got}; the first stop request was {first['signal']}"
+    end = next(e for e in events if e["kind"] == "end")
+    assert end["reason"] == first["reason"] and p.returncode == 0

@@ -25,7 +25,7 @@ def test_stop_budget_is_the_end_else_the_kill_delay_else_the_default() -> None:
     assert policy.stop_budget(end=1000.0, kill_wait=30.0, now=990.0) == 10.0
     assert policy.stop_budget(end=None, kill_wait=12.0, now=0.0) == 12.0
     assert policy.stop_budget(end=None, kill_wait=None, now=0.0) == policy.STOP_BUDGET == 30.0
-    # Before any stop, or after one no signal started (a child's exit), nothing bounds it.
+    # Before any stop, or in one with no budget (a hang) and no end known, nothing bounds it.
     assert policy.time_left(end=None, kill=None, lead=0, kill_wait=None, now=0.0) == math.inf
     # A signalled stop with no known end: the budget, less what has passed and a few seconds kept.
     assert policy.time_left(end=None, kill=None, lead=0, kill_wait=None, now=0.0, signalled_for=10.0) == 15.0

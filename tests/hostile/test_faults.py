@@ -7,6 +7,7 @@ or of the training is left running; nothing on persistent storage is lost."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -60,6 +61,29 @@ def test_a_hung_copier_is_killed_and_supervise_ends_bounded(tmp_path: Path, tag:
     end = _ended(run)
     assert rc == 0 and end["exit_status"] == 0
     assert any("stalled" in line for line in end["not_durable"]), end["not_durable"]
+    none_left(tag)
+
+
+def test_a_hung_copier_after_a_failed_exit_ends_bounded_with_the_trainings_status(tmp_path: Path, tag: str) -> None:
+    """Issue 30, 3: a copier that never returns (a stale mount, past the stall bound) and a
+    training that exits 4 by itself: supervise was still running 40 s later with only the
+    ``checkpoint`` step journaled. The flush after a normal exit is bounded like a stop's
+    (no end known here, no KillWait: 30 s); ``end`` names what is not durable; exit 4."""
+    bindir = tmp_path / "bin"
+    fake_tool(bindir, "rsync", HUNG_RSYNC)
+    run, local = tmp_path / "run", tmp_path / "local"
+    train = " ".join(trainer(local, "--every", "5", "--steps", "10"))
+    p = start_supervise("--run-dir", str(run), "--checkpoints", str(local), str(tmp_path / "persistent"),
+                        "--sync-backend", "rsync", "--", "sh", "-c", f"{train}; exit 4",
+                        env=env_with(tag, bindir))
+    t0 = time.monotonic()
+    rc, _out, err = finish(p, 40)
+    assert time.monotonic() - t0 < 38
+    assert TRACEBACK not in err
+    end = _ended(run)
+    assert rc == 4 and end["exit_status"] == 4 and end["launcher_status"] == 4
+    assert end["reason"] == "child-failed"
+    assert end["not_durable"], end
     none_left(tag)
 
 
@@ -120,6 +144,49 @@ def test_a_hanging_scheduler_command_is_killed_and_never_left_behind(tmp_path: P
     assert rc == 0 and TRACEBACK not in err, err
     assert _ended(run)["reason"] == "child-exit"
     none_left(tag, 5)
+
+
+def _slurm_time(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
+
+
+def test_a_scancel_during_the_start_up_read_of_the_end_is_cancelled_and_never_requeued(
+        tmp_path: Path, tag: str) -> None:
+    """Issue 30, 7: a scancel that lands while supervise reads the job's end at start-up moves
+    EndTime to the cancel time: supervise took it for the time limit (the deadline watch
+    stopped the run as `deadline` at once) and, with --requeue, asked `scontrol requeue` for
+    a cancelled job. The controller's facts tell them apart: EndTime before StartTime +
+    TimeLimit is an early end. Stand-in squeue/scontrol answer as Slurm 22.05 does during
+    the cancel's KillWait; the job-wide CONT+TERM follows."""
+    bindir, calls = tmp_path / "bin", tmp_path / "calls"
+    now = time.time()
+    start, cancel, limit = _slurm_time(now - 60), _slurm_time(now), "00:10:00"
+    fake_tool(bindir, "squeue", f'echo "{cancel} {start} 10:00"\n')
+    fake_tool(bindir, "scontrol", f'echo "$*" >> {calls}\n'
+                                  'case "$1 $2" in\n'
+                                  '"show config") echo "KillWait                = 5 sec";;\n'
+                                  f'"show job") echo "JobId=4242 JobName=x JobState=COMPLETING Reason=None Restarts=0 '
+                                  f'TimeLimit={limit} StartTime={start} EndTime={cancel} PreemptTime=None";;\n'
+                                  'esac\n')
+    run = tmp_path / "run"
+    p = start_supervise("--run-dir", str(run), "--requeue", "--grace", "3s", "--gpu-every", "0",
+                        "--", sys.executable, "-c", "import time; time.sleep(60)",
+                        env=env_with(tag, bindir, SLURM_JOB_ID="4242", SLURM_JOB_NAME="hostile"))
+    wait_for(lambda: {"spawn", "deadline"} <= {e["kind"] for e in events(run)} or p.poll() is not None, 30,
+             what="the training to start and the end to be read")
+    if p.poll() is None:  # the job-wide signals of the cancel: SIGCONT, then SIGTERM
+        p.send_signal(signal.SIGCONT)
+        p.send_signal(signal.SIGTERM)
+    rc, _out, err = finish(p, 40)
+    assert TRACEBACK not in err
+    deadline = kinds(run, "deadline")[0]
+    assert deadline["end"] == pytest.approx(now - 60 + 600, abs=2), "the end is the time limit, not the cancel"
+    end = _ended(run)
+    assert end["reason"] == "cancelled", end
+    assert not any(line.startswith("requeue") for line in calls.read_text().splitlines()), calls.read_text()
+    requeue = next(e for e in kinds(run, "stop-step") if e["step"] == "requeue")
+    assert requeue.get("requeued") is not True, requeue
+    none_left(tag)
 
 
 # ---------------------------------------------------------------- a full run directory
@@ -319,6 +386,40 @@ def test_a_log_on_a_new_node_keeps_the_earlier_attempts_lines(tmp_path: Path, ta
         assert rc == 0, err
     assert (persistent / "train.log.attempt-1").read_text() == lines
     assert (persistent / "train.log").read_text() == "attempt 2 line 0\n"
+    kept = kinds(run, "log-restarted")
+    assert [(e["file"], e["kept_as"]) for e in kept] == [("train.log", "train.log.attempt-1")]
+
+
+@pytest.mark.parametrize("backend", ["rsync", "python"])
+def test_a_new_log_written_during_the_first_pass_never_overwrites_the_earlier_attempts(
+        tmp_path: Path, tag: str, backend: str) -> None:
+    """Issue 30, 1: a requeued attempt on a fresh local disk whose training wrote its log at
+    once lost attempt 1's 2000 lines (2 of 5 tries under load): the check that sets a restarted
+    log aside ran before the file existed, and the copy after it grew the new file over the
+    persistent one. The window is opened deterministically: a stand-in ``nice`` (every copier
+    runs under it) writes the new log as the first copier of the attempt starts, after any
+    check supervise made before it."""
+    run, persistent, first, second = (tmp_path / n for n in ("run", "plogs", "node1", "node2"))
+    a1 = "".join(f"a1 {i}\n" for i in range(1, 2001))
+    a2 = "".join(f"a2 {i}\n" for i in range(1, 3001))
+    first.mkdir()
+    write = f"open({str(first / 'train.log')!r}, 'w').write({a1!r})"
+    rc, _out, err = finish(start_supervise("--run-dir", str(run), "--logs", str(first), str(persistent),
+                                           "--sync-backend", backend, "--", sys.executable, "-c", write,
+                                           env=env_with(tag)), 30)
+    assert rc == 0 and (persistent / "train.log").read_text() == a1, err
+    second.mkdir()
+    (tmp_path / "a2.log").write_text(a2)
+    bindir, fired = tmp_path / "bin", tmp_path / "fired"
+    fake_tool(bindir, "nice", f'if [ ! -e {fired} ]; then cp {tmp_path / "a2.log"} {second / "train.log"}; : > {fired}; fi\n'
+                              f'exec {shutil.which("nice")} "$@"\n')
+    wait_marker = f"while [ ! -e {fired} ]; do sleep 0.05; done"
+    rc, _out, err = finish(start_supervise("--run-dir", str(run), "--logs", str(second), str(persistent),
+                                           "--sync-backend", backend, "--", "sh", "-c", wait_marker,
+                                           env=env_with(tag, bindir)), 30)
+    assert rc == 0, err
+    assert (persistent / "train.log.attempt-1").read_text() == a1
+    assert (persistent / "train.log").read_text() == a2
     kept = kinds(run, "log-restarted")
     assert [(e["file"], e["kept_as"]) for e in kept] == [("train.log", "train.log.attempt-1")]
 

@@ -18,19 +18,26 @@ import json
 import os
 import socket
 import time
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 PER_RANK = 256
 MOD = 1_000_003.0
 
 
 def update(chunk: torch.Tensor, step: int, total: float) -> torch.Tensor:
+    import torch
+
     return torch.remainder(chunk * 3 + step + total, MOD)
 
 
 def reference(steps: int, world: int = 4) -> torch.Tensor:
-    """The uninterrupted run's final weights, computed in one process."""
+    """The uninterrupted run's final weights, computed in one process. torch is imported
+    here, not with the module: the tests import it, and they must collect without torch."""
+    import torch
+
     chunks = [torch.arange(PER_RANK, dtype=torch.float64) + r * PER_RANK for r in range(world)]
     for step in range(1, steps + 1):
         total = float(sum(c.sum() for c in chunks)) % MOD
@@ -39,6 +46,7 @@ def reference(steps: int, world: int = 4) -> torch.Tensor:
 
 
 def main() -> None:
+    import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh

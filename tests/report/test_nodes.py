@@ -158,3 +158,21 @@ def test_the_report_says_plainly_when_the_nodes_held_different_versions(tmp_path
     assert ("attempt 2: the nodes held DIFFERENT versions (node 0: snapshot.pt (sha256 aaaaaaaaaaaa); "
             "node 1: snapshot.pt (sha256 bbbbbbbbbbbb)); the training was not started") in r.stdout, r.stdout
     assert "Restore, attempt 2: the nodes held DIFFERENT versions" in r.stdout, r.stdout  # a note, not only a line
+
+
+def test_a_node_whose_agent_left_no_end_but_stayed_up_is_never_called_killed(tmp_path: Path) -> None:
+    """Issue 30, 6: "killed with its node?" was said of every agent that left no ``node-end``,
+    a node that stayed up too. n2's agent of attempt 1 ends without its line (stopped, hung),
+    and n2 serves attempts 2 and 3: not killed. n3, which Slurm calls down, was."""
+    run = tmp_path / "run"
+    plant(run)
+    agent = run / "nodes" / "node-1" / "events.jsonl"
+    lines = [ln for ln in agent.read_text().splitlines(keepends=True)
+             if not ('"node-end"' in ln and '"attempt": 1,' in ln)]
+    agent.write_text("".join(lines))
+    text = report(str(run)).stdout
+    section = text.split("\nNodes", 1)[1].split("\n\n", 1)[0]
+    n2 = next(ln for ln in section.splitlines() if "n2" in ln) + section.split("node n2", 1)[1].split("node n3", 1)[0]
+    n3 = section.split("node n3", 1)[1]
+    assert "left no end in attempt 1" in n2 and "killed" not in n2 and "stayed up" in n2, n2
+    assert "left no end in attempt 2 (killed with its node)" in n3, n3

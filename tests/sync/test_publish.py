@@ -7,6 +7,7 @@ checkpoints slowly and the mirror syncs on every file event and on a short timer
 from __future__ import annotations
 
 import os
+import sys
 import shutil
 import threading
 import time
@@ -171,3 +172,55 @@ async def test_a_newer_checkpoint_is_not_kept_waiting_behind_a_pass_of_older_one
     assert sorted(published) == [f"step_{k:03d}" for k in range(1, 8)], published
     assert problems(dst, style="dcp", shards=2, size=4096) == []
     assert mirror.pending() == []
+
+
+# DeepSpeed's layout, saved every 0.12 s as its ZeRO-1 run with 2 ranks did in the issue: three
+# files per global_stepN, the recovery scripts rewritten beside them at every save, then `latest`.
+DEEPSPEED_LIKE = """
+import os, sys, time
+out, saves, every = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+for step in range(3, 3 * saves + 1, 3):
+    d = os.path.join(out, f"global_step{step}")
+    os.makedirs(d)
+    for f in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+              "zero_pp_rank_1_mp_rank_00_optim_states.pt"):
+        with open(os.path.join(d, f), "wb") as fh:
+            fh.write(os.urandom(64 << 10))
+    for helper in ("zero_to_fp32.py", "zero_to_torch.py"):
+        with open(os.path.join(out, helper), "w") as fh:
+            fh.write("# DeepSpeed's recovery script, copied beside the checkpoints\\n" * 400)
+    with open(os.path.join(out, "latest"), "w") as fh:
+        fh.write(f"global_step{step}")
+    time.sleep(every)
+"""
+
+
+def test_files_beside_the_checkpoints_never_starve_the_newest(tmp_path: Path) -> None:
+    """Issue 30, 2: DeepSpeed rewrites zero_to_fp32.py and zero_to_torch.py at every save; each
+    was published as a single-file checkpoint, first in every pass (its name sorts after
+    global_step*), and a pass yields after one publish when a trigger waits: the newest
+    global_stepN waited 10 s and more. Now they are plain files beside the checkpoints, and
+    the newest durable checkpoint stays within a copy time + 1 s of the newest complete one."""
+    from supervisor.journal import read_journal
+    from tests.conftest import start_supervise
+    from tests.staleness import staleness
+
+    run, local, persistent = tmp_path / "run", tmp_path / "local", tmp_path / "persistent"
+    local.mkdir()
+    p = start_supervise("--run-dir", str(run), "--checkpoints", str(local), str(persistent), "--gpu-every", "0",
+                        "--", sys.executable, "-c", DEEPSPEED_LIKE, str(local), "100", "0.12")
+    _out, err = p.communicate(timeout=180)
+    assert p.returncode == 0, err[-3000:]
+    events = read_journal(run).events
+    exited = next(e["t"] for e in events if e["kind"] == "child-exit")
+    samples = staleness(events, until=exited)
+    copies = sorted(float(e["seconds"]) for e in events if e["kind"] == "sync" and e.get("published")
+                    and e["t"] <= exited)
+    assert samples and copies, (samples, copies)
+    bound = copies[-1] + 1.0  # one pass's copy time (the first one copies the files beside them too) + 1 s
+    assert max(samples) <= bound, f"staleness up to {max(samples):.2f} s while training (bound {bound:.2f} s)"
+    pubs = [e for e in events if e["kind"] == "publish" and not e.get("pointer")]
+    helpers = {e["checkpoint"] for e in pubs if e.get("restorable") is False}
+    assert helpers == {"zero_to_fp32.py", "zero_to_torch.py"}, helpers
+    assert (persistent / "global_step300").is_dir() and (persistent / "latest").read_text() == "global_step300"
+    assert (persistent / "zero_to_fp32.py").read_text() == (local / "zero_to_fp32.py").read_text()
