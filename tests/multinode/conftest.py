@@ -189,13 +189,23 @@ def down(cluster: Cluster) -> subprocess.CompletedProcess[str]:
                           timeout=120)
 
 
-@pytest.fixture
-def cluster3() -> Iterator[Cluster]:
-    """A 3-node cluster for one test, always torn down (its logs kept with SUPERVISE_KEEP_SLURM=1)."""
-    c = up(3)
+def _cluster(nodes: int) -> Iterator[Cluster]:
+    """A cluster for one test, always torn down (its logs kept with SUPERVISE_KEEP_SLURM=1)."""
+    c = up(nodes)
     try:
         yield c
     finally:
         down(c)
         if not os.environ.get("SUPERVISE_KEEP_SLURM"):
             shutil.rmtree(c.root, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster3() -> Iterator[Cluster]:
+    yield from _cluster(3)
+
+
+@pytest.fixture
+def cluster4() -> Iterator[Cluster]:
+    """Four nodes: a 2-node job outlives two of them killed."""
+    yield from _cluster(4)
