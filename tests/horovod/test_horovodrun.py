@@ -331,7 +331,11 @@ def test_preempted_then_resumed_ends_with_the_uninterrupted_weights(mode: str, r
     restores the newest checkpoint, resumes from it, and ends bit-identical to a run that was
     never interrupted."""
     first = runs("local-1")
-    proc = first.start(hvd(mode, *training(first.local, "--steps", str(STEPS), "--step-sleep", "0.1")))
+    # Slow enough that the training cannot end by itself during the stop's checkpoint and flush
+    # (CI, beside a 4-node cluster's torch ranks: the flush took 6.2 s while the training, at
+    # 0.1 s a step, reached its last step), and a grace that outlasts the ranks' way out at
+    # that load (hvd.shutdown under --mpi: more than 10 s): this test is about the resume.
+    proc = first.start(hvd(mode, *training(first.local, "--steps", str(STEPS), "--step-sleep", "0.3")), "--grace", "30s")
     wait_for(lambda: complete(first.persistent / "checkpoints", "step_10") or proc.poll() is not None,
              timeout=90, what="step_10 on the persistent side")
     assert proc.poll() is None, first.logs()

@@ -1,0 +1,137 @@
+"""Lightning across nodes (issue 29): ``Trainer(num_nodes=2)`` with ``ModelCheckpoint(save_last=True)``.
+
+``lightning_nodes.py`` under ``srun`` on the 3-node cluster (2 nodes, 2 ranks each, one
+task per device as Lightning's Slurm support wants), checkpoints on each node's local disk
+(global rank 0 writes them, every rank resolves ``ckpt_path="last"`` on its own node), the
+supervise configured by flags alone (``--checkpoints … --nodes auto --restore``: its node
+agents get the same configuration), through a requeue onto other nodes and the death of a
+non-batch node. Before: ``last.ckpt`` was published once and never again, a restore made it a
+link that the next ``save_last`` wrote through into an epoch file, and a new node resumed
+from nothing or from an old epoch. Now: every version of ``last.ckpt`` is published, every rank
+of every attempt starts at the same epoch, the one after the last saved before the
+interruption, and the job completes with the last epoch durable.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.multinode.conftest import REPO, Cluster, events, wait_for
+
+EPOCHS = 24
+
+JOB = """#!/bin/bash
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=2
+#SBATCH --requeue
+#SBATCH --open-mode=append
+cd {repo}
+echo "attempt ${{SLURM_RESTART_COUNT:-0}} on $SLURM_JOB_NODELIST"
+export EPOCH_SLEEP=1.0 OMP_NUM_THREADS=1
+exec {python} -m supervisor --checkpoints {local}/checkpoints {dst} --nodes auto --restore --settle 1s \\
+  --run-dir {run} -- srun --chdir={local} {python} {train} {epochs}
+"""
+
+
+def attempts_of(out: str) -> dict[int, str]:
+    parts = re.split(r"^attempt (\d+) on .*$", out, flags=re.M)
+    return {int(parts[i]) + 1: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+
+
+def test_lightning_across_nodes_through_a_requeue_and_a_node_death(cluster3: Cluster, tmp_path: Path) -> None:
+    pytest.importorskip("lightning")
+    torch = pytest.importorskip("torch")
+    c = cluster3
+    t0 = time.monotonic()
+    run, out = c.shared / "run", c.shared / "job.out"
+    dst = c.shared / "persist" / "checkpoints"
+    job = c.submit(JOB.format(repo=REPO, python=sys.executable, dst=dst, run=run, local=c.local,
+                              train=Path(__file__).parent / "lightning_nodes.py", epochs=EPOCHS), "-o", str(out))
+    leader = run / "events.jsonl"
+
+    def lasts(attempt: int) -> list[dict]:
+        return [e for e in events(leader) if e.get("kind") == "publish" and e["attempt"] == attempt
+                and e.get("checkpoint") == "last.ckpt"]
+
+    def said() -> str:
+        return f"job {c.state(job)}; {out.read_text()[-2500:] if out.exists() else ''}"
+
+    def hosts() -> list[str]:
+        return c.run("scontrol", "show", "hostnames", c.show(job)["NodeList"]).stdout.split()
+
+    # 1. attempt 1 on n1+n2; then requeued off n1
+    wait_for(lambda: len(lasts(1)) >= 3, 300, lambda: f"three versions of last.ckpt in attempt 1; {said()}", every=0.5)
+    assert hosts() == ["n1", "n2"]
+    c.run("scontrol", "requeuehold", job)
+    c.run("scontrol", "update", f"JobId={job}", "ExcNodeList=n1")
+    c.run("scontrol", "release", job)
+    c.release(job)
+    print(f"lightning: {time.monotonic() - t0:.1f}s requeued off n1", flush=True)
+
+    # 2. attempt 2: after two more versions, its non-batch node dies
+    wait_for(lambda: len(lasts(2)) >= 2, 300, lambda: f"two versions of last.ckpt in attempt 2; {said()}", every=0.5)
+    second = hosts()
+    assert "n1" not in second, second
+    c.kill_node(second[1])
+    print(f"lightning: {time.monotonic() - t0:.1f}s {second[1]} killed", flush=True)
+    if not c.wait_down(second[1], 90):
+        c.run("scontrol", "update", f"NodeName={second[1]}", "State=DOWN", "Reason=killed-by-the-test")
+    try:
+        wait_for(lambda: c.state(job) in ("PENDING", "REQUEUED") or c.show(job).get("Restarts") == "2"
+                 and c.state(job) != "COMPLETING", 30, "the requeued job done completing")
+    except AssertionError:
+        c.run("scontrol", "update", f"NodeName={second[1]}", "State=DOWN", "Reason=killed-by-the-test")
+    c.run("scontrol", "update", f"JobId={job}", "ExcNodeList=")
+    c.release(job)
+
+    # 3. attempt 3 on the nodes left finishes
+    wait_for(lambda: c.state(job) == "COMPLETED", 400, lambda: f"job {job} completed; {said()}", every=0.5)
+    print(f"lightning: {time.monotonic() - t0:.1f}s completed", flush=True)
+    ev = events(leader)
+    text = attempts_of(out.read_text())
+    assert sorted(text) == [1, 2, 3], sorted(text)
+    previous_last = None
+    for a in (1, 2, 3):
+        starts = re.findall(r"^rank (\d) starts at epoch (\d+) from (\S+)", text[a], flags=re.M)
+        assert sorted(int(r) for r, _, _ in starts) == [0, 1, 2, 3], (a, starts)
+        epochs = {int(e) for _, e, _ in starts}
+        assert len(epochs) == 1, (a, starts)  # every rank on every node: the same epoch
+        if a == 1:
+            assert epochs == {0}, starts
+        else:
+            assert {f for _, _, f in starts} == {"last.ckpt"}, starts
+            start = epochs.pop()
+            if a == 2:  # a clean stop: the last epoch saved is where every rank goes on
+                assert start == previous_last + 1, (a, starts, previous_last)
+            else:  # a node died: at most its last save
+                assert start in (previous_last, previous_last + 1), (a, starts, previous_last)
+        versions = next(e for e in ev if e.get("kind") == "restore-versions" and e["attempt"] == a)
+        assert versions["agree"], versions
+        # the newest version of last.ckpt published in this attempt: the one the next resumes from
+        spawn = next(e["t"] for e in ev if e.get("kind") == "spawn" and e["attempt"] == a)
+        assert not [e for e in ev if e.get("kind") == "sync-deferred" and e["attempt"] == a and e["t"] > spawn]
+        print(f"lightning: attempt {a}: starts {sorted(starts)[0][1]}, {len(lasts(a))} versions of last.ckpt published, "
+              f"lag max {max((e.get('lag_s') or 0) for e in lasts(a)):.3f}s", flush=True)
+        previous_last = _last_epoch_published(ev, a)
+    # the flags reached the node agents whole (issue 29, D3: they exited 2 at --settle)
+    agent_starts = [e for e in events(run / "nodes" / "node-1" / "events.jsonl") if e.get("kind") == "node-start"]
+    assert len(agent_starts) == 3, agent_starts
+    for e in agent_starts:
+        (pair,) = e["pairs"]
+        assert pair["from"] == f"{c.local}/checkpoints" and pair["to"] == str(dst) and pair["restore"] is True, pair
+    final = torch.load(dst / "last.ckpt", map_location="cpu", weights_only=False)
+    assert final["epoch"] == EPOCHS - 1, final["epoch"]
+    for f in dst.glob("epoch=*.ckpt"):  # no epoch file holds another epoch (a save through a link would)
+        assert f.name.startswith(f"epoch={torch.load(f, map_location='cpu', weights_only=False)['epoch']}-"), f.name
+
+
+def _last_epoch_published(ev: list[dict], attempt: int) -> int:
+    """The newest ``epoch=N-…ckpt`` this attempt published (Lightning saves it before last.ckpt)."""
+    names = [e["checkpoint"] for e in ev if e.get("kind") == "publish" and e["attempt"] == attempt
+             and str(e.get("checkpoint", "")).startswith("epoch=")]
+    return max(int(n.split("=")[1].split("-")[0]) for n in names)
