@@ -54,7 +54,7 @@ def agent_argv(cfg: Config, python: str = sys.executable) -> list[str]:
 class Fleet:
     """Starts, awaits and watches the node agents of one attempt."""
 
-    def __init__(self, argv: list[str], nodes: tuple[str, ...], emit: Emit, env: dict[str, str],
+    def __init__(self, argv: list[str], nodes: tuple[str, ...], emit: Emit, env: dict[str, str], run_dir: Path,
                  ready_timeout: float = READY_TIMEOUT_S) -> None:
         self.argv, self.nodes, self.emit, self.env = argv, nodes, emit, env
         self.ready_timeout = ready_timeout
@@ -63,7 +63,7 @@ class Fleet:
         self.holds: dict[int, Any] = {}
         self.proc: subprocess.Popen[str] | None = None
         self.requests = 0
-        self.run_dir = Path(_run_dir_of(argv))
+        self.run_dir = run_dir  # the agents' journals: RUN/nodes/node-K/
         self.choice_path = self.run_dir / "nodes" / f"choice-{os.getpid()}-{time.time_ns()}.json"
         self.env = {**env, CHOICE_VAR: str(self.choice_path)}
         self._heard_any = anyio.Event()
@@ -79,7 +79,8 @@ class Fleet:
             return None
         if plan.env.get("SUPERVISE_NODE_AGENTS", "").lower() in ("0", "off", "false", "no"):
             return None
-        return cls(agent_argv(cfg), plan.job.nodes, emit, dict(plan.env))
+        assert cfg.run_dir is not None
+        return cls(agent_argv(cfg), plan.job.nodes, emit, dict(plan.env), cfg.run_dir)
 
     def srun_argv(self) -> list[str]:
         n = len(self.nodes)
@@ -202,10 +203,6 @@ class Fleet:
 
 
 ANSWER_POLL_S = 0.1  # the leader, while it waits for the agents' answers to its last flush
-
-
-def _run_dir_of(argv: list[str]) -> str:
-    return argv[argv.index("--run-dir") + 1]
 
 
 def lost_nodes(previous: list[dict[str, Any]], now: tuple[str, ...], persistent: list[Path],

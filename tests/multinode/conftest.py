@@ -107,6 +107,34 @@ class Cluster:
                 raise AssertionError(f"job {jobid} still {state} after StartTime=now")
             time.sleep(1.0)
 
+    def hosts(self, jobid: str) -> list[str]:
+        """The job's nodes now, expanded (``n[2,4]`` → n2, n4)."""
+        return self.run("scontrol", "show", "hostnames", self.show(jobid)["NodeList"]).stdout.split()
+
+    def requeue_off(self, jobid: str, node: str) -> None:
+        """Requeue the job with ``node`` excluded, and start it at once (``requeuehold``: a
+        plain requeue restarts at once, on the same nodes)."""
+        self.run("scontrol", "requeuehold", jobid)
+        self.run("scontrol", "update", f"JobId={jobid}", f"ExcNodeList={node}")
+        self.run("scontrol", "release", jobid)
+        self.release(jobid)
+
+    def node_dies(self, jobid: str, node: str) -> None:
+        """``node`` dies with everything on it; Slurm (or, late, the test as an admin would)
+        marks it down, the job is requeued, and released at once onto the nodes left."""
+        self.kill_node(node)
+        if not self.wait_down(node, 90):
+            self.run("scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=killed-by-the-test")
+        restarts = int(self.show(jobid).get("Restarts", "0"))
+        try:
+            wait_for(lambda: self.state(jobid) in ("PENDING", "REQUEUED")
+                     or int(self.show(jobid).get("Restarts", "0")) > restarts and self.state(jobid) != "COMPLETING",
+                     30, "the requeued job done completing")
+        except AssertionError:
+            self.run("scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=killed-by-the-test")
+        self.run("scontrol", "update", f"JobId={jobid}", "ExcNodeList=")
+        self.release(jobid)
+
     def agent_pids(self, node: str) -> list[int]:
         """The node agents (not their srun) running on ``node``."""
         out = []
@@ -162,6 +190,13 @@ class Cluster:
 
 def wait_for(pred: Callable[[], object], timeout: float, what: str | Callable[[], str], every: float = 0.1):
     return poll(pred, timeout, what, interval=every)
+
+
+def attempts_of(out: str) -> dict[int, str]:
+    """A job's output (``--open-mode=append``), cut at each attempt's first line, which its
+    script prints as ``attempt ${SLURM_RESTART_COUNT:-0} on …``: attempt 1 is the first run."""
+    parts = re.split(r"^attempt (\d+) on .*$", out, flags=re.M)
+    return {int(parts[i]) + 1: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
 
 
 def events(path: Path) -> list[dict]:

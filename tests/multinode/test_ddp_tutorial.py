@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.multinode.conftest import REPO, Cluster, events, wait_for
+from tests.multinode.conftest import REPO, Cluster, attempts_of, events, wait_for
 
 EPOCHS, EVERY = 30, 1
 # By hand, the tutorial's own script (pytorch/examples distributed/ddp-tutorial-series/multinode.py,
@@ -52,12 +52,6 @@ exec {python} -m supervisor --config {cfg} --run-dir {run} -- \\
 """
 
 
-def attempts_of(out: str) -> dict[int, str]:
-    """The job's output, cut at each attempt's first line (``attempt N``, N from 0)."""
-    parts = re.split(r"^attempt (\d+) on .*$", out, flags=re.M)
-    return {int(parts[i]) + 1: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
-
-
 def test_the_ddp_tutorial_pattern_through_a_requeue_and_two_node_deaths(cluster4: Cluster, tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     c = cluster4
@@ -78,48 +72,30 @@ def test_the_ddp_tutorial_pattern_through_a_requeue_and_two_node_deaths(cluster4
     def said() -> str:
         return f"job {c.state(job)}; {out.read_text()[-2000:] if out.exists() else ''}"
 
-    def hosts() -> list[str]:
-        return c.run("scontrol", "show", "hostnames", c.show(job)["NodeList"]).stdout.split()
-
     def dies(node: str) -> None:
-        """``node`` dies with everything on it; Slurm (or, late, the test as an admin would)
-        marks it down, the job is requeued, and released at once onto the nodes left."""
-        c.kill_node(node)
-        print(f"ddp: {time.monotonic() - t0:.1f}s {node} killed", flush=True)
-        if not c.wait_down(node, 90):
-            c.run("scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=killed-by-the-test")
-        restarts = int(c.show(job).get("Restarts", "0"))
-        try:
-            wait_for(lambda: c.state(job) in ("PENDING", "REQUEUED") or int(c.show(job).get("Restarts", "0")) > restarts
-                     and c.state(job) != "COMPLETING", 30, "the requeued job done completing")
-        except AssertionError:
-            c.run("scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=killed-by-the-test")
-        c.run("scontrol", "update", f"JobId={job}", "ExcNodeList=")
-        c.release(job)
+        print(f"ddp: {time.monotonic() - t0:.1f}s {node} dies", flush=True)
+        c.node_dies(job, node)
 
     # 1. attempt 1 on n1+n2: versions published as they are saved; then requeued off n1
     wait_for(lambda: len(publishes(1)) >= 3, 240, lambda: f"three versions published in attempt 1; {said()}", every=0.5)
-    assert hosts() == ["n1", "n2"]
-    c.run("scontrol", "requeuehold", job)
-    c.run("scontrol", "update", f"JobId={job}", "ExcNodeList=n1")
-    c.run("scontrol", "release", job)
-    c.release(job)
+    assert c.hosts(job) == ["n1", "n2"]
+    c.requeue_off(job, "n1")
     print(f"ddp: {time.monotonic() - t0:.1f}s requeued off n1", flush=True)
 
     # 2. attempt 2 on two other nodes: after two more versions, its non-batch node dies
     wait_for(lambda: len(publishes(2)) >= 2, 240, lambda: f"two versions published in attempt 2; {said()}", every=0.5)
-    second = hosts()
+    second = c.hosts(job)
     assert "n1" not in second, second
     dies(second[1])
 
     # 3. attempt 3: after two more versions, its batch node dies (the leader with it: no end)
     wait_for(lambda: len(publishes(3)) >= 2, 240, lambda: f"two versions published in attempt 3; {said()}", every=0.5)
-    third = hosts()
+    third = c.hosts(job)
     dies(third[0])
 
     # 4. attempt 4 on the two nodes left finishes
     wait_for(lambda: c.state(job) == "COMPLETED", 300, lambda: f"job {job} completed; {said()}", every=0.5)
-    fourth = hosts()
+    fourth = c.hosts(job)
     print(f"ddp: {time.monotonic() - t0:.1f}s completed; nodes {['n1', 'n2'], second, third, fourth}", flush=True)
     assert second[1] not in third + fourth and third[0] not in fourth
     ev = events(leader)
@@ -142,8 +118,8 @@ def test_the_ddp_tutorial_pattern_through_a_requeue_and_two_node_deaths(cluster4
         versions = next(e for e in ev if e.get("kind") == "restore-versions" and e["attempt"] == a)
         assert versions["agree"] and sorted(versions["nodes"]) == ["0", "1"], versions
         if a > 1:
-            assert {v["ckpt"]["sha256"] for v in versions["nodes"].values()} and \
-                all(v["ckpt"] and v["ckpt"]["name"] == "snapshot.pt" for v in versions["nodes"].values()), versions
+            held = [v["ckpt"] for v in versions["nodes"].values()]
+            assert all(h and h["name"] == "snapshot.pt" for h in held) and len({h["sha256"] for h in held}) == 1, versions
         published = publishes(a)
         if a in (1, 4):  # a clean end: every version saved was published, the last at the end
             assert len(published) >= len(saved), (a, len(published), saved)

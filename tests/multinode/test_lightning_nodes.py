@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.multinode.conftest import REPO, Cluster, events, wait_for
+from tests.multinode.conftest import REPO, Cluster, attempts_of, events, wait_for
 
 EPOCHS = 24
 
@@ -36,11 +36,6 @@ export EPOCH_SLEEP=1.0 OMP_NUM_THREADS=1
 exec {python} -m supervisor --checkpoints {local}/checkpoints {dst} --nodes auto --restore --settle 1s \\
   --run-dir {run} -- srun --chdir={local} {python} {train} {epochs}
 """
-
-
-def attempts_of(out: str) -> dict[int, str]:
-    parts = re.split(r"^attempt (\d+) on .*$", out, flags=re.M)
-    return {int(parts[i]) + 1: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
 
 
 def test_lightning_across_nodes_through_a_requeue_and_a_node_death(cluster3: Cluster, tmp_path: Path) -> None:
@@ -61,33 +56,18 @@ def test_lightning_across_nodes_through_a_requeue_and_a_node_death(cluster3: Clu
     def said() -> str:
         return f"job {c.state(job)}; {out.read_text()[-2500:] if out.exists() else ''}"
 
-    def hosts() -> list[str]:
-        return c.run("scontrol", "show", "hostnames", c.show(job)["NodeList"]).stdout.split()
-
     # 1. attempt 1 on n1+n2; then requeued off n1
     wait_for(lambda: len(lasts(1)) >= 3, 300, lambda: f"three versions of last.ckpt in attempt 1; {said()}", every=0.5)
-    assert hosts() == ["n1", "n2"]
-    c.run("scontrol", "requeuehold", job)
-    c.run("scontrol", "update", f"JobId={job}", "ExcNodeList=n1")
-    c.run("scontrol", "release", job)
-    c.release(job)
+    assert c.hosts(job) == ["n1", "n2"]
+    c.requeue_off(job, "n1")
     print(f"lightning: {time.monotonic() - t0:.1f}s requeued off n1", flush=True)
 
     # 2. attempt 2: after two more versions, its non-batch node dies
     wait_for(lambda: len(lasts(2)) >= 2, 300, lambda: f"two versions of last.ckpt in attempt 2; {said()}", every=0.5)
-    second = hosts()
+    second = c.hosts(job)
     assert "n1" not in second, second
-    c.kill_node(second[1])
-    print(f"lightning: {time.monotonic() - t0:.1f}s {second[1]} killed", flush=True)
-    if not c.wait_down(second[1], 90):
-        c.run("scontrol", "update", f"NodeName={second[1]}", "State=DOWN", "Reason=killed-by-the-test")
-    try:
-        wait_for(lambda: c.state(job) in ("PENDING", "REQUEUED") or c.show(job).get("Restarts") == "2"
-                 and c.state(job) != "COMPLETING", 30, "the requeued job done completing")
-    except AssertionError:
-        c.run("scontrol", "update", f"NodeName={second[1]}", "State=DOWN", "Reason=killed-by-the-test")
-    c.run("scontrol", "update", f"JobId={job}", "ExcNodeList=")
-    c.release(job)
+    print(f"lightning: {time.monotonic() - t0:.1f}s {second[1]} dies", flush=True)
+    c.node_dies(job, second[1])
 
     # 3. attempt 3 on the nodes left finishes
     wait_for(lambda: c.state(job) == "COMPLETED", 400, lambda: f"job {job} completed; {said()}", every=0.5)
