@@ -397,13 +397,14 @@ class PartPublisher(Publisher):
         self.conflicts: dict[str, str] = {}
         self.stale: dict[str, Snap] = {}           # older here than the version published (by another node)
         self.seen: dict[str, Snap] = {}            # checkpoint → the local version last accounted for here
+        self.inside: dict[str, tuple[Snap, bool]] = {}  # incomplete here → (that version, inside the published one)
 
     async def run(self, listing: Listing, trigger: str, stats: CopyResult, published: list[str]) -> None:
         p = self.pair
         if not self.leader:  # inside the pass: never while this node stages
             taken = await to_thread(self.taken, list(self.parted))
-            for name in taken:
-                self.parted.pop(name)
+            for name in taken:  # published or superseded: this version is owed nothing more
+                self.state.published[name] = self.parted.pop(name)
             await to_thread(self._tidy, taken)
         todo: list[Entry] = []
         for e in complete_newest_first(listing):
@@ -415,6 +416,7 @@ class PartPublisher(Publisher):
                 if not self._new_version(e, there, same, listing):
                     continue
             todo.append(e)
+        await self._look_inside_published(listing)
         self._note_pending(listing)
         for e in todo:  # newest first: the one most at risk
             if self.leader and self._go_applies(e):
@@ -608,7 +610,7 @@ class PartPublisher(Publisher):
             self.emit("publish", pair=p.name, checkpoint=name, trigger=trigger, files=got.files, bytes=got.bytes,
                       why=f"all {self.nodes} parts" if not single else f"whole on node {min(manifests)}",
                       lag_s=lag, nodes=self.nodes, parts={str(k): n for k, n in got.parts.items()}, shared=got.shared,
-                      linked=got.linked)
+                      linked=got.linked, **({"differing": got.differing} if got.differing else {}))
             self.on_publish(got.done_at)
             published.append(name)
 
@@ -640,6 +642,24 @@ class PartPublisher(Publisher):
             return written(mine) < written(there) or identical(src, self.pair.dst / name, mine, there)
         return contains(there, mine) or written(mine) <= written(there)
 
+    async def _look_inside_published(self, listing: Listing) -> None:
+        """A directory incomplete by itself here may be this node's part of a checkpoint that
+        is published whole: HF's ``checkpoint-N/`` holding only the ``rng_state_R.pth`` of this
+        node's ranks, left from an attempt where this node was not global rank 0's, and read
+        by a leader now. Looked up once per local version, so the end does not call it torn."""
+        for e in listing.entries.values():
+            known = self.inside.get(e.name)
+            if e.complete or not e.is_dir or (known is not None and known[0].same_content(e.snap)):
+                continue
+            there = None
+            if await to_thread(os.path.lexists, self.pair.dst / e.name):
+                there = await to_thread(snapshot, self.pair.dst / e.name, within(e.name, self.pair.exclude))
+            self.inside[e.name] = (e.snap, there is not None and contains(there, e.snap))
+
+    def _published_part(self, e: Entry) -> bool:
+        known = self.inside.get(e.name)
+        return known is not None and known[1] and known[0].same_content(e.snap)
+
     def _note_pending(self, listing: Listing) -> None:
         name_ = self.pair.name
         out = []
@@ -648,6 +668,8 @@ class PartPublisher(Publisher):
             local.add(e.name)
             done = self.state.published.get(e.name)
             staged = self.parted.get(e.name)
+            if not e.complete and self._published_part(e):
+                continue  # this node's files of a published checkpoint (HF's rng_state_R.pth): owed nothing
             if not e.complete:
                 out.append(f"{name_}: {e.name} (incomplete: {e.why})")
             elif e.name in self.stale:

@@ -25,7 +25,7 @@ import os
 import shutil
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -167,10 +167,11 @@ def release_parts(dst: Path, name: str, manifests: Mapping[int, Mapping[str, Any
 
 
 def assembled_snap(manifests: Mapping[int, Mapping[str, Any]]) -> Snap:
-    """The version the parts make together: the union of their files."""
+    """The version the parts make together: the union of their files, a path several nodes
+    hold as the lowest of them holds it (``assemble`` places that one)."""
     files: dict[str, tuple[int, int]] = {}
-    for m in manifests.values():
-        files.update(manifest_snap(m).files)
+    for node in sorted(manifests, reverse=True):
+        files.update(manifest_snap(manifests[node]).files)
     return Snap(files, max((mt for _s, mt in files.values()), default=0), sum(s for s, _m in files.values()))
 
 
@@ -182,6 +183,7 @@ class Assembled:
     shared: list[str]           # paths several nodes held, identical
     done_at: float | None       # the latest of the parts' completion times
     linked: bool                # hard links (False: the parts' files were renamed)
+    differing: list[str] = field(default_factory=list)  # replicas' paths that differed: the lowest node's kept
 
 
 def _place(src: Path, dst: Path, size: int) -> bool:
@@ -220,9 +222,19 @@ def _same(a: Path, b: Path) -> bool:
         return False
 
 
+def replicas(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Did both nodes write a whole checkpoint of their own (each part carries the framework's
+    marker: HF's ``save_on_each_node``, DeepSpeed's node-local storage)? Then a path they hold
+    differently is each node's own view (HF's ``trainer_state.json`` says
+    ``is_world_process_zero``), not two halves that disagree."""
+    return bool(a.get("markers")) and bool(b.get("markers"))
+
+
 def assemble(dst: Path, name: str, manifests: Mapping[int, Mapping[str, Any]], *, fsync: bool) -> Assembled:
     """Every part of ``name`` into ``.supervise-staging-<name>``, markers last, verified, renamed
-    to ``<name>``. Raises PartConflict (never published) or PartsChanged (try again later)."""
+    to ``<name>``. A path in two parts must be identical, unless both parts are whole
+    checkpoints by their own marker (``replicas``): then the lowest node's is kept and named in
+    ``differing``. Raises PartConflict (never published) or PartsChanged (try again later)."""
     kinds = {bool(m.get("is_dir", True)) for m in manifests.values()}
     if len(kinds) > 1:
         raise PartConflict(name, "", sorted(manifests))
@@ -231,6 +243,7 @@ def assemble(dst: Path, name: str, manifests: Mapping[int, Mapping[str, Any]], *
     owner: dict[str, int] = {}
     markers: set[str] = set()
     shared: list[str] = []
+    differing: list[str] = []
     parts: dict[int, int] = {}
     for node in sorted(manifests):
         m = manifests[node]
@@ -240,10 +253,12 @@ def assemble(dst: Path, name: str, manifests: Mapping[int, Mapping[str, Any]], *
         for rel, (size, mt) in snap.files.items():
             if rel in union:
                 first = owner[rel]
-                if union[rel][0] != size or not _same(part_source(dst, name, first, rel),
-                                                      part_source(dst, name, node, rel)):
+                if union[rel][0] == size and _same(part_source(dst, name, first, rel), part_source(dst, name, node, rel)):
+                    shared.append(rel)
+                elif replicas(manifests[first], m):
+                    differing.append(rel)
+                else:
                     raise PartConflict(name, rel, [first, node])
-                shared.append(rel)
                 continue
             union[rel] = (size, mt)
             owner[rel] = node
@@ -270,4 +285,5 @@ def assemble(dst: Path, name: str, manifests: Mapping[int, Mapping[str, Any]], *
         fsync_all(staging)
     swap_in(staging, final, is_dir=is_dir, fsync=fsync)
     done = [float(m["done_at"]) for m in manifests.values() if isinstance(m.get("done_at"), (int, float))]
-    return Assembled(len(union), want.bytes, parts, sorted(set(shared)), max(done) if done else None, linked)
+    return Assembled(len(union), want.bytes, parts, sorted(set(shared)), max(done) if done else None, linked,
+                     sorted(set(differing)))

@@ -137,3 +137,100 @@ def test_an_older_local_version_never_replaces_a_newer_published_one(tmp_path: P
     assert epoch_of(ps[1].src / "snapshot.pt") == 0  # node 1 still holds what it restored
     assert epoch_of(ps[0].dst / "snapshot.pt") == 2
     assert not [f for n, k, f in events if n == 1 and k == "part"]
+
+
+def hf_checkpoint(node_dir: Path, step: int, ranks: tuple[int, ...], whole: bool) -> None:
+    """``checkpoint-N/`` as HF's Trainer writes it with ``save_on_each_node`` false: the node of
+    global rank 0 writes the model and ``trainer_state.json`` (the marker, last), every rank
+    its own ``rng_state_R.pth`` on its own node."""
+    d = node_dir / f"checkpoint-{step}"
+    d.mkdir(parents=True, exist_ok=True)
+    for r in ranks:
+        (d / f"rng_state_{r}.pth").write_bytes(b"rng" * 100 + bytes([r]))
+    if whole:
+        (d / "model.safetensors").write_bytes(b"w" * 4096)
+        (d / "trainer_state.json").write_text(f'{{"global_step": {step}}}')
+
+
+def test_a_part_of_a_published_checkpoint_is_not_owed_by_the_next_leader(tmp_path: Path) -> None:
+    """HF across nodes: node 1 keeps ``checkpoint-5/`` with only its ranks' ``rng_state_*.pth``
+    after ``checkpoint-5`` was published whole. When that node leads the next attempt, its
+    leftover part is a part of what is published, not a torn checkpoint the end owes (before:
+    ``end.not_durable`` named every such directory, "incomplete: torn")."""
+    ps = pairs(tmp_path)
+    events: list[tuple[int, str, dict]] = []
+
+    async def attempt_1() -> None:
+        mirrors = {n: Mirror([p], emit=lambda kind, n=n, **f: events.append((n, kind, f)) or f, sync_every=600,
+                             backend="python", node_rank=n, parts_poll=0.2) for n, p in ps.items()}
+        async with anyio.create_task_group() as tg:
+            for m in mirrors.values():
+                await tg.start(m.run)
+            hf_checkpoint(ps[1].src, 5, (2, 3), whole=False)
+            hf_checkpoint(ps[0].src, 5, (0, 1), whole=True)
+            with anyio.fail_after(20):
+                while not (ps[0].dst / "checkpoint-5" / "rng_state_3.pth").exists():
+                    await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()
+
+    async def attempt_2() -> dict:
+        leader = Mirror([ps[1]], emit=lambda kind, **f: events.append((0, kind, f)) or f, sync_every=600,
+                        backend="python", node_rank=0, parts_poll=0.2)
+        async with anyio.create_task_group() as tg:
+            await tg.start(leader.run)
+            leader.training_exited()
+            result = await leader.flush("final")
+            tg.cancel_scope.cancel()
+        return result
+
+    anyio.run(attempt_1)
+    assert sorted(p.name for p in (ps[0].dst / "checkpoint-5").iterdir()) == [
+        "model.safetensors", "rng_state_0.pth", "rng_state_1.pth", "rng_state_2.pth", "rng_state_3.pth",
+        "trainer_state.json"]
+    result = anyio.run(attempt_2)
+    assert not result["pending"], result
+
+
+def test_whole_checkpoints_on_each_node_are_published_with_node_0s_view(tmp_path: Path) -> None:
+    """HF with ``save_on_each_node``: every node writes a whole checkpoint of its own (each with
+    the marker), and ``trainer_state.json`` differs between them by design
+    (``is_world_process_zero``). Node 0's view is published with every node's
+    ``rng_state_R.pth``, the paths that differed named (before: a ``part-conflict``, never
+    published); neither node owes anything at the end."""
+    ps = pairs(tmp_path)
+    events: list[tuple[int, str, dict]] = []
+
+    def write(node: int) -> None:
+        d = ps[node].src / "checkpoint-5"
+        d.mkdir(parents=True)
+        for r in (2 * node, 2 * node + 1):
+            (d / f"rng_state_{r}.pth").write_bytes(b"rng" * 100 + bytes([r]))
+        (d / "optimizer.pt").write_bytes(b"o" * 2048)
+        (d / "trainer_state.json").write_text(f'{{"global_step": 5, "is_world_process_zero": {str(node == 0).lower()}}}')
+
+    async def main() -> list[dict]:
+        mirrors = {n: Mirror([p], emit=lambda kind, n=n, **f: events.append((n, kind, f)) or f, sync_every=600,
+                             backend="python", node_rank=n, parts_poll=0.2) for n, p in ps.items()}
+        async with anyio.create_task_group() as tg:
+            for m in mirrors.values():
+                await tg.start(m.run)
+            write(1)
+            write(0)
+            with anyio.fail_after(20):
+                while not [f for n, k, f in events if n == 0 and k == "publish"]:
+                    await anyio.sleep(0.05)
+            for m in mirrors.values():
+                m.training_exited()
+            results = [await mirrors[n].flush("final") for n in (1, 0)]
+            tg.cancel_scope.cancel()
+        return results
+
+    results = anyio.run(main)
+    (pub,) = [f for n, k, f in events if n == 0 and k == "publish"]
+    assert pub["differing"] == ["trainer_state.json"] and pub["parts"] == {"0": 4, "1": 4}, pub
+    got = ps[0].dst / "checkpoint-5"
+    assert sorted(p.name for p in got.iterdir()) == ["optimizer.pt", "rng_state_0.pth", "rng_state_1.pth",
+                                                     "rng_state_2.pth", "rng_state_3.pth", "trainer_state.json"]
+    assert '"is_world_process_zero": true' in (got / "trainer_state.json").read_text()
+    assert not [f for _n, k, f in events if k in ("part-conflict", "sync-deferred")]
+    assert all(not r["pending"] for r in results), results
