@@ -135,6 +135,17 @@ class Cluster:
         self.run("scontrol", "update", f"JobId={jobid}", "ExcNodeList=")
         self.release(jobid)
 
+    def time_limit_passes(self, jobid: str, minutes: int, timeout: float = 240) -> None:
+        """The job runs into its time limit (a short ``#SBATCH --time``): supervise stops it
+        ahead of the end and requeues it itself; then the next attempt gets ``minutes``
+        (``TimeLimit``, set while it waits) and is started at once."""
+        restarts = int(self.show(jobid).get("Restarts", "0"))
+        wait_for(lambda: int(self.show(jobid).get("Restarts", "0")) > restarts, timeout,
+                 lambda: f"job {jobid} requeued by supervise at its time limit ({self.show(jobid).get('JobState')})",
+                 every=0.5)
+        self.run("scontrol", "update", f"JobId={jobid}", f"TimeLimit={minutes}")
+        self.release(jobid)
+
     def agent_pids(self, node: str) -> list[int]:
         """The node agents (not their srun) running on ``node``."""
         out = []

@@ -36,8 +36,9 @@ class Model(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
     def on_train_start(self) -> None:
+        # one write: the ranks of a node share srun's stdout
         print(f"rank {self.global_rank} starts at epoch {self.current_epoch} from "
-              f"{os.path.basename(str(self.trainer.ckpt_path))}", flush=True)
+              f"{os.path.basename(str(self.trainer.ckpt_path))}\n", end="", flush=True)
 
 
 def main() -> None:

@@ -4,15 +4,18 @@
 ``torch.save``s ``snapshot.pt`` in place every epoch on its node's local disk, and every rank
 on every node loads ``snapshot.pt`` from its own disk at start. Under ``srun torchrun
 --nnodes 2 --nproc_per_node 2`` on a 4-node cluster, with the documented config (``nodes =
-"auto"``, ``restore = true``), through a requeue onto other nodes, the death of a non-batch
-node, then the death of the batch node (the leader with it):
+"auto"``, ``restore = true``), through the four interruptions of a multi-node job: the time
+limit (supervise stops ahead of it and requeues), a requeue onto other nodes, the death of a
+non-batch node, then the death of the batch node (the leader with it):
 
 * every version rank 0 saved is published while the job runs (one ``publish`` a save), and
   the final one at the end;
 * every rank on every node resumes from the same epoch, the newest published before the
   interruption (after the requeue exactly the last one saved), and the leader journals what
   each node held at the spawn (``restore-versions``, all the same);
-* the job completes, with the last epoch durable.
+* the job completes, with the last epoch durable, and its final weights equal a replay of
+  the epochs it trained (``ddp_replay.py``: the same epochs in the same order, uninterrupted),
+  bit for bit.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,12 +32,13 @@ import pytest
 
 from tests.multinode.conftest import REPO, Cluster, attempts_of, events, wait_for
 
-EPOCHS, EVERY = 30, 1
+EPOCHS, EVERY = 60, 1
 # By hand, the tutorial's own script (pytorch/examples distributed/ddp-tutorial-series/multinode.py,
 # with its datautils.py beside it, changed only for the CPU: gloo, no .to(device), no device_ids):
 # SUPERVISE_DDP_TUTORIAL=/path/multinode.py SUPERVISE_DDP_TUTORIAL_ARGS="3000 50" (its epochs take
 # milliseconds: a save every 50 of them is about one a second here).
 SCRIPT = Path(os.environ.get("SUPERVISE_DDP_TUTORIAL") or Path(__file__).parent / "ddp_tutorial.py")
+TORCHRUN = Path(sys.executable).parent / "torchrun"
 if os.environ.get("SUPERVISE_DDP_TUTORIAL_ARGS"):
     EPOCHS, EVERY = (int(x) for x in os.environ["SUPERVISE_DDP_TUTORIAL_ARGS"].split())
 
@@ -42,6 +47,7 @@ JOB = """#!/bin/bash
 #SBATCH --ntasks-per-node=1
 #SBATCH --requeue
 #SBATCH --open-mode=append
+#SBATCH --time=1
 cd {repo}
 echo "attempt ${{SLURM_RESTART_COUNT:-0}} on $SLURM_JOB_NODELIST"
 export EPOCH_SLEEP=1.0 OMP_NUM_THREADS=1
@@ -52,16 +58,17 @@ exec {python} -m supervisor --config {cfg} --run-dir {run} -- \\
 """
 
 
-def test_the_ddp_tutorial_pattern_through_a_requeue_and_two_node_deaths(cluster4: Cluster, tmp_path: Path) -> None:
+def test_the_ddp_tutorial_pattern_through_the_four_interruptions(cluster4: Cluster, tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     c = cluster4
     t0 = time.monotonic()
     run, cfg, out = c.shared / "run", c.shared / "run.toml", c.shared / "job.out"
     dst = c.shared / "persist" / "ckpt"
-    cfg.write_text(f'[[sync]]\nname = "ckpt"\nfrom = "{c.local}/ckpt"\nto = "{dst}"\n'
+    cfg.write_text('requeue = true\nmax_requeues = 8\n\n'
+                   f'[[sync]]\nname = "ckpt"\nfrom = "{c.local}/ckpt"\nto = "{dst}"\n'
                    'nodes = "auto"\nsettle = "1s"\nrestore = true\n')
     job = c.submit(JOB.format(repo=REPO, python=sys.executable, cfg=cfg, run=run, local=c.local,
-                              torchrun=Path(sys.executable).parent / "torchrun", train=SCRIPT, epochs=EPOCHS, every=EVERY),
+                              torchrun=TORCHRUN, train=SCRIPT, epochs=EPOCHS, every=EVERY),
                  "-o", str(out))
     leader = run / "events.jsonl"
 
@@ -72,67 +79,87 @@ def test_the_ddp_tutorial_pattern_through_a_requeue_and_two_node_deaths(cluster4
     def said() -> str:
         return f"job {c.state(job)}; {out.read_text()[-2000:] if out.exists() else ''}"
 
-    def dies(node: str) -> None:
-        print(f"ddp: {time.monotonic() - t0:.1f}s {node} dies", flush=True)
-        c.node_dies(job, node)
+    def log(what: str) -> None:
+        print(f"ddp: {time.monotonic() - t0:.1f}s {what}", flush=True)
 
-    # 1. attempt 1 on n1+n2: versions published as they are saved; then requeued off n1
+    # 1. attempt 1 on n1+n2 runs into its 1-minute limit: supervise stops it ahead, requeues it
     wait_for(lambda: len(publishes(1)) >= 3, 240, lambda: f"three versions published in attempt 1; {said()}", every=0.5)
     assert c.hosts(job) == ["n1", "n2"]
-    c.requeue_off(job, "n1")
-    print(f"ddp: {time.monotonic() - t0:.1f}s requeued off n1", flush=True)
+    c.time_limit_passes(job, minutes=30)
+    log("requeued at the time limit")
 
-    # 2. attempt 2 on two other nodes: after two more versions, its non-batch node dies
+    # 2. attempt 2: after two more versions, requeued onto other nodes
     wait_for(lambda: len(publishes(2)) >= 2, 240, lambda: f"two versions published in attempt 2; {said()}", every=0.5)
     second = c.hosts(job)
-    assert "n1" not in second, second
-    dies(second[1])
+    c.requeue_off(job, second[0])
+    log(f"requeued off {second[0]}")
 
-    # 3. attempt 3: after two more versions, its batch node dies (the leader with it: no end)
+    # 3. attempt 3: after two more versions, its non-batch node dies
     wait_for(lambda: len(publishes(3)) >= 2, 240, lambda: f"two versions published in attempt 3; {said()}", every=0.5)
     third = c.hosts(job)
-    dies(third[0])
+    assert second[0] not in third, (second, third)
+    log(f"{third[1]} dies")
+    c.node_dies(job, third[1])
 
-    # 4. attempt 4 on the two nodes left finishes
-    wait_for(lambda: c.state(job) == "COMPLETED", 300, lambda: f"job {job} completed; {said()}", every=0.5)
+    # 4. attempt 4: after two more versions, its batch node dies (the leader with it: no end)
+    wait_for(lambda: len(publishes(4)) >= 2, 240, lambda: f"two versions published in attempt 4; {said()}", every=0.5)
     fourth = c.hosts(job)
-    print(f"ddp: {time.monotonic() - t0:.1f}s completed; nodes {['n1', 'n2'], second, third, fourth}", flush=True)
-    assert second[1] not in third + fourth and third[0] not in fourth
+    assert third[1] not in fourth, (third, fourth)
+    log(f"{fourth[0]} dies")
+    c.node_dies(job, fourth[0])
+
+    # 5. attempt 5 on the two nodes left finishes
+    wait_for(lambda: c.state(job) == "COMPLETED", 300, lambda: f"job {job} completed; {said()}", every=0.5)
+    log(f"completed; nodes {['n1', 'n2'], second, third, fourth, c.hosts(job)}")
     ev = events(leader)
     text = attempts_of(out.read_text())
-    assert sorted(text) == [1, 2, 3, 4], sorted(text)
-    for a in (1, 2, 3, 4):
+    assert sorted(text) == [1, 2, 3, 4, 5], sorted(text)
+    ends = {e["attempt"]: e for e in ev if e.get("kind") == "end"}
+    assert ends[1]["reason"] == "deadline" and ends[1]["not_durable"] == [], ends[1]
+    before: list[int] = []
+    starts = [0]
+    for a in (1, 2, 3, 4, 5):
         saved = [int(x) for x in re.findall(r"^Epoch (\d+) \| Training snapshot saved", text[a], flags=re.M)]
         resumed = [int(x) for x in re.findall(r"^Resuming training from snapshot at Epoch (\d+)", text[a], flags=re.M)]
         if a == 1:
             assert resumed == [], text[a][-2000:]
         else:
             # every rank on every node resumed from the same epoch, the newest published before
-            before = [int(x) for b in range(1, a) for x in
-                      re.findall(r"^Epoch (\d+) \| Training snapshot saved", text[b], flags=re.M)]
             assert len(resumed) == 4 and len(set(resumed)) == 1, (a, resumed)
-            if a == 2:
+            if a in (2, 3):
                 assert resumed[0] == before[-1], (resumed, before)  # a clean stop: the last save is durable
             else:
                 assert resumed[0] in before[-2:], (resumed, before)  # a node died: at most its last save
+            starts.append(resumed[0])
         versions = next(e for e in ev if e.get("kind") == "restore-versions" and e["attempt"] == a)
         assert versions["agree"] and sorted(versions["nodes"]) == ["0", "1"], versions
         if a > 1:
             held = [v["ckpt"] for v in versions["nodes"].values()]
             assert all(h and h["name"] == "snapshot.pt" for h in held) and len({h["sha256"] for h in held}) == 1, versions
         published = publishes(a)
-        if a in (1, 4):  # a clean end: every version saved was published, the last at the end
+        if a in (1, 2, 5):  # a clean end: every version saved was published, the last at the end
             assert len(published) >= len(saved), (a, len(published), saved)
         # while it trained, no version was held back (before the spawn a node's copy older than
         # the published version is named, then set aside: that one is expected)
         spawn = next(e["t"] for e in ev if e.get("kind") == "spawn" and e["attempt"] == a)
         assert not [e for e in ev if e.get("kind") == "sync-deferred" and e["attempt"] == a and e["t"] > spawn]
         lags = sorted(e["lag_s"] for e in published if e.get("lag_s") is not None)
-        print(f"ddp: attempt {a}: {len(saved)} saved, {len(published)} published, lag max {lags[-1] if lags else None}s",
-              flush=True)
+        log(f"attempt {a}: resumed at {starts[-1]}, {len(saved)} saved, {len(published)} published, "
+            f"lag max {lags[-1] if lags else None}s")
+        before += saved
     final = torch.load(dst / "snapshot.pt")
     assert final["EPOCHS_RUN"] == (EPOCHS - 1) // EVERY * EVERY, final["EPOCHS_RUN"]  # the last epoch saved
-    ends = [e for e in ev if e.get("kind") == "end"]
-    assert ends[-1]["reason"] == "child-exit" and ends[-1]["not_durable"] == [], ends[-1]
+    assert ends[5]["reason"] == "child-exit" and ends[5]["not_durable"] == [], ends[5]
     shutil.copytree(run, tmp_path / "run")  # the journals where the contract check reads every real run's
-    print(f"ddp: {time.monotonic() - t0:.1f}s", flush=True)
+    if SCRIPT.name == "ddp_tutorial.py" and EVERY == 1:
+        # the replay: each attempt trained from the epoch it resumed at (trained again) to the
+        # one the next attempt resumed from; the last to the end
+        trained = [e for a, s in enumerate(starts) for e in range(s, (starts + [EPOCHS - 1])[a + 1] + 1)]
+        proc = subprocess.run([str(TORCHRUN), "--standalone", "--nproc-per-node=4", str(Path(__file__).parent / "ddp_replay.py"),
+                               str(tmp_path / "replay.pt"), *map(str, trained)], capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        want = torch.load(tmp_path / "replay.pt")
+        assert all(torch.equal(final["MODEL_STATE"][k], want[k]) for k in want), (trained, final["MODEL_STATE"], want)
+        log(f"the final weights equal the replay of {len(trained)} epochs ({EPOCHS} distinct)")
+    log("done")

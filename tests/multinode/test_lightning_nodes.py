@@ -1,20 +1,24 @@
 """Lightning across nodes (issue 29): ``Trainer(num_nodes=2)`` with ``ModelCheckpoint(save_last=True)``.
 
-``lightning_nodes.py`` under ``srun`` on the 3-node cluster (2 nodes, 2 ranks each, one
+``lightning_nodes.py`` under ``srun`` on the 4-node cluster (2 nodes, 2 ranks each, one
 task per device as Lightning's Slurm support wants), checkpoints on each node's local disk
 (global rank 0 writes them, every rank resolves ``ckpt_path="last"`` on its own node), the
 supervise configured by flags alone (``--checkpoints … --nodes auto --restore``: its node
-agents get the same configuration), through a requeue onto other nodes and the death of a
-non-batch node. Before: ``last.ckpt`` was published once and never again, a restore made it a
+agents get the same configuration), through the four interruptions of a multi-node job: the
+time limit (supervise stops ahead of it and requeues), a requeue onto other nodes, the death
+of a non-batch node, the death of the batch node (the leader with it). Before: ``last.ckpt`` was published once and never again, a restore made it a
 link that the next ``save_last`` wrote through into an epoch file, and a new node resumed
 from nothing or from an old epoch. Now: every version of ``last.ckpt`` is published, every rank
 of every attempt starts at the same epoch, the one after the last saved before the
-interruption, and the job completes with the last epoch durable.
+interruption, and the job completes with the last epoch durable and the final weights of an
+uninterrupted replay (the same script, two ``torchrun`` "nodes" on this machine).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,30 +27,32 @@ import pytest
 
 from tests.multinode.conftest import REPO, Cluster, attempts_of, events, wait_for
 
-EPOCHS = 24
+EPOCHS = 50
+TRAIN = Path(__file__).parent / "lightning_nodes.py"
 
 JOB = """#!/bin/bash
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=2
 #SBATCH --requeue
 #SBATCH --open-mode=append
+#SBATCH --time=1
 cd {repo}
 echo "attempt ${{SLURM_RESTART_COUNT:-0}} on $SLURM_JOB_NODELIST"
 export EPOCH_SLEEP=1.0 OMP_NUM_THREADS=1
 exec {python} -m supervisor --checkpoints {local}/checkpoints {dst} --nodes auto --restore --settle 1s \\
-  --run-dir {run} -- srun --chdir={local} {python} {train} {epochs}
+  --requeue --max-requeues 8 --run-dir {run} -- srun --chdir={local} {python} {train} {epochs}
 """
 
 
-def test_lightning_across_nodes_through_a_requeue_and_a_node_death(cluster3: Cluster, tmp_path: Path) -> None:
+def test_lightning_across_nodes_through_the_four_interruptions(cluster4: Cluster, tmp_path: Path) -> None:
     pytest.importorskip("lightning")
     torch = pytest.importorskip("torch")
-    c = cluster3
+    c = cluster4
     t0 = time.monotonic()
     run, out = c.shared / "run", c.shared / "job.out"
     dst = c.shared / "persist" / "checkpoints"
     job = c.submit(JOB.format(repo=REPO, python=sys.executable, dst=dst, run=run, local=c.local,
-                              train=Path(__file__).parent / "lightning_nodes.py", epochs=EPOCHS), "-o", str(out))
+                              train=TRAIN, epochs=EPOCHS), "-o", str(out))
     leader = run / "events.jsonl"
 
     def lasts(attempt: int) -> list[dict]:
@@ -56,27 +62,45 @@ def test_lightning_across_nodes_through_a_requeue_and_a_node_death(cluster3: Clu
     def said() -> str:
         return f"job {c.state(job)}; {out.read_text()[-2500:] if out.exists() else ''}"
 
-    # 1. attempt 1 on n1+n2; then requeued off n1
+    def log(what: str) -> None:
+        print(f"lightning: {time.monotonic() - t0:.1f}s {what}", flush=True)
+
+    # 1. attempt 1 on n1+n2 runs into its 1-minute limit: supervise stops it ahead, requeues it
     wait_for(lambda: len(lasts(1)) >= 3, 300, lambda: f"three versions of last.ckpt in attempt 1; {said()}", every=0.5)
     assert c.hosts(job) == ["n1", "n2"]
-    c.requeue_off(job, "n1")
-    print(f"lightning: {time.monotonic() - t0:.1f}s requeued off n1", flush=True)
+    c.time_limit_passes(job, minutes=30)
+    log("requeued at the time limit")
 
-    # 2. attempt 2: after two more versions, its non-batch node dies
+    # 2. attempt 2: after two more versions, requeued onto other nodes
     wait_for(lambda: len(lasts(2)) >= 2, 300, lambda: f"two versions of last.ckpt in attempt 2; {said()}", every=0.5)
     second = c.hosts(job)
-    assert "n1" not in second, second
-    print(f"lightning: {time.monotonic() - t0:.1f}s {second[1]} dies", flush=True)
-    c.node_dies(job, second[1])
+    c.requeue_off(job, second[0])
+    log(f"requeued off {second[0]}")
 
-    # 3. attempt 3 on the nodes left finishes
+    # 3. attempt 3: after two more versions, its non-batch node dies
+    wait_for(lambda: len(lasts(3)) >= 2, 300, lambda: f"two versions of last.ckpt in attempt 3; {said()}", every=0.5)
+    third = c.hosts(job)
+    assert second[0] not in third, (second, third)
+    log(f"{third[1]} dies")
+    c.node_dies(job, third[1])
+
+    # 4. attempt 4: after two more versions, its batch node dies (the leader with it: no end)
+    wait_for(lambda: len(lasts(4)) >= 2, 300, lambda: f"two versions of last.ckpt in attempt 4; {said()}", every=0.5)
+    fourth = c.hosts(job)
+    assert third[1] not in fourth, (third, fourth)
+    log(f"{fourth[0]} dies")
+    c.node_dies(job, fourth[0])
+
+    # 5. attempt 5 on the nodes left finishes
     wait_for(lambda: c.state(job) == "COMPLETED", 400, lambda: f"job {job} completed; {said()}", every=0.5)
-    print(f"lightning: {time.monotonic() - t0:.1f}s completed", flush=True)
+    log("completed")
     ev = events(leader)
     text = attempts_of(out.read_text())
-    assert sorted(text) == [1, 2, 3], sorted(text)
+    assert sorted(text) == [1, 2, 3, 4, 5], sorted(text)
+    ends = {e["attempt"]: e for e in ev if e.get("kind") == "end"}
+    assert ends[1]["reason"] == "deadline" and ends[1]["not_durable"] == [], ends[1]
     previous_last = None
-    for a in (1, 2, 3):
+    for a in (1, 2, 3, 4, 5):
         starts = re.findall(r"^rank (\d) starts at epoch (\d+) from (\S+)", text[a], flags=re.M)
         assert sorted(int(r) for r, _, _ in starts) == [0, 1, 2, 3], (a, starts)
         epochs = {int(e) for _, e, _ in starts}
@@ -86,7 +110,7 @@ def test_lightning_across_nodes_through_a_requeue_and_a_node_death(cluster3: Clu
         else:
             assert {f for _, _, f in starts} == {"last.ckpt"}, starts
             start = epochs.pop()
-            if a == 2:  # a clean stop: the last epoch saved is where every rank goes on
+            if a in (2, 3):  # a clean stop: the last epoch saved is where every rank goes on
                 assert start == previous_last + 1, (a, starts, previous_last)
             else:  # a node died: at most its last save
                 assert start in (previous_last, previous_last + 1), (a, starts, previous_last)
@@ -95,12 +119,12 @@ def test_lightning_across_nodes_through_a_requeue_and_a_node_death(cluster3: Clu
         # the newest version of last.ckpt published in this attempt: the one the next resumes from
         spawn = next(e["t"] for e in ev if e.get("kind") == "spawn" and e["attempt"] == a)
         assert not [e for e in ev if e.get("kind") == "sync-deferred" and e["attempt"] == a and e["t"] > spawn]
-        print(f"lightning: attempt {a}: starts {sorted(starts)[0][1]}, {len(lasts(a))} versions of last.ckpt published, "
-              f"lag max {max((e.get('lag_s') or 0) for e in lasts(a)):.3f}s", flush=True)
+        log(f"attempt {a}: starts {sorted(starts)[0][1]}, {len(lasts(a))} versions of last.ckpt published, "
+            f"lag max {max((e.get('lag_s') or 0) for e in lasts(a)):.3f}s")
         previous_last = _last_epoch_published(ev, a)
     # the flags reached the node agents whole (issue 29, D3: they exited 2 at --settle)
     agent_starts = [e for e in events(run / "nodes" / "node-1" / "events.jsonl") if e.get("kind") == "node-start"]
-    assert len(agent_starts) == 3, agent_starts
+    assert len(agent_starts) == 5, agent_starts
     for e in agent_starts:
         (pair,) = e["pairs"]
         assert pair["from"] == f"{c.local}/checkpoints" and pair["to"] == str(dst) and pair["restore"] is True, pair
@@ -108,6 +132,31 @@ def test_lightning_across_nodes_through_a_requeue_and_a_node_death(cluster3: Clu
     assert final["epoch"] == EPOCHS - 1, final["epoch"]
     for f in dst.glob("epoch=*.ckpt"):  # no epoch file holds another epoch (a save through a link would)
         assert f.name.startswith(f"epoch={torch.load(f, map_location='cpu', weights_only=False)['epoch']}-"), f.name
+    # the replay: an epoch lost or trained twice from other weights moves them by 1e-4 or more;
+    # one run in two here differed below the printed 1e-4 (float noise, source not found yet)
+    want = _replay(tmp_path)["state_dict"]
+    differ = max(float((final["state_dict"][k] - want[k]).abs().max()) for k in want)
+    log(f"the final weights differ from the replay's by {differ:.3g} at most")
+    assert differ <= 1e-5, (final["state_dict"], want)
+
+
+def _replay(tmp_path: Path) -> dict:
+    """The same training, uninterrupted: two ``torchrun`` "nodes" on this machine, each in
+    its own directory (its local disk); node 0's ``last.ckpt`` at the end."""
+    import torch
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "EPOCH_SLEEP": "0"}
+    procs = []
+    for k in (0, 1):
+        (tmp_path / f"replay{k}").mkdir()
+        procs.append(subprocess.Popen([str(Path(sys.executable).parent / "torchrun"), "--nnodes=2", "--nproc-per-node=2",
+                                       f"--node-rank={k}", "--master-addr=127.0.0.1", "--master-port=29613", str(TRAIN),
+                                       str(EPOCHS)], cwd=tmp_path / f"replay{k}", env=env, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE, text=True))
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+    return torch.load(tmp_path / "replay0" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
 
 
 def _last_epoch_published(ev: list[dict], attempt: int) -> int:
