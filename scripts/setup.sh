@@ -20,7 +20,8 @@ apt_install() {
 }
 
 if [ -z "${SUPERVISE_SETUP_MINIMAL:-}" ]; then
-  apt_install rsync openmpi-bin libopenmpi-dev slurmctld slurmd slurm-client munge chromium
+  # openssh-server: an sshd on each node of the multi-node test cluster (horovodrun's ssh check)
+  apt_install rsync openmpi-bin libopenmpi-dev slurmctld slurmd slurm-client munge chromium openssh-server
 fi
 
 PY=${PYTHON:-python3}

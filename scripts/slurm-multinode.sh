@@ -8,6 +8,10 @@
 #   netns PFX-nK  veth eth0 NET.(10+K) to br0; slurmd (hostname nK, our /etc/hosts, private /tmp
 #                 from ROOT/nodes/nK/tmp, ROOT/nodes/nK/local bind-mounted on ROOT/local)
 #   ROOT/shared   the one directory every node sees (persistent storage)
+#   SSHD=1        also an sshd on port 22 of every node (in slurmd's namespaces: its /tmp, its
+#                 ROOT/local), root's key in ROOT/ssh, the nodes' /etc/ssh/ssh_config naming it
+#                 and the nodes' host key, as a cluster's compute nodes have (horovodrun's
+#                 ssh check; ../docs/multinode.md)
 # Nothing is added to the machine's own network namespace; slurm.conf names hosts only, and
 # the names resolve only inside our mount namespaces, so a client run outside fails closed.
 # PFX is derived from ROOT, so two clusters (and the single-node one) never collide.
@@ -112,6 +116,40 @@ for i in $(seq "$N"); do
   mkdir -p "$ROOT/nodes/n$i"/{tmp,local} "$ROOT/spool/n$i"; chmod 1777 "$ROOT/nodes/n$i/tmp"
 done
 
+SSHD_START=""
+if [ "${SSHD:-0}" = 1 ]; then
+  [ -x /usr/sbin/sshd ] || fail "SSHD=1 needs openssh-server (/usr/sbin/sshd)"
+  rm -rf "$ROOT/ssh"; mkdir -p "$ROOT/ssh"
+  ssh-keygen -q -t ed25519 -N '' -C "cluster-host" -f "$ROOT/ssh/host_ed25519"
+  ssh-keygen -q -t ed25519 -N '' -C "root@cluster" -f "$ROOT/ssh/id_ed25519"
+  cp "$ROOT/ssh/id_ed25519.pub" "$ROOT/ssh/authorized_keys"
+  : >"$ROOT/ssh/known_hosts"
+  for i in $(seq "$N"); do echo "n$i,$NET.$((10 + i)) $(cut -d' ' -f1-2 "$ROOT/ssh/host_ed25519.pub")" >>"$ROOT/ssh/known_hosts"; done
+  cat >"$ROOT/ssh/sshd_config" <<EOT
+Port 22
+HostKey $ROOT/ssh/host_ed25519
+AuthorizedKeysFile $ROOT/ssh/authorized_keys
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+X11Forwarding no
+PrintMotd no
+PrintLastLog no
+EOT
+  cat >"$ROOT/ssh/ssh_config" <<EOT
+Host *
+  IdentityFile $ROOT/ssh/id_ed25519
+  GlobalKnownHostsFile $ROOT/ssh/known_hosts
+  UserKnownHostsFile /dev/null
+  LogLevel ERROR
+EOT
+  mkdir -p /run/sshd && chmod 755 /run/sshd   # sshd's privilege separation directory
+  SSHD_START="mount --bind '$ROOT/ssh/ssh_config' /etc/ssh/ssh_config; /usr/sbin/sshd -f '$ROOT/ssh/sshd_config' -E '$ROOT/log/sshd-NODE.log' -o PidFile='$ROOT/run/sshd-NODE.pid';"
+fi
+
 cat >"$ROOT/slurm.conf" <<EOT
 ClusterName=supervise-mn
 SlurmctldHost=head
@@ -160,7 +198,7 @@ echo $! >"$ROOT/run/slurmctld.bg"
 for i in $(seq "$N"); do
   nsenter --net="/run/netns/$PFX-n$i" unshare --uts --mount --propagation private \
     sh -c "hostname n$i; mount --bind '$ROOT/hosts' /etc/hosts; mount --bind '$ROOT/nodes/n$i/tmp' /tmp; \
-           mount --bind '$ROOT/nodes/n$i/local' '$ROOT/local'; cd /; SLURM_CONF='$ROOT/slurm.conf' exec slurmd -D" \
+           mount --bind '$ROOT/nodes/n$i/local' '$ROOT/local'; ${SSHD_START//NODE/n$i} cd /; SLURM_CONF='$ROOT/slurm.conf' exec slurmd -D" \
     >"$ROOT/log/slurmd-n$i.stdout" 2>&1 </dev/null &
   echo $! >"$ROOT/run/slurmd-n$i.bg"
 done

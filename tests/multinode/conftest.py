@@ -215,14 +215,17 @@ def events(path: Path) -> list[dict]:
     return read_journal(path).events
 
 
-def up(nodes: int) -> Cluster:
-    """Start a cluster (skips with the reason when this machine cannot)."""
+def up(nodes: int, sshd: bool = False) -> Cluster:
+    """Start a cluster (skips with the reason when this machine cannot); ``sshd``: an sshd on
+    every node, root's key and the nodes' host key known there (``SSHD=1 slurm-up.sh``)."""
     reason = why_not()
+    if not reason and sshd and not Path("/usr/sbin/sshd").exists():
+        reason = "the cluster's sshd needs openssh-server (scripts/setup.sh installs it)"
     if reason:
         pytest.skip(reason)
     root = Path(tempfile.mkdtemp(prefix="supervise-mn-", dir="/var/tmp"))
     proc = subprocess.run(["bash", str(UP), str(root), "--nodes", str(nodes)], capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, env={**os.environ, "SSHD": "1" if sshd else "0"})
     if proc.returncode != 0 or "export SLURM_CONF=" not in proc.stdout:
         subprocess.run(["bash", str(DOWN), str(root), "--nodes"], capture_output=True, timeout=120)
         shutil.rmtree(root, ignore_errors=True)
@@ -235,9 +238,9 @@ def down(cluster: Cluster) -> subprocess.CompletedProcess[str]:
                           timeout=120)
 
 
-def _cluster(nodes: int) -> Iterator[Cluster]:
+def _cluster(nodes: int, sshd: bool = False) -> Iterator[Cluster]:
     """A cluster for one test, always torn down (its logs kept with SUPERVISE_KEEP_SLURM=1)."""
-    c = up(nodes)
+    c = up(nodes, sshd)
     try:
         yield c
     finally:
@@ -249,6 +252,12 @@ def _cluster(nodes: int) -> Iterator[Cluster]:
 @pytest.fixture
 def cluster3() -> Iterator[Cluster]:
     yield from _cluster(3)
+
+
+@pytest.fixture
+def cluster3_ssh() -> Iterator[Cluster]:
+    """Three nodes with an sshd on each, as a cluster's compute nodes have (horovodrun)."""
+    yield from _cluster(3, sshd=True)
 
 
 @pytest.fixture
