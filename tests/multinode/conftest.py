@@ -146,6 +146,38 @@ class Cluster:
         self.run("scontrol", "update", f"JobId={jobid}", f"TimeLimit={minutes}")
         self.release(jobid)
 
+    def four_interruptions(self, jobid: str, published: Callable[[int], int], said: Callable[[], str],
+                           log: Callable[[str], None], timeout: float = 300) -> list[list[str]]:
+        """What a multi-node job meets, one an attempt, each once the attempt has published
+        (``published(attempt)``) a few versions: the time limit (a job submitted with
+        ``--time=1`` and ``requeue = true``: supervise stops ahead and requeues it; then it gets
+        30 minutes), a requeue onto other nodes, its non-batch node's death, its batch node's
+        death (the leader with it); attempt 5 runs to the end. The nodes of each attempt."""
+        def after(attempt: int, versions: int) -> list[str]:
+            wait_for(lambda: published(attempt) >= versions, timeout,
+                     lambda: f"{versions} versions published in attempt {attempt}; {said()}", every=0.5)
+            return self.hosts(jobid)
+
+        first = after(1, 3)
+        assert first == ["n1", "n2"], first
+        self.time_limit_passes(jobid, minutes=30)
+        log("requeued at the time limit")
+        second = after(2, 2)
+        self.requeue_off(jobid, second[0])
+        log(f"requeued off {second[0]}")
+        third = after(3, 2)
+        assert second[0] not in third, (second, third)
+        log(f"{third[1]} dies")
+        self.node_dies(jobid, third[1])
+        fourth = after(4, 2)
+        assert third[1] not in fourth, (third, fourth)
+        log(f"{fourth[0]} dies")
+        self.node_dies(jobid, fourth[0])
+        wait_for(lambda: self.state(jobid) == "COMPLETED", timeout, lambda: f"job {jobid} completed; {said()}", every=0.5)
+        fifth = self.hosts(jobid)
+        log(f"completed; nodes {[first, second, third, fourth, fifth]}")
+        return [first, second, third, fourth, fifth]
+
     def agent_pids(self, node: str) -> list[int]:
         """The node agents (not their srun) running on ``node``."""
         out = []

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.multinode.conftest import REPO, Cluster, attempts_of, events, wait_for
+from tests.multinode.conftest import REPO, Cluster, attempts_of, events
 
 EPOCHS, EVERY = 60, 1
 # By hand, the tutorial's own script (pytorch/examples distributed/ddp-tutorial-series/multinode.py,
@@ -82,35 +82,7 @@ def test_the_ddp_tutorial_pattern_through_the_four_interruptions(cluster4: Clust
     def log(what: str) -> None:
         print(f"ddp: {time.monotonic() - t0:.1f}s {what}", flush=True)
 
-    # 1. attempt 1 on n1+n2 runs into its 1-minute limit: supervise stops it ahead, requeues it
-    wait_for(lambda: len(publishes(1)) >= 3, 240, lambda: f"three versions published in attempt 1; {said()}", every=0.5)
-    assert c.hosts(job) == ["n1", "n2"]
-    c.time_limit_passes(job, minutes=30)
-    log("requeued at the time limit")
-
-    # 2. attempt 2: after two more versions, requeued onto other nodes
-    wait_for(lambda: len(publishes(2)) >= 2, 240, lambda: f"two versions published in attempt 2; {said()}", every=0.5)
-    second = c.hosts(job)
-    c.requeue_off(job, second[0])
-    log(f"requeued off {second[0]}")
-
-    # 3. attempt 3: after two more versions, its non-batch node dies
-    wait_for(lambda: len(publishes(3)) >= 2, 240, lambda: f"two versions published in attempt 3; {said()}", every=0.5)
-    third = c.hosts(job)
-    assert second[0] not in third, (second, third)
-    log(f"{third[1]} dies")
-    c.node_dies(job, third[1])
-
-    # 4. attempt 4: after two more versions, its batch node dies (the leader with it: no end)
-    wait_for(lambda: len(publishes(4)) >= 2, 240, lambda: f"two versions published in attempt 4; {said()}", every=0.5)
-    fourth = c.hosts(job)
-    assert third[1] not in fourth, (third, fourth)
-    log(f"{fourth[0]} dies")
-    c.node_dies(job, fourth[0])
-
-    # 5. attempt 5 on the two nodes left finishes
-    wait_for(lambda: c.state(job) == "COMPLETED", 300, lambda: f"job {job} completed; {said()}", every=0.5)
-    log(f"completed; nodes {['n1', 'n2'], second, third, fourth, c.hosts(job)}")
+    c.four_interruptions(job, lambda a: len(publishes(a)), said, log)
     ev = events(leader)
     text = attempts_of(out.read_text())
     assert sorted(text) == [1, 2, 3, 4, 5], sorted(text)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.multinode.conftest import REPO, Cluster, attempts_of, events, wait_for
+from tests.multinode.conftest import REPO, Cluster, attempts_of, events
 
 MAX_STEPS, SAVE_STEPS = 200, 5
 TRAIN = Path(__file__).parent / "hf_nodes.py"
@@ -79,35 +79,7 @@ def test_hf_trainer_across_nodes_through_the_four_interruptions(cluster4: Cluste
     def log(what: str) -> None:
         print(f"hf[{'each' if each else 'rank0'}]: {time.monotonic() - t0:.1f}s {what}", flush=True)
 
-    # 1. attempt 1 on n1+n2 runs into its 1-minute limit: supervise stops it ahead, requeues it
-    wait_for(lambda: len(publishes(1)) >= 3, 240, lambda: f"three checkpoints published in attempt 1; {said()}", every=0.5)
-    assert c.hosts(job) == ["n1", "n2"]
-    c.time_limit_passes(job, minutes=30)
-    log("requeued at the time limit")
-
-    # 2. attempt 2: after two more checkpoints, requeued onto other nodes
-    wait_for(lambda: len(publishes(2)) >= 2, 240, lambda: f"two checkpoints published in attempt 2; {said()}", every=0.5)
-    second = c.hosts(job)
-    c.requeue_off(job, second[0])
-    log(f"requeued off {second[0]}")
-
-    # 3. attempt 3: after two more, its non-batch node dies
-    wait_for(lambda: len(publishes(3)) >= 2, 240, lambda: f"two checkpoints published in attempt 3; {said()}", every=0.5)
-    third = c.hosts(job)
-    assert second[0] not in third, (second, third)
-    log(f"{third[1]} dies")
-    c.node_dies(job, third[1])
-
-    # 4. attempt 4: after two more, its batch node dies (the leader with it: no end)
-    wait_for(lambda: len(publishes(4)) >= 2, 240, lambda: f"two checkpoints published in attempt 4; {said()}", every=0.5)
-    fourth = c.hosts(job)
-    assert third[1] not in fourth, (third, fourth)
-    log(f"{fourth[0]} dies")
-    c.node_dies(job, fourth[0])
-
-    # 5. attempt 5 on the two nodes left finishes
-    wait_for(lambda: c.state(job) == "COMPLETED", 300, lambda: f"job {job} completed; {said()}", every=0.5)
-    log("completed")
+    c.four_interruptions(job, lambda a: len(publishes(a)), said, log)
     ev = events(leader)
     text = attempts_of(out.read_text())
     assert sorted(text) == [1, 2, 3, 4, 5], sorted(text)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.multinode.conftest import REPO, Cluster, attempts_of, events, wait_for
+from tests.multinode.conftest import REPO, Cluster, attempts_of, events
 
 EPOCHS = 50
 TRAIN = Path(__file__).parent / "lightning_nodes.py"
@@ -65,35 +65,7 @@ def test_lightning_across_nodes_through_the_four_interruptions(cluster4: Cluster
     def log(what: str) -> None:
         print(f"lightning: {time.monotonic() - t0:.1f}s {what}", flush=True)
 
-    # 1. attempt 1 on n1+n2 runs into its 1-minute limit: supervise stops it ahead, requeues it
-    wait_for(lambda: len(lasts(1)) >= 3, 300, lambda: f"three versions of last.ckpt in attempt 1; {said()}", every=0.5)
-    assert c.hosts(job) == ["n1", "n2"]
-    c.time_limit_passes(job, minutes=30)
-    log("requeued at the time limit")
-
-    # 2. attempt 2: after two more versions, requeued onto other nodes
-    wait_for(lambda: len(lasts(2)) >= 2, 300, lambda: f"two versions of last.ckpt in attempt 2; {said()}", every=0.5)
-    second = c.hosts(job)
-    c.requeue_off(job, second[0])
-    log(f"requeued off {second[0]}")
-
-    # 3. attempt 3: after two more versions, its non-batch node dies
-    wait_for(lambda: len(lasts(3)) >= 2, 300, lambda: f"two versions of last.ckpt in attempt 3; {said()}", every=0.5)
-    third = c.hosts(job)
-    assert second[0] not in third, (second, third)
-    log(f"{third[1]} dies")
-    c.node_dies(job, third[1])
-
-    # 4. attempt 4: after two more versions, its batch node dies (the leader with it: no end)
-    wait_for(lambda: len(lasts(4)) >= 2, 300, lambda: f"two versions of last.ckpt in attempt 4; {said()}", every=0.5)
-    fourth = c.hosts(job)
-    assert third[1] not in fourth, (third, fourth)
-    log(f"{fourth[0]} dies")
-    c.node_dies(job, fourth[0])
-
-    # 5. attempt 5 on the nodes left finishes
-    wait_for(lambda: c.state(job) == "COMPLETED", 400, lambda: f"job {job} completed; {said()}", every=0.5)
-    log("completed")
+    c.four_interruptions(job, lambda a: len(lasts(a)), said, log)
     ev = events(leader)
     text = attempts_of(out.read_text())
     assert sorted(text) == [1, 2, 3, 4, 5], sorted(text)
