@@ -30,8 +30,8 @@ from supervisor.config import SyncPair
 from supervisor.journal import Emit
 from supervisor.sync import _fsops
 from supervisor.sync._backend import Backend, CopyError, CopyResult
-from supervisor.sync._complete import (Context, Entry, Listing, Snap, classify, identical, matches, missing_shards,
-                                      natural_key, snapshot)
+from supervisor.sync._complete import (Context, Entry, Listing, Pointer, Snap, classify, identical, matches,
+                                      missing_shards, natural_key, pointer_target, snapshot)
 from supervisor.sync._exclude import within
 from supervisor.sync._writers import open_for_write
 from supervisor.sync._pair import PairEngine
@@ -193,7 +193,7 @@ def local_profile(profile: Profile | None, leader: bool, *, local: bool = True) 
 
 def settled_here(listing: Listing, settle: float, now: float, *, finished: bool, go: Collection[str] = ()) -> None:
     """Node K: a directory that waits for rank 0's marker or pointer (or is called torn for
-    lacking it) is judged by quiescence instead (local_profile's rule), or at once when node 0
+    lacking it, or for being newer than the pointer here) is judged by quiescence instead (local_profile's rule), or at once when node 0
     saw that checkpoint complete (``go``). ``classify`` itself still asks for the marker once
     any directory here has one, which a restored checkpoint does, and for a newer pointer
     than the one restored here (DeepSpeed's ``latest``), which only node 0 ever rewrites."""
@@ -203,7 +203,7 @@ def settled_here(listing: Listing, settle: float, now: float, *, finished: bool,
         waits = e.why == "waiting for marker" or e.why.startswith("waiting for ") and (
             not listing.pointers or e.why.removeprefix("waiting for ") in listing.pointers)
         said = name in go and not finished and (waits or e.why == "settling")
-        if not said and not waits and not (e.torn or "").startswith("the training ended before writing"):
+        if not said and not waits and not (e.torn or "").startswith(("the training ended before writing", "newer than ")):
             continue
         last = e.snap.newest_ns / 1e9
         if said:
@@ -406,6 +406,7 @@ class PartPublisher(Publisher):
         self._told_missing: dict[str, tuple[int, ...]] = {}
         self.conflicts: dict[str, str] = {}
         self.short: dict[str, str] = {}            # leader: checkpoint → the ranks' shards no part holds
+        self.behind: dict[str, bytes] = {}         # leader: pointer → its local content older than the persistent one
         self.stale: dict[str, Snap] = {}           # older here than the version published (by another node)
         self.seen: dict[str, Snap] = {}            # checkpoint → the local version last accounted for here
 
@@ -632,6 +633,29 @@ class PartPublisher(Publisher):
                       linked=got.linked)
             self.on_publish(got.done_at)
             published.append(name)
+
+    def _behind(self, ptr: Pointer) -> bool:
+        """Leader: a local pointer naming an older checkpoint than the persistent one names
+        (which is there) is never published over it. A host that was node K before holds the
+        ``latest`` it restored then, which nothing rewrote there; as node 0 it turned the
+        persistent pointer back past every checkpoint published since, and the restore called
+        them torn ("newer than latest, which never named it"). Blocking."""
+        p = self.pair
+        if ptr.link or ptr.target is None:
+            return False
+        try:
+            with open(p.dst / ptr.name, "rb") as f:
+                there = pointer_target(ptr.name, f.read(4096), os.listdir(p.dst))
+        except OSError:
+            return False
+        if there is None or natural_key(there) <= natural_key(ptr.target):
+            return False
+        if self.behind.get(ptr.name) != ptr.content:
+            self.behind[ptr.name] = ptr.content
+            self.emit("sync-deferred", pair=p.name, checkpoint=ptr.name, node=self.node,
+                      reason=f"names {ptr.target}, older than the {there} it names on persistent storage: "
+                             "never published over it")
+        return True
 
     def _short(self, name: str, manifests: Mapping[int, Mapping[str, Any]]) -> str | None:
         """Leader: the ranks' shards that no node's part of ``name`` holds. DeepSpeed writes

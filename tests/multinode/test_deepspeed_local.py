@@ -8,7 +8,11 @@ on node 0, with no barrier behind the other ranks' shards. Before:
   asked one node for every rank's shard (``dp_world_size`` of the model states). Nothing
   was published;
 * after a restore, node 1 holds the ``latest`` it restored, which nothing rewrites there:
-  its next part waited for that pointer to name it, for ever.
+  its next part waited for that pointer to name it, for ever, and once the training ended
+  it called its own parts torn ("newer than latest"): ``end.not_durable`` named them;
+* when that host became node 0 (the batch node died), the leader published that stale
+  ``latest`` over the newer one on persistent storage, and the restore then called every
+  checkpoint published since torn: every rank resumed from an older one.
 
 Now every node's part holds its own ranks' shards, the parts together are asked for every
 rank's (a late rank's shard keeps the checkpoint unpublished until its node's part is taken
@@ -106,10 +110,29 @@ def test_node_local_deepspeed_checkpoints_are_published_and_resumed_on_every_nod
             assert not (ps[0].dst / "global_step9").exists(), "published without rank 3's shard"
             (ps[1].src / "global_step9" / shard(3)).write_bytes(b"global_step9 rank 3" * 50)
             await wait_published(ps[0].dst, "global_step9")
+            # the training ends: every node's checkpoints are durable (node 1 called its own
+            # torn, "newer than latest", the one it restored, and the end named them not durable)
+            for m in ms.values():
+                m.training_exited()
+                await m.flush("final")
+                assert m.pending() == [], m.pending()
             tg.cancel_scope.cancel()
+
+    async def attempt3() -> None:
+        """Node 1's host is node 0 now (the batch node died), holding the ``latest`` it
+        restored in attempt 2: never published over the newer one (it was, before, and the
+        restore then called global_step6 and global_step9 torn and resumed from global_step3)."""
+        ps = pairs(tmp_path, 3)
+        ps[0] = SyncPair(name="ckpt", kind="checkpoint", src=tmp_path / "a2-node1", dst=tmp_path / "persist",
+                         nodes=2, settle=30.0, restore=True)
+        ms = mirrors(ps)
+        choice = await ms[0].choose()
+        assert (ps[0].dst / "latest").read_text() == "global_step9"
+        assert choice == {"ckpt": "global_step9"}, choice
 
     anyio.run(attempt1)
     anyio.run(attempt2)
+    anyio.run(attempt3)
     dst = tmp_path / "persist"
     for step in (3, 6, 9):
         assert sorted(x.name for x in (dst / f"global_step{step}").iterdir()) == whole, step
@@ -119,4 +142,7 @@ def test_node_local_deepspeed_checkpoints_are_published_and_resumed_on_every_nod
     publishes = [f for n, k, f in events if n == 0 and k == "publish" and f["checkpoint"].startswith("global_step")]
     assert [f["checkpoint"] for f in publishes] == ["global_step3", "global_step6", "global_step9"], publishes
     assert all(f["parts"] == {"0": 3, "1": 3} and f["shared"] == [MODEL] for f in publishes), publishes
-    assert not [f for n, k, f in events if k in ("sync-deferred", "part-conflict")]
+    assert not [f for n, k, f in events if k == "part-conflict"]
+    deferred = [(f["checkpoint"], f["reason"]) for n, k, f in events if k == "sync-deferred"]
+    assert deferred == [("latest", "names global_step3, older than the global_step9 it names on persistent storage: "
+                                   "never published over it")], deferred
