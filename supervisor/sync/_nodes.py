@@ -193,10 +193,11 @@ def local_profile(profile: Profile | None, leader: bool, *, local: bool = True) 
 
 def settled_here(listing: Listing, settle: float, now: float, *, finished: bool, go: Collection[str] = ()) -> None:
     """Node K: a directory that waits for rank 0's marker or pointer (or is called torn for
-    lacking it, or for being newer than the pointer here) is judged by quiescence instead (local_profile's rule), or at once when node 0
-    saw that checkpoint complete (``go``). ``classify`` itself still asks for the marker once
-    any directory here has one, which a restored checkpoint does, and for a newer pointer
-    than the one restored here (DeepSpeed's ``latest``), which only node 0 ever rewrites."""
+    lacking it, or for being newer than the pointer here) is judged by quiescence instead
+    (local_profile's rule), or at once when node 0 saw that checkpoint complete (``go``).
+    ``classify`` itself still asks for the marker once any directory here has one, which a
+    restored checkpoint does, and for a newer pointer than the one restored here (DeepSpeed's
+    ``latest``), which only node 0 ever rewrites."""
     for name, e in list(listing.entries.items()):
         if not e.is_dir or e.complete:
             continue
@@ -364,6 +365,8 @@ class PartEngine(PairEngine):
                        torn_check=self._torn_check, saving=saving)
 
     def rules(self, local: bool) -> Profile | None:
+        """This node's rules (``local_profile``); the persistent side holds every node's
+        files, so every rank's shard is asked of it there."""
         return local_profile(super().rules(local), self.leader, local=local)
 
     def _pids(self) -> set[int] | None:
