@@ -433,7 +433,7 @@ def _missing_shards(root: Path, name: str, snap: Snap, listing: Listing, prof: P
         return None
     rx = re.compile(prof.shards)
     have = _shard_ranks(snap, rx)
-    world = _world_size(root / name, snap, prof)
+    world = _world_size(lambda rel: root / name / rel, snap, prof)
     prev = [e for e in listing.entries.values() if e.complete and e.is_dir and shape(e.name) == shape(name)
             and natural_key(e.name) < natural_key(name)]
     want: dict[str, set[int]] = {}
@@ -443,6 +443,24 @@ def _missing_shards(root: Path, name: str, snap: Snap, listing: Listing, prof: P
         for kind in set(have) | set(want):
             want[kind] = set(range(world))
     missing = sorted(f"{kind.replace('#', str(r))}" for kind, ranks in want.items() for r in ranks - have.get(kind, set()))
+    return _missing_text(missing)
+
+
+def missing_shards(snap: Snap, prof: Profile | None, path_of: Callable[[str], Path]) -> str | None:
+    """The ranks' shards a checkpoint assembled from several nodes' parts lacks, by the count
+    its model-states file records (``path_of(rel)``: where that file is). Each node holds only
+    its own ranks' shards (DeepSpeed's node-local mode), so every rank's is asked of the parts
+    together, not of one node's. None when nothing is missing or the count is unknown."""
+    if prof is None or not prof.shards:
+        return None
+    have = _shard_ranks(snap, re.compile(prof.shards))
+    world = _world_size(path_of, snap, prof)
+    if not world:
+        return None
+    return _missing_text(sorted(kind.replace("#", str(r)) for kind, ranks in have.items() for r in set(range(world)) - ranks))
+
+
+def _missing_text(missing: list[str]) -> str | None:
     if not missing:
         return None
     more = f" and {len(missing) - 2} more" if len(missing) > 2 else ""
@@ -460,14 +478,14 @@ def _shard_ranks(snap: Snap, rx: re.Pattern[str]) -> dict[str, set[int]]:
     return out
 
 
-def _world_size(path: Path, snap: Snap, prof: Profile) -> int | None:
+def _world_size(path_of: Callable[[str], Path], snap: Snap, prof: Profile) -> int | None:
     glob, key = prof.world
     if not glob:
         return None
     for rel in sorted(snap.files):
         if fnmatch.fnmatchcase(rel.rsplit("/", 1)[-1], glob):
             size, mtime = snap.files[rel]
-            got = _pickled_int(str(path / rel), key, size, mtime)
+            got = _pickled_int(str(path_of(rel)), key, size, mtime)
             if got:
                 return got
     return None

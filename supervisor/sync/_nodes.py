@@ -21,7 +21,7 @@ import socket
 import time
 from functools import partial
 from pathlib import Path
-from typing import Callable, Collection
+from typing import Any, Callable, Collection, Mapping
 
 import anyio
 
@@ -30,7 +30,8 @@ from supervisor.config import SyncPair
 from supervisor.journal import Emit
 from supervisor.sync import _fsops
 from supervisor.sync._backend import Backend, CopyError, CopyResult
-from supervisor.sync._complete import Context, Entry, Listing, Snap, classify, identical, matches, natural_key, snapshot
+from supervisor.sync._complete import (Context, Entry, Listing, Pointer, Snap, classify, identical, matches,
+                                      missing_shards, natural_key, pointer_target, snapshot)
 from supervisor.sync._exclude import within
 from supervisor.sync._writers import open_for_write
 from supervisor.sync._pair import PairEngine
@@ -173,29 +174,37 @@ def write_go(dst: Path, name: str) -> None:
     path.touch()
 
 
-def local_profile(profile: Profile | None, leader: bool) -> Profile | None:
-    """The rules node K's own files are judged by. DCP's ``.metadata``, DeepSpeed's and
-    Megatron's pointers are written by global rank 0, on node 0, after a barrier behind every
-    rank's writes: on node K they never appear, so a profile that needs them would keep node
-    K's part waiting for ever. There the part is complete when it settles (docs/sync.md), and
-    a marker seen on node K (a restored checkpoint has one) makes no later part wait for it."""
-    if leader or profile is None or not profile.needs_marker:
+def local_profile(profile: Profile | None, leader: bool, *, local: bool = True) -> Profile | None:
+    """The rules a node's own files are judged by. DCP's ``.metadata``, DeepSpeed's and
+    Megatron's pointers are written by global rank 0, on node 0: on node K they never appear,
+    so a profile that needs them would keep node K's part waiting for ever. There the part is
+    complete when it settles (docs/sync.md), and a marker seen on node K (a restored checkpoint
+    has one) makes no later part wait for it. On every node's ``local`` side, each node holds
+    its own ranks' shards only (DeepSpeed's node-local mode): asking it for every rank's kept
+    node 0's part waiting for ever too; the parts together are asked for them, at assembly."""
+    if profile is None:
+        return None
+    if local and profile.shards:
+        profile = dataclasses.replace(profile, shards="", world=("", ""))
+    if leader or not profile.needs_marker:
         return profile
     return dataclasses.replace(profile, needs_marker=False)
 
 
 def settled_here(listing: Listing, settle: float, now: float, *, finished: bool, go: Collection[str] = ()) -> None:
-    """Node K: a directory that waits for rank 0's marker (or is called torn for lacking it)
-    is judged by quiescence instead (local_profile's rule), or at once when node 0 saw that
-    checkpoint complete (``go``: rank 0 writes its marker after a barrier behind every rank's
-    shards, so this node's are final). ``classify`` itself still asks for the marker once any
-    directory here has one, which a restored checkpoint does."""
+    """Node K: a directory that waits for rank 0's marker or pointer (or is called torn for
+    lacking it, or for being newer than the pointer here) is judged by quiescence instead
+    (local_profile's rule), or at once when node 0 saw that checkpoint complete (``go``).
+    ``classify`` itself still asks for the marker once any directory here has one, which a
+    restored checkpoint does, and for a newer pointer than the one restored here (DeepSpeed's
+    ``latest``), which only node 0 ever rewrites."""
     for name, e in list(listing.entries.items()):
         if not e.is_dir or e.complete:
             continue
-        waits = e.why == "waiting for marker" or (not listing.pointers and e.why.startswith("waiting for "))
+        waits = e.why == "waiting for marker" or e.why.startswith("waiting for ") and (
+            not listing.pointers or e.why.removeprefix("waiting for ") in listing.pointers)
         said = name in go and not finished and (waits or e.why == "settling")
-        if not said and not waits and not (e.torn or "").startswith("the training ended before writing"):
+        if not said and not waits and not (e.torn or "").startswith(("the training ended before writing", "newer than ")):
             continue
         last = e.snap.newest_ns / 1e9
         if said:
@@ -347,14 +356,18 @@ class PartEngine(PairEngine):
         none of them (not started here yet, or not visible) knows nothing of writers: quiet
         time decides, as before; the leader's empty tree is a training not running."""
         p = self.pair
-        provisional = self.profile is not None and self.profile.name == "torch-save" and p.profile == "auto"
         writing = None
         if local and pids is not None and (pids or self.leader) and not self.exited:
             writing = open_for_write(pids, os.path.realpath(p.src))
         saving = partial(stacks.inside, set(pids)) if writing is not None and pids else None
-        return Context(profile=None if provisional else local_profile(self.profile, self.leader), writing=writing,
+        return Context(profile=self.rules(local), writing=writing,
                        exited=finished or (local and self.exited), inodes=self._inodes if local else {},
                        torn_check=self._torn_check, saving=saving)
+
+    def rules(self, local: bool) -> Profile | None:
+        """This node's rules (``local_profile``); the persistent side holds every node's
+        files, so every rank's shard is asked of it there."""
+        return local_profile(super().rules(local), self.leader, local=local)
 
     def _pids(self) -> set[int] | None:
         pids = super()._pids()
@@ -395,6 +408,8 @@ class PartPublisher(Publisher):
         self.missing: dict[str, list[int]] = {}    # leader: checkpoint → nodes whose part is not there
         self._told_missing: dict[str, tuple[int, ...]] = {}
         self.conflicts: dict[str, str] = {}
+        self.short: dict[str, str] = {}            # leader: checkpoint → the ranks' shards no part holds
+        self.behind: dict[str, bytes] = {}         # leader: pointer → its local content older than the persistent one
         self.stale: dict[str, Snap] = {}           # older here than the version published (by another node)
         self.seen: dict[str, Snap] = {}            # checkpoint → the local version last accounted for here
         self.inside: dict[str, tuple[Snap, bool]] = {}  # incomplete here → (that version, inside the published one)
@@ -577,6 +592,16 @@ class PartPublisher(Publisher):
                 newest = max(manifests, key=lambda k: written(manifest_snap(manifests[k])))
                 manifests = {newest: manifests[newest]}
             missing = [] if single else [k for k in range(self.nodes) if k not in manifests]
+            short = None if single or missing else await to_thread(self._short, name, manifests)
+            if short:
+                self.missing[name] = []
+                self.short[name] = short
+                if self._told_missing.get(name) != ():
+                    self._told_missing[name] = ()
+                    self.emit("parts-waiting", pair=p.name, checkpoint=name, nodes=self.nodes,
+                              have=sorted(manifests), missing=[], shards=short)
+                continue
+            self.short.pop(name, None)
             if missing:
                 self.missing[name] = missing
                 if self._told_missing.get(name) != tuple(missing):
@@ -613,6 +638,44 @@ class PartPublisher(Publisher):
                       linked=got.linked, **({"differing": got.differing} if got.differing else {}))
             self.on_publish(got.done_at)
             published.append(name)
+
+    def _behind(self, ptr: Pointer) -> bool:
+        """Leader: a local pointer naming an older checkpoint than the persistent one names
+        (which is there) is never published over it. A host that was node K before holds the
+        ``latest`` it restored then, which nothing rewrote there; as node 0 it turned the
+        persistent pointer back past every checkpoint published since, and the restore called
+        them torn ("newer than latest, which never named it"). Blocking."""
+        p = self.pair
+        if ptr.link or ptr.target is None:
+            return False
+        try:
+            with open(p.dst / ptr.name, "rb") as f:
+                there = pointer_target(ptr.name, f.read(4096), os.listdir(p.dst))
+        except OSError:
+            return False
+        if there is None or natural_key(there) <= natural_key(ptr.target):
+            return False
+        if self.behind.get(ptr.name) != ptr.content:
+            self.behind[ptr.name] = ptr.content
+            self.emit("sync-deferred", pair=p.name, checkpoint=ptr.name, node=self.node,
+                      reason=f"names {ptr.target}, older than the {there} it names on persistent storage: "
+                             "never published over it")
+        return True
+
+    def _short(self, name: str, manifests: Mapping[int, Mapping[str, Any]]) -> str | None:
+        """Leader: the ranks' shards that no node's part of ``name`` holds. DeepSpeed writes
+        ``latest`` with no barrier behind the other ranks' shards, so a node's part may be
+        taken before its late rank wrote one; never published without it: that node's part
+        is taken again once its shard is there (its files changed). Blocking: reads the
+        model states' rank count."""
+        owner = {rel: node for node in sorted(manifests, reverse=True) for rel in manifest_snap(manifests[node]).files}
+        return missing_shards(assembled_snap(manifests), self.state.profile,
+                              lambda rel: part_source(self.pair.dst, name, owner[rel], rel))
+
+    def _waiting(self, name: str, missing: list[int]) -> str:
+        if missing:
+            return f"{_nodes_text(missing)} missing"
+        return self.short.get(name) or "all parts there, not yet assembled"
 
     def current_parts(self, name: str, have: Collection[int]) -> dict[int, dict]:
         """The manifests of ``name`` that hold a version not yet published. Blocking. Parts
@@ -680,17 +743,14 @@ class PartPublisher(Publisher):
                 out.append(f"{name_}: {e.name} (parts conflict: {self.conflicts[e.name]})")
             elif staged is not None and staged.same_content(e.snap):
                 if self.leader:
-                    missing = self.missing.get(e.name)
-                    why = f"{_nodes_text(missing)} missing" if missing else "all parts there, not yet assembled"
-                    out.append(f"{name_}: {e.name} (waiting for parts: {why})")
+                    out.append(f"{name_}: {e.name} (waiting for parts: {self._waiting(e.name, self.missing.get(e.name) or [])})")
                 # a node's own part is durable: nothing owed here
             else:
                 out.append(f"{name_}: {e.name} (complete, not yet on persistent storage)")
         if self.leader:
             for name, missing in sorted(self.missing.items(), key=lambda kv: natural_key(kv[0])):
                 if name not in local:
-                    why = f"{_nodes_text(missing)} missing" if missing else "all parts there, not yet assembled"
-                    out.append(f"{name_}: {name} (waiting for parts: {why})")
+                    out.append(f"{name_}: {name} (waiting for parts: {self._waiting(name, missing)})")
             for ptr in listing.pointers.values():
                 if self.pointers_done.get(ptr.name) != ptr.content:
                     out.append(f"{name_}: {ptr.name} (pointer to {ptr.target or 'a missing checkpoint'})")

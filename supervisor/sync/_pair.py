@@ -176,9 +176,8 @@ class PairEngine:
         writing = None
         if local and pids is not None and not self.exited:
             writing = open_for_write(pids, os.path.realpath(p.src))
-        provisional = self.profile is not None and self.profile.name == "torch-save" and self.pair.profile == "auto"
         saving = partial(stacks.inside, set(pids)) if writing is not None and pids else None
-        ctx = Context(profile=None if provisional else self.profile, writing=writing, exited=finished or (local and self.exited),
+        ctx = Context(profile=self.rules(local), writing=writing, exited=finished or (local and self.exited),
                       inodes=self._inodes if local else {}, torn_check=self._torn_check, saving=saving)
         listing = classify(root or p.src, markers=p.markers, exclude=p.exclude,
                            settle=p.settle if settle is None else settle, now=time.time(),
@@ -186,6 +185,12 @@ class PairEngine:
         if local and only is None:
             self._inodes = {n: sig[0] for n, sig in listing.sigs.items()}
         return listing
+
+    def rules(self, local: bool) -> Profile | None:
+        """The profile a side is judged by; None while a guess (``torch-save`` under ``auto``)
+        may still give way to what the listing shows."""
+        provisional = self.profile is not None and self.profile.name == "torch-save" and self.pair.profile == "auto"
+        return None if provisional else self.profile
 
     def in_progress(self) -> set[tuple[str, int]]:
         """(name, inode) of each checkpoint being written now: none of them can answer a

@@ -19,7 +19,7 @@ import anyio
 
 from supervisor.sync import _fsops
 from supervisor.sync._backend import CopyError, CopyResult
-from supervisor.sync._complete import STAGING_PREFIX, Entry, Listing, Snap, matches, natural_key, snapshot
+from supervisor.sync._complete import STAGING_PREFIX, Entry, Listing, Pointer, Snap, matches, natural_key, snapshot
 from supervisor.sync._exclude import within
 from supervisor.sync._state import PairState, to_thread
 
@@ -125,6 +125,12 @@ class Publisher:
                 self.recheck(at + BESIDE_BATCH)
         return out
 
+    def _behind(self, ptr: Pointer) -> bool:
+        """Is this local pointer one never to publish, older than the persistent one? Here
+        never: the training rewrote it (a restore that fell back past a torn checkpoint
+        repoints it, on purpose, to an older one). Blocking."""
+        return False
+
     async def _end_pass(self, listing: Listing) -> None:
         """After a checkpoint pass: what is pending, when to look again, what local copies to keep."""
         self._note_pending(listing)
@@ -219,6 +225,8 @@ class Publisher:
                 continue
             if not self._owns(ptr.name) and await to_thread(os.path.lexists, p.dst / ptr.name):
                 self._refuse(ptr.name, "pointer")  # another run's `latest` sharing the directory
+                continue
+            if await to_thread(self._behind, ptr):
                 continue
             if ptr.link:
                 wrote = await to_thread(_fsops.write_link, p.dst / ptr.name, target)
