@@ -219,6 +219,40 @@ def settled_here(listing: Listing, settle: float, now: float, *, finished: bool,
             listing.entries[name] = dataclasses.replace(e, why="settling", ready_at=max(now, last) + settle)
 
 
+def taken(dst: Path, names: list[str], node: int) -> list[str]:
+    """Node K: those of its parts ``names`` whose manifest the leader has removed
+    (published, or superseded by a newer version). Blocking: one stat per part."""
+    return [n for n in names if not os.path.lexists(manifest_path(dst, n, node))]
+
+
+def tidy(dst: Path, taken: list[str], node: int) -> None:
+    """Node K: the part directories of parts the leader has taken go; what they held is
+    published (hard links) or superseded. Blocking."""
+    for name in taken:
+        shutil.rmtree(part_dir(dst, name, node), ignore_errors=True)
+        try:
+            os.rmdir(part_dir(dst, name, node).parent)
+        except OSError:
+            pass  # another node's part, or the leader's word, is still there
+
+
+def persistent_target(p: SyncPair, name: str) -> str | None:
+    """The checkpoint the persistent pointer ``name`` names, or None. Blocking."""
+    try:
+        with open(p.dst / name, "rb") as f:
+            return pointer_target(name, f.read(4096), os.listdir(p.dst))
+    except OSError:
+        return None
+
+
+def inside_published(p: SyncPair, e: Entry) -> bool:
+    """Are this node's files of ``e`` all in the published ``e.name`` (same size and mtime)?
+    Blocking: a stat of the persistent side's files."""
+    if not os.path.lexists(p.dst / e.name):
+        return False
+    return contains(snapshot(p.dst / e.name, within(e.name, p.exclude)), e.snap)
+
+
 def _nodes_text(missing: list[int]) -> str:
     return ("node " if len(missing) == 1 else "nodes ") + ", ".join(str(n) for n in missing)
 
@@ -306,7 +340,7 @@ class PartEngine(PairEngine):
                 await anyio.sleep(GO_POLL_S if self.awaiting_go else self.parts_poll)
                 names = set(self.awaiting_go) - told
                 said = {n for n in names if await to_thread(go_path(self.pair.dst, n).exists)}
-                if said or await to_thread(self.parts.taken, list(self.parts.parted)):
+                if said or await to_thread(taken, self.pair.dst, list(self.parts.parted), self.node):
                     told |= said
                     self.trigger("parts")
         last: dict[str, dict[int, float]] | None = None
@@ -417,10 +451,10 @@ class PartPublisher(Publisher):
     async def run(self, listing: Listing, trigger: str, stats: CopyResult, published: list[str]) -> None:
         p = self.pair
         if not self.leader:  # inside the pass: never while this node stages
-            taken = await to_thread(self.taken, list(self.parted))
-            for name in taken:  # published or superseded: this version is owed nothing more
+            gone = await to_thread(taken, self.pair.dst, list(self.parted), self.node)
+            for name in gone:  # published or superseded: this version is owed nothing more
                 self.state.published[name] = self.parted.pop(name)
-            await to_thread(self._tidy, taken)
+            await to_thread(tidy, p.dst, gone, self.node)
         todo: list[Entry] = []
         for e in complete_newest_first(listing):
             if self._accounted(e):
@@ -448,21 +482,6 @@ class PartPublisher(Publisher):
             await self._assemble_ready(trigger, published, listing)
             await self._publish_pointers(listing)
         await self._end_pass(listing)
-
-    def taken(self, names: list[str]) -> list[str]:
-        """Node K: those of its parts ``names`` whose manifest the leader has removed
-        (published, or superseded by a newer version). Blocking: one stat per part."""
-        return [n for n in names if not os.path.lexists(manifest_path(self.pair.dst, n, self.node))]
-
-    def _tidy(self, taken: list[str]) -> None:
-        """Node K: the part directories of parts the leader has taken go; what they held is
-        published (hard links) or superseded. Blocking."""
-        for name in taken:
-            shutil.rmtree(part_dir(self.pair.dst, name, self.node), ignore_errors=True)
-            try:
-                os.rmdir(part_dir(self.pair.dst, name, self.node).parent)
-            except OSError:
-                pass  # another node's part, or the leader's word, is still there
 
     def _accounted(self, e: Entry) -> bool:
         """This very version of ``e`` was already dealt with here: published (or found on
@@ -648,11 +667,7 @@ class PartPublisher(Publisher):
         p = self.pair
         if ptr.link or ptr.target is None:
             return False
-        try:
-            with open(p.dst / ptr.name, "rb") as f:
-                there = pointer_target(ptr.name, f.read(4096), os.listdir(p.dst))
-        except OSError:
-            return False
+        there = persistent_target(p, ptr.name)
         if there is None or natural_key(there) <= natural_key(ptr.target):
             return False
         if self.behind.get(ptr.name) != ptr.content:
@@ -712,16 +727,8 @@ class PartPublisher(Publisher):
         by a leader now. Looked up once per local version, so the end does not call it torn."""
         for e in listing.entries.values():
             known = self.inside.get(e.name)
-            if e.complete or not e.is_dir or (known is not None and known[0].same_content(e.snap)):
-                continue
-            there = None
-            if await to_thread(os.path.lexists, self.pair.dst / e.name):
-                there = await to_thread(snapshot, self.pair.dst / e.name, within(e.name, self.pair.exclude))
-            self.inside[e.name] = (e.snap, there is not None and contains(there, e.snap))
-
-    def _published_part(self, e: Entry) -> bool:
-        known = self.inside.get(e.name)
-        return known is not None and known[1] and known[0].same_content(e.snap)
+            if not (e.complete or not e.is_dir or (known is not None and known[0].same_content(e.snap))):
+                self.inside[e.name] = (e.snap, await to_thread(inside_published, self.pair, e))
 
     def _note_pending(self, listing: Listing) -> None:
         name_ = self.pair.name
@@ -731,7 +738,8 @@ class PartPublisher(Publisher):
             local.add(e.name)
             done = self.state.published.get(e.name)
             staged = self.parted.get(e.name)
-            if not e.complete and self._published_part(e):
+            inside = self.inside.get(e.name)
+            if not e.complete and inside is not None and inside[1] and inside[0].same_content(e.snap):
                 continue  # this node's files of a published checkpoint (HF's rng_state_R.pth): owed nothing
             if not e.complete:
                 out.append(f"{name_}: {e.name} (incomplete: {e.why})")
