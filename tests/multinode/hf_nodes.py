@@ -63,6 +63,10 @@ def main(max_steps: int, save_steps: int, save_on_each_node: bool) -> None:
     last = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
     trainer = Trainer(model=model, args=args, train_dataset=Data(), callbacks=[Slow(last)])
     trainer.train(resume_from_checkpoint=last)
+    if torch.distributed.is_initialized():
+        # as PyTorch asks at exit: without it rank 0 here once aborted at exit ("terminate
+        # called without an active exception") after its last save, and the job FAILED
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
