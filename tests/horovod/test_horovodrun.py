@@ -307,14 +307,14 @@ def test_deadline_stop_checkpoints_flushes_and_ends_the_tree(horovod_controllers
     run = runs()
     started = time.monotonic()
     run.start(hvd(mode, *training(run.local, "--steps", "100000", "--step-sleep", "0.05")),
-              "--time-limit", "45s", "--warn-before", "30s")
+              "--time-limit", "75s", "--warn-before", "30s")  # 45 s to start: CI runs 4-node clusters beside
     scalars = run.local / "tensorboard" / "scalars.csv"
     wait_for(lambda: scalars.exists() and len(scalars.read_text().splitlines()) > 3, timeout=60,
              what="the training to run")
     whole_tree(run, training_ranks(run), mode)
     rc = run.wait()
     took = time.monotonic() - started
-    assert took < 45, f"supervise ran {took:.1f}s, past the time limit"
+    assert took < 75, f"supervise ran {took:.1f}s, past the time limit"
     ev = run.events()
     stop = next(e for e in ev if e["kind"] == "stop")
     assert stop["reason"] == "deadline", stop

@@ -121,7 +121,9 @@ def test_a_part_is_staged_when_its_writer_closes_it_not_after_settle(tmp_path: P
     closed = time.time()
     wait_for(manifest.exists, timeout=settle + 30, what="node 1's part")
     staged = time.time()
-    (part,) = [e for e in _journal(tmp_path) if e["kind"] == "part"]
+    # the manifest is written before the journal says so
+    (part,) = wait_for(lambda: [e for e in _journal(tmp_path) if e["kind"] == "part"], timeout=30,  # type: ignore[misc]
+                       what="the part event")
     print(f"{case}: staged {staged - closed:.2f}s after the close, {staged - written:.2f}s after the last write "
           f"({part['why']})")
     if case == "visible":

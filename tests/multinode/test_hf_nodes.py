@@ -33,7 +33,7 @@ import pytest
 
 from tests.multinode.conftest import REPO, Cluster, attempts_of, events
 
-MAX_STEPS, SAVE_STEPS = 200, 5
+MAX_STEPS, SAVE_STEPS = 160, 5
 TRAIN = Path(__file__).parent / "hf_nodes.py"
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 

@@ -27,7 +27,7 @@ import pytest
 
 from tests.multinode.conftest import REPO, Cluster, attempts_of, events
 
-EPOCHS = 50
+EPOCHS = 40
 TRAIN = Path(__file__).parent / "lightning_nodes.py"
 
 JOB = """#!/bin/bash
