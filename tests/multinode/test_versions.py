@@ -29,6 +29,12 @@ def pairs(tmp_path: Path) -> dict[int, SyncPair]:
                         settle=0.3, restore=True) for n in (0, 1)}
 
 
+def mirror(p: SyncPair, node: int, events: list[tuple[int, str, dict]]) -> Mirror:
+    """Node ``node``'s real Mirror of ``p``, journaling into ``events`` as (node, kind, fields)."""
+    return Mirror([p], emit=lambda kind, **f: events.append((node, kind, f)) or f, sync_every=600, backend="python",
+                  node_rank=node, parts_poll=0.2)
+
+
 def save(path: Path, epoch: int) -> None:
     """A rewrite in place, as ``torch.save(obj, "snapshot.pt")`` does: truncate and write."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -57,8 +63,7 @@ def test_every_version_of_a_file_rewritten_in_place_is_published(tmp_path: Path,
         return [f for n, k, f in events if n == 0 and k == "publish" and f["checkpoint"] == "snapshot.pt"]
 
     async def main() -> None:
-        mirrors = {n: Mirror([p], emit=lambda kind, n=n, **f: events.append((n, kind, f)) or f, sync_every=600,
-                             backend="python", node_rank=n, parts_poll=0.2) for n, p in ps.items()}
+        mirrors = {n: mirror(p, n, events) for n, p in ps.items()}
         async with anyio.create_task_group() as tg:
             for m in mirrors.values():
                 await tg.start(m.run)
@@ -115,8 +120,7 @@ def test_an_older_local_version_never_replaces_a_newer_published_one(tmp_path: P
     events: list[tuple[int, str, dict]] = []
 
     async def main() -> None:
-        mirrors = {n: Mirror([p], emit=lambda kind, n=n, **f: events.append((n, kind, f)) or f, sync_every=600,
-                             backend="python", node_rank=n, parts_poll=0.2) for n, p in ps.items()}
+        mirrors = {n: mirror(p, n, events) for n, p in ps.items()}
         for m in mirrors.values():
             await m.restore()
         async with anyio.create_task_group() as tg:
@@ -161,8 +165,7 @@ def test_a_part_of_a_published_checkpoint_is_not_owed_by_the_next_leader(tmp_pat
     events: list[tuple[int, str, dict]] = []
 
     async def attempt_1() -> None:
-        mirrors = {n: Mirror([p], emit=lambda kind, n=n, **f: events.append((n, kind, f)) or f, sync_every=600,
-                             backend="python", node_rank=n, parts_poll=0.2) for n, p in ps.items()}
+        mirrors = {n: mirror(p, n, events) for n, p in ps.items()}
         async with anyio.create_task_group() as tg:
             for m in mirrors.values():
                 await tg.start(m.run)
@@ -174,8 +177,7 @@ def test_a_part_of_a_published_checkpoint_is_not_owed_by_the_next_leader(tmp_pat
             tg.cancel_scope.cancel()
 
     async def attempt_2() -> dict:
-        leader = Mirror([ps[1]], emit=lambda kind, **f: events.append((0, kind, f)) or f, sync_every=600,
-                        backend="python", node_rank=0, parts_poll=0.2)
+        leader = mirror(ps[1], 0, events)
         async with anyio.create_task_group() as tg:
             await tg.start(leader.run)
             leader.training_exited()
@@ -209,8 +211,7 @@ def test_whole_checkpoints_on_each_node_are_published_with_node_0s_view(tmp_path
         (d / "trainer_state.json").write_text(f'{{"global_step": 5, "is_world_process_zero": {str(node == 0).lower()}}}')
 
     async def main() -> list[dict]:
-        mirrors = {n: Mirror([p], emit=lambda kind, n=n, **f: events.append((n, kind, f)) or f, sync_every=600,
-                             backend="python", node_rank=n, parts_poll=0.2) for n, p in ps.items()}
+        mirrors = {n: mirror(p, n, events) for n, p in ps.items()}
         async with anyio.create_task_group() as tg:
             for m in mirrors.values():
                 await tg.start(m.run)
