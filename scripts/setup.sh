@@ -57,3 +57,6 @@ fi
 if [ -z "${SUPERVISE_SETUP_MINIMAL:-}" ]; then bash scripts/build-horovod.sh; fi
 # DeepSpeed's one JIT op, built once into a cache the framework tests reuse (fails setup if it does not build).
 if [ -z "${SUPERVISE_SETUP_MINIMAL:-}" ]; then bash scripts/build-deepspeed-ops.sh; fi
+# OpenPBS for the PBS test cluster (scripts/pbs-up.sh), built once from ../shared/vendor/ and
+# then unpacked from a cache (never fails setup; the PBS tests skip without it, fail in CI).
+if [ -z "${SUPERVISE_SETUP_MINIMAL:-}" ]; then bash scripts/build-openpbs.sh; fi

@@ -136,7 +136,8 @@ def reaper():
 # "serial" test ran beside its siblings: this hook runs before pytest-xdist's own (which turns the
 # marker into the node-id suffix the scheduler groups by), and pytest is below 9.2, whose
 # structured node ids drop that suffix (pytest-xdist#1386). pytest_configure checks it.
-SERIAL_FIXTURES = {"slurm": "slurm", "cluster3": "slurm", "cluster4": "slurm"}
+# The PBS cluster is another group: its tests run one after another, beside the Slurm ones.
+SERIAL_FIXTURES = {"slurm": "slurm", "cluster3": "slurm", "cluster4": "slurm", "pbs_session": "pbs"}
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -1,0 +1,160 @@
+"""The PBS test cluster: ``scripts/pbs-up.sh ROOT --nodes 2`` (docs/pbs.md, "The test cluster").
+
+A real OpenPBS 23.06 (built by scripts/build-openpbs.sh from ../shared/vendor/): server,
+scheduler, comm and PostgreSQL on a head, one pbs_mom per node (n1, n2), each in its own
+network + UTS + mount namespace with its own hostname, address, ``/tmp`` and node-local
+``ROOT/local``; ``ROOT/shared`` is the persistent storage every node sees. Jobs are submitted
+by the non-root job user ``alice`` (pbs_mom ignores uid-0 processes: a root job is never
+signalled nor killed), the way a user submits them. One cluster serves every PBS test, one
+test after another (the xdist group ``pbs``); each test sets the queue's ``kill_delay`` and
+the operators it needs. It needs root and OpenPBS in /opt/pbs; elsewhere the tests skip with
+the reason (in CI none skips: REQUIRE_ALL_COMPONENTS turns a skip into a failure).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tests.conftest import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+UP = REPO / "scripts" / "pbs-up.sh"
+DOWN = REPO / "scripts" / "pbs-down.sh"
+PBS_EXEC = Path(os.environ.get("PBS_EXEC", "/opt/pbs"))
+JOB_UID = 2001
+FINAL = {"F", "X"}  # finished (job history), or an array subjob's end
+
+
+def why_not() -> str | None:
+    """Why this machine cannot run the PBS cluster, or None."""
+    if os.geteuid() != 0:
+        return "the PBS cluster needs root (network namespaces, bind mounts, PBS daemons)"
+    if not (PBS_EXEC / "sbin" / "pbs_server").exists():
+        return f"the PBS cluster needs OpenPBS in {PBS_EXEC} (scripts/setup.sh builds it as root)"
+    for tool in ("ip", "unshare", "nsenter", "setpriv"):
+        if shutil.which(tool) is None:
+            return f"the PBS cluster needs {tool}"
+    return None
+
+
+class PbsCluster:
+    """A running PBS cluster and what the tests do with it, as its user and as its admin."""
+
+    def __init__(self, root: Path, nodes: int) -> None:
+        self.root, self.n = root, nodes
+        self.shared = root / "shared"
+        env = dict(line.split("=", 1) for line in (root / "pbs.env").read_text().splitlines() if "=" in line)
+        self.pfx = env["PFX"]
+
+    # ---- clients
+    def admin(self, *argv: str, check: bool = True, timeout: float = 60,
+              cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        """A PBS client (or any command) as root on the head."""
+        return self._run("in-cluster", argv, check, timeout, cwd)
+
+    def user(self, *argv: str, check: bool = True, timeout: float = 60,
+             cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        """A command as the job user on the head: how a user submits, signals and deletes."""
+        return self._run("as-user", argv, check, timeout, cwd)
+
+    def _run(self, wrapper: str, argv: tuple[str, ...], check: bool, timeout: float,
+             cwd: Path | None) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([str(self.root / wrapper), *argv], capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL, cwd=cwd or self.shared)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()}")
+        return proc
+
+    def qmgr(self, *commands: str) -> None:
+        for command in commands:
+            self.admin("qmgr", "-c", command)
+
+    # ---- a test's directory and job
+    def workdir(self, name: str) -> Path:
+        """A directory of the shared storage that the job user owns (the job's submit dir)."""
+        path = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.shared))
+        os.chown(path, JOB_UID, JOB_UID)
+        path.chmod(0o755)
+        return path
+
+    def own(self, *paths: Path) -> None:
+        """Hand files a test wrote as root to the job user."""
+        for path in paths:
+            for p in [path, *(path.rglob("*") if path.is_dir() else [])]:
+                os.chown(p, JOB_UID, JOB_UID)
+
+    def qsub(self, workdir: Path, *args: str, script: str | None = None) -> str:
+        """Submit as the job user from ``workdir``: a script job (``script``) or whatever
+        ``args`` say (``--`` and an executable). Returns the job id."""
+        argv = list(args)
+        if script is not None:
+            path = workdir / f"job-{time.time_ns()}.pbs"
+            path.write_text(script)
+            self.own(path)
+            argv.append(str(path))
+        return self.user("qsub", *argv, cwd=workdir).stdout.strip()
+
+    def job(self, jobid: str) -> dict:
+        """``qstat -x -f -F json`` of the job (finished ones included); {} when unknown."""
+        proc = self.admin("qstat", "-x", "-f", "-F", "json", jobid, check=False)
+        if proc.returncode != 0:
+            return {}
+        try:
+            return next(iter(json.loads(proc.stdout).get("Jobs", {}).values()), {})
+        except json.JSONDecodeError:
+            return {}
+
+    def state(self, jobid: str) -> str | None:
+        return self.job(jobid).get("job_state")
+
+    def wait_state(self, jobid: str, states: set[str] | str, timeout: float = 60) -> dict:
+        states = {states} if isinstance(states, str) else states
+        return wait_for(lambda: (j := self.job(jobid)) and j.get("job_state") in states and j, timeout,
+                        lambda: f"job {jobid} in {sorted(states)} (now {self.state(jobid)})", interval=0.2)
+
+    def supervise_line(self) -> str:
+        """How a job starts this checkout's supervise: the project's Python, this tree's package
+        first (a worktree shares the main checkout's venv)."""
+        return f"env PYTHONPATH={REPO} {sys.executable} -m supervisor"
+
+
+@pytest.fixture(scope="session")
+def pbs_session() -> Iterator[PbsCluster]:
+    """One 2-node PBS cluster for every PBS test of this session (one worker: the xdist group)."""
+    reason = why_not()
+    if reason:
+        pytest.skip(reason)
+    root = Path(tempfile.mkdtemp(prefix="supervise-pbs-", dir="/var/tmp"))
+    proc = subprocess.run(["bash", str(UP), str(root), "--nodes", "2"], capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        subprocess.run(["bash", str(DOWN), str(root)], capture_output=True, timeout=120)
+        pytest.fail(f"pbs-up.sh failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    try:
+        yield PbsCluster(root, 2)
+    finally:
+        subprocess.run(["bash", str(DOWN), str(root)], capture_output=True, timeout=180)
+        if not os.environ.get("SUPERVISE_KEEP_PBS"):
+            shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def pbs(pbs_session: PbsCluster) -> Iterator[PbsCluster]:
+    """The session's cluster as each test finds it: PBS's own kill_delay (10 s), no operators,
+    and no job of an earlier test left when it ends."""
+    pbs = pbs_session
+    pbs.qmgr("set queue workq kill_delay = 10")
+    pbs.admin("qmgr", "-c", "unset server operators", check=False)
+    yield pbs
+    left = pbs.admin("qselect", check=False).stdout.split()
+    if left:
+        pbs.admin("qdel", "-W", "force", *left, check=False)
