@@ -1,7 +1,7 @@
-"""The PBS test cluster: ``scripts/pbs-up.sh ROOT --nodes 2`` (docs/pbs.md, "The test cluster").
+"""The PBS test cluster: ``scripts/pbs-up.sh ROOT --nodes 3`` (docs/pbs.md, "The test cluster").
 
 A real OpenPBS 23.06 (built by scripts/build-openpbs.sh from ../shared/vendor/): server,
-scheduler, comm and PostgreSQL on a head, one pbs_mom per node (n1, n2), each in its own
+scheduler, comm and PostgreSQL on a head, one pbs_mom per node (n1, n2, n3), each in its own
 network + UTS + mount namespace with its own hostname, address, ``/tmp`` and node-local
 ``ROOT/local``; ``ROOT/shared`` is the persistent storage every node sees. Jobs are submitted
 by the non-root job user ``alice`` (pbs_mom ignores uid-0 processes: a root job is never
@@ -130,17 +130,18 @@ class PbsCluster:
 
 @pytest.fixture(scope="session")
 def pbs_session() -> Iterator[PbsCluster]:
-    """One 2-node PBS cluster for every PBS test of this session (one worker: the xdist group)."""
+    """One 3-node PBS cluster for every PBS test of this session (one worker: the xdist group):
+    a 2-node job can be rerun without a node that died."""
     reason = why_not()
     if reason:
         pytest.skip(reason)
     root = Path(tempfile.mkdtemp(prefix="supervise-pbs-", dir="/var/tmp"))
-    proc = subprocess.run(["bash", str(UP), str(root), "--nodes", "2"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(["bash", str(UP), str(root), "--nodes", "3"], capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         subprocess.run(["bash", str(DOWN), str(root)], capture_output=True, timeout=120)
         pytest.fail(f"pbs-up.sh failed ({proc.returncode}): {proc.stderr[-3000:]}")
     try:
-        yield PbsCluster(root, 2)
+        yield PbsCluster(root, 3)
     finally:
         subprocess.run(["bash", str(DOWN), str(root)], capture_output=True, timeout=180)
         if not os.environ.get("SUPERVISE_KEEP_PBS"):
