@@ -9,4 +9,5 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 # Three workers on two cores: most tests wait on real processes, signals and schedulers, not the
 # CPU. Tests sharing one Slurm cluster or a module's fixture stay on one worker (tests/conftest.py).
 # SUPERVISE_TEST_WORKERS=0 runs everything in this process, one test after another.
-exec .venv/bin/python -m pytest -ra -n "${SUPERVISE_TEST_WORKERS:-3}" --dist loadgroup "$@"
+# --durations: the slowest tests are named in every log (CI must stay under 40 minutes).
+exec .venv/bin/python -m pytest -ra --durations=15 -n "${SUPERVISE_TEST_WORKERS:-3}" --dist loadgroup "$@"
