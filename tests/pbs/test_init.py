@@ -7,6 +7,7 @@ header warns (docs/pbs.md, "The job script")."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from supervisor.journal import read_journal
@@ -101,3 +102,26 @@ def test_the_same_script_submitted_with_qsub_dies_of_qsig(pbs: PbsCluster) -> No
     done = pbs.wait_state(jobid, "F", timeout=60)
     assert done["Exit_status"] == 266, done.get("Exit_status")
     assert "end" not in {e.get("kind") for e in read_journal(events_file).events}  # supervise was killed
+
+
+def test_env_prints_a_launch_line_the_installed_mpiexec_runs(pbs: PbsCluster) -> None:
+    """`supervise env` in a job names OpenMPI's flags for the OpenMPI installed here (it refuses
+    PALS's --ppn), and the line it prints runs."""
+    work = pbs.workdir("env-mpi")
+    jobid = pbs.qsub(work, script=f"""#!/bin/bash
+#PBS -l select=1:ncpus=2:mpiprocs=2
+#PBS -l walltime=00:01:00
+#PBS -j oe
+#PBS -o {work}/env.out
+line=$({pbs.supervise_line()} env --json | {sys.executable} -c 'import json,sys; print(json.load(sys.stdin)["launch_command_text"])')
+echo "LINE $line"
+$line --mca btl self,tcp hostname
+""")
+    info = pbs.wait_state(jobid, "F", timeout=60)
+    out = (work / "env.out").read_text()
+    line = next(ln for ln in out.splitlines() if ln.startswith("LINE "))[5:].split()
+    assert line[:6] == ["mpiexec", "--np", "2", "--map-by", "ppr:2:node", "--hostfile"], line
+    assert "--ppn" not in line
+    assert info["Exit_status"] == 0, out
+    ranks = [ln.strip() for ln in out.splitlines() if ln.strip() and not ln.startswith("LINE")]
+    assert ranks == [info["exec_host"].split("/")[0]] * 2, out  # two ranks, on the job's node
