@@ -7,6 +7,7 @@ status 0 when the run would start, 2 when something would stop it.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -82,6 +83,47 @@ def probe_scheduler() -> tuple[str, str]:
     return OK, f"{job.scheduler} job {job.job_id} (restart count {job.restart_count})"
 
 
+def probe_session(env: Mapping[str, str]) -> tuple[str, str]:
+    """In a PBS job: who leads the job's session. A script job's leader is the user's login shell
+    (``-bash``), which ``qsig -s USR1|USR2`` (sent to the whole session) kills, and the job with it;
+    an executable job (``qsub … -- /bin/bash SCRIPT`` whose script execs supervise) is led by supervise."""
+    if not env.get("PBS_JOBID"):
+        return OK, "not in a PBS job"
+    sid = os.getsid(0)
+    try:
+        leader = Path(f"/proc/{sid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        return WARN, f"PBS job: its session leader (PID {sid}) cannot be read"
+    if leader.startswith("-"):
+        return WARN, (f"PBS job led by the login shell (PID {sid}, {leader}): qsig -s USR1|USR2 kills it and the job; "
+                      "submit an executable job instead (qsub … -- /bin/bash SCRIPT; a script from supervise init "
+                      "does it when run: ./SCRIPT)")
+    return OK, f"PBS job led by PID {sid} ({Path(leader).name}), not a login shell: qsig leaves it running"
+
+
+def probe_script(path: Path) -> list[tuple[str, str]]:
+    """What a job script's own lines say about requeue and signals (PBS; a Slurm script is only named)."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        return [(FAIL, f"{path}: {e.strerror or e}")]
+    directives = [ln[5:].strip() for ln in text.splitlines() if ln.startswith("#PBS ")]
+    if not directives:
+        return [(OK, f"{path}: no #PBS lines (only PBS scripts are read)")]
+    out = []
+    if not any(re.fullmatch(r"-r\s+y", d) for d in directives):
+        out.append((WARN, f"{path}: no `#PBS -r y`: the job is not rerunnable, and its requeue (qrerun) is refused"))
+    self_submit = re.search(r"^\s*(exec\s+)?qsub\b.*\s--\s", text, re.M)
+    if self_submit:
+        out.append((OK, f"{path}: run, it submits itself as an executable job, whose leader qsig does not kill"))
+    else:
+        out.append((WARN, f"{path}: `qsub {path.name}` runs it under your login shell, which qsig -s USR1|USR2 kills "
+                          "(and the job); submit it as an executable job: qsub [options] -- /bin/bash SCRIPT"))
+    if not re.search(r"^exec\s+supervise\b", text, re.M):
+        out.append((WARN, f"{path}: no `exec supervise …` line: supervise will not get PBS's signals itself"))
+    return out
+
+
 def probe_command(command: Sequence[str]) -> tuple[str, str]:
     if not command:
         return WARN, "none given (add -- COMMAND to check it)"
@@ -133,14 +175,16 @@ def node_evidence(cfg: Config, env: Mapping[str, str]) -> list[tuple[str, str]]:
     return out
 
 
-def run_check(cfg: Config, command: Sequence[str]) -> int:
-    """Print one line per probe; 0 when the run would start, 2 otherwise."""
+def run_check(cfg: Config, command: Sequence[str], script: str | os.PathLike[str] | None = None) -> int:
+    """Print one line per probe; 0 when the run would start, 2 otherwise. ``script``: the job
+    script, whose PBS lines are read too (``probe_script``)."""
     assert cfg.run_dir is not None
     probes: list[tuple[str, Callable[[], tuple[str, str]]]] = [
         ("config", lambda: (OK, str(cfg.config_file) if cfg.config_file else "flags and environment only")),
         ("run dir", lambda: probe_run_dir(cfg.run_dir)),  # type: ignore[arg-type]
         ("command", lambda: probe_command(command)),
         ("scheduler", probe_scheduler),
+        ("session", lambda: probe_session(os.environ)),
         ("rsync", probe_rsync),
         ("gpu", probe_nvml),
     ]
@@ -155,5 +199,8 @@ def run_check(cfg: Config, command: Sequence[str]) -> int:
             status, text = WARN, f"could not check: {type(e).__name__}: {e}"
         failed |= status == FAIL
         print(f"{status:4}  {name:10} {text}")
+    for status, text in probe_script(Path(script)) if script is not None else []:
+        failed |= status == FAIL
+        print(f"{status:4}  {'script':10} {text}")
     print("check: " + ("problems found; supervise would not start" if failed else "ready"), file=sys.stderr)
     return 2 if failed else 0

@@ -160,6 +160,9 @@ def _parser(sub: str) -> _Parser:
                 allow_abbrev=False, description=DESCRIPTION, epilog=EPILOG,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     _run_options(p)
+    if sub == "check":
+        p.add_argument("--script", metavar="FILE", help="also read this job script: a PBS one that qsig would kill "
+                                                        "or that lacks `#PBS -r y` is warned about")
     return p
 
 
@@ -277,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if sub == "check":
             from supervisor.check import run_check
 
-            return run_check(config_from(ns, command, for_check=True), command)
+            return run_check(config_from(ns, command, for_check=True), command, script=getattr(ns, "script", None))
         if sub == "env":
             return _env(ns, command)
         if sub == "node-agent":
@@ -376,7 +379,7 @@ def _env(ns: argparse.Namespace, command: list[str]) -> int:
     from supervisor import job as jobs
 
     end = anyio.run(jobs.end_time, jobs.detect_job(os.environ), lambda message: None)
-    info = envinfo.gather(os.environ, command, end_time=end)
+    info = envinfo.gather(os.environ, command, end_time=end, mpi=envinfo.detect_mpi())
     print(json.dumps(info, indent=2, sort_keys=True) if ns.json else envinfo.render_text(info))
     return 0
 

@@ -10,7 +10,10 @@ it already fetched, since asking the scheduler is the slow part.
 from __future__ import annotations
 
 import dataclasses
+import re
 import shlex
+import shutil
+import subprocess
 import time
 from typing import Any, Mapping, Sequence
 
@@ -45,8 +48,34 @@ def world_layout(job: Job) -> tuple[int, int]:
     return nnodes, 1
 
 
-def launch_command(job: Job) -> list[str] | None:
-    """A launch line that uses the whole allocation (ezpz's ``ezpz_setup_job``); argv form."""
+MPI_FLAVORS = ("openmpi", "mpich")  # mpich: Cray PALS (Polaris, Aurora), MPICH Hydra, Intel MPI: all take --ppn
+
+
+def mpi_flavor(version_text: str) -> str:
+    """The family of an ``mpiexec`` from what ``mpiexec --version`` printed: ``openmpi``
+    ("mpiexec (OpenRTE) 4.1.4", "mpiexec (Open MPI) 5.0.3") or ``mpich`` (everything else)."""
+    return "openmpi" if re.search(r"Open ?MPI|OpenRTE|open-mpi\.org", version_text, re.I) else "mpich"
+
+
+def detect_mpi(path: str | None = None) -> str | None:
+    """The flavor of the ``mpiexec`` on PATH (or ``path``); None when there is none or it does not answer."""
+    exe = path or shutil.which("mpiexec")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = out.stdout + out.stderr
+    return mpi_flavor(text) if text.strip() else None
+
+
+def launch_command(job: Job, mpi: str | None = None) -> list[str] | None:
+    """A launch line that uses the whole allocation (ezpz's ``ezpz_setup_job``); argv form.
+
+    PBS: ``mpi`` is the installed ``mpiexec``'s family (:func:`detect_mpi`): OpenMPI refuses
+    ``--ppn`` ("unknown option") and takes ``--map-by ppr:G:node``, which places G ranks per
+    node whatever slot count the nodefile gives; PALS and MPICH (and unknown) take ``--ppn``."""
     world, ppn = world_layout(job)
     nnodes = max(1, job.num_nodes)
     if job.scheduler == "slurm":
@@ -55,7 +84,8 @@ def launch_command(job: Job) -> list[str] | None:
             argv += ["--gpus-per-node", str(job.gpus_per_node)]
         return argv
     if job.scheduler == "pbs":
-        argv = ["mpiexec", "--np", str(world), "--ppn", str(ppn)]
+        per_node = ["--map-by", f"ppr:{ppn}:node"] if mpi == "openmpi" else ["--ppn", str(ppn)]
+        argv = ["mpiexec", "--np", str(world), *per_node]
         if job.nodefile:
             argv += ["--hostfile", job.nodefile]
         return argv
@@ -71,12 +101,14 @@ def gather(
     end_time: float | None = None,
     qstat: Mapping[str, str] | None = None,
     now: float | None = None,
+    mpi: str | None = None,
 ) -> dict[str, Any]:
     """Everything ``supervise env`` prints, as a JSON-ready dict.
 
     ``end_time``: unix seconds the caller already fetched (``job.end_time``); without it
     only ``SLURM_JOB_END_TIME`` is used. ``qstat``: the job's ``qstat -f`` attributes, for
-    PBS GPUs per node (``Resource_List.select`` … ``ngpus=N``).
+    PBS GPUs per node (``Resource_List.select`` … ``ngpus=N``). ``mpi``: the installed
+    ``mpiexec``'s family (``detect_mpi()``), which decides the PBS launch line.
     """
     job = detect_job(env)
     if job.gpus_per_node is None and qstat:
@@ -84,7 +116,7 @@ def gather(
     now = time.time() if now is None else now
     end = end_time if end_time is not None else job.env_end_time
     world, ppn = world_layout(job)
-    launch = launch_command(job)
+    launch = launch_command(job, mpi)
     return {
         "scheduler": job.scheduler,
         "job_id": job.job_id,
@@ -104,6 +136,7 @@ def gather(
         "nodefile": job.nodefile,
         "launcher": _launcher_name(argv),
         "command": list(argv),
+        "mpi": mpi,
         "launch_command": launch,
         "launch_command_text": shlex.join(launch) if launch else None,
         "requeue_id": job.requeue_id if job.scheduler != "local" else None,
@@ -134,7 +167,8 @@ def render_text(info: Mapping[str, Any]) -> str:
         ("gpus per node", show(info.get("gpus_per_node"))),
         ("world size", f"{show(info.get('world_size'))} ({show(info.get('ranks_per_node'))} per node)"),
         ("launcher", show(info.get("launcher"))),
-        ("launch with", show(info.get("launch_command_text"))),
+        ("launch with", show(info.get("launch_command_text"))
+         + (f" ({info['mpi']} mpiexec)" if info.get("mpi") and info.get("scheduler") == "pbs" else "")),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k + ':':<{width + 1}} {v}" for k, v in rows) + "\n"

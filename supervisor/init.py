@@ -186,6 +186,7 @@ def _drop_unused(lines: list[str]) -> None:
                 del lines[i]
                 changed = True
                 break
+    lines[:] = [ln for ln in lines if not any(ln.startswith(f"# {name}: ") for name in dropped)]  # its comment line
     for i, line in enumerate(lines):  # a trailing comment that names a dropped variable goes too
         code, sep, comment = line.partition("  #")
         if sep and code.strip() and any(re.search(rf"\b{name}\b", comment) for name in dropped):
@@ -194,11 +195,12 @@ def _drop_unused(lines: list[str]) -> None:
     lines[:] = [ln for ln in lines if "examples/" not in ln or not ln.startswith("#")]
 
 
-def _header(lines: list[str], template: Template, note: str) -> None:
+def _header(lines: list[str], template: Template, note: str | list[str]) -> None:
     """The template's usage comment gives way to one that says where this file came from."""
     end = next(i for i, ln in enumerate(lines) if ln.strip() == "#")
+    notes = [note] if isinstance(note, str) else note
     lines[1:end] = [f"# Written by `supervise init` (supervise {__version__}) from {template.script}.",
-                    f"#   {note}",
+                    *(f"#   {n}" for n in notes),
                     "# Every VAR=${VAR:-default} below can be overridden at submission (sbatch --export=ALL,VAR=…,"
                     " qsub -v VAR=…)."]
 
@@ -214,13 +216,30 @@ class Choices:
     time: str | None
     local: str | None
     persistent: str | None
+    account: str | None = None      # PBS: #PBS -A
+    queue: str | None = None        # PBS: #PBS -q ('' drops it: the server's default queue)
+    select: str | None = None       # PBS: the chunk of -l select=N:CHUNK ('' for none)
+    filesystems: str | None = None  # PBS: -l filesystems= ('' drops it: a Polaris/Aurora resource)
+
+
+def pbs_submit_notes(script_name: str, config_name: str, account: bool) -> list[str]:
+    """How the PBS script is submitted, and why that way (it says so itself at the top)."""
+    a = "" if account else " -A PROJECT"
+    return [f"submit: ./{script_name}{a} [more qsub options]",
+            f"check first: supervise check --config {config_name} --script {script_name} -- …",
+            "Run, it submits itself as an executable job (qsub with its #PBS lines and your options, then",
+            "`-- /bin/bash THIS`, read again on the node when the job starts): supervise leads the job's session,",
+            f"so qsig -s USR1|USR2 reaches it. `qsub {script_name}` works too, but then your login shell leads",
+            "the session, and qsig kills it and the job (Exit_status 266)."]
 
 
 def render_script(template: Template, c: Choices, config: Path) -> str:
     lines = (data_dir("job_scripts") / template.script).read_text().splitlines()
-    submit = "sbatch" if c.scheduler == "slurm" else "qsub -A PROJECT"
     script_name = f"{c.name}.{'sbatch' if c.scheduler == 'slurm' else 'pbs'}"
-    _header(lines, template, f"submit: {submit} {script_name}   (check first: supervise check --config {config.name} -- …)")
+    if c.scheduler == "slurm":
+        _header(lines, template, f"submit: sbatch {script_name}   (check first: supervise check --config {config.name} -- …)")
+    else:
+        _header(lines, template, pbs_submit_notes(script_name, config.name, bool(c.account)))
     if c.scheduler == "slurm":
         _set_directive(lines, r"^#SBATCH --job-name=\S+", f"#SBATCH --job-name={c.name}")
         if c.nodes:
@@ -240,8 +259,20 @@ def render_script(template: Template, c: Choices, config: Path) -> str:
                                f"templates' {LEAD_MAX} s: longer than the job, it would come at once)")
     else:
         _set_directive(lines, r"^#PBS -N \S+", f"#PBS -N {c.name}")
-        if c.nodes:
+        if c.select is not None:
+            m = re.search(r"^#PBS -l select=(\d+)", "\n".join(lines), re.M)
+            n = c.nodes or (int(m.group(1)) if m else 1)
+            _set_directive(lines, r"^#PBS -l select=\S*", f"#PBS -l select={n}" + (f":{c.select}" if c.select else ""))
+        elif c.nodes:
             _set_directive(lines, r"^#PBS -l select=\d+", f"#PBS -l select={c.nodes}")
+        if c.queue is not None:
+            _set_directive(lines, r"^#PBS -q \S+", f"#PBS -q {c.queue}" if c.queue else None)
+        if c.filesystems is not None:
+            _set_directive(lines, r"^#PBS -l filesystems=\S+",
+                           f"#PBS -l filesystems={c.filesystems}" if c.filesystems else None)
+        if c.account:
+            i = next(i for i, ln in enumerate(lines) if ln.startswith("#PBS -N "))
+            lines.insert(i + 1, f"#PBS -A {c.account}")
         if c.time:
             _set_directive(lines, r"^#PBS -l walltime=\S+", f"#PBS -l walltime={c.time}")
     if c.local:
@@ -279,6 +310,13 @@ def parser(cls: type[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p.add_argument("--time", help="time limit as the scheduler writes it, e.g. 12:00:00")
     p.add_argument("--local", metavar="DIR", help="node-local directory the training writes to (LOCAL_DIR)")
     p.add_argument("--persistent", metavar="DIR", help="persistent directory the mirror goes to (PERSISTENT_DIR)")
+    site = p.add_argument_group("PBS site directives", "the template's are Polaris's (-l select=N:system=polaris, "
+                                "-l filesystems=home:eagle, -q prod); elsewhere give '' to drop one")
+    site.add_argument("--account", metavar="PROJECT", help="#PBS -A PROJECT (default: none; give -A when submitting)")
+    site.add_argument("--queue", metavar="QUEUE", help="#PBS -q QUEUE; '' drops it (the server's default queue)")
+    site.add_argument("--select", metavar="CHUNK", help="the chunk of -l select=N:CHUNK, e.g. ncpus=64:ngpus=4; "
+                                                        "'' for select=N alone")
+    site.add_argument("--filesystems", metavar="FS", help="-l filesystems=FS (Polaris, Aurora); '' drops it")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
     return p
 
@@ -302,13 +340,28 @@ def main(ns: argparse.Namespace, command: Sequence[str], env: Mapping[str, str] 
     for flag, n in (("--nodes", ns.nodes), ("--gpus", ns.gpus)):
         if n is not None and n < (1 if flag == "--nodes" else 0):
             raise UsageError(f"{flag} {n}: must be {'1' if flag == '--nodes' else '0'} or more")
+    pbs_only = [f"--{k}" for k in ("account", "queue", "select", "filesystems") if getattr(ns, k) is not None]
+    if pbs_only and scheduler != "pbs":
+        raise UsageError(f"{', '.join(pbs_only)}: PBS directives; with Slurm write #SBATCH lines in the script")
+    for k in ("account", "queue", "select", "filesystems"):
+        v = getattr(ns, k)
+        if v and not re.fullmatch(r"[\w.:=@+,/-]+", v):
+            raise UsageError(f"--{k} {v!r}: one #PBS word (letters, digits and . : = @ + , / - _)")
+    pbs_only = [f"--{k}" for k in ("account", "queue", "select", "filesystems") if getattr(ns, k) is not None]
+    if pbs_only and scheduler != "pbs":
+        raise UsageError(f"{', '.join(pbs_only)}: PBS directives; with Slurm write #SBATCH lines in the script")
+    for k in ("account", "queue", "select", "filesystems"):
+        v = getattr(ns, k)
+        if v and not re.fullmatch(r"[\w.:=@+,/-]+", v):
+            raise UsageError(f"--{k} {v!r}: one #PBS word (letters, digits and . : = @ + , / - _)")
     from supervisor.job import detect_job
 
     job = detect_job(env)
     gpus = ns.gpus if ns.gpus is not None else detect_gpus(env)
     choices = Choices(scheduler=scheduler, launcher=launcher, command=tuple(command), name=ns.name,
                       nodes=ns.nodes or (job.num_nodes if job.scheduler != "local" else None), gpus=gpus,
-                      time=ns.time, local=ns.local, persistent=ns.persistent)
+                      time=ns.time, local=ns.local, persistent=ns.persistent, account=ns.account, queue=ns.queue,
+                      select=ns.select, filesystems=ns.filesystems)
     template = choose(scheduler, launcher)
     out = Path(ns.dir).resolve()
     script = out / f"{ns.name}.{'sbatch' if scheduler == 'slurm' else 'pbs'}"
@@ -336,5 +389,8 @@ def _tell(c: Choices, template: Template, script: Path, config: Path) -> None:
           f"supervise check --config {shlex.quote(str(config))} -- {shlex.join(c.command)}")
     if any("$" in w for w in c.command):
         print("  (words with $VARIABLE are left to the job's shell to expand)")
-    submit = "sbatch" if c.scheduler == "slurm" else "qsub -A PROJECT"
-    print(f"then: {submit} {shlex.quote(str(script))}")
+    if c.scheduler == "slurm":
+        print(f"then: sbatch {shlex.quote(str(script))}")
+    else:
+        print(f"then: {shlex.quote(str(script))}{'' if c.account else ' -A PROJECT'}   (it submits itself as an "
+              "executable job, which qsig does not kill)")
