@@ -347,13 +347,6 @@ def main(ns: argparse.Namespace, command: Sequence[str], env: Mapping[str, str] 
         v = getattr(ns, k)
         if v and not re.fullmatch(r"[\w.:=@+,/-]+", v):
             raise UsageError(f"--{k} {v!r}: one #PBS word (letters, digits and . : = @ + , / - _)")
-    pbs_only = [f"--{k}" for k in ("account", "queue", "select", "filesystems") if getattr(ns, k) is not None]
-    if pbs_only and scheduler != "pbs":
-        raise UsageError(f"{', '.join(pbs_only)}: PBS directives; with Slurm write #SBATCH lines in the script")
-    for k in ("account", "queue", "select", "filesystems"):
-        v = getattr(ns, k)
-        if v and not re.fullmatch(r"[\w.:=@+,/-]+", v):
-            raise UsageError(f"--{k} {v!r}: one #PBS word (letters, digits and . : = @ + , / - _)")
     from supervisor.job import detect_job
 
     job = detect_job(env)
