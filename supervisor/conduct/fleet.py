@@ -9,6 +9,15 @@ training never starts on a node whose shards are not back yet; an agent that doe
 within ``READY_TIMEOUT_S`` is journaled and the run goes on (its part will be missing, never
 published partial). The agents end by themselves once the leader's ``end`` is journaled.
 
+Under PBS the leader starts them through the job's task manager: one ``pbsdsh -o -h HOST``
+per other node of ``PBS_NODEFILE``, so each agent is a TM task of that node's mom (PBS tracks
+it, accounts it and kills it with the job). A TM task gets the job's base environment, not the
+leader's, and its stdout goes to the job's output file: the agent's node index, the leader's
+interpreter path variables and the files it talks through are on its command line (``env
+K=V …``), and each agent says ``offered``/``ready`` by appending to its own file under
+``RUN/nodes/said-…/`` (``SAY_VAR``), which the leader reads. ``pbsdsh -o`` returns once the
+task is spawned: the leader's wait for the agents is these lines, not the process.
+
 At the start of an attempt it also says which nodes of the previous attempt are gone
 (``node-lost``): Slurm calls them down or drained, and the checkpoints whose parts only they
 could give were never published (docs/multinode.md, the failure table).
@@ -36,7 +45,16 @@ log = logging.getLogger("supervise")
 READY_TIMEOUT_S = 60.0
 READY_LINE = "supervise-node-agent"  # "<READY_LINE> offered K" / "… ready K HOST HOLDS" / "… leader 0" / "… duplicate K"
 CHOICE_VAR = "SUPERVISE_NODE_CHOICE"  # the file the leader writes its choice to; agents restore exactly that
-GONE_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWER_DOWN", "FUTURE", "UNKNOWN")
+SAY_VAR = "SUPERVISE_NODE_SAY"  # a directory: each agent appends its READY_LINEs to node-K there (PBS: no pipe back)
+# Slurm's node states, then PBS's (pbsnodes: down, offline, state-unknown, unresolvable, stale)
+GONE_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWER_DOWN", "FUTURE", "UNKNOWN", "OFFLINE",
+               "UNRESOLVABLE", "STALE")
+SCHEDULERS = ("slurm", "pbs")  # where the leader starts its agents itself
+# What a TM task must get from the leader to run the same Python and package: the leader's own
+# values travel on the agent's command line (pbsdsh passes no environment).
+FORWARDED = ("PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "VIRTUAL_ENV", "CONDA_PREFIX",
+             "LD_LIBRARY_PATH", "TMPDIR")
+SAY_POLL_S = 0.1  # the leader, reading its PBS agents' lines
 
 
 def agent_argv(cfg: Config, python: str = sys.executable) -> list[str]:
@@ -55,8 +73,9 @@ class Fleet:
     """Starts, awaits and watches the node agents of one attempt."""
 
     def __init__(self, argv: list[str], nodes: tuple[str, ...], emit: Emit, env: dict[str, str], run_dir: Path,
-                 ready_timeout: float = READY_TIMEOUT_S) -> None:
+                 ready_timeout: float = READY_TIMEOUT_S, scheduler: str = "slurm") -> None:
         self.argv, self.nodes, self.emit, self.env = argv, nodes, emit, env
+        self.scheduler = scheduler
         self.ready_timeout = ready_timeout
         self.ready: dict[int, float] = {}
         self.offered: dict[int, float] = {}
@@ -65,33 +84,53 @@ class Fleet:
         self.requests = 0
         self.run_dir = run_dir  # the agents' journals: RUN/nodes/node-K/
         self.choice_path = self.run_dir / "nodes" / f"choice-{os.getpid()}-{time.time_ns()}.json"
+        self.say_dir = self.run_dir / "nodes" / f"said-{os.getpid()}-{time.time_ns()}"
         self.env = {**env, CHOICE_VAR: str(self.choice_path)}
+        self.spawn_failed: dict[int, str] = {}  # PBS: a node whose pbsdsh could not spawn its agent
         self._heard_any = anyio.Event()
         self._t0 = time.monotonic()
 
     @classmethod
     def from_plan(cls, plan: Any, emit: Emit) -> Fleet | None:
-        """A fleet where one is needed: a Slurm job of several nodes with a per-node pair."""
+        """A fleet where one is needed: a Slurm or PBS job of several nodes with a per-node pair."""
         cfg: Config = plan.cfg
-        if plan.job.scheduler != "slurm" or plan.job.num_nodes < 2:
+        if plan.job.scheduler not in SCHEDULERS or plan.job.num_nodes < 2:
             return None
         if not any(p.kind == "checkpoint" and p.nodes > 1 for p in cfg.sync):
             return None
         if plan.env.get("SUPERVISE_NODE_AGENTS", "").lower() in ("0", "off", "false", "no"):
             return None
         assert cfg.run_dir is not None
-        return cls(agent_argv(cfg), plan.job.nodes, emit, dict(plan.env), cfg.run_dir)
+        return cls(agent_argv(cfg), plan.job.nodes, emit, dict(plan.env), cfg.run_dir, scheduler=plan.job.scheduler)
 
     def srun_argv(self) -> list[str]:
         n = len(self.nodes)
         return ["srun", "--overlap", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
                 "--job-name=supervise-node-agents", *self.argv]
 
+    def pbsdsh_argv(self, k: int) -> list[str]:
+        """Node ``k``'s agent as a TM task of its mom: ``pbsdsh -o`` (spawn, do not wait for
+        its end) ``-h HOST`` (that node's line of PBS_NODEFILE). The task starts with the
+        job's base environment: what it needs of the leader's is on its command line."""
+        env = [f"{v}={self.env[v]}" for v in FORWARDED if self.env.get(v)]
+        env += [f"{CHOICE_VAR}={self.choice_path}", f"{SAY_VAR}={self.say_dir}", f"SUPERVISE_NODE_RANK={k}"]
+        at = self.argv.index("node-agent") + 1
+        agent = [*self.argv[:at], "--node-rank", str(k), *self.argv[at:]]
+        return ["pbsdsh", "-o", "-h", self.nodes[k], "--", "/usr/bin/env", *env, *agent]
+
+    def launch_argv(self) -> list[str]:
+        """What the ``node-agents`` event shows: srun's line, or node 1's pbsdsh line (the
+        others differ only in the host and the index)."""
+        return self.srun_argv() if self.scheduler == "slurm" else self.pbsdsh_argv(1)
+
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Start the agents; ``started`` once every node other than the leader's has offered
         its versions (or the wait ran out: ``agree`` says which); then follow srun until it
         ends or the run does."""
         self._t0 = t0 = time.monotonic()
+        if self.scheduler == "pbs":
+            await self._run_pbs(t0, task_status)
+            return
         argv = self.srun_argv()
         env = self.env
         try:
@@ -127,6 +166,56 @@ class Fleet:
             log.warning("the node agents' srun ended with status %d before the run did", status)
             tg.cancel_scope.cancel()
 
+    async def _run_pbs(self, t0: float, task_status: TaskStatus[None]) -> None:
+        """One ``pbsdsh -o -h HOST`` per other node (they return once the task is spawned);
+        then the agents' lines, read from their files under ``say_dir``, until the run ends."""
+        await anyio.to_thread.run_sync(lambda: self.say_dir.mkdir(parents=True, exist_ok=True))
+        env = self.env
+
+        def spawn(k: int) -> None:
+            try:
+                done = subprocess.run(self.pbsdsh_argv(k), env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                                      text=True, timeout=self.ready_timeout)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                self.spawn_failed[k] = str(e)
+            else:
+                if done.returncode != 0:
+                    self.spawn_failed[k] = f"pbsdsh exited {done.returncode}: {(done.stderr or done.stdout).strip()[-300:]}"
+            if k in self.spawn_failed:
+                log.warning("could not start the node agent on node %d (%s): %s", k, self.nodes[k], self.spawn_failed[k])
+                anyio.from_thread.run_sync(self._poke)
+
+        offsets: dict[int, int] = {}
+
+        def read() -> list[str]:
+            lines = []
+            for k in self.want:
+                path = self.say_dir / f"node-{k}"
+                try:
+                    with open(path, "rb") as f:
+                        f.seek(offsets.get(k, 0))
+                        raw = f.read()
+                except OSError:
+                    continue
+                whole = raw[:raw.rfind(b"\n") + 1]
+                offsets[k] = offsets.get(k, 0) + len(whole)
+                lines += whole.decode("utf-8", "replace").splitlines()
+            return lines
+
+        async def follow() -> None:
+            while True:
+                for line in await anyio.to_thread.run_sync(read):
+                    self._heard(line, t0)
+                await anyio.sleep(SAY_POLL_S)
+
+        async with anyio.create_task_group() as tg:
+            for k in sorted(self.want):
+                tg.start_soon(anyio.to_thread.run_sync, spawn, k)
+            tg.start_soon(follow)
+            await self._until(lambda: self.want <= set(self.offered) | set(self.spawn_failed), self.ready_timeout)
+            task_status.started()
+            await anyio.sleep_forever()  # the agents are the moms' tasks: they end with the leader's end
+
     @property
     def want(self) -> set[int]:
         return set(range(1, len(self.nodes)))
@@ -140,11 +229,12 @@ class Fleet:
         """Tell every agent the leader's choice (one version per pair, for every node) and
         wait until each has restored exactly it and said what it holds (``ready``)."""
         await anyio.to_thread.run_sync(_write_choice, self.choice_path, choice)
-        await self._until(lambda: self.want <= set(self.ready), self.ready_timeout)
+        await self._until(lambda: self.want <= set(self.ready) | set(self.spawn_failed), self.ready_timeout)
         missing = sorted(self.want - set(self.ready))
+        more = {"spawn_failed": {str(k): v for k, v in sorted(self.spawn_failed.items())}} if self.spawn_failed else {}
         self.emit("node-agents", started=True, nodes=list(self.nodes), pid=self.proc.pid if self.proc else None,
-                  argv=self.srun_argv(), ready=sorted(self.ready), missing=missing,
-                  seconds=round(time.monotonic() - self._t0, 3))
+                  argv=self.launch_argv(), launcher="srun" if self.scheduler == "slurm" else "pbsdsh",
+                  ready=sorted(self.ready), missing=missing, seconds=round(time.monotonic() - self._t0, 3), **more)
         if missing:
             log.warning("node agents not ready after %.0fs on node(s) %s; their parts may be missing",
                         time.monotonic() - self._t0, ", ".join(str(k) for k in missing))
@@ -165,6 +255,8 @@ class Fleet:
         self.emit("nodes-flush", request=request, reason=reason, exited=exited, nodes=nodes, durable=True)
         t0 = time.monotonic()
         answers: dict[int, dict[str, Any]] = {}
+        down: dict[int, str] = {}  # PBS: nodes whose mom is down (their agent is gone with it)
+        next_look = time.monotonic() + DOWN_POLL_S
         with anyio.move_on_after(max(0.0, within)):
             while len(answers) < len(nodes):
                 for k, w in watches.items():
@@ -176,10 +268,21 @@ class Fleet:
                 if len(answers) < len(nodes):
                     if self.proc is not None and self.proc.poll() is not None:
                         break  # the agents' srun has ended: nobody is left to answer
+                    if self.scheduler == "pbs" and time.monotonic() >= next_look:
+                        # a TM task outlives no mom: an agent on a node PBS calls down cannot answer
+                        next_look = time.monotonic() + DOWN_POLL_S
+                        waiting = [k for k in nodes if k not in answers and k not in down]
+                        for k in waiting:
+                            state = await anyio.to_thread.run_sync(pbs_node_state, self.nodes[k])
+                            if state is not None and "down" in state[0].lower():
+                                down[k] = state[0]
+                        if all(k in answers or k in down for k in nodes):
+                            break
                     await anyio.sleep(ANSWER_POLL_S)
         missing = [k for k in nodes if k not in answers]
         pending = [line for k in sorted(answers) for line in answers[k].get("not_durable") or []]
         pending += [f"node {k}: did not answer the final flush in {within:.1f}s; its newest part may be missing"
+                    if k not in down else f"node {k} ({self.nodes[k]}): PBS calls it {down[k]}; its newest part may be missing"
                     for k in missing]
         return {"request": request, "answered": sorted(answers), "missing": missing, "pending": pending,
                 "seconds": round(time.monotonic() - t0, 3)}
@@ -198,11 +301,16 @@ class Fleet:
                         self.holds[node] = json.loads(words[4])
                     except ValueError:
                         pass
+        self._poke()
+
+    def _poke(self) -> None:
+        """Wake whatever waits on what the agents said (or on a spawn that failed)."""
         self._heard_any.set()
         self._heard_any = anyio.Event()
 
 
 ANSWER_POLL_S = 0.1  # the leader, while it waits for the agents' answers to its last flush
+DOWN_POLL_S = 1.0  # PBS: how often that wait asks pbsnodes whether a silent node is down
 
 
 def lost_nodes(previous: list[dict[str, Any]], now: tuple[str, ...], persistent: list[Path],
@@ -251,14 +359,33 @@ def slurm_node_state(host: str) -> tuple[str, str] | None:
     return fields["State"], reason
 
 
+def pbs_node_state(host: str) -> tuple[str, str] | None:
+    """(state, comment) of a node from ``pbsnodes HOST`` (``down``, ``offline``,
+    ``state-unknown,down``…; the comment an operator or the server left); None when it cannot tell."""
+    try:
+        out = subprocess.run(["pbsnodes", host], capture_output=True, text=True, timeout=10,
+                             stdin=subprocess.DEVNULL).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    fields = {k.strip(): v.strip() for k, _, v in (line.partition(" = ") for line in out.splitlines()) if v}
+    if "state" not in fields:
+        return None
+    return fields["state"], fields.get("comment", "")
+
+
+NODE_STATE = {"slurm": slurm_node_state, "pbs": pbs_node_state}
+
+
 async def journal_lost_nodes(plan: Any, emit: Emit) -> None:
-    """``node-lost`` for each node of the previous attempt that is gone (Slurm jobs only)."""
-    if plan.job.scheduler != "slurm" or not any(p.kind == "checkpoint" and p.nodes > 1 for p in plan.cfg.sync):
+    """``node-lost`` for each node of the previous attempt that is gone (Slurm and PBS jobs)."""
+    state = NODE_STATE.get(plan.job.scheduler)
+    if state is None or not any(p.kind == "checkpoint" and p.nodes > 1 for p in plan.cfg.sync):
         return
     dsts = [p.dst for p in plan.cfg.sync if p.kind == "checkpoint" and p.nodes > 1]
-    for lost in await anyio.to_thread.run_sync(lost_nodes, plan.previous_events, plan.job.nodes, dsts, slurm_node_state):
-        emit("node-lost", **lost)
-        log.warning("node %s of attempt %s is gone (Slurm: %s%s)%s", lost["node"], lost["in_attempt"], lost["state"],
+    for lost in await anyio.to_thread.run_sync(lost_nodes, plan.previous_events, plan.job.nodes, dsts, state):
+        emit("node-lost", scheduler=plan.job.scheduler, **lost)
+        log.warning("node %s of attempt %s is gone (%s: %s%s)%s", lost["node"], lost["in_attempt"],
+                    "Slurm" if plan.job.scheduler == "slurm" else "PBS", lost["state"],
                     f", {lost['reason']}" if lost["reason"] else "",
                     f": {', '.join(lost['lost'])} only partly saved, never published" if lost["lost"] else "")
 

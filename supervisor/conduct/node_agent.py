@@ -31,7 +31,7 @@ from typing import Any, Mapping
 import anyio
 
 from supervisor import childenv
-from supervisor.conduct.fleet import CHOICE_VAR, READY_TIMEOUT_S, read_choice
+from supervisor.conduct.fleet import CHOICE_VAR, READY_TIMEOUT_S, SAY_VAR, read_choice
 from supervisor.config import Config, agent_view, pair_view
 from supervisor.errors import ConfigError
 from supervisor.job import detect_job
@@ -108,11 +108,21 @@ async def _follow_training(training: JobProcesses, mirror: Mirror, emit: Emit, r
 
 
 def _say(what: str, rank: int, more: str = "") -> None:
-    """One line on stdout for the leader that started the agents (``fleet.READY_LINE``)."""
+    """One line for the leader that started the agents (``fleet.READY_LINE``): on stdout (srun
+    brings it back), and appended to ``$SUPERVISE_NODE_SAY/node-K`` when the leader named that
+    directory (a PBS TM task's stdout goes to the job's output file, not to the leader)."""
+    line = f"supervise-node-agent {what} {rank} {socket.gethostname()} {more}".rstrip()
     try:
-        print(f"supervise-node-agent {what} {rank} {socket.gethostname()} {more}".rstrip(), flush=True)
+        print(line, flush=True)
     except (OSError, ValueError):
         pass  # nobody reads it (an agent started by the job script with its stdout closed)
+    where = os.environ.get(SAY_VAR)
+    if where:
+        try:
+            with open(Path(where) / f"node-{rank}", "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+        except OSError as e:
+            log.warning("could not tell the leader %r (%s): %s", what, where, e)
 
 
 async def _restore(mirror: Any, env: Mapping[str, str], rank: int) -> None:
