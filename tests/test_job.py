@@ -303,5 +303,6 @@ def test_kill_wait_from_scontrol_show_config(fake_bin: Path) -> None:
     assert anyio.run(kill_wait, Job(scheduler="slurm", job_id="4")) == 5.0
     _fake_tool(fake_bin, "scontrol", "exit 1\n")
     assert anyio.run(kill_wait, Job(scheduler="slurm", job_id="4"), lambda _: None) == 30.0, "Slurm's default"
-    assert anyio.run(kill_wait, Job(scheduler="pbs", job_id="4.s")) == 10.0, "PBS Pro's kill_delay default"
+    assert anyio.run(kill_wait, Job(scheduler="pbs", job_id="4.s"), lambda _: None) == 7.8, \
+        "PBS's kill_delay default (10) less MoM's early KILL"
     assert anyio.run(kill_wait, Job(scheduler="local")) is None
