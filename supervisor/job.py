@@ -427,7 +427,7 @@ def time_limit_end(end: float | None, start: float | None, limit: float | None) 
     return end
 
 
-DEFAULT_KILL_WAIT = {"slurm": 30.0, "pbs": 10.0}  # KillWait (slurm.conf), kill_delay (PBS Pro)
+DEFAULT_KILL_WAIT = {"slurm": 30.0, "pbs": 7.8}  # KillWait (slurm.conf); PBS: pbs_kill_wait(kill_delay 10)
 JOB_WIDE = 2.0  # a SIGCONT this close to a TERM means the scheduler signalled every process
 
 
@@ -853,7 +853,7 @@ def pbs_restart_count_now(job: Job, timeout: float = QUERY_TIMEOUT) -> int | Non
         return None
     try:
         proc = subprocess.run(["qstat", "-f", job.job_id], capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL, start_new_session=True)
     except (OSError, subprocess.TimeoutExpired) as exc:
         log.warning("qstat -f %s: %s", job.job_id, exc)
         return None
@@ -877,7 +877,9 @@ async def _run(argv: list[str], timeout: float, report: Report) -> tuple[int | N
     stdout) when it failed, or (None, why) when it did not run or answer in time."""
     try:
         with anyio.fail_after(timeout):
-            result = await anyio.run_process(argv, check=False, stdin=subprocess.DEVNULL)
+            # Its own session: PBS's TERM goes to every process of the job's session (a qstat in
+            # flight at a qdel died of it, measured), and the answer is wanted after that TERM.
+            result = await anyio.run_process(argv, check=False, stdin=subprocess.DEVNULL, start_new_session=True)
     except TimeoutError:
         report(f"{argv[0]} did not answer within {timeout:g}s")
         return None, f"timed out after {timeout:g}s"
