@@ -502,7 +502,7 @@ async def kill_wait(job: Job, report: Report | None = None) -> float | None:
         if queue:
             rc, out = await _run(["qstat", "-Qf", queue], QUERY_TIMEOUT, report)
             delay = parse_kill_delay(out) if rc == 0 else None
-        return pbs_kill_wait(delay if delay is not None else default or 10.0)
+        return pbs_kill_wait(delay if delay is not None else PBS_KILL_DELAY)
     if job.scheduler != "slurm":
         return default
     rc, out = await _run(["scontrol", "show", "config"], QUERY_TIMEOUT, report)
@@ -762,6 +762,7 @@ PBS_RERUN_SUBSTATES = frozenset({60, 61, 62, 63})
 # 1/2 s), 11-17 s for 10 with the default polls. The wait counted on is the smaller of
 # kill_delay less this and a quarter of kill_delay.
 PBS_KILL_EARLY = 2.2
+PBS_KILL_DELAY = 10.0  # a queue's kill_delay when unset (OpenPBS req_runjob.c); DEFAULT_KILL_WAIT["pbs"] is its wait
 
 
 async def pbs_attrs(job: Job, report: Report) -> dict[str, str] | None:
