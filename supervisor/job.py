@@ -758,8 +758,8 @@ START_RETRIES, START_RETRY = 10, 1.0  # a rerun's first moment has no stime: ask
 # (``qrerun``; measured: substate 60 from the qrerun until the run ends, job_state still R).
 PBS_RERUN_SUBSTATES = frozenset({60, 61, 62, 63})
 # MoM's SIGKILL after its TERM comes kill_delay later by MoM's loop clock, which can be stale:
-# measured gaps 0.9-3.0 s for kill_delay 3 and 1.98-5.01 s for 5 (OpenPBS 23.06, MoM polls
-# 1/2 s), 11-17 s for 10 with the default polls. The wait counted on is the smaller of
+# measured gaps 0.9-3.0 s for kill_delay 3 and 5.0 s for 5 (OpenPBS 23.06, MoM polls 1/2 s),
+# 11-17 s for 10 with the default polls. The wait counted on is the smaller of
 # kill_delay less this and a quarter of kill_delay.
 PBS_KILL_EARLY = 2.2
 PBS_KILL_DELAY = 10.0  # a queue's kill_delay when unset (OpenPBS req_runjob.c); DEFAULT_KILL_WAIT["pbs"] is its wait

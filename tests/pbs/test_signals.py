@@ -29,7 +29,7 @@ from tests.pbs.conftest import REPO, PbsCluster
 
 PY = sys.executable
 TRAINER = REPO / "tests" / "helpers" / "trainer.py"
-KILL_DELAY = 5  # the queue's kill_delay in these tests: MoM's KILL comes 2.0-5.0 s after its TERM (measured)
+KILL_DELAY = 5  # the queue's kill_delay in these tests (MoM's KILL came 5.0 s after its TERM, measured)
 OUTPUT_LINE = re.compile(r"^(resumed|checkpoint|stopped|done|crash) (\d+)$")
 
 
