@@ -56,6 +56,7 @@ class Job:
     array_task_id: str | None = None
     nodefile: str | None = None         # PBS_NODEFILE
     env_end_time: float | None = None   # SLURM_JOB_END_TIME (Slurm >= 23.02), a launch snapshot
+    queue: str | None = None            # PBS_QUEUE (the queue's kill_delay is the TERM→KILL wait)
 
     @property
     def num_nodes(self) -> int:
@@ -290,20 +291,26 @@ class Pbs:
             array_job_id=env.get("PBS_ARRAY_ID") if array_index else None,
             array_task_id=array_index,
             nodefile=nodefile,
+            queue=env.get("PBS_QUEUE"),
         )
 
     async def end_time(self, job: Job, report: Report) -> float | None:
         if not job.job_id:
             return None
-        rc, out = await _run(["qstat", "-f", job.job_id], QUERY_TIMEOUT, report)
-        if rc != 0:
-            return None
-        jobs = parse_qstat_f(out)
-        attrs = jobs.get(job.job_id) or (next(iter(jobs.values())) if len(jobs) == 1 else None)
-        if attrs is None:
-            report(f"qstat -f {job.job_id} did not list the job")
-            return None
-        return pbs_end_time(attrs, now=time.time())
+        # A rerun's first moment can lack ``stime`` (measured, OpenPBS 23.06) and
+        # ``resources_used.walltime`` comes only with MoM's first sample: ask again shortly
+        # rather than wait END_REFRESH with no end (the walltime would then arrive unwarned).
+        for attempt in range(START_RETRIES + 1):
+            attrs = await pbs_attrs(job, report)
+            if attrs is None:
+                return None
+            end = pbs_end_time(attrs, now=time.time())
+            if end is not None or not attrs.get("Resource_List.walltime"):
+                return end
+            if attempt < START_RETRIES:
+                await anyio.sleep(START_RETRY)
+        report(f"qstat -f {job.job_id} shows a walltime but no start time yet")
+        return None
 
     def requeue_command(self, job: Job) -> list[str] | None:
         return ["qrerun", job.job_id] if job.job_id else None
@@ -420,7 +427,7 @@ def time_limit_end(end: float | None, start: float | None, limit: float | None) 
     return end
 
 
-DEFAULT_KILL_WAIT = {"slurm": 30.0, "pbs": 10.0}  # KillWait (slurm.conf), kill_delay (PBS Pro)
+DEFAULT_KILL_WAIT = {"slurm": 30.0, "pbs": 7.8}  # KillWait (slurm.conf); PBS: pbs_kill_wait(kill_delay 10)
 JOB_WIDE = 2.0  # a SIGCONT this close to a TERM means the scheduler signalled every process
 
 
@@ -432,6 +439,15 @@ def signalled_all(scheduler: str, sig: int | None, received: float | None, last_
     if scheduler != "slurm" or sig != signal.SIGTERM or received is None or last_cont is None:
         return False
     return abs(last_cont - received) <= JOB_WIDE
+
+
+def kill_follows(scheduler: str, sig: int | None) -> bool:
+    """Does MoM's SIGKILL follow this signal kill_delay later, with no SIGCONT to tell (PBS)?
+    A qdel, the walltime and a qrerun all send SIGTERM to the job's session on the first node
+    (supervise, when it is the session leader or the job script's exec'd child) and SIGKILL
+    kill_delay later; the training, in its own session, gets neither. A TERM from elsewhere
+    cannot be told apart: taken for one, the stop is only hurried."""
+    return scheduler == "pbs" and sig == signal.SIGTERM
 
 
 _STATE_REASONS = {"CANCELLED": "cancelled", "TIMEOUT": "deadline", "DEADLINE": "deadline", "PREEMPTED": "preempted"}
@@ -474,11 +490,22 @@ def reason_after_signal_death(view: JobView | None, restart_count: int) -> tuple
 
 async def kill_wait(job: Job, report: Report | None = None) -> float | None:
     """Seconds from the scheduler's SIGTERM to the whole job to its SIGKILL; None without a
-    scheduler. Slurm: ``KillWait`` from ``scontrol show config``; else the documented default."""
+    scheduler. Slurm: ``KillWait`` from ``scontrol show config``; PBS: the job's queue's
+    ``kill_delay`` (``qstat -Qf QUEUE``; a queue attribute only, default 10) less MoM's early
+    KILL (``pbs_kill_wait``); else the documented default."""
     default = DEFAULT_KILL_WAIT.get(job.scheduler)
+    report = report or log.warning
+    if job.scheduler == "pbs":
+        view = await pbs_view(job, report)
+        queue = (view.queue if view else None) or job.queue
+        delay = None
+        if queue:
+            rc, out = await _run(["qstat", "-Qf", queue], QUERY_TIMEOUT, report)
+            delay = parse_kill_delay(out) if rc == 0 else None
+        return pbs_kill_wait(delay if delay is not None else PBS_KILL_DELAY)
     if job.scheduler != "slurm":
         return default
-    rc, out = await _run(["scontrol", "show", "config"], QUERY_TIMEOUT, report or log.warning)
+    rc, out = await _run(["scontrol", "show", "config"], QUERY_TIMEOUT, report)
     m = re.search(r"^KillWait\s*=\s*(\d+)", out, re.M) if rc == 0 else None
     return float(m.group(1)) if m else default
 
@@ -507,11 +534,63 @@ async def requeue(job: Job, timeout: float = REQUEUE_TIMEOUT, report: Report | N
     argv = requeue_command(job)
     if argv is None:
         return False, f"no requeue on a {job.scheduler} job"
-    rc, out = await _run(argv, timeout, report or log.warning)
+    report = report or log.warning
+    if job.scheduler == "pbs":
+        rc, out = await _pbs_rerun(job, argv, timeout, report)
+        if rc == RERUN_ACCEPTED:
+            return True, f"{' '.join(argv)}: accepted (the server is rerunning the job: substate {out})"
+    else:
+        rc, out = await _run(argv, timeout, report)
     text = " ".join(out.split())[:500]
     if rc == 0:
         return True, f"{' '.join(argv)}: ok" + (f" ({text})" if text else "")
     return False, f"{' '.join(argv)}: " + (f"exit {rc}" if rc is not None else "did not run") + (f": {text}" if text else "")
+
+
+def requeue_hint(job: Job, message: str) -> str | None:
+    """What the site must change when the scheduler refused our requeue (measured messages)."""
+    if job.scheduler == "pbs":
+        if "Unauthorized Request" in message:
+            return ("PBS lets only managers and operators qrerun a job: the site must list the job's user in the "
+                    "server's operators (qmgr -c 'set server operators += USER@*'), or requeue it by hand")
+        if "not rerunnable" in message:
+            return "the job was submitted with qsub -r n: submit it rerunnable (-r y, the default)"
+    if job.scheduler == "slurm" and "presently disabled" in message:
+        return "the site disabled requeueing (JobRequeue=0) or the job was submitted with --no-requeue"
+    return None
+
+
+RERUN_ACCEPTED = -1  # _pbs_rerun's status when the server took the rerun before qrerun returned
+RERUN_POLL = 0.25    # seconds between looks at the job's substate while qrerun runs
+
+
+async def _pbs_rerun(job: Job, argv: list[str], timeout: float, report: Report) -> tuple[int | None, str]:
+    """``qrerun`` of our own job. It answers only when the run has ended (measured: 6.2 s with
+    kill_delay 5: the TERM, then MoM's KILL), so waiting for it would have us killed inside it.
+    It is done when the server shows the job rerunning (substate 60, at once) or qrerun exits
+    first (a refusal: ``Unauthorized Request``, rc 159, for a user who is not an operator;
+    ``job is not rerunnable``, rc 190, with ``-r n``). Then the run may end: the server
+    requeues the job when it does (cancelling the qrerun client does not undo that)."""
+    result: tuple[int | None, str] = (None, f"timed out after {timeout:g}s")
+    with anyio.move_on_after(timeout):
+        async with anyio.create_task_group() as tg:
+            async def rerun() -> None:
+                nonlocal result
+                result = await _run(argv, timeout, report)
+                tg.cancel_scope.cancel()
+
+            async def watch() -> None:
+                nonlocal result
+                while True:
+                    await anyio.sleep(RERUN_POLL)
+                    view = await pbs_view(job, lambda _: None)
+                    if view is not None and view.rerunning:
+                        result = (RERUN_ACCEPTED, str(view.substate))
+                        tg.cancel_scope.cancel()
+
+            tg.start_soon(rerun)
+            tg.start_soon(watch)
+    return result
 
 
 EXCLUDE_RETRY = 0.25  # seconds between tries while the requeued job is still leaving RUNNING
@@ -672,6 +751,126 @@ def pbs_gpus_per_node(attrs: Mapping[str, str]) -> int | None:
     return None
 
 
+# ---------------------------------------------------------------------------- PBS: the job's own view
+
+START_RETRIES, START_RETRY = 10, 1.0  # a rerun's first moment has no stime: ask again, 10 s at most
+# JOB_SUBSTATE_RERUN..RERUN3 (OpenPBS src/include/job.h): the server is rerunning the job
+# (``qrerun``; measured: substate 60 from the qrerun until the run ends, job_state still R).
+PBS_RERUN_SUBSTATES = frozenset({60, 61, 62, 63})
+# MoM's SIGKILL after its TERM comes kill_delay later by MoM's loop clock, which can be stale:
+# measured gaps 0.9-3.0 s for kill_delay 3 and 5.0 s for 5 (OpenPBS 23.06, MoM polls 1/2 s),
+# 11-17 s for 10 with the default polls. The wait counted on is the smaller of
+# kill_delay less this and a quarter of kill_delay.
+PBS_KILL_EARLY = 2.2
+PBS_KILL_DELAY = 10.0  # a queue's kill_delay when unset (OpenPBS req_runjob.c); DEFAULT_KILL_WAIT["pbs"] is its wait
+
+
+async def pbs_attrs(job: Job, report: Report) -> dict[str, str] | None:
+    """``qstat -f JOBID`` of this job as attributes; None when qstat fails or lists no such job."""
+    if not job.job_id:
+        return None
+    rc, out = await _run(["qstat", "-f", job.job_id], QUERY_TIMEOUT, report)
+    if rc != 0:
+        return None
+    return pbs_job_attrs(out, job.job_id, report)
+
+
+def pbs_job_attrs(text: str, job_id: str, report: Report | None = None) -> dict[str, str] | None:
+    """The attributes of ``job_id`` in ``qstat -f`` output (the only job listed will do)."""
+    jobs = parse_qstat_f(text)
+    attrs = jobs.get(job_id) or (next(iter(jobs.values())) if len(jobs) == 1 else None)
+    if attrs is None and report is not None:
+        report(f"qstat -f {job_id} did not list the job")
+    return attrs
+
+
+@dataclass(frozen=True)
+class PbsView:
+    """What ``qstat -f`` says of the job while it is being stopped (measured, OpenPBS 23.06).
+
+    During a ``qdel``'s kill_delay the job stays ``job_state = R`` (substate 42) with no
+    ``Exit_status``; only the ``comment`` changes, at once, to ``... and terminated by
+    USER@HOST``. During a ``qrerun`` it is ``R`` with substate 60 (RERUN); ``run_count`` rises
+    only when the next run starts. At the walltime's TERM nothing changes (the comment says
+    ``exceeded resource walltime`` only once the job has finished)."""
+
+    state: str | None           # job_state: R, E, Q, F, ...
+    substate: int | None
+    run_count: int | None       # runs so far, this one included (1 on the first)
+    terminated_by: str | None   # USER@HOST of a qdel, from the comment
+    queue: str | None
+
+    @property
+    def rerunning(self) -> bool:
+        return self.substate in PBS_RERUN_SUBSTATES
+
+
+def parse_pbs_view(attrs: Mapping[str, str] | None) -> PbsView | None:
+    """``qstat -f`` attributes (``pbs_job_attrs``) → PbsView; None without a job_state."""
+    if not attrs or not attrs.get("job_state"):
+        return None
+    # parse_qstat_f glues continuation lines without a separator: "terminated by" + "alice@head"
+    m = re.search(r"\bterminated by\s*(\S+)", attrs.get("comment", ""))
+    return PbsView(state=attrs["job_state"].strip(), substate=_int(attrs.get("substate")),
+                   run_count=_int(attrs.get("run_count")), terminated_by=m.group(1) if m else None,
+                   queue=attrs.get("queue") or None)
+
+
+def pbs_reason(view: PbsView | None, was: str) -> tuple[str, bool]:
+    """(reason, requeued by the scheduler) from ``qstat -f`` after a SIGTERM under PBS: a
+    ``qdel`` is ``cancelled``; a ``qrerun`` (an operator's) requeues the job, whatever we took
+    the TERM for (kept, as under Slurm: a deadline stays one, else a preemption); anything else
+    (the walltime: nothing changes) stays what the signal's timing said."""
+    if view is None:
+        return was, False
+    if view.rerunning:
+        return ("deadline" if was == "deadline" else "preempted"), True
+    if view.terminated_by is not None:
+        return "cancelled", False
+    return was, False
+
+
+def pbs_restart_count(attrs: Mapping[str, str] | None) -> int | None:
+    """Reruns before this run: ``run_count`` − 1 (qstat -f only; PBS sets no variable)."""
+    count = _int((attrs or {}).get("run_count"))
+    return max(0, count - 1) if count is not None else None
+
+
+def parse_kill_delay(text: str) -> float | None:
+    """``kill_delay`` of ``qstat -Qf QUEUE`` output (seconds); None when the queue has none set."""
+    m = re.search(r"^\s*kill_delay\s*=\s*(\d+)\s*$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def pbs_kill_wait(kill_delay: float) -> float:
+    """The TERM→KILL wait to count on for a queue's ``kill_delay`` (PBS_KILL_EARLY)."""
+    return round(max(0.25 * kill_delay, kill_delay - PBS_KILL_EARLY), 3)
+
+
+def pbs_restart_count_now(job: Job, timeout: float = QUERY_TIMEOUT) -> int | None:
+    """This PBS job's reruns so far, from ``qstat -f`` (blocking: for the plan, before the
+    event loop). None when not PBS or qstat does not answer."""
+    if job.scheduler != "pbs" or not job.job_id:
+        return None
+    try:
+        proc = subprocess.run(["qstat", "-f", job.job_id], capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL, start_new_session=True)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("qstat -f %s: %s", job.job_id, exc)
+        return None
+    if proc.returncode != 0:
+        log.warning("qstat -f %s exited %d: %s", job.job_id, proc.returncode, " ".join(proc.stderr.split())[:200])
+        return None
+    return pbs_restart_count(pbs_job_attrs(proc.stdout, job.job_id, log.warning))
+
+
+async def pbs_view(job: Job, report: Report | None = None) -> PbsView | None:
+    """What ``qstat -f`` says of this PBS job now; None when not PBS or no answer. Never raises."""
+    if job.scheduler != "pbs" or not job.job_id:
+        return None
+    return parse_pbs_view(await pbs_attrs(job, report or log.warning))
+
+
 # ---------------------------------------------------------------------------- subprocess
 
 async def _run(argv: list[str], timeout: float, report: Report) -> tuple[int | None, str]:
@@ -679,7 +878,9 @@ async def _run(argv: list[str], timeout: float, report: Report) -> tuple[int | N
     stdout) when it failed, or (None, why) when it did not run or answer in time."""
     try:
         with anyio.fail_after(timeout):
-            result = await anyio.run_process(argv, check=False, stdin=subprocess.DEVNULL)
+            # Its own session: PBS's TERM goes to every process of the job's session (a qstat in
+            # flight at a qdel died of it, measured), and the answer is wanted after that TERM.
+            result = await anyio.run_process(argv, check=False, stdin=subprocess.DEVNULL, start_new_session=True)
     except TimeoutError:
         report(f"{argv[0]} did not answer within {timeout:g}s")
         return None, f"timed out after {timeout:g}s"

@@ -20,7 +20,7 @@ from supervisor import __version__, childenv, deadline, launchers
 from supervisor._units import format_duration
 from supervisor.config import Config, public_view
 from supervisor.errors import ConfigError
-from supervisor.job import Job, detect_job
+from supervisor.job import Job, detect_job, pbs_restart_count_now
 from supervisor.journal import next_attempt, read_journal, redact_argv, redact_env
 from supervisor.conduct.ports import MirrorPort
 
@@ -53,13 +53,17 @@ def make_plan(cfg: Config, env: Mapping[str, str] | None = None) -> Plan:
     """Build and validate the run; ConfigError for anything that would stop it."""
     env = dict(os.environ if env is None else env)
     job = detect_job(env)
+    if job.scheduler == "pbs":  # PBS counts reruns only in qstat -f (run_count), not the environment
+        runs = pbs_restart_count_now(job)
+        if runs is not None:
+            job = replace(job, restart_count=runs)
     cfg = replace(cfg, sync=tuple(p.for_job(job.num_nodes) for p in cfg.sync))  # nodes = "auto": this job's
     assert cfg.run_dir is not None
     profile = launchers.detect(cfg.command, cfg.launcher)
     try:  # a path too long, a file on the way, no permission: exit 2 naming it, nothing started
         exists = cfg.run_dir.exists()
         previous = read_journal(cfg.run_dir).events if exists else []
-        attempt = next_attempt(cfg.run_dir, env) if exists else 1
+        attempt = next_attempt(cfg.run_dir, env, job.restart_count) if exists else 1
     except OSError as e:
         raise ConfigError("run_dir", str(cfg.run_dir), f"cannot be read: {e.strerror or e}") from None
     basis = deadline.learn(previous) if cfg.warn_before is None else None

@@ -303,5 +303,142 @@ def test_kill_wait_from_scontrol_show_config(fake_bin: Path) -> None:
     assert anyio.run(kill_wait, Job(scheduler="slurm", job_id="4")) == 5.0
     _fake_tool(fake_bin, "scontrol", "exit 1\n")
     assert anyio.run(kill_wait, Job(scheduler="slurm", job_id="4"), lambda _: None) == 30.0, "Slurm's default"
-    assert anyio.run(kill_wait, Job(scheduler="pbs", job_id="4.s")) == 10.0, "PBS Pro's kill_delay default"
+    assert anyio.run(kill_wait, Job(scheduler="pbs", job_id="4.s"), lambda _: None) == 7.8, \
+        "PBS's kill_delay default (10) less MoM's early KILL"
     assert anyio.run(kill_wait, Job(scheduler="local")) is None
+
+
+# ---------------------------------------------------------------------------- PBS, as the real OpenPBS 23.06 printed it
+
+REAL = PBS / "real"  # qstat -f of one executable job (0.head): running, during qdel, during qrerun; qstat -Qf workq
+
+
+def _view(name: str):
+    from supervisor.job import parse_pbs_view, pbs_job_attrs
+
+    return parse_pbs_view(pbs_job_attrs((REAL / name).read_text(), "2.head"))
+
+
+def test_pbs_view_of_a_qdel_a_qrerun_and_a_running_job() -> None:
+    """Measured: during qdel's kill_delay the job stays R (substate 41/42) and only its comment
+    gains "terminated by alice@head" (broken over two lines by qstat); during qrerun it is R
+    with substate 60 and the old run_count."""
+    running, qdel, qrerun = _view("running.txt"), _view("qdel.txt"), _view("qrerun.txt")
+    assert running is not None and qdel is not None and qrerun is not None
+    assert (running.state, running.terminated_by, running.rerunning, running.run_count) == ("R", None, False, 1)
+    assert (qdel.state, qdel.terminated_by, qdel.rerunning, qdel.run_count) == ("R", "alice@head", False, 1)
+    assert (qrerun.state, qrerun.substate, qrerun.terminated_by, qrerun.rerunning, qrerun.run_count) == \
+        ("R", 60, None, True, 1)
+    assert running.queue == "workq"
+
+
+@pytest.mark.parametrize("name, was, expected", [
+    ("qdel.txt", "preempted", ("cancelled", False)),      # a TERM far from the end: a qdel
+    ("qdel.txt", "deadline", ("cancelled", False)),       # a qdel near the end is still one
+    ("qrerun.txt", "preempted", ("preempted", True)),     # an operator's qrerun: requeued by the scheduler
+    ("qrerun.txt", "deadline", ("deadline", True)),
+    ("running.txt", "deadline", ("deadline", False)),     # the walltime's TERM changes nothing in qstat -f
+    ("running.txt", "preempted", ("preempted", False)),
+])
+def test_pbs_reason_after_a_term(name: str, was: str, expected: tuple[str, bool]) -> None:
+    from supervisor.job import pbs_reason
+
+    assert pbs_reason(_view(name), was) == expected
+
+
+def test_pbs_reason_without_an_answer_keeps_the_signals_reading() -> None:
+    from supervisor.job import parse_pbs_view, pbs_reason
+
+    assert parse_pbs_view(None) is None and parse_pbs_view({"comment": "x"}) is None
+    assert pbs_reason(None, "preempted") == ("preempted", False)
+
+
+@pytest.mark.parametrize("attrs, expected", [
+    ({"run_count": "1"}, 0), ({"run_count": "2"}, 1), ({"run_count": "112"}, 111), ({"run_count": "0"}, 0),
+    ({}, None), (None, None), ({"run_count": "x"}, None),
+])
+def test_pbs_restart_count_is_run_count_less_one(attrs: dict | None, expected: int | None) -> None:
+    from supervisor.job import pbs_restart_count
+
+    assert pbs_restart_count(attrs) == expected
+
+
+def test_kill_delay_from_qstat_qf() -> None:
+    from supervisor.job import parse_kill_delay, pbs_kill_wait
+
+    assert parse_kill_delay((REAL / "queue.txt").read_text()) == 5.0
+    assert parse_kill_delay("Queue: workq\n    queue_type = Execution\n") is None  # unset: PBS's default 10
+    # MoM's KILL came 0.9-3.0 s after its TERM for kill_delay 3, 5.0 s for 5 (measured)
+    assert [pbs_kill_wait(d) for d in (3, 5, 10, 60)] == [0.8, 2.8, 7.8, 57.8]
+    assert pbs_kill_wait(2) == 0.5, "a quarter of a tiny kill_delay at least"
+
+
+def test_kill_wait_from_the_jobs_queue(fake_bin: Path) -> None:
+    _fake_tool(fake_bin, "qstat", f'case "$1" in -f) cat {REAL / "running.txt"};; -Qf) [ "$2" = workq ] && '
+                                  f'cat {REAL / "queue.txt"};; *) exit 2;; esac\n')
+    assert anyio.run(kill_wait, Job(scheduler="pbs", job_id="0.head")) == 2.8
+
+
+def test_kill_follows_a_term_only_under_pbs() -> None:
+    import signal
+
+    from supervisor.job import kill_follows
+
+    assert kill_follows("pbs", signal.SIGTERM) and not kill_follows("pbs", signal.SIGUSR2)
+    assert not kill_follows("slurm", signal.SIGTERM) and not kill_follows("local", signal.SIGTERM)
+
+
+@pytest.mark.parametrize("scheduler, message, needle", [
+    ("pbs", "qrerun 0.head: exit 159: qrerun: Unauthorized Request  0.head", "operators"),
+    ("pbs", "qrerun 0.head: exit 190: qrerun: job is not rerunnable 0.head", "-r y"),
+    ("slurm", "scontrol requeue 4: exit 1: Requested operation is presently disabled for job 4", "JobRequeue=0"),
+    ("pbs", "qrerun 0.head: timed out after 5s", None),
+])
+def test_requeue_hint_names_what_the_site_must_change(scheduler: str, message: str, needle: str | None) -> None:
+    from supervisor.job import requeue_hint
+
+    hint = requeue_hint(Job(scheduler=scheduler, job_id="0.head"), message)
+    assert (hint is None) if needle is None else (hint is not None and needle in hint)
+
+
+def test_qrerun_is_done_when_the_server_reruns_not_when_it_answers(fake_bin: Path, tmp_path: Path) -> None:
+    """The real qrerun answers only once the run has ended (6.2 s with kill_delay 5): supervise
+    would be killed inside it. It is done as soon as qstat shows the job rerunning."""
+    _fake_tool(fake_bin, "qrerun", "exec sleep 30\n")
+    _fake_tool(fake_bin, "qstat", f"cat {REAL / 'qrerun.txt'}\n")
+    t0 = time.monotonic()
+    ran, message = anyio.run(requeue, Job(scheduler="pbs", job_id="2.head"))
+    assert time.monotonic() - t0 < 5
+    assert ran and "accepted" in message and "substate 60" in message, message
+
+
+def test_qrerun_refused_is_reported(fake_bin: Path) -> None:
+    _fake_tool(fake_bin, "qrerun", 'echo "qrerun: Unauthorized Request  2.head" >&2; exit 159\n')
+    _fake_tool(fake_bin, "qstat", f"cat {REAL / 'running.txt'}\n")
+    ran, message = anyio.run(lambda: requeue(Job(scheduler="pbs", job_id="2.head"), report=lambda _: None))
+    assert not ran and "exit 159" in message and "Unauthorized Request" in message, message
+
+
+def test_pbs_end_time_waits_for_a_reruns_start(fake_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rerun's first moment can lack stime: the end is asked again, not given up for 5 min."""
+    import supervisor.job as jobs
+
+    monkeypatch.setattr(jobs, "START_RETRY", 0.05)
+    first = tmp_path / "first"
+    text = (REAL / "running.txt").read_text()
+    (tmp_path / "nostime.txt").write_text("".join(ln + "\n" for ln in text.splitlines() if "stime" not in ln))
+    _fake_tool(fake_bin, "qstat", f'if [ -e {first} ]; then cat {REAL / "running.txt"}; '
+                                  f'else touch {first}; cat {tmp_path / "nostime.txt"}; fi\n')
+    got = anyio.run(end_time, Job(scheduler="pbs", job_id="2.head"))
+    assert got == datetime(2026, 11, 26, 21, 28, 50).timestamp() + 300
+
+
+def test_attempt_numbers_follow_pbs_run_count(tmp_path: Path) -> None:
+    """PBS's rerun count (run_count − 1) numbers the attempt, as SLURM_RESTART_COUNT does; the
+    journal's own count still wins when it is ahead (a run directory reused by a new job)."""
+    from supervisor.journal import Journal, next_attempt
+
+    assert next_attempt(tmp_path, {}, 1) == 2
+    assert next_attempt(tmp_path, {}, 0) == 1 and next_attempt(tmp_path, {}, None) == 1
+    Journal(tmp_path, 3).emit("start")
+    assert next_attempt(tmp_path, {}, 1) == 4

@@ -108,8 +108,10 @@ class RunState:
 
     def kill(self) -> float | None:
         """Unix seconds of the hard kill, when known."""
+        t = self.trigger
+        followed = self.signalled_all() or jobs.kill_follows(self.plan.job.scheduler, t.signal if t else None)
         return policy.hard_kill(end=self.end, kill=policy.killed_at(
-            self.trigger, scheduler_signalled_all=self.signalled_all(), kill_wait=self.kill_wait,
+            self.trigger, scheduler_signalled_all=followed, kill_wait=self.kill_wait,
             now=time.time(), mono=time.monotonic()))
 
     def time_left(self) -> float:

@@ -226,6 +226,9 @@ class StopSequence:
         the time limit apart (they all send the same TERM). So it does when the training died
         of a stop signal before supervise's own TERM arrived (jobs.reason_after_signal_death)."""
         run, trigger = self.run, self.result.trigger
+        if run.plan.job.scheduler == "pbs":
+            await self.refine_pbs_reason()
+            return
         if run.plan.job.scheduler != "slurm":
             return
         termed = trigger.signal is not None and trigger.signal.name == "SIGTERM"
@@ -246,6 +249,25 @@ class StopSequence:
         if reason != trigger.reason.value:
             self.result.trigger = Trigger(Reason(reason), f"{trigger.detail}; scheduler state {state}", trigger.signal,
                                           trigger.at)
+
+    async def refine_pbs_reason(self) -> None:
+        """After a SIGTERM under PBS, ``qstat -f`` tells a ``qdel`` (the comment gains
+        ``terminated by USER@HOST`` at once) and a ``qrerun`` (substate 60) from the walltime
+        (nothing changes) and any other TERM (jobs.pbs_reason, measured on OpenPBS 23.06)."""
+        run, trigger = self.run, self.result.trigger
+        if trigger.signal is None or trigger.signal.name != "SIGTERM":
+            return
+        view = await jobs.pbs_view(run.plan.job, report=log.warning)
+        reason, requeued = jobs.pbs_reason(view, trigger.reason.value)
+        self.result.requeued_by_scheduler = requeued
+        state = None if view is None else f"{view.state}/{view.substate}"
+        run.journal.emit("reason", state=state, reason=reason, was=trigger.reason.value, requeued_by_scheduler=requeued,
+                         restarts=None if view is None or view.run_count is None else view.run_count - 1,
+                         terminated_by=view.terminated_by if view else None)
+        if reason != trigger.reason.value:
+            self.result.trigger = Trigger(Reason(reason), f"{trigger.detail}; qstat: {state}"
+                                          + (f", terminated by {view.terminated_by}" if view and view.terminated_by else ""),
+                                          trigger.signal, trigger.at)
 
     async def tell_end(self) -> None:
         """The end's notice (finished, failed, preempted), delivered before a requeue's TERM."""
@@ -309,6 +331,12 @@ class StopSequence:
         ok, message = await jobs.requeue(job, timeout=min(60.0, max(5.0, run.time_left())), report=log.warning)
         log.info("requeue: %s", message)
         result: dict[str, Any] = {"requeued": ok, "message": message, "restart_count": job.restart_count}
+        if not ok:
+            hint = jobs.requeue_hint(job, message)
+            run.journal.emit("requeue-failed", message=message, hint=hint, restart_count=job.restart_count)
+            log.error("could not requeue: %s%s", message, f" ({hint})" if hint else "")
+            if hint:
+                result["hint"] = hint
         nodes = list(dict.fromkeys(([node] if suspect else []) + listed))
         if ok and nodes:  # after the requeue: Slurm changes ExcNodeList only on a pending job
             done, text = await jobs.exclude_nodes(job, nodes, timeout=EXCLUDE_BOUND, report=log.warning)

@@ -75,8 +75,11 @@ async def deadline_watch(run: RunState, *, started_wall: float, stopping: anyio.
 
 
 async def learn_kill_wait(run: RunState) -> None:
-    """KillWait, read once at start: after Slurm's TERM to the whole job it is all we have."""
-    run.kill_wait = await jobs.kill_wait(run.plan.job, report=log.warning) or run.kill_wait
+    """KillWait, read once at start: after Slurm's TERM to the whole job it is all we have
+    (PBS: the queue's kill_delay less MoM's early KILL). Journaled (``kill-wait``)."""
+    learned = await jobs.kill_wait(run.plan.job, report=log.warning)
+    run.kill_wait = learned or run.kill_wait
+    run.journal.emit("kill-wait", seconds=run.kill_wait, scheduler=run.plan.job.scheduler)
 
 
 async def progress_watch(run: RunState, *, started: float, request_stop: RequestStop) -> None:
