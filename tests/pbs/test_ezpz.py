@@ -34,10 +34,16 @@ TRAIN = REPO / "tests" / "pbs" / "ezpz_train.py"
 TMRSH = '#!/bin/sh\nh=$1; shift\nexec pbs_tmrsh "$h" /bin/sh -c "$*"\n'  # OpenMPI's rsh agent over PBS's TM
 
 
+NOT_INSTALLED = f"ezpz is not installed in {VENV} (scripts/install-ezpz.sh: its source is on GitHub only)"
+# Checked before the PBS cluster starts: no ezpz, no cluster for it.
+pytestmark = pytest.mark.skipif(not list(VENV.glob("lib/python3*/site-packages/ezpz-*.dist-info")),
+                                reason=NOT_INSTALLED)
+
+
 def ezpz_missing() -> str | None:
     python = VENV / "bin" / "python"
     if not python.exists():
-        return f"ezpz is not installed in {VENV} (scripts/install-ezpz.sh: its source is on GitHub only)"
+        return NOT_INSTALLED
     proc = subprocess.run([str(python), "-c", "import ezpz, torch, mpi4py"], capture_output=True, text=True)
     return None if proc.returncode == 0 else f"ezpz in {VENV} does not import: {proc.stderr.strip()[-300:]}"
 
@@ -57,6 +63,8 @@ def events(path: Path, kind: str) -> list[dict]:
 def test_ezpz_launch_under_supervise_runs_ranks_on_both_nodes_and_a_qdel_leaves_a_durable_checkpoint(
         pbs: PbsCluster, ezpz: Path) -> None:
     pbs.qmgr("set queue workq kill_delay = 25")  # the SIGKILL after qdel's TERM: past our 10 s grace
+    # --warn-before 5s: with the 1-minute walltime, the default lead (~30 s) would stop the run for
+    # the deadline before the qdel when the two torch ranks take that long to start.
     work = pbs.workdir("ezpz")
     (work / "tmrsh").write_text(TMRSH)
     (work / "tmrsh").chmod(0o755)
@@ -77,7 +85,7 @@ echo "EZPZ_PBS_LINE $({py} -c "import os, ezpz.pbs; print(ezpz.pbs.get_pbs_launc
 echo "EZPZ_PBS_RUN $(mpiexec --envall --line-buffer --np=2 --ppn=1 --hostfile=$PBS_NODEFILE true 2>&1 | head -n 1)"
 echo "EZPZ_LAUNCH_PBS $(ezpz launch -- true 2>&1 | tail -n 1)"
 export EZPZ_SCHEDULER=NONE RANK=0
-exec {pbs.supervise_line()} --run-dir {work}/run --grace 10s --gpu-every 0 --launcher mpiexec \\
+exec {pbs.supervise_line()} --run-dir {work}/run --grace 10s --gpu-every 0 --launcher mpiexec --warn-before 5s \\
     --checkpoints $TMPDIR/ckpt {work}/persistent/ckpt -- \\
     ezpz launch -np 2 --ppn 1 --nh 2 --hostfile $PBS_NODEFILE {mca} -- \\
     env -u RANK {py} {TRAIN} $TMPDIR/ckpt --step-time 0.05 --every 20
@@ -117,7 +125,8 @@ exec {pbs.supervise_line()} --run-dir {work}/run --grace 10s --gpu-every 0 --lau
     assert step["checkpoint"]["outcome"] == "published" and answer > first["checkpoint"], step["checkpoint"]
     assert step["stop-child"]["sent_to"] != [spawn["pid"]]  # mpirun below ezpz launch, not ezpz launch
     end = ev[-1]
-    assert end["reason"] == "preempted" and end["not_durable"] == []
+    # (a periodic save cut by the SIGKILL below may be listed as not durable; the answer is not)
+    assert end["reason"] == "preempted" and answer not in str(end["not_durable"]), end
     # the answer is durable on the shared storage, whole: the marker written last is there
     mirrored = work / "persistent" / "ckpt" / answer
     assert (mirrored / ".metadata").read_text().split()[:2] == [str(int(answer.split("_")[1])), "2"]
@@ -125,9 +134,11 @@ exec {pbs.supervise_line()} --run-dir {work}/run --grace 10s --gpu-every 0 --lau
     assert info["Exit_status"] == 271  # PBS's own for a deleted script job
 
     if not end["stopped_cleanly"]:
-        # Measured here: mpirun, TERMed, passes TERM to the ranks after its odls timeout (half
-        # the grace); they save and leave, but mpirun's teardown through pbs_tmrsh outlasts the
-        # grace and supervise SIGKILLs the tree (exit 137). TERM to the ranks instead (the
-        # horovodrun-mpi routes) ends it cleanly, exit 0: supervisor/launchers.py should give
+        # Measured here: mpirun, TERMed, passes TERM to the ranks only after its odls timeout
+        # (half the grace); they save and leave, then mpirun stays until its own SIGKILL timer
+        # at twice that (2 nodes, through pbs_tmrsh; on 1 node it exits 1 ~2.5 s after the
+        # ranks and ezpz launch's epilogue runs past the grace), so supervise SIGKILLs the tree
+        # (exit 137). TERM to the ranks instead (the horovodrun-mpi routes: `--launcher
+        # horovodrun` here) ended it in 7.2 s, exit 0: supervisor/launchers.py should give
         # `ezpz launch` (and OpenMPI ranks that called MPI_Init) that route.
         pytest.xfail(f"the stop was not clean: {step['stop-child']}")
