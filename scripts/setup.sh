@@ -60,3 +60,5 @@ if [ -z "${SUPERVISE_SETUP_MINIMAL:-}" ]; then bash scripts/build-deepspeed-ops.
 # OpenPBS for the PBS test cluster (scripts/pbs-up.sh), built once from ../shared/vendor/ and
 # then unpacked from a cache (never fails setup; the PBS tests skip without it, fail in CI).
 if [ -z "${SUPERVISE_SETUP_MINIMAL:-}" ]; then bash scripts/build-openpbs.sh; fi
+# ALCF's ezpz from a source snapshot (GitHub only) into its own venv beside .venv (never fails setup).
+if [ -z "${SUPERVISE_SETUP_MINIMAL:-}" ]; then bash scripts/install-ezpz.sh; fi

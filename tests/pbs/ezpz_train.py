@@ -1,0 +1,95 @@
+"""A tiny DDP training written the way ALCF users write theirs with ezpz: ``ezpz.setup_torch()``
+finds rank, world size and the rendezvous (MPI), then plain torch DDP on CPU (gloo).
+
+Started by an MPI launcher (``mpirun``, or ``ezpz launch``, which composes one). Each rank
+prints ``EZPZ rank=R world=W local=L host=H`` from ezpz's own view. Rank 0 writes
+``step_<N>/model.pt`` then the marker ``.metadata`` and a top-level ``latest`` pointer, every
+``--every`` steps, on "checkpoint now" (signal or request file, ``supervisor.training``) and on
+TERM/INT; the ranks agree on both with one all_reduce per step, so a signal that reaches one
+node first still gives one checkpoint and one clean exit. Lines: "resumed N", "checkpoint N",
+"stopped N", "done N" (rank 0).
+"""
+
+import argparse
+import os
+import socket
+import time
+from pathlib import Path
+
+import ezpz
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from supervisor import training
+
+p = argparse.ArgumentParser()
+p.add_argument("ckpt_dir")
+p.add_argument("--steps", type=int, default=10**9)
+p.add_argument("--step-time", type=float, default=0.05)
+p.add_argument("--every", type=int, default=0)
+a = p.parse_args()
+
+training.install_stop_handler()
+rank = ezpz.setup_torch()
+world = ezpz.get_world_size()
+print(f"EZPZ rank={rank} world={world} local={ezpz.get_local_rank()} host={socket.gethostname()}"
+      f" ezpz={ezpz.__version__}", flush=True)
+
+torch.manual_seed(0)
+model = DDP(torch.nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+ckpt = Path(a.ckpt_dir)
+step = 0
+if rank == 0:
+    ckpt.mkdir(parents=True, exist_ok=True)
+    restored = training.restored_from()
+    pointer = ckpt / "latest"
+    latest = Path(restored) if restored else (ckpt / pointer.read_text().strip()) if pointer.exists() else None
+    if latest is not None and (latest / ".metadata").exists():
+        state = torch.load(latest / "model.pt")
+        model.module.load_state_dict(state["model"])
+        step = int(state["step"])
+        print(f"resumed {step}", flush=True)
+start = torch.tensor([float(step)])
+dist.broadcast(start, 0)
+step = int(start.item())
+
+
+def save(step: int) -> None:
+    if rank == 0:
+        d = ckpt / f"step_{step:06d}"
+        d.mkdir(exist_ok=True)
+        torch.save({"model": model.module.state_dict(), "step": step}, d / "model.pt")
+        (d / ".metadata").write_text(f"{step} {world} {os.getpid()}")
+        tmp = ckpt / ".latest.tmp"
+        tmp.write_text(d.name)
+        os.replace(tmp, ckpt / "latest")
+        print(f"checkpoint {step}", flush=True)
+    dist.barrier()
+
+
+while step < a.steps:
+    time.sleep(a.step_time)
+    x = torch.randn(4, 8)
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    step += 1
+    flags = torch.tensor([float(training.stop_requested()), float(training.checkpoint_requested())])
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    stop, asked = bool(flags[0].item()), bool(flags[1].item())
+    if (a.every and step % a.every == 0) or asked or stop:
+        save(step)
+        if asked:
+            training.acknowledge()
+    if stop:
+        if rank == 0:
+            print(f"stopped {step}", flush=True)
+        dist.destroy_process_group()
+        print(f"rank {rank} leaves", flush=True)
+        raise SystemExit(0)
+if rank == 0:
+    print(f"done {step}", flush=True)
+dist.destroy_process_group()
