@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from supervisor.job import parse_pbs_time, parse_walltime, pbs_kill_wait
-from supervisor.journal import read_journal
+from tests.support.runs import RunJournal
 from supervisor.launchers import catches
 from tests.conftest import wait_for
 from tests.pbs.conftest import REPO, PbsCluster
@@ -34,7 +34,7 @@ OUTPUT_LINE = re.compile(r"^(resumed|checkpoint|stopped|done|crash) (\d+)$")
 
 
 @dataclass
-class Supervised:
+class Supervised(RunJournal):
     """One PBS job running supervise around the trainer, and what it left behind."""
 
     pbs: PbsCluster
@@ -49,20 +49,6 @@ class Supervised:
     @property
     def persist(self) -> Path:
         return self.d / "persist"
-
-    def events(self, kind: str | None = None, attempt: int | None = None) -> list[dict]:
-        if not (self.run / "events.jsonl").exists():
-            return []
-        return [e for e in read_journal(self.run).events
-                if (kind is None or e["kind"] == kind) and (attempt is None or e.get("attempt") == attempt)]
-
-    def one(self, kind: str, attempt: int | None = None, **match: object) -> dict:
-        found = [e for e in self.events(kind, attempt) if all(e.get(k) == v for k, v in match.items())]
-        assert len(found) == 1, f"expected one {kind} {match} (attempt {attempt}), got {found}\n{self.tail()}"
-        return found[0]
-
-    def step(self, name: str, attempt: int | None = None) -> dict:
-        return self.one("stop-step", attempt, step=name)
 
     def output(self) -> str:
         return "\n".join(p.read_text(errors="replace") for p in (self.d / "out.txt", self.d / "train.log") if p.exists())

@@ -30,7 +30,7 @@ from typing import Iterator
 
 import pytest
 
-from supervisor.journal import read_journal
+from tests.support.runs import RunJournal
 from tests.test_notify import Server
 from supervisor.launchers import catches
 from tests.slurm.conftest import ACTIVE, Slurm
@@ -48,7 +48,7 @@ ATTEMPT_LINE = re.compile(r"^job-script attempt=(\d+) ")
 # ----------------------------------------------------------------------------- one job
 
 @dataclass
-class Job:
+class Job(RunJournal):
     """One sbatch job running supervise, and what it left behind."""
 
     slurm: Slurm
@@ -71,18 +71,6 @@ class Job:
 
     def local(self, restart_count: int) -> Path:
         return self.d / f"local-{restart_count}"
-
-    def events(self, kind: str | None = None, attempt: int | None = None) -> list[dict]:
-        return [e for e in read_journal(self.run).events
-                if (kind is None or e["kind"] == kind) and (attempt is None or e.get("attempt") == attempt)]
-
-    def one(self, kind: str, attempt: int | None = None, **match: object) -> dict:
-        found = [e for e in self.events(kind, attempt) if all(e.get(k) == v for k, v in match.items())]
-        assert len(found) == 1, f"expected one {kind} {match} (attempt {attempt}), got {found}\n{self.tail()}"
-        return found[0]
-
-    def step(self, name: str, attempt: int | None = None) -> dict:
-        return self.one("stop-step", attempt, step=name)
 
     def output(self) -> str:
         return self.out.read_text() if self.out.exists() else ""
