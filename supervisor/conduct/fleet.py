@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -55,6 +56,7 @@ SCHEDULERS = ("slurm", "pbs")  # where the leader starts its agents itself
 FORWARDED = ("PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "VIRTUAL_ENV", "CONDA_PREFIX",
              "LD_LIBRARY_PATH", "TMPDIR")
 SAY_POLL_S = 0.1  # the leader, reading its PBS agents' lines
+SIGNAL_ANSWER_S = 1.5  # PBS: the stop signal to the other nodes' ranks waits this long for their agents' word
 
 
 def agent_argv(cfg: Config, python: str = sys.executable) -> list[str]:
@@ -286,6 +288,43 @@ class Fleet:
                     for k in missing]
         return {"request": request, "answered": sorted(answers), "missing": missing, "pending": pending,
                 "seconds": round(time.monotonic() - t0, 3)}
+
+    async def signal_ranks(self, sig: int, within: float = SIGNAL_ANSWER_S) -> dict[str, Any] | None:
+        """PBS: the leader's stop signal for the training's ranks on the other nodes (PBS
+        signals only the first node's processes; OpenMPI's remote daemons end their ranks
+        without one). Journaled as ``nodes-signal`` (the signal, a request id, the nodes);
+        each ready agent sends it to the job's ranks on its node and answers ``node-signal``
+        with the same request and the pids in its own journal. Waits at most ``within``
+        seconds for the answers, so the leader's own signal to its child follows right after;
+        returns what each node signalled. None under Slurm (``scancel --signal`` reaches every
+        step's tasks) or without agents."""
+        nodes = sorted(set(self.ready) & self.want)
+        if self.scheduler != "pbs" or not nodes:
+            return None
+        self.requests += 1
+        request = f"{os.getpid()}.{self.requests}"
+        name = signal.Signals(sig).name
+        watches = {k: JournalTail(node_dir(self.run_dir, k) / EVENTS_FILE) for k in nodes}
+        self.emit("nodes-signal", request=request, signal=name, nodes=nodes, durable=True)
+        t0 = time.monotonic()
+        answers: dict[int, dict[str, Any]] = {}
+        with anyio.move_on_after(within):
+            while len(answers) < len(nodes):
+                for k, w in watches.items():
+                    for ev in await anyio.to_thread.run_sync(w.appended):
+                        if ev.get("kind") == "node-signal" and ev.get("request") == request:
+                            answers[k] = ev
+                if len(answers) < len(nodes):
+                    await anyio.sleep(ANSWER_POLL_S)
+        missing = [k for k in nodes if k not in answers]
+        if missing:
+            log.warning("the node agents of node(s) %s did not say in %.1fs that they sent %s to their ranks",
+                        ", ".join(map(str, missing)), within, name)
+        return {"request": request, "signal": name, "seconds": round(time.monotonic() - t0, 3), "missing": missing,
+                "nodes": {str(k): {"host": self.nodes[k], "pids": a.get("pids", []),
+                                   **({"error": a["error"]} if a.get("error") else {}),
+                                   **({"failed": a["failed"]} if a.get("failed") else {})}
+                          for k, a in sorted(answers.items())}}
 
     def _heard(self, line: str, t0: float) -> None:
         words = line.split(maxsplit=4)

@@ -26,10 +26,8 @@ job script: the leader starts one ``supervise node-agent`` per other node with `
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -87,41 +85,6 @@ def setup_job(pbs: PbsCluster, name: str, sync_to: str, train: str, port: int, e
     return work, local
 
 
-def node_pids(pbs: PbsCluster, node: str) -> list[int]:
-    return [int(p) for p in subprocess.run(["ip", "netns", "pids", f"{pbs.pfx}-{node}"], capture_output=True,
-                                           text=True).stdout.split()]
-
-
-def anchor(pbs: PbsCluster, node: str) -> int:
-    return int((pbs.root / "run" / f"{node}.anchor").read_text())
-
-
-def kill_node(pbs: PbsCluster, node: str) -> list[int]:
-    """The node dies: its mom and every process in its namespaces are SIGKILLed (by pid; the
-    namespaces' anchor is kept, so the node can come back for the next test), and its local
-    disk is gone."""
-    keep = anchor(pbs, node)
-    pids = [p for p in node_pids(pbs, node) if p != keep]
-    for pid in pids:
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
-    wait_for(lambda: node_pids(pbs, node) == [keep], 20, f"every process of {node} gone")
-    for child in (pbs.root / "nodes" / node / "local").iterdir():
-        shutil.rmtree(child) if child.is_dir() else child.unlink()
-    return pids
-
-
-def revive_node(pbs: PbsCluster, node: str) -> None:
-    """A new mom on the node (PBS's own init script in its namespaces), back online."""
-    subprocess.run(["nsenter", "-t", str(anchor(pbs, node)), "-n", "-m", "-u", "--wd=/", "--",
-                    "/opt/pbs/libexec/pbs_init.d", "start"], capture_output=True, timeout=60,
-                   env={**os.environ, "PBS_CONF_FILE": str(pbs.root / "conf" / f"pbs.conf.{node}")})
-    pbs.admin("pbsnodes", "-c", node, check=False)
-    wait_for(lambda: "state = free" in pbs.admin("pbsnodes", node, check=False).stdout, 60, f"{node} free again")
-
-
 def test_shards_rerun_and_a_dead_sister(pbs: PbsCluster) -> None:
     pbs_torch()
     torch = pytest.importorskip("torch")
@@ -160,11 +123,11 @@ def test_shards_rerun_and_a_dead_sister(pbs: PbsCluster) -> None:
     # then the sister dies; an operator marks it offline, so PBS never reruns the job there
     pbs.admin("pbsnodes", "-o", "-C", "test: n2 died", "n2")
     t_kill = time.time()
-    kill_node(pbs, "n2")
+    pbs.kill_node("n2")
     try:
         info = pbs.wait_state(jobid, "F", timeout=150)
     finally:
-        revive_node(pbs, "n2")
+        pbs.revive_node("n2")
     evs = events(leader)
     starts = kinds(evs, "start")
     assert [s["nodes"] for s in starts] == [["n1", "n2"], ["n1", "n2"], ["n1", "n3"]], said()
@@ -216,7 +179,7 @@ def test_rank0_in_place_moves_node_then_qdel(pbs: PbsCluster) -> None:
     torch = pytest.importorskip("torch")
     t0 = time.monotonic()
     pbs.qmgr("set queue workq kill_delay = 5")
-    work, local = setup_job(pbs, "ddp", "persist", f"--chdir {{local}}/ckpt {REPO}/tests/multinode/ddp_tutorial.py 400 1",
+    work, local = setup_job(pbs, "ddp", "persist", f"--chdir {{local}}/ckpt --term-after 1 {REPO}/tests/multinode/ddp_tutorial.py 400 1",
                             port=502, extra='grace = "3s"\n')
     jobid = pbs.qsub(work, str(work / "job.pbs"))
     leader, logs = work / "run" / "events.jsonl", work / "logs"
@@ -262,11 +225,22 @@ def test_rank0_in_place_moves_node_then_qdel(pbs: PbsCluster) -> None:
     assert rv["agree"] and rv["choice"] == {"ckpt": "snapshot.pt"} and set(rv["nodes"]) == {"0", "1"}, rv
     assert all(e["why"] == "whole on node 0" for e in published(1)) and all(e["why"] == "whole on node 0" for e in published(2))
 
-    # (d) qdel: PBS TERMs only n2 (the first node); the rank on n3 got TERM too (supervise's stop
-    # through mpirun), before PBS's KILL; the last saved epoch was published before supervise's end
+    # (d) qdel: PBS TERMs only n2 (the first node); the rank on n3 got TERM too, from supervise's
+    # node agent there (the leader journals ``nodes-signal``, the agent sends it to the job's rank
+    # on its node and names the pid), while it was alive: before PBS's KILL (which no handler logs);
+    # the last saved epoch was published before supervise's end
     sigs = [json.loads(line) for line in (logs / "signals.jsonl").read_text().splitlines()]
     term = {s["host"]: s["t"] - t_qdel for s in sigs if s["what"] == "SIGTERM" and s["t"] > t_qdel}
     assert "n2" in term, (sigs, said())  # rank 0, the first node: mpirun's TERM after supervise's
+    assert "n3" in term and term["n3"] < 5, (sigs, said())  # the sister's rank, by supervise's agent on n3, within kill_delay
+    sister = [s for s in sigs if s["what"] == "start" and s["host"] == "n3" and s["t"] > kinds(evs, "start", 2)[0]["t"]]
+    asked = kinds(evs, "nodes-signal", 2)
+    assert [(a["signal"], a["nodes"]) for a in asked] == [("SIGTERM", [1])], asked
+    answered = [e for e in kinds(events(work / "run" / "nodes" / "node-1" / "events.jsonl"), "node-signal")
+                if e["request"] == asked[0]["request"]]
+    assert [(e["signal"], e["pids"]) for e in answered] == [("SIGTERM", [sister[-1]["pid"]])], (answered, sister)
+    stopped = [e for e in kinds(evs, "stop-step", 2) if e["step"] == "stop-child"]
+    assert stopped[0]["nodes_signalled"]["nodes"] == {"1": {"host": "n3", "pids": [sister[-1]["pid"]]}}, stopped
     end = kinds(evs, "end", 2)
     assert end and end[0]["not_durable"] == [], (end, said())
     last = torch.load(work / "persist" / "snapshot.pt")["EPOCHS_RUN"]
@@ -276,5 +250,3 @@ def test_rank0_in_place_moves_node_then_qdel(pbs: PbsCluster) -> None:
           f"{sorted(e['lag_s'] for e in published(1) + published(2))}; qdel → supervise's stop {stop['t'] - t_qdel:.2f}s, "
           f"TERM on {({h: round(v, 2) for h, v in term.items()})}, end {end[0]['t'] - t_qdel:.2f}s; "
           f"Exit_status {info.get('Exit_status')}; test {time.monotonic() - t0:.0f} s")
-    if "n3" not in term:  # measured: OpenMPI's remote orted ends its ranks without a TERM (issue 31)
-        pytest.xfail("the sister node's rank got no TERM: mpirun's stop reaches only its own node's ranks")
