@@ -161,8 +161,8 @@ def test_shards_rerun_and_a_dead_sister(pbs: PbsCluster) -> None:
     # (c) the dead sister: the training failed after the kill, supervise requeued itself, named n2
     end2 = kinds(evs, "end", 2)[0]
     assert end2["reason"] == "child-failed" and end2["t"] > t_kill - 1, end2
-    requeue = kinds(evs, "requeue", 2)
-    assert requeue and requeue[0]["requeued"], requeue
+    requeue = [e for e in kinds(evs, "stop-step", 2) if e["step"] == "requeue"]
+    assert requeue and requeue[0]["requeued"] and requeue[0]["t"] < end2["t"], requeue
     lost = kinds(evs, "node-lost", 3)
     assert [(x["node"], x["index"], x["in_attempt"], x["scheduler"]) for x in lost] == [("n2", 1, 2, "pbs")], lost
     assert "offline" in lost[0]["state"], lost
