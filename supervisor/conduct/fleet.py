@@ -187,26 +187,11 @@ class Fleet:
                 log.warning("could not start the node agent on node %d (%s): %s", k, self.nodes[k], self.spawn_failed[k])
                 anyio.from_thread.run_sync(self._poke)
 
-        offsets: dict[int, int] = {}
-
-        def read() -> list[str]:
-            lines = []
-            for k in self.want:
-                path = self.say_dir / f"node-{k}"
-                try:
-                    with open(path, "rb") as f:
-                        f.seek(offsets.get(k, 0))
-                        raw = f.read()
-                except OSError:
-                    continue
-                whole = raw[:raw.rfind(b"\n") + 1]
-                offsets[k] = offsets.get(k, 0) + len(whole)
-                lines += whole.decode("utf-8", "replace").splitlines()
-            return lines
+        said = SaidLines(self.say_dir)
 
         async def follow() -> None:
             while True:
-                for line in await anyio.to_thread.run_sync(read):
+                for line in await anyio.to_thread.run_sync(said.read, sorted(self.want)):
                     self._heard(line, t0)
                 await anyio.sleep(SAY_POLL_S)
 
@@ -348,6 +333,31 @@ class Fleet:
         self._heard_any = anyio.Event()
 
 
+class SaidLines:
+    """What the PBS agents said: the lines appended to ``say_dir/node-K`` since the last
+    read, whole lines only (a line still being written waits for the next read), each once,
+    in node order. A file not there yet is no line. Blocking: run in a thread."""
+
+    def __init__(self, say_dir: Path) -> None:
+        self.say_dir = say_dir
+        self.offsets: dict[int, int] = {}
+
+    def read(self, nodes: list[int]) -> list[str]:
+        lines = []
+        for k in nodes:
+            path = self.say_dir / f"node-{k}"
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.offsets.get(k, 0))
+                    raw = f.read()
+            except OSError:
+                continue
+            whole = raw[:raw.rfind(b"\n") + 1]
+            self.offsets[k] = self.offsets.get(k, 0) + len(whole)
+            lines += whole.decode("utf-8", "replace").splitlines()
+        return lines
+
+
 ANSWER_POLL_S = 0.1  # the leader, while it waits for the agents' answers to its last flush
 DOWN_POLL_S = 1.0  # PBS: how often that wait asks pbsnodes whether a silent node is down
 
@@ -406,6 +416,12 @@ def pbs_node_state(host: str) -> tuple[str, str] | None:
                              stdin=subprocess.DEVNULL).stdout
     except (OSError, subprocess.TimeoutExpired):
         return None
+    return parse_pbsnodes(out)
+
+
+def parse_pbsnodes(out: str) -> tuple[str, str] | None:
+    """(state, comment) from the text of ``pbsnodes HOST``; None without a state line (an
+    unknown node: ``pbsnodes: Unknown node``, on stderr, leaves stdout empty)."""
     fields = {k.strip(): v.strip() for k, _, v in (line.partition(" = ") for line in out.splitlines()) if v}
     if "state" not in fields:
         return None
