@@ -61,8 +61,18 @@ def events(path: Path) -> list[dict]:
     return read_journal(path).events
 
 
-def kinds(evs: list[dict], kind: str, attempt: int | None = None) -> list[dict]:
-    return [e for e in evs if e.get("kind") == kind and (attempt is None or e.get("attempt") == attempt)]
+def number(evs: list[dict], nth: int) -> int | None:
+    """The attempt number of the leader's ``nth`` start (1: its first). Not ``nth`` itself: under
+    PBS an attempt is numbered by the job's run_count, which also counts starts that never
+    reached the script (measured: attempt 5 for the second run of the script, under load)."""
+    starts = [e["attempt"] for e in evs if e.get("kind") == "start"]
+    return starts[nth - 1] if len(starts) >= nth else None
+
+
+def kinds(evs: list[dict], kind: str, nth: int | None = None) -> list[dict]:
+    """The events of one kind; with ``nth``, of the leader's ``nth`` attempt only."""
+    want = None if nth is None else number(evs, nth)
+    return [e for e in evs if e.get("kind") == kind and (nth is None or (want is not None and e.get("attempt") == want))]
 
 
 def pbs_torch() -> None:
@@ -131,7 +141,7 @@ def test_shards_rerun_and_a_dead_sister(pbs: PbsCluster) -> None:
     evs = events(leader)
     starts = kinds(evs, "start")
     assert [s["nodes"] for s in starts] == [["n1", "n2"], ["n1", "n2"], ["n1", "n3"]], said()
-    assert info.get("Exit_status") == 0 and int(info.get("run_count", 0)) == 3, (info.get("Exit_status"), said())
+    assert info.get("Exit_status") == 0 and int(info.get("run_count", 0)) >= 3, (info.get("Exit_status"), said())
 
     # every attempt: the agent on the other node was started by the leader and ready before the spawn
     agents = kinds(evs, "node-agents")
@@ -164,7 +174,7 @@ def test_shards_rerun_and_a_dead_sister(pbs: PbsCluster) -> None:
     requeue = [e for e in kinds(evs, "stop-step", 2) if e["step"] == "requeue"]
     assert requeue and requeue[0]["requeued"] and requeue[0]["t"] < end2["t"], requeue
     lost = kinds(evs, "node-lost", 3)
-    assert [(x["node"], x["index"], x["in_attempt"], x["scheduler"]) for x in lost] == [("n2", 1, 2, "pbs")], lost
+    assert [(x["node"], x["index"], x["in_attempt"], x["scheduler"]) for x in lost] == [("n2", 1, number(evs, 2), "pbs")], lost
     assert "offline" in lost[0]["state"], lost
     # the job ends with the weights of an uninterrupted run
     end3 = kinds(evs, "end", 3)
