@@ -189,7 +189,9 @@ def test_rank0_in_place_moves_node_then_qdel(pbs: PbsCluster) -> None:
     pbs_torch()
     torch = pytest.importorskip("torch")
     t0 = time.monotonic()
-    pbs.qmgr("set queue workq kill_delay = 5")
+    # the stop's budget after qdel is the kill delay less MoM's early KILL (with 5: 2.8 s, measured), too
+    # little for the ranks' last save after their TERM, grace 3 s and the last flush; with 10 it fits
+    pbs.qmgr("set queue workq kill_delay = 10")
     work, local = setup_job(pbs, "ddp", "persist", f"--chdir {{local}}/ckpt --term-after 1 {REPO}/tests/multinode/ddp_tutorial.py 400 1",
                             port=502, extra='grace = "3s"\n')
     jobid = pbs.qsub(work, str(work / "job.pbs"))
@@ -243,7 +245,7 @@ def test_rank0_in_place_moves_node_then_qdel(pbs: PbsCluster) -> None:
     sigs = [json.loads(line) for line in (logs / "signals.jsonl").read_text().splitlines()]
     term = {s["host"]: s["t"] - t_qdel for s in sigs if s["what"] == "SIGTERM" and s["t"] > t_qdel}
     assert "n2" in term, (sigs, said())  # rank 0, the first node: mpirun's TERM after supervise's
-    assert "n3" in term and term["n3"] < 5, (sigs, said())  # the sister's rank, by supervise's agent on n3, within kill_delay
+    assert "n3" in term and term["n3"] < 10, (sigs, said())  # the sister's rank, by supervise's agent on n3, within kill_delay
     sister = [s for s in sigs if s["what"] == "start" and s["host"] == "n3" and s["t"] > kinds(evs, "start", 2)[0]["t"]]
     asked = kinds(evs, "nodes-signal", 2)
     assert [(a["signal"], a["nodes"]) for a in asked] == [("SIGTERM", [1])], asked
