@@ -137,7 +137,7 @@ class Agent:
                                       "profile": p.profile} for p in cfg.sync])
             with anyio.CancelScope() as restore_scope:
                 tg.start_soon(cancel_when, self._stop_wanted, restore_scope)
-                agents = await fleet.start(self.plan, tg, self._guarded, self.journal.emit)  # multi-node: the node agents
+                run.agents = agents = await fleet.start(self.plan, tg, self._guarded, self.journal.emit)  # multi-node
                 self._set_state(State.RESTORING)
                 run.restored_from, differ = await fleet.restore_everywhere(agents, run.mirror, self.journal.emit)
                 if differ is not None:  # nodes that would resume from different versions: never started

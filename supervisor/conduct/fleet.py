@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -55,6 +56,7 @@ SCHEDULERS = ("slurm", "pbs")  # where the leader starts its agents itself
 FORWARDED = ("PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "VIRTUAL_ENV", "CONDA_PREFIX",
              "LD_LIBRARY_PATH", "TMPDIR")
 SAY_POLL_S = 0.1  # the leader, reading its PBS agents' lines
+SIGNAL_ANSWER_S = 1.5  # PBS: the stop signal to the other nodes' ranks waits this long for their agents' word
 
 
 def agent_argv(cfg: Config, python: str = sys.executable) -> list[str]:
@@ -185,26 +187,11 @@ class Fleet:
                 log.warning("could not start the node agent on node %d (%s): %s", k, self.nodes[k], self.spawn_failed[k])
                 anyio.from_thread.run_sync(self._poke)
 
-        offsets: dict[int, int] = {}
-
-        def read() -> list[str]:
-            lines = []
-            for k in self.want:
-                path = self.say_dir / f"node-{k}"
-                try:
-                    with open(path, "rb") as f:
-                        f.seek(offsets.get(k, 0))
-                        raw = f.read()
-                except OSError:
-                    continue
-                whole = raw[:raw.rfind(b"\n") + 1]
-                offsets[k] = offsets.get(k, 0) + len(whole)
-                lines += whole.decode("utf-8", "replace").splitlines()
-            return lines
+        said = SaidLines(self.say_dir)
 
         async def follow() -> None:
             while True:
-                for line in await anyio.to_thread.run_sync(read):
+                for line in await anyio.to_thread.run_sync(said.read, sorted(self.want)):
                     self._heard(line, t0)
                 await anyio.sleep(SAY_POLL_S)
 
@@ -287,6 +274,43 @@ class Fleet:
         return {"request": request, "answered": sorted(answers), "missing": missing, "pending": pending,
                 "seconds": round(time.monotonic() - t0, 3)}
 
+    async def signal_ranks(self, sig: int, within: float = SIGNAL_ANSWER_S) -> dict[str, Any] | None:
+        """PBS: the leader's stop signal for the training's ranks on the other nodes (PBS
+        signals only the first node's processes; OpenMPI's remote daemons end their ranks
+        without one). Journaled as ``nodes-signal`` (the signal, a request id, the nodes);
+        each ready agent sends it to the job's ranks on its node and answers ``node-signal``
+        with the same request and the pids in its own journal. Waits at most ``within``
+        seconds for the answers, so the leader's own signal to its child follows right after;
+        returns what each node signalled. None under Slurm (``scancel --signal`` reaches every
+        step's tasks) or without agents."""
+        nodes = sorted(set(self.ready) & self.want)
+        if self.scheduler != "pbs" or not nodes:
+            return None
+        self.requests += 1
+        request = f"{os.getpid()}.{self.requests}"
+        name = signal.Signals(sig).name
+        watches = {k: JournalTail(node_dir(self.run_dir, k) / EVENTS_FILE) for k in nodes}
+        self.emit("nodes-signal", request=request, signal=name, nodes=nodes, durable=True)
+        t0 = time.monotonic()
+        answers: dict[int, dict[str, Any]] = {}
+        with anyio.move_on_after(within):
+            while len(answers) < len(nodes):
+                for k, w in watches.items():
+                    for ev in await anyio.to_thread.run_sync(w.appended):
+                        if ev.get("kind") == "node-signal" and ev.get("request") == request:
+                            answers[k] = ev
+                if len(answers) < len(nodes):
+                    await anyio.sleep(ANSWER_POLL_S)
+        missing = [k for k in nodes if k not in answers]
+        if missing:
+            log.warning("the node agents of node(s) %s did not say in %.1fs that they sent %s to their ranks",
+                        ", ".join(map(str, missing)), within, name)
+        return {"request": request, "signal": name, "seconds": round(time.monotonic() - t0, 3), "missing": missing,
+                "nodes": {str(k): {"host": self.nodes[k], "pids": a.get("pids", []),
+                                   **({"error": a["error"]} if a.get("error") else {}),
+                                   **({"failed": a["failed"]} if a.get("failed") else {})}
+                          for k, a in sorted(answers.items())}}
+
     def _heard(self, line: str, t0: float) -> None:
         words = line.split(maxsplit=4)
         if len(words) >= 3 and words[0] == READY_LINE and words[2].isdigit():
@@ -307,6 +331,31 @@ class Fleet:
         """Wake whatever waits on what the agents said (or on a spawn that failed)."""
         self._heard_any.set()
         self._heard_any = anyio.Event()
+
+
+class SaidLines:
+    """What the PBS agents said: the lines appended to ``say_dir/node-K`` since the last
+    read, whole lines only (a line still being written waits for the next read), each once,
+    in node order. A file not there yet is no line. Blocking: run in a thread."""
+
+    def __init__(self, say_dir: Path) -> None:
+        self.say_dir = say_dir
+        self.offsets: dict[int, int] = {}
+
+    def read(self, nodes: list[int]) -> list[str]:
+        lines = []
+        for k in nodes:
+            path = self.say_dir / f"node-{k}"
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.offsets.get(k, 0))
+                    raw = f.read()
+            except OSError:
+                continue
+            whole = raw[:raw.rfind(b"\n") + 1]
+            self.offsets[k] = self.offsets.get(k, 0) + len(whole)
+            lines += whole.decode("utf-8", "replace").splitlines()
+        return lines
 
 
 ANSWER_POLL_S = 0.1  # the leader, while it waits for the agents' answers to its last flush
@@ -367,6 +416,12 @@ def pbs_node_state(host: str) -> tuple[str, str] | None:
                              stdin=subprocess.DEVNULL).stdout
     except (OSError, subprocess.TimeoutExpired):
         return None
+    return parse_pbsnodes(out)
+
+
+def parse_pbsnodes(out: str) -> tuple[str, str] | None:
+    """(state, comment) from the text of ``pbsnodes HOST``; None without a state line (an
+    unknown node: ``pbsnodes: Unknown node``, on stderr, leaves stdout empty)."""
     fields = {k.strip(): v.strip() for k, _, v in (line.partition(" = ") for line in out.splitlines()) if v}
     if "state" not in fields:
         return None

@@ -107,6 +107,78 @@ async def _follow_training(training: JobProcesses, mirror: Mirror, emit: Emit, r
         await anyio.sleep(TRAINING_POLL_S)
 
 
+def ranks_here(training: JobProcesses) -> tuple[set[int], set[int]]:
+    """(the training's ranks on this node, the job's processes here): what the leader's stop
+    signal is for (PBS gives it only to the first node's processes). The job's processes are
+    found from the system (``JobProcesses``: this job's id in /proc/PID/environ, this uid, not
+    the agent nor its ancestors or descendants); of those, the ranks are the topmost that are
+    no launcher helper or wrapper (orted, a shell, ``env``) and carry a rank variable (MPI's,
+    torch's), as the leader finds its own (``LauncherProfile.ranks``): a rank's data loader
+    workers are below it and get nothing from us, a torchrun is the top and forwards it. With
+    no rank variable to be seen, the topmost processes that are no wrapper."""
+    from supervisor import proctree
+    from supervisor.launchers import _RANK_VARS_MPI, _RANK_VARS_TORCH, _env_key, _is_wrapper
+
+    job = training()
+    uid = os.getuid()
+    here = _uts("self")
+
+    def mine(pid: int) -> bool:
+        """This uid's, and on this node: in this UTS namespace (one machine's processes share
+        one; the nodes of a test cluster are namespaces of one machine that share its pids)."""
+        try:
+            return os.stat(f"/proc/{pid}").st_uid == uid and (here is None or _uts(str(pid)) == here)
+        except OSError:
+            return False
+
+    job = {p for p in job if mine(p)}
+    parent = {p.pid: p.ppid for p in proctree.all_processes()}
+    real = {p for p in job if not _is_wrapper(p)}
+    keyed = {p for p in real if _env_key(p, _RANK_VARS_MPI + _RANK_VARS_TORCH)}
+
+    def tops(among: set[int]) -> set[int]:
+        out = set()
+        for pid in among:
+            up = parent.get(pid, 0)
+            while up > 1 and up not in among:
+                up = parent.get(up, 0)
+            if up not in among:
+                out.add(pid)
+        return out
+
+    return (tops(keyed) if keyed else tops(real)), job
+
+
+def _uts(pid: str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/uts")
+    except OSError:
+        return None
+
+
+def signal_ranks(training: JobProcesses | None, name: str) -> dict[str, Any]:
+    """Send the leader's stop signal ``name`` to the training's ranks on this node, once."""
+    if training is None:
+        return {"pids": [], "error": "not in a job: the training's processes cannot be told apart"}
+    try:
+        sig = signal.Signals[name]
+    except KeyError:
+        return {"pids": [], "error": f"unknown signal {name!r}"}
+    from supervisor.launchers import _cmdline
+
+    ranks, job = ranks_here(training)
+    sent, failed, what = [], {}, {}
+    for pid in sorted(ranks):
+        what[str(pid)] = " ".join(_cmdline(pid))[:200]
+        try:
+            os.kill(pid, sig)
+            sent.append(pid)
+        except OSError as e:
+            failed[str(pid)] = e.strerror or str(e)
+    others = {str(p): " ".join(_cmdline(p))[:120] for p in sorted(job - ranks)}
+    return {"pids": sent, "failed": failed, "commands": what, "not_signalled": others}
+
+
 def _say(what: str, rank: int, more: str = "") -> None:
     """One line for the leader that started the agents (``fleet.READY_LINE``): on stdout (srun
     brings it back), and appended to ``$SUPERVISE_NODE_SAY/node-K`` when the leader named that
@@ -265,6 +337,11 @@ async def run_node_agent(cfg: Config, rank: int, env: Mapping[str, str] | None =
                     for ev in await anyio.to_thread.run_sync(leader.appended):
                         if ev.get("kind") == "nodes-flush":
                             await answer(ev)
+                        elif ev.get("kind") == "nodes-signal" and rank in (ev.get("nodes") or []):
+                            done = await anyio.to_thread.run_sync(signal_ranks, training, str(ev.get("signal")))
+                            journal.emit("node-signal", request=ev.get("request"), signal=ev.get("signal"), node=rank,
+                                         durable=True, **done)
+                            log.info("node %d: the leader's %s sent to %s", rank, ev.get("signal"), done["pids"] or "nobody")
                         elif ev.get("kind") == "end":
                             why.append(("leader-ended", f"leader attempt {ev.get('attempt')}: {ev.get('reason')}"))
                             stop.set()

@@ -67,6 +67,7 @@ class RunState:
     notifier: NotifierPort | None = None  # supervisor.notify.Notifier, when there are URLs
     gpu: SamplerPort | None = None     # supervisor.gpu.GpuSampler, when sampling
     child: ChildPort | None = None
+    agents: Any = None                 # conduct.fleet.Fleet: a multi-node job's node agents
     trigger: Trigger | None = None     # what asked for the stop; the first one wins
     end: float | None = None           # unix seconds when the job ends, when known
     lead: float = field(init=False)

@@ -198,11 +198,14 @@ class StopSequence:
         if launcher.stop_steps and run.cfg.stop_signal is None and not already and targets is not None:
             ok, text = await jobs.signal_steps(run.plan.job, sig, report=log.warning)
             steps = {"ok": ok, "message": text}
+        sisters = await run.agents.signal_ranks(sig) if run.agents and targets is not None and not already else None
         result = await child.stop(sig, grace, targets=set(targets.pids) if targets else None,
                                   route=targets.route if targets else run.cfg.forward,
                                   already_signalled=already or bool(steps and steps["ok"]))
         if steps is not None:
             result["steps_signalled"] = steps
+        if sisters is not None:
+            result["nodes_signalled"] = sisters  # PBS: what each node agent sent to its node's ranks
         if already:
             result["already_signalled"] = "the scheduler sent SIGTERM to every process of the job; not sent twice"
         with anyio.move_on_after(policy.exit_wait(grace)):

@@ -14,7 +14,7 @@ from typing import Any
 from supervisor._units import natural_key
 from supervisor.report._goodput import Goodput, goodput, is_checkpoint, step_of
 from supervisor.report._load import GpuAcc, RunData
-from supervisor.report._nodes import NodeRow
+from supervisor.report._nodes import SCHEDULER_NAMES, NodeRow
 
 FAILED = {"child-failed", "spawn-failed", "supervisor-error", "hang"}
 EARLY = {"deadline", "preempted"}  # the work is not done; a next attempt resumes it
@@ -260,7 +260,8 @@ def _lost_node(e: dict[str, Any]) -> str:
     """One `node-lost` event as the report says it."""
     why = ", ".join(str(x) for x in (e.get("state"), e.get("reason")) if x)
     lost = e.get("lost") or []
-    text = f"node {e.get('node')} (node {e.get('index')} of attempt {e.get('in_attempt')}) is gone" + (f" (Slurm: {why})" if why else "")
+    said_by = SCHEDULER_NAMES.get(str(e.get("scheduler") or "slurm"), str(e.get("scheduler")))  # before the field: Slurm's
+    text = f"node {e.get('node')} (node {e.get('index')} of attempt {e.get('in_attempt')}) is gone" + (f" ({said_by}: {why})" if why else "")
     if lost:
         text += f"; lost with it, never published: {', '.join(str(x) for x in lost)}"
     return text

@@ -28,6 +28,8 @@ from supervisor._units import natural_key
 from supervisor.journal import EVENTS_FILE, NODES_DIR, read_journal
 from supervisor.report._load import GPU_FILE, HOST_FILE, _f, _rows
 
+SCHEDULER_NAMES = {"slurm": "Slurm", "pbs": "PBS"}  # who called a lost node down (`node-lost`'s scheduler)
+
 
 @dataclass
 class NodeRow:
@@ -40,7 +42,7 @@ class NodeRow:
     mem_min_available_mib: float | None = None
     mem_total_mib: float | None = None
     load1_mean: float | None = None
-    lost: bool = False  # `node-lost`: Slurm called it down after an attempt it was in
+    lost: bool = False  # `node-lost`: the scheduler called it down after an attempt it was in
     suspect: bool = False  # a GPU hardware fault on it
     problems: list[str] = field(default_factory=list)  # one phrase each, worst first
 
@@ -211,7 +213,8 @@ def node_rows(run_dir: Path, events: list[dict[str, Any]], *, samples: bool = Tr
             row(e["node"]).lost = True
             why = ", ".join(str(x) for x in (e.get("state"), e.get("reason")) if x)
             lost = e.get("lost") or []
-            say(e["node"], 0, f"LOST in attempt {e.get('in_attempt')}" + (f" (Slurm: {why})" if why else "")
+            said_by = SCHEDULER_NAMES.get(str(e.get("scheduler") or "slurm"), str(e.get("scheduler")))  # before the field: Slurm's
+            say(e["node"], 0, f"LOST in attempt {e.get('in_attempt')}" + (f" ({said_by}: {why})" if why else "")
                 + (f"; never published: {', '.join(map(str, lost))}" if lost else ""))
         elif kind == "node-agents":
             for k in e.get("missing") or []:

@@ -122,6 +122,39 @@ class PbsCluster:
         return wait_for(lambda: (j := self.job(jobid)) and j.get("job_state") in states and j, timeout,
                         lambda: f"job {jobid} in {sorted(states)} (now {self.state(jobid)})", interval=0.2)
 
+    # ---- a node's death and return
+    def node_pids(self, node: str) -> list[int]:
+        """Every process in the node's network namespace (its mom, its jobs' tasks)."""
+        return [int(p) for p in subprocess.run(["ip", "netns", "pids", f"{self.pfx}-{node}"], capture_output=True,
+                                               text=True).stdout.split()]
+
+    def _anchor(self, node: str) -> int:
+        return int((self.root / "run" / f"{node}.anchor").read_text())
+
+    def kill_node(self, node: str) -> list[int]:
+        """The node dies: its mom and every process in its namespaces are SIGKILLed (by pid; the
+        namespaces' anchor is kept, so the node can come back), and its local disk is emptied.
+        Returns the pids killed."""
+        keep = self._anchor(node)
+        pids = [p for p in self.node_pids(node) if p != keep]
+        for pid in pids:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        wait_for(lambda: self.node_pids(node) == [keep], 20, f"every process of {node} gone")
+        for child in (self.root / "nodes" / node / "local").iterdir():
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+        return pids
+
+    def revive_node(self, node: str) -> None:
+        """A new mom on the node (PBS's own init script in its namespaces), cleared and free again."""
+        subprocess.run(["nsenter", "-t", str(self._anchor(node)), "-n", "-m", "-u", "--wd=/", "--",
+                        str(PBS_EXEC / "libexec" / "pbs_init.d"), "start"], capture_output=True, timeout=60,
+                       env={**os.environ, "PBS_CONF_FILE": str(self.root / "conf" / f"pbs.conf.{node}")})
+        self.admin("pbsnodes", "-c", node, check=False)
+        wait_for(lambda: "state = free" in self.admin("pbsnodes", node, check=False).stdout, 60, f"{node} free again")
+
     def supervise_line(self) -> str:
         """How a job starts this checkout's supervise: the project's Python, this tree's package
         first (a worktree shares the main checkout's venv)."""

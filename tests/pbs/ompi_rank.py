@@ -5,7 +5,9 @@
 (``MASTER_ADDR``/``MASTER_PORT`` come from the job script through ``mpirun -x``), then SCRIPT
 runs as ``__main__``. For the tests, with ``--log DIR`` (shared storage) the rank appends
 its stdout to ``DIR/rank-R.out`` and its signals to ``DIR/signals.jsonl`` (host, rank, time;
-after a TERM it dies of it, as a script without a handler does); ``--chdir DIR`` makes the
+after a TERM it dies of it, as a script without a handler does, ``--term-after S`` seconds
+later: a training that finishes its step and saves on TERM, so one rank's death does not
+end the others before their own TERM comes); ``--chdir DIR`` makes the
 working directory (the node-local checkpoint directory of the DDP tutorial's ``snapshot.pt``).
 """
 
@@ -17,15 +19,19 @@ import runpy
 import signal
 import socket
 import sys
+import threading
 import time
 
 
 def main() -> None:
     args = sys.argv[1:]
     chdir = log = None
-    while args and args[0] in ("--chdir", "--log"):
+    term_after = 0.0
+    while args and args[0] in ("--chdir", "--log", "--term-after"):
         if args[0] == "--chdir":
             chdir = args[1]
+        elif args[0] == "--term-after":
+            term_after = float(args[1])
         else:
             log = args[1]
         args = args[2:]
@@ -48,7 +54,10 @@ def main() -> None:
         def on_signal(sig: int, _frame: object) -> None:
             note(signal.Signals(sig).name)
             signal.signal(sig, signal.SIG_DFL)
-            os.kill(os.getpid(), sig)
+            if term_after > 0:
+                threading.Timer(term_after, os.kill, (os.getpid(), sig)).start()
+            else:
+                os.kill(os.getpid(), sig)
 
         signal.signal(signal.SIGTERM, on_signal)
         note("start")

@@ -26,10 +26,8 @@ job script: the leader starts one ``supervise node-agent`` per other node with `
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -63,8 +61,18 @@ def events(path: Path) -> list[dict]:
     return read_journal(path).events
 
 
-def kinds(evs: list[dict], kind: str, attempt: int | None = None) -> list[dict]:
-    return [e for e in evs if e.get("kind") == kind and (attempt is None or e.get("attempt") == attempt)]
+def number(evs: list[dict], nth: int) -> int | None:
+    """The attempt number of the leader's ``nth`` start (1: its first). Not ``nth`` itself: under
+    PBS an attempt is numbered by the job's run_count, which also counts starts that never
+    reached the script (measured: attempt 5 for the second run of the script, under load)."""
+    starts = [e["attempt"] for e in evs if e.get("kind") == "start"]
+    return starts[nth - 1] if len(starts) >= nth else None
+
+
+def kinds(evs: list[dict], kind: str, nth: int | None = None) -> list[dict]:
+    """The events of one kind; with ``nth``, of the leader's ``nth`` attempt only."""
+    want = None if nth is None else number(evs, nth)
+    return [e for e in evs if e.get("kind") == kind and (nth is None or (want is not None and e.get("attempt") == want))]
 
 
 def pbs_torch() -> None:
@@ -87,47 +95,12 @@ def setup_job(pbs: PbsCluster, name: str, sync_to: str, train: str, port: int, e
     return work, local
 
 
-def node_pids(pbs: PbsCluster, node: str) -> list[int]:
-    return [int(p) for p in subprocess.run(["ip", "netns", "pids", f"{pbs.pfx}-{node}"], capture_output=True,
-                                           text=True).stdout.split()]
-
-
-def anchor(pbs: PbsCluster, node: str) -> int:
-    return int((pbs.root / "run" / f"{node}.anchor").read_text())
-
-
-def kill_node(pbs: PbsCluster, node: str) -> list[int]:
-    """The node dies: its mom and every process in its namespaces are SIGKILLed (by pid; the
-    namespaces' anchor is kept, so the node can come back for the next test), and its local
-    disk is gone."""
-    keep = anchor(pbs, node)
-    pids = [p for p in node_pids(pbs, node) if p != keep]
-    for pid in pids:
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
-    wait_for(lambda: node_pids(pbs, node) == [keep], 20, f"every process of {node} gone")
-    for child in (pbs.root / "nodes" / node / "local").iterdir():
-        shutil.rmtree(child) if child.is_dir() else child.unlink()
-    return pids
-
-
-def revive_node(pbs: PbsCluster, node: str) -> None:
-    """A new mom on the node (PBS's own init script in its namespaces), back online."""
-    subprocess.run(["nsenter", "-t", str(anchor(pbs, node)), "-n", "-m", "-u", "--wd=/", "--",
-                    "/opt/pbs/libexec/pbs_init.d", "start"], capture_output=True, timeout=60,
-                   env={**os.environ, "PBS_CONF_FILE": str(pbs.root / "conf" / f"pbs.conf.{node}")})
-    pbs.admin("pbsnodes", "-c", node, check=False)
-    wait_for(lambda: "state = free" in pbs.admin("pbsnodes", node, check=False).stdout, 60, f"{node} free again")
-
-
 def test_shards_rerun_and_a_dead_sister(pbs: PbsCluster) -> None:
     pbs_torch()
     torch = pytest.importorskip("torch")
     from tests.multinode.train_dcp import reference
 
-    t0 = time.monotonic()
+    t0, w0 = time.monotonic(), time.time()
     pbs.qmgr("set queue workq kill_delay = 5", "set server operators = alice@*")
     steps = 36
     work, local = setup_job(
@@ -160,15 +133,15 @@ def test_shards_rerun_and_a_dead_sister(pbs: PbsCluster) -> None:
     # then the sister dies; an operator marks it offline, so PBS never reruns the job there
     pbs.admin("pbsnodes", "-o", "-C", "test: n2 died", "n2")
     t_kill = time.time()
-    kill_node(pbs, "n2")
+    pbs.kill_node("n2")
     try:
         info = pbs.wait_state(jobid, "F", timeout=150)
     finally:
-        revive_node(pbs, "n2")
+        pbs.revive_node("n2")
     evs = events(leader)
     starts = kinds(evs, "start")
     assert [s["nodes"] for s in starts] == [["n1", "n2"], ["n1", "n2"], ["n1", "n3"]], said()
-    assert info.get("Exit_status") == 0 and int(info.get("run_count", 0)) == 3, (info.get("Exit_status"), said())
+    assert info.get("Exit_status") == 0 and int(info.get("run_count", 0)) >= 3, (info.get("Exit_status"), said())
 
     # every attempt: the agent on the other node was started by the leader and ready before the spawn
     agents = kinds(evs, "node-agents")
@@ -198,16 +171,17 @@ def test_shards_rerun_and_a_dead_sister(pbs: PbsCluster) -> None:
     # (c) the dead sister: the training failed after the kill, supervise requeued itself, named n2
     end2 = kinds(evs, "end", 2)[0]
     assert end2["reason"] == "child-failed" and end2["t"] > t_kill - 1, end2
-    requeue = kinds(evs, "requeue", 2)
-    assert requeue and requeue[0]["requeued"], requeue
+    requeue = [e for e in kinds(evs, "stop-step", 2) if e["step"] == "requeue"]
+    assert requeue and requeue[0]["requeued"] and requeue[0]["t"] < end2["t"], requeue
     lost = kinds(evs, "node-lost", 3)
-    assert [(x["node"], x["index"], x["in_attempt"], x["scheduler"]) for x in lost] == [("n2", 1, 2, "pbs")], lost
+    assert [(x["node"], x["index"], x["in_attempt"], x["scheduler"]) for x in lost] == [("n2", 1, number(evs, 2), "pbs")], lost
     assert "offline" in lost[0]["state"], lost
     # the job ends with the weights of an uninterrupted run
-    assert kinds(evs, "end", 3)[0]["reason"] == "completed", kinds(evs, "end", 3)
+    end3 = kinds(evs, "end", 3)
+    assert [(e["reason"], e["exit_status"], e["not_durable"]) for e in end3] == [("child-exit", 0, [])], end3
     assert torch.equal(torch.load(work / "final.pt"), reference(steps, world=2)), said()
     print(f"\nshards: agents ready {[a['seconds'] for a in agents]} s; publish lag "
-          f"{sorted(e['lag_s'] for e in pubs if e.get('lag_s') is not None)}; killed n2 at +{t_kill - t0:.1f}s; "
+          f"{sorted(e['lag_s'] for e in pubs if e.get('lag_s') is not None)}; killed n2 at +{t_kill - w0:.1f}s; "
           f"attempt 2 ended {end2['t'] - t_kill:.1f}s after the kill; test {time.monotonic() - t0:.0f} s")
 
 
@@ -215,8 +189,10 @@ def test_rank0_in_place_moves_node_then_qdel(pbs: PbsCluster) -> None:
     pbs_torch()
     torch = pytest.importorskip("torch")
     t0 = time.monotonic()
-    pbs.qmgr("set queue workq kill_delay = 5")
-    work, local = setup_job(pbs, "ddp", "persist", f"--chdir {{local}}/ckpt {REPO}/tests/multinode/ddp_tutorial.py 400 1",
+    # the stop's budget after qdel is the kill delay less MoM's early KILL (with 5: 2.8 s, measured), too
+    # little for the ranks' last save after their TERM, grace 3 s and the last flush; with 10 it fits
+    pbs.qmgr("set queue workq kill_delay = 10")
+    work, local = setup_job(pbs, "ddp", "persist", f"--chdir {{local}}/ckpt --term-after 1 {REPO}/tests/multinode/ddp_tutorial.py 400 1",
                             port=502, extra='grace = "3s"\n')
     jobid = pbs.qsub(work, str(work / "job.pbs"))
     leader, logs = work / "run" / "events.jsonl", work / "logs"
@@ -262,11 +238,22 @@ def test_rank0_in_place_moves_node_then_qdel(pbs: PbsCluster) -> None:
     assert rv["agree"] and rv["choice"] == {"ckpt": "snapshot.pt"} and set(rv["nodes"]) == {"0", "1"}, rv
     assert all(e["why"] == "whole on node 0" for e in published(1)) and all(e["why"] == "whole on node 0" for e in published(2))
 
-    # (d) qdel: PBS TERMs only n2 (the first node); the rank on n3 got TERM too (supervise's stop
-    # through mpirun), before PBS's KILL; the last saved epoch was published before supervise's end
+    # (d) qdel: PBS TERMs only n2 (the first node); the rank on n3 got TERM too, from supervise's
+    # node agent there (the leader journals ``nodes-signal``, the agent sends it to the job's rank
+    # on its node and names the pid), while it was alive: before PBS's KILL (which no handler logs);
+    # the last saved epoch was published before supervise's end
     sigs = [json.loads(line) for line in (logs / "signals.jsonl").read_text().splitlines()]
     term = {s["host"]: s["t"] - t_qdel for s in sigs if s["what"] == "SIGTERM" and s["t"] > t_qdel}
     assert "n2" in term, (sigs, said())  # rank 0, the first node: mpirun's TERM after supervise's
+    assert "n3" in term and term["n3"] < 10, (sigs, said())  # the sister's rank, by supervise's agent on n3, within kill_delay
+    sister = [s for s in sigs if s["what"] == "start" and s["host"] == "n3" and s["t"] > kinds(evs, "start", 2)[0]["t"]]
+    asked = kinds(evs, "nodes-signal", 2)
+    assert [(a["signal"], a["nodes"]) for a in asked] == [("SIGTERM", [1])], asked
+    answered = [e for e in kinds(events(work / "run" / "nodes" / "node-1" / "events.jsonl"), "node-signal")
+                if e["request"] == asked[0]["request"]]
+    assert [(e["signal"], e["pids"]) for e in answered] == [("SIGTERM", [sister[-1]["pid"]])], (answered, sister)
+    stopped = [e for e in kinds(evs, "stop-step", 2) if e["step"] == "stop-child"]
+    assert stopped[0]["nodes_signalled"]["nodes"] == {"1": {"host": "n3", "pids": [sister[-1]["pid"]]}}, stopped
     end = kinds(evs, "end", 2)
     assert end and end[0]["not_durable"] == [], (end, said())
     last = torch.load(work / "persist" / "snapshot.pt")["EPOCHS_RUN"]
@@ -276,5 +263,3 @@ def test_rank0_in_place_moves_node_then_qdel(pbs: PbsCluster) -> None:
           f"{sorted(e['lag_s'] for e in published(1) + published(2))}; qdel → supervise's stop {stop['t'] - t_qdel:.2f}s, "
           f"TERM on {({h: round(v, 2) for h, v in term.items()})}, end {end[0]['t'] - t_qdel:.2f}s; "
           f"Exit_status {info.get('Exit_status')}; test {time.monotonic() - t0:.0f} s")
-    if "n3" not in term:  # measured: OpenMPI's remote orted ends its ranks without a TERM (issue 31)
-        pytest.xfail("the sister node's rank got no TERM: mpirun's stop reaches only its own node's ranks")

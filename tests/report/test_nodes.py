@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from supervisor.report import facts_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +47,7 @@ def samples(where: Path, rows: list[tuple[float, str]]) -> None:
     (where / "host.csv").write_text("".join(host))
 
 
-def plant(run: Path) -> None:
+def plant(run: Path, lost: dict | None = None) -> None:
     node1 = run / "nodes" / "node-1"
     node1.mkdir(parents=True)
     leader, agent = [], []
@@ -53,8 +55,8 @@ def plant(run: Path) -> None:
         leader.append(ev(t, a, "start", host=nodes[0], nodes=nodes, job_id="7", scheduler="slurm",
                          restart_count=a - 1))
         if a == 3:
-            leader.append(ev(t + 0.5, a, "node-lost", node="n3", index=1, in_attempt=2, state="DOWN+NOT_RESPONDING",
-                             reason="Not responding", lost=["step_00030"]))
+            leader.append(ev(t + 0.5, a, "node-lost", node="n3", index=1, in_attempt=2, lost=["step_00030"],
+                             **(lost or {"state": "DOWN+NOT_RESPONDING", "reason": "Not responding"})))
         leader.append(ev(t + 1, a, "node-agents", started=True, nodes=nodes, ready=[1], missing=[], seconds=0.8))
         leader.append(ev(t + 2, a, "spawn", pid=10 + a, argv=["srun", "torchrun"]))
         agent.append(ev(t + 1, a, "node-start", node=1, nodes=2, host=nodes[1], pid=20 + a))
@@ -109,6 +111,24 @@ def test_one_row_per_node_with_its_samples_and_what_became_of_it(tmp_path: Path)
     page = html.read_text()
     nodes_table = page.split("<h2>Nodes</h2>", 1)[1].split("</table>", 1)[0]
     assert "<td>n3</td>" in nodes_table and "LOST in attempt 2" in nodes_table and "<td>2 (node 1)</td>" in nodes_table
+
+
+@pytest.mark.parametrize("scheduler, state, reason, said", [
+    ("slurm", "DOWN+NOT_RESPONDING", "Not responding", "(Slurm: DOWN+NOT_RESPONDING, Not responding)"),
+    ("pbs", "down,offline", "test: n3 died", "(PBS: down,offline, test: n3 died)"),
+])
+def test_a_lost_node_is_named_by_the_scheduler_that_called_it_down(tmp_path: Path, scheduler: str, state: str,
+                                                                    reason: str, said: str) -> None:
+    """``node-lost`` says which scheduler called the node down (pbsnodes' state under PBS,
+    not Slurm's); a journal from before the field is Slurm's (the test above)."""
+    run = tmp_path / "run"
+    plant(run, lost={"scheduler": scheduler, "state": state, "reason": reason})
+    out = report(str(run))
+    assert out.returncode == 0, out.stderr
+    n3 = out.stdout.split("\nNodes", 1)[1].split("node n3", 1)[1].split("\n\n", 1)[0]
+    assert f"LOST in attempt 2 {said}; never published: step_00030" in n3, n3
+    other = "PBS" if scheduler == "slurm" else "Slurm"
+    assert f"({other}:" not in out.stdout, out.stdout
 
 
 def test_a_gpu_fault_on_a_node_agent_makes_its_host_suspect(tmp_path: Path) -> None:
