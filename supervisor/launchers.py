@@ -17,6 +17,13 @@ project's machine, docs/launchers.md):
   signal on (TERM kills it and orphans mpirun and the ranks), so the profile walks down to
   mpirun; and after a TERM to mpirun, Horovod's ranks hang in ``MPI_Finalize`` until mpirun's
   SIGKILL, so its stop goes to the ranks themselves.
+* OpenMPI ``mpirun`` whose ranks called ``MPI_Init`` (mpi4py, ezpz) behaves the same way: after
+  its TERM they save and exit, and mpirun stays until its own SIGKILL at twice the timeout (exit
+  1, or 137 when supervise's grace ends first). So when every local rank has ``libmpi`` mapped
+  (``/proc/PID/maps``: the evidence that it is an MPI process), the stop goes to the ranks.
+* ALCF's ``ezpz launch`` is a Python process around the launcher it composes (``mpiexec``,
+  ``mpirun``, ``srun``) that dies of TERM and USR1 and orphans it: its profile looks through it,
+  at each message, to that launcher, and routes as that launcher's profile does.
 
 So each launcher gets a :class:`LauncherProfile` that says where each message goes: to the
 launcher pid (``'launcher'``), to the rank processes found below it (``'ranks'``; for the stop,
@@ -82,6 +89,8 @@ class LauncherProfile:
     env_from_grace: Mapping[str, Callable[[float], str]] = field(default_factory=dict)
     note: str = ""                         # one line for docs and `supervise check`
     stop_steps: bool = False               # under Slurm the stop signal goes to the job's steps (scancel --signal)
+    stop_route_mpi: str = ""               # the stop route when every local rank has libmpi mapped (MPI_Init)
+    wraps: bool = False                    # a launcher around another (ezpz launch): route as the one below
 
     def child_env(self, grace: float) -> dict[str, str]:
         """Variables that make the launcher's own kill timer fit inside our ``--grace``.
@@ -116,6 +125,9 @@ class LauncherProfile:
         not a rank's own children (data loader workers inherit the rank's environment).
         Processes that exit meanwhile are simply absent.
         """
+        if self.wraps:
+            inner = self.inner(launcher_pid)
+            return inner[0].ranks(inner[1]) if inner else set()
         procs = proctree.all_processes()
         if self.name == "python":
             return {launcher_pid} if proctree.alive(launcher_pid) else set()
@@ -149,6 +161,16 @@ class LauncherProfile:
             queue.extend(below)
         return found
 
+    def inner(self, launcher_pid: int) -> tuple[LauncherProfile, int] | None:
+        """For a launcher that wraps another (``wraps``): the profile and pid of the launcher
+        it started, detected from that process's command line; None until it runs."""
+        pid = self.find_launcher(launcher_pid)
+        argv = _cmdline(pid)
+        if pid == launcher_pid or not argv or "--help" in argv:  # ezpz runs `mpirun --help` to probe its flags
+            return None
+        found = _detect(unwrap(argv))
+        return None if found.wraps or found.name in ("python", "generic") else (found, pid)
+
     def _launcher_alive(self, launcher_pid: int) -> int | None:
         pid = self.find_launcher(launcher_pid)
         return pid if proctree.alive(pid) else (launcher_pid if proctree.alive(launcher_pid) else None)
@@ -162,6 +184,11 @@ class LauncherProfile:
         """
         sig = sig or self.checkpoint_signal
         skipped: dict[int, str] = {}
+        if self.wraps:
+            inner = self.inner(launcher_pid)
+            if inner is None:
+                return Targets("file", frozenset(), {launcher_pid: f"no launcher below {self.name} yet"})
+            return inner[0].checkpoint_targets(inner[1], sig)
         if self.checkpoint_route == "file":
             return Targets("file", frozenset())
         if self.checkpoint_route == "launcher":
@@ -191,7 +218,21 @@ class LauncherProfile:
         below it on this node, else ``'launcher'``: horovodrun --gloo SIGKILLs its ranks 5 s
         after its own TERM (a constant), so TERMing the ranks themselves gives them the whole
         grace; ranks on other hosts are reached only through horovodrun.
+
+        ``stop_route_mpi`` (OpenMPI): when every rank found here has ``libmpi`` mapped, i.e.
+        called ``MPI_Init``, the stop goes to the ranks: TERMed, mpirun would hold them (and
+        itself) until its own SIGKILL. Ranks on other nodes learn of the stop through the
+        training's collective on the stop flag, as under ``horovodrun --mpi``.
         """
+        if self.wraps:
+            inner = self.inner(launcher_pid)
+            if inner is not None:
+                return inner[0].stop_targets(inner[1])
+            return Targets("launcher", frozenset({launcher_pid}))
+        if self.stop_route_mpi:
+            ranks = self.ranks(launcher_pid)
+            if ranks and all(maps_libmpi(r) for r in ranks):
+                return Targets(self.stop_route_mpi, frozenset(ranks))
         if self.stop_route in ("ranks", "local-ranks"):
             ranks = self.ranks(launcher_pid)
             if ranks and self.stop_route == "local-ranks":
@@ -277,6 +318,20 @@ def _first_below(root: int, children: Mapping[int, list[int]], want: Callable[[i
     return found
 
 
+def maps_libmpi(pid: int) -> bool:
+    """True when ``pid`` has an MPI library mapped (``libmpi.so``, in ``/proc/PID/maps``).
+
+    Measured under OpenMPI 4.1 ``mpirun``: a rank that ran ``from mpi4py import MPI`` (which
+    calls ``MPI_Init``) maps ``libmpi.so.40``; a plain Python rank, a torch/gloo rank, and one
+    that only imported the ``mpi4py`` package do not.
+    """
+    try:
+        with open(proctree.PROC / str(pid) / "maps", "rb") as f:
+            return any(b"/libmpi.so" in line for line in f)
+    except OSError:
+        return False
+
+
 def catches(pid: int, sig: int) -> bool:
     """True when ``pid`` has a handler for ``sig`` (SigCgt in /proc/PID/status).
 
@@ -346,9 +401,11 @@ def _p(name: str, ckpt: str, stop: str, **kw: object) -> LauncherProfile:
 
 
 PROFILES: Mapping[str, LauncherProfile] = {p.name: p for p in (
-    _p("mpiexec-openmpi", "launcher", "launcher", programs=_MPI_PROGRAMS,
-       rank_vars=("OMPI_COMM_WORLD_RANK", "PMIX_RANK"), env_from_grace=_OMPI_ENV,
-       note="forwards USR1/USR2 to every rank; a second TERM orphans the ranks"),
+    replace(_p("mpiexec-openmpi", "launcher", "launcher", programs=_MPI_PROGRAMS,
+               rank_vars=("OMPI_COMM_WORLD_RANK", "PMIX_RANK"), env_from_grace=_OMPI_ENV,
+               note="forwards USR1/USR2 to every rank; a second TERM orphans the ranks; ranks that called "
+                    "MPI_Init (libmpi mapped) get the stop TERM themselves: after mpirun's they wait for its SIGKILL"),
+            stop_route_mpi="ranks"),
     _p("mpiexec-hydra", "ranks", "launcher", programs=_MPI_PROGRAMS, rank_vars=("PMI_RANK",),
        note="MPICH Hydra: USR1 forwarding not relied on; local ranks signalled, others read the file"),
     _p("mpiexec-pals", "ranks", "launcher", programs=_MPI_PROGRAMS, rank_vars=("PALS_RANKID", "PMI_RANK"),
@@ -382,6 +439,10 @@ PROFILES: Mapping[str, LauncherProfile] = {p.name: p for p in (
     replace(_p("csrun", "file", "ranks", programs=("csrun_wse", "csrun_cpu"),
                note="bash scripts around srun + singularity: stop goes to their srun's tasks through Slurm"),
             stop_steps=True),
+    replace(_p("ezpz", "file", "launcher", programs=_MPI_PROGRAMS + ("srun",), env_from_grace=_OMPI_ENV,
+               note="ALCF's ezpz launch, a Python process around the mpiexec/mpirun/srun it composes (it dies "
+                    "of TERM and USR1): routed as the launcher below it"),
+            wraps=True),
     _p("python", "launcher", "launcher", note="the child is the one rank"),
     _p("generic", "file", "launcher", note="unknown launcher: the request file only"),
 )}
@@ -389,6 +450,8 @@ PROFILES: Mapping[str, LauncherProfile] = {p.name: p for p in (
 # Config.launcher names (coarse) → profile, when argv does not say more.
 _OVERRIDE_DEFAULT = {"horovodrun": "horovodrun", "mpiexec": "mpiexec", "srun": "srun", "torchrun": "torchrun",
                      "deepspeed": "deepspeed", "csrun": "csrun", "python": "python", "generic": "generic"}
+_EZPZ_LAUNCH = ("ezpz-launch",)
+_EZPZ_MODULES = ("ezpz.launch",)
 
 
 # --- detection from argv ---
@@ -506,7 +569,7 @@ def detect(argv: Sequence[str], override: str = "auto") -> LauncherProfile:
         return found
     if override in PROFILES and override not in _OVERRIDE_DEFAULT:
         return PROFILES[override]
-    if override == "mpiexec" and found.name.startswith("mpiexec"):
+    if override == "mpiexec" and (found.name.startswith("mpiexec") or found.name == "ezpz"):
         return found
     if override == "horovodrun" and found.name.startswith("horovodrun"):
         return found
@@ -525,6 +588,8 @@ def _detect(cmd: Sequence[str]) -> LauncherProfile:
         return PROFILES[_horovod_mode(cmd)]
     if b in ("csrun_wse", "csrun_cpu"):
         return PROFILES["csrun"]
+    if _is_ezpz_launch(cmd):
+        return PROFILES["ezpz"]
     for name in ("srun", "torchrun", "deepspeed"):
         if _runs(cmd, PROFILES[name].programs, PROFILES[name].modules):
             return PROFILES[name]
@@ -533,3 +598,19 @@ def _detect(cmd: Sequence[str]) -> LauncherProfile:
     if _is_python(cmd[0]):
         return PROFILES["python"]
     return PROFILES["generic"]
+
+
+def _is_ezpz_launch(cmd: Sequence[str]) -> bool:
+    """``ezpz launch …`` (the console script, or ``python …/bin/ezpz launch``), ``ezpz-launch``,
+    ``python -m ezpz.launch``."""
+    if _runs(cmd, _EZPZ_LAUNCH, _EZPZ_MODULES):
+        return True
+    rest = list(cmd)
+    if rest and _is_python(rest[0]):
+        rest.pop(0)
+        while rest and rest[0].startswith("-"):
+            rest.pop(0)
+    if not rest or os.path.basename(rest[0]) != "ezpz":
+        return False
+    args = [a for a in rest[1:] if not a.startswith("-")]
+    return bool(args) and args[0] == "launch"

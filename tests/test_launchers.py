@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 import pytest
 
 from supervisor import proctree
-from supervisor.launchers import PROFILES, catches, detect, unwrap
+from supervisor.launchers import PROFILES, catches, detect, maps_libmpi, unwrap
 from tests.conftest import wait_for
 
 RANKS = Path(__file__).parent / "ranks"
@@ -80,6 +80,16 @@ needs_torch = pytest.mark.skipif(not HAVE_TORCH or TORCHRUN is None,
     (["taskset", "-c", "0-3", "deepspeed", "t.py"], "deepspeed"),
     (["nice", "-n", "5", "timeout", "-s", "INT", "1h", "python", "t.py"], "python"),
     (["singularity", "shell", "img.sif"], "generic"),
+    # ALCF's ezpz: a launcher around the mpiexec/mpirun it composes
+    (["ezpz", "launch", "-np", "2", "--", "python", "train.py"], "ezpz"),
+    (["/opt/ezpz-venv/bin/ezpz", "launch", "python", "-m", "ezpz.test_dist"], "ezpz"),
+    (["ezpz-launch", "python", "train.py"], "ezpz"),
+    (["python", "-m", "ezpz.launch", "python", "train.py"], "ezpz"),
+    (["/venv/bin/python3", "-u", "/venv/bin/ezpz", "launch", "train.py"], "ezpz"),
+    (["env", "NCCL_DEBUG=INFO", "ezpz", "launch", "--", "python", "t.py"], "ezpz"),
+    (["ezpz", "test"], "generic"),
+    (["ezpz", "doctor"], "generic"),
+    (["python", "ezpz.py", "launch"], "python"),
 ])
 def test_detect(argv: list[str], name: str) -> None:
     if argv[:1] == ["mpiexec"] and (MPIEXEC is None or "orterun" not in os.path.realpath(MPIEXEC)):
@@ -100,6 +110,7 @@ def test_unwrap_keeps_the_training_arguments() -> None:
     ("horovodrun", ["horovodrun", "--gloo", "x"], "horovodrun-gloo"),
     ("generic", ["python", "t.py"], "generic"),
     ("mpiexec-pals", ["mpiexec", "x"], "mpiexec-pals"),                 # a profile name is taken as is
+    ("mpiexec", ["ezpz", "launch", "python", "t.py"], "ezpz"),         # ezpz runs an mpiexec: argv agrees
 ])
 def test_override(override: str, argv: list[str], name: str) -> None:
     assert detect(argv, override).name == name
@@ -119,6 +130,9 @@ def test_profile_table_is_consistent() -> None:
     assert PROFILES["horovodrun-gloo"].stop_route == "local-ranks"   # its own TERM kills after 5 s
     assert PROFILES["horovodrun-gloo"].checkpoint_route == "ranks"   # dies on USR1
     assert PROFILES["mpiexec-openmpi"].checkpoint_route == "launcher"  # forwards USR1
+    assert PROFILES["mpiexec-openmpi"].stop_route_mpi == "ranks"     # MPI_Init'ed ranks wait for its SIGKILL
+    assert PROFILES["ezpz"].wraps and not any(p.wraps for p in PROFILES.values() if p.name != "ezpz")
+    assert all(p.stop_route_mpi in ("", "ranks") for p in PROFILES.values())
 
 
 def test_child_env_fits_inside_our_grace() -> None:
@@ -254,6 +268,66 @@ def test_mpiexec_stop_once_with_our_grace(launch, tmp_path: Path) -> None:
     took = time.monotonic() - t0
     assert took < grace, took
     assert all(events(out, p) == ["stop"] for p in pids), {p: events(out, p) for p in pids}
+
+
+@pytest.mark.mpi
+@needs_mpi
+@pytest.mark.parametrize("script, mpi", [("from mpi4py import MPI", True), ("import mpi4py", False), ("", False)],
+                         ids=["MPI_Init", "mpi4py-imported-only", "plain"])
+def test_mpiexec_stop_goes_to_ranks_that_called_mpi_init(launch, tmp_path: Path, script: str, mpi: bool) -> None:
+    """Under OpenMPI's mpirun the stop goes to the ranks when each has libmpi mapped (it called
+    MPI_Init: mpirun, TERMed, would hold such ranks and itself until its SIGKILL); ranks that
+    did not (plain Python, torch/gloo, mpi4py imported without MPI) keep the TERM to mpirun."""
+    if mpi or script:
+        pytest.importorskip("mpi4py", reason="mpi4py not installed")
+    out = tmp_path / "out"
+    out.mkdir()
+    code = (f"{script}\nimport os, time; open(os.path.join({str(out)!r}, 'ready.%d' % os.getpid()), 'w').write('x')\n"
+            "time.sleep(60)")
+    proc = launch([MPIEXEC, "--oversubscribe", "-n", "2", PY, "-c", code])
+    pids = wait_for(lambda: len(ready_pids(out)) == 2 and ready_pids(out), 60, "ranks ready")
+    assert all(maps_libmpi(p) == mpi for p in pids)
+    assert not maps_libmpi(proc.pid)                  # mpirun itself does not link libmpi
+    t = detect([MPIEXEC, "-n", "2", PY]).stop_targets(proc.pid)
+    assert (t.route, t.pids) == (("ranks", frozenset(pids)) if mpi else ("launcher", frozenset({proc.pid})))
+    assert PROFILES["mpiexec-hydra"].stop_targets(proc.pid).route == "launcher"  # measured for OpenMPI only
+
+
+@pytest.mark.mpi
+@needs_mpi
+def test_ezpz_launch_is_looked_through_to_its_mpirun(launch, tmp_path: Path) -> None:
+    """`ezpz launch` (tests/ranks/ezpz_stand_in.py: a Python process that composes mpirun and
+    dies of any signal, as ezpz's own does): until its mpirun runs, "checkpoint now" is the file
+    only and the stop goes to ezpz; then both route as OpenMPI's profile does, from mpirun."""
+    pytest.importorskip("mpi4py", reason="mpi4py not installed")
+    ezpz = tmp_path / "ezpz"
+    ezpz.write_text(f"#!{PY}\n" + (RANKS / "ezpz_stand_in.py").read_text())
+    ezpz.chmod(0o755)
+    out, go = tmp_path / "out", tmp_path / "go"
+    out.mkdir()
+    argv = [str(ezpz), "launch", "-np", "2", "--oversubscribe", "--", PY, str(RANKS / "mpi4py_rank.py"), str(out)]
+    prof = detect(argv)
+    assert prof.name == "ezpz" and "OMPI_MCA_odls_base_sigkill_timeout" in prof.child_env(30)
+    proc = launch(argv, EZPZ_STAND_IN_GO=str(go))
+    wait_for(lambda: _cmd(proc.pid)[1:3] == [str(ezpz), "launch"], 20, "the stand-in up")
+    assert not catches(proc.pid, signal.SIGUSR1) and not catches(proc.pid, signal.SIGTERM)
+    assert prof.inner(proc.pid) is None and prof.ranks(proc.pid) == set()
+    t = prof.checkpoint_targets(proc.pid)
+    assert (t.route, t.pids, set(t.skipped)) == ("file", frozenset(), {proc.pid})
+    assert prof.stop_targets(proc.pid) == type(t)("launcher", frozenset({proc.pid}))
+    go.touch()
+    pids = wait_for(lambda: len(ready_pids(out)) == 2 and ready_pids(out), 60, "ranks ready")
+    mpirun = prof.find_launcher(proc.pid)
+    assert mpirun != proc.pid and _cmd(mpirun)[0] == "mpirun"
+    inner = prof.inner(proc.pid)
+    assert inner is not None and (inner[0].name, inner[1]) == ("mpiexec-openmpi", mpirun)
+    assert prof.ranks(proc.pid) == set(pids)
+    wait_for(lambda: all(catches(p, signal.SIGUSR1) for p in pids), 20, "the ranks' USR1 handler")
+    t = prof.checkpoint_targets(proc.pid)
+    assert (t.route, t.pids) == ("launcher", frozenset({mpirun}))
+    send(t.pids, prof.checkpoint_signal)            # forwarded by mpirun to both ranks
+    wait_for(lambda: (out / "ckpt.0").exists() and (out / "ckpt.1").exists(), 30, "both ranks to checkpoint")
+    assert prof.stop_targets(proc.pid) == type(t)("ranks", frozenset(pids))  # MPI_Init'ed
 
 
 # --- torchrun ---
