@@ -6,20 +6,22 @@
 # ezpz is on GitHub only: PyPI's `ezpz-ai` 0.9.0 is an empty wheel whose one dependency, PyPI's
 # `ezpz` 0.1.2, is an unrelated 2016 image tool. So the source comes from, in this order:
 #   EZPZ_SRC                                  a source tree, a tarball of one, or a bare git dir
-#   ../shared/vendor/ezpz-0.26.1-1229a17.tar.gz  (pyproject.toml, README.md, LICENSE, src/; 0.5 MB)
+#   tests/vendor/ezpz-0.26.1-1229a17.tar.gz   (pyproject.toml, README.md, LICENSE, src/; 0.5 MB,
+#                                             MIT: tests/vendor/README.md)
 # Without either it says so and exits 0 (tests/pbs/test_ezpz.py then skips, saying why).
 # Its `ambivalent @ git+https://github.com/saforem2/ambivalent` requirement is left out: it is
 # matplotlib styles (ezpz's plot.py catches its ImportError; only `ezpz test`'s finalize imports
 # it), and pip cannot resolve a git URL without GitHub. The other requirements are pinned
 # below (checked with `pip install --dry-run`: no torch among them).
 # Never fails setup: on any error it prints one line saying why and exits 0.
-#   EZPZ_VENV   where the venv goes (default /opt/ezpz-venv; tests read the same variable)
+#   EZPZ_VENV   where the venv goes (default .venv-ezpz in this checkout, beside .venv: it points
+#               at this .venv; tests read the same variable)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
 
-VENDORED=../shared/vendor/ezpz-0.26.1-1229a17.tar.gz
-VENV=${EZPZ_VENV:-/opt/ezpz-venv}
+VENDORED=tests/vendor/ezpz-0.26.1-1229a17.tar.gz
+VENV=${EZPZ_VENV:-$REPO/.venv-ezpz}
 VERSION=0.26.1
 # ezpz 0.26.1's requirements less ambivalent; click, numpy, rich and transformers (>=4.50) come
 # from .venv through the .pth below.

@@ -175,9 +175,7 @@ def _module_fixtures(item) -> set[str]:  # noqa: ANN001
 # In CI every component is installed, so a skip means something is broken: fail it.
 # Only skips that no CI machine can satisfy (a real GPU) stay skips. Horovod is built by
 # scripts/setup.sh (scripts/build-horovod.sh), so a Horovod skip fails in CI too.
-# ALCF's ezpz is published on GitHub only (PyPI's ezpz-ai is an empty wheel over an unrelated
-# package), which CI cannot reach: its test runs where scripts/install-ezpz.sh found a snapshot.
-ALLOWED_SKIPS = ("gpu", "nvml", "driver", "the long set", "on github only")
+ALLOWED_SKIPS = ("gpu", "nvml", "driver", "the long set")
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -28,7 +28,7 @@ import pytest
 
 from supervisor import proctree
 from supervisor.journal import read_journal
-from supervisor.launchers import PROFILES, catches
+from supervisor.launchers import catches
 from tests.conftest import supervise_argv, wait_for
 
 pytestmark = [pytest.mark.mpi,
@@ -37,10 +37,9 @@ pytestmark = [pytest.mark.mpi,
 REPO = Path(__file__).resolve().parent.parent
 RANK = REPO / "tests" / "ranks" / "mpi4py_stop_rank.py"
 STAND_IN = REPO / "tests" / "ranks" / "ezpz_stand_in.py"
-EZPZ_VENV = Path(os.environ.get("EZPZ_VENV", "/opt/ezpz-venv"))
+EZPZ_VENV = Path(os.environ.get("EZPZ_VENV", REPO / ".venv-ezpz"))
 EZPZ_TRAIN = REPO / "tests" / "pbs" / "ezpz_train.py"
 GRACE = 20.0
-ODLS = int(PROFILES["mpiexec-openmpi"].child_env(GRACE)["OMPI_MCA_odls_base_sigkill_timeout"])
 
 
 def ready(out: Path) -> dict[int, str]:
@@ -99,7 +98,9 @@ def assert_clean_stop(proc: subprocess.Popen[str], tmp_path: Path, ranks: set[in
     end = events(run, "end")[-1]
     detail = f"{stop}\n{end}\n{log.read_text()[-3000:]}"
     assert stop["route"] == "ranks" and set(stop["sent_to"]) == ranks, detail
-    assert stop["graceful"] and not stop["killed"] and stop["seconds"] < ODLS, detail
+    # Not a clock bound (under CI's load a DDP rank's save on TERM took 9.5 s): on the old route
+    # mpirun itself exited 1, and the ranks were killed; here mpirun's status is 0 (below).
+    assert stop["graceful"] and not stop["killed"] and stop["seconds"] < GRACE, detail
     assert rc == end["exit_status"] == 0 and end["launcher_status"] == 0 and end["stopped_cleanly"], detail
     answer = step["checkpoint"]["answer"]
     assert step["checkpoint"]["outcome"] == "published", step["checkpoint"]

@@ -33,12 +33,12 @@ from supervisor.journal import read_journal
 from tests.conftest import wait_for
 from tests.pbs.conftest import REPO, PbsCluster
 
-VENV = Path(os.environ.get("EZPZ_VENV", "/opt/ezpz-venv"))
+VENV = Path(os.environ.get("EZPZ_VENV", REPO / ".venv-ezpz"))
 TRAIN = REPO / "tests" / "pbs" / "ezpz_train.py"
 TMRSH = '#!/bin/sh\nh=$1; shift\nexec pbs_tmrsh "$h" /bin/sh -c "$*"\n'  # OpenMPI's rsh agent over PBS's TM
 
 
-NOT_INSTALLED = f"ezpz is not installed in {VENV} (scripts/install-ezpz.sh: its source is on GitHub only)"
+NOT_INSTALLED = f"ezpz is not installed in {VENV} (scripts/install-ezpz.sh installs it from tests/vendor/)"
 # Checked before the PBS cluster starts: no ezpz, no cluster for it.
 pytestmark = pytest.mark.skipif(not list(VENV.glob("lib/python3*/site-packages/ezpz-*.dist-info")),
                                 reason=NOT_INSTALLED)
