@@ -53,8 +53,13 @@ exec {python} -m supervisor --config {cfg} --run-dir {run} -- \\
 """
 
 
-@pytest.mark.parametrize("each", [False, pytest.param(True, marks=pytest.mark.skipif(
-    not os.environ.get("SUPERVISE_LONG"), reason="the long set: SUPERVISE_LONG=1"))], ids=["rank0-node", "each-node"])
+# Both in the long set: CI keeps the DDP tutorial and Lightning through the four interruptions,
+# and this one (about 6 minutes under CI's load) would take it past its 40 minutes (issue 31).
+LONG = pytest.mark.skipif(not os.environ.get("SUPERVISE_LONG"), reason="the long set: SUPERVISE_LONG=1")
+
+
+@pytest.mark.parametrize("each", [pytest.param(False, marks=LONG), pytest.param(True, marks=LONG)],
+                         ids=["rank0-node", "each-node"])
 def test_hf_trainer_across_nodes_through_the_four_interruptions(cluster4: Cluster, tmp_path: Path, each: bool) -> None:
     pytest.importorskip("transformers")
     safetensors = pytest.importorskip("safetensors.torch")
