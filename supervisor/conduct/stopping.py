@@ -149,8 +149,8 @@ class StopSequence:
             log.warning("no checkpoint completed after the request within %s", format_duration(bound))
         answered = None
         if outcome == "published":
-            saves = await anyio.to_thread.run_sync(self.publish_times)
-            done = min((t for t in saves if t >= asked_at), default=None)  # the publish comes after the completion
+            saves = await anyio.to_thread.run_sync(self.save_times)
+            done = min((t for t in saves if t >= asked_at), default=None)  # the first completed after the request
             answered = policy.answered_request(saves, asked_at, done)
             if answered is False:
                 log.warning("the stop waited %s for the training's next periodic save: it does not answer checkpoint "
@@ -159,11 +159,15 @@ class StopSequence:
                 "signalled": request.get("signal") is not None, "answered": answered,
                 "answer": answer[0] if answer else None, "in_progress": sorted(n for n, _ in in_progress)}
 
-    def publish_times(self) -> list[float]:
-        """When this attempt's checkpoints were published (its journal's ``publish`` events; not
-        pointers, nor files beside the checkpoints, which a save rewrites too)."""
+    def save_times(self) -> list[float]:
+        """When this attempt's published checkpoints became complete (its journal's ``publish``
+        events less their ``lag_s``: the completion evidence, a marker's mtime; not pointers, nor
+        files beside the checkpoints, which a save rewrites too). Not the publish times: under
+        load the copy's lag jitters by more than the rhythm's tolerance, and a periodic save was
+        taken for an answer (CI, issue 31)."""
         run = self.run
-        return [float(e["t"]) for e in read_journal(run.plan.run_dir).events
+        return [float(e["t"]) - (float(e["lag_s"]) if isinstance(e.get("lag_s"), (int, float)) else 0.0)
+                for e in read_journal(run.plan.run_dir).events
                 if e.get("kind") == "publish" and e.get("attempt") == run.plan.attempt and not e.get("pointer")
                 and e.get("restorable") is not False]
 
