@@ -161,8 +161,22 @@ class PbsCluster:
         return f"env PYTHONPATH={REPO} {sys.executable} -m supervisor"
 
 
+def keep_journals(root: Path, into: Path) -> int:
+    """Copy every journal the cluster's jobs wrote (the leaders' and the node agents') under
+    ``into``, where the whole run's journal contract looks (tests/conftest.py): the cluster's
+    directory is under /var/tmp, not pytest's, and goes when the session ends."""
+    kept = 0
+    for journal in (root / "shared").rglob("events.jsonl"):
+        if journal.is_file() and not journal.is_symlink():
+            target = into / journal.relative_to(root / "shared")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(journal, target)
+            kept += 1
+    return kept
+
+
 @pytest.fixture(scope="session")
-def pbs_session() -> Iterator[PbsCluster]:
+def pbs_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PbsCluster]:
     """One 3-node PBS cluster for every PBS test of this session (one worker: the xdist group):
     a 2-node job can be rerun without a node that died."""
     reason = why_not()
@@ -177,6 +191,7 @@ def pbs_session() -> Iterator[PbsCluster]:
         yield PbsCluster(root, 3)
     finally:
         subprocess.run(["bash", str(DOWN), str(root)], capture_output=True, timeout=180)
+        keep_journals(root, tmp_path_factory.mktemp("pbs-journals"))
         if not os.environ.get("SUPERVISE_KEEP_PBS"):
             shutil.rmtree(root, ignore_errors=True)
 
