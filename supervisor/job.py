@@ -427,7 +427,7 @@ def time_limit_end(end: float | None, start: float | None, limit: float | None) 
     return end
 
 
-DEFAULT_KILL_WAIT = {"slurm": 30.0, "pbs": 7.8}  # KillWait (slurm.conf); PBS: pbs_kill_wait(kill_delay 10)
+DEFAULT_KILL_WAIT = {"slurm": 30.0}  # KillWait (slurm.conf); "pbs" is set below, from PBS_KILL_DELAY
 JOB_WIDE = 2.0  # a SIGCONT this close to a TERM means the scheduler signalled every process
 
 
@@ -496,8 +496,8 @@ async def kill_wait(job: Job, report: Report | None = None) -> float | None:
     default = DEFAULT_KILL_WAIT.get(job.scheduler)
     report = report or log.warning
     if job.scheduler == "pbs":
-        view = await pbs_view(job, report)
-        queue = (view.queue if view else None) or job.queue
+        # PBS_QUEUE is in every job's environment (measured); qstat -f only where it is not.
+        queue = job.queue or getattr(await pbs_view(job, report), "queue", None)
         delay = None
         if queue:
             rc, out = await _run(["qstat", "-Qf", queue], QUERY_TIMEOUT, report)
@@ -762,7 +762,7 @@ PBS_RERUN_SUBSTATES = frozenset({60, 61, 62, 63})
 # 11-17 s for 10 with the default polls. The wait counted on is the smaller of
 # kill_delay less this and a quarter of kill_delay.
 PBS_KILL_EARLY = 2.2
-PBS_KILL_DELAY = 10.0  # a queue's kill_delay when unset (OpenPBS req_runjob.c); DEFAULT_KILL_WAIT["pbs"] is its wait
+PBS_KILL_DELAY = 10.0  # a queue's kill_delay when unset (OpenPBS req_runjob.c)
 
 
 async def pbs_attrs(job: Job, report: Report) -> dict[str, str] | None:
@@ -845,6 +845,9 @@ def parse_kill_delay(text: str) -> float | None:
 def pbs_kill_wait(kill_delay: float) -> float:
     """The TERM→KILL wait to count on for a queue's ``kill_delay`` (PBS_KILL_EARLY)."""
     return round(max(0.25 * kill_delay, kill_delay - PBS_KILL_EARLY), 3)
+
+
+DEFAULT_KILL_WAIT["pbs"] = pbs_kill_wait(PBS_KILL_DELAY)  # 7.8 s: a queue that sets no kill_delay
 
 
 def pbs_restart_count_now(job: Job, timeout: float = QUERY_TIMEOUT) -> int | None:
