@@ -66,9 +66,11 @@ def events(path: Path, kind: str) -> list[dict]:
 
 def test_ezpz_launch_under_supervise_runs_ranks_on_both_nodes_and_a_qdel_leaves_a_durable_checkpoint(
         pbs: PbsCluster, ezpz: Path) -> None:
-    pbs.qmgr("set queue workq kill_delay = 25")  # the SIGKILL after qdel's TERM: past our 10 s grace
-    # --warn-before 5s: with the 1-minute walltime, the default lead (~30 s) would stop the run for
-    # the deadline before the qdel when the two torch ranks take that long to start.
+    pbs.qmgr("set queue workq kill_delay = 45")  # the SIGKILL after qdel's TERM: past our 30 s grace
+    # --warn-before 5s: with the 2-minute walltime, the default lead would stop the run for the
+    # deadline before the qdel when the two torch ranks are slow to start. The 30 s grace: from the
+    # TERM to ezpz launch's exit took 4.8-5.2 s here (ezpz launch alone outlives mpirun by ~2 s) and
+    # over 10 s in CI beside the other tests; the promise is a clean stop, not a fast ezpz.
     work = pbs.workdir("ezpz")
     (work / "tmrsh").write_text(TMRSH)
     (work / "tmrsh").chmod(0o755)
@@ -80,7 +82,7 @@ def test_ezpz_launch_under_supervise_runs_ranks_on_both_nodes_and_a_qdel_leaves_
     jobid = pbs.qsub(work, script=f"""#!/bin/bash
 #PBS -l select=2:ncpus=1
 #PBS -l place=scatter
-#PBS -l walltime=00:01:00
+#PBS -l walltime=00:02:00
 #PBS -j oe
 #PBS -o {work}/job.out
 cd {work}
@@ -89,7 +91,7 @@ echo "EZPZ_PBS_LINE $({py} -c "import os, ezpz.pbs; print(ezpz.pbs.get_pbs_launc
 echo "EZPZ_PBS_RUN $(mpiexec --envall --line-buffer --np=2 --ppn=1 --hostfile=$PBS_NODEFILE true 2>&1 | head -n 1)"
 echo "EZPZ_LAUNCH_PBS $(ezpz launch -- true 2>&1 | tail -n 1)"
 export EZPZ_SCHEDULER=NONE RANK=0
-exec {pbs.supervise_line()} --run-dir {work}/run --grace 10s --gpu-every 0 --warn-before 5s \\
+exec {pbs.supervise_line()} --run-dir {work}/run --grace 30s --gpu-every 0 --warn-before 5s \\
     --checkpoints $TMPDIR/ckpt {work}/persistent/ckpt -- \\
     ezpz launch -np 2 --ppn 1 --nh 2 --hostfile $PBS_NODEFILE {mca} -- \\
     env -u RANK {py} {TRAIN} $TMPDIR/ckpt --step-time 0.05 --every 20
@@ -133,7 +135,8 @@ exec {pbs.supervise_line()} --run-dir {work}/run --grace 10s --gpu-every 0 --war
     stop_child = step["stop-child"]
     assert stop_child["route"] == "ranks" and len(stop_child["sent_to"]) == 1, stop_child
     assert stop_child["sent_to"] != [spawn["pid"]] and stop_child["sent_to"] != request["to"], stop_child
-    assert stop_child["graceful"] and not stop_child["killed"] and stop_child["seconds"] < 10, stop_child
+    assert stop_child["graceful"] and not stop_child["killed"] and stop_child["seconds"] < 30, \
+        {k: stop_child.get(k) for k in ("graceful", "killed", "seconds", "sent_to")}
     end = ev[-1]
     # PBS's qstat names the qdel ("terminated by alice@…"): the end is a cancel, not a preemption
     assert end["reason"] == "cancelled" and "terminated by" in end["detail"] and end["not_durable"] == [], end
