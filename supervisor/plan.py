@@ -5,25 +5,36 @@ the signals, the mirror (its pairs checked, each with its profile), the notifier
 and the time budget. Every failure here is a ``ConfigError``: exit 2, one line, no process
 started. ``supervise check`` prints the same plan (``describe``); the conductor
 (``agent.Agent``) only runs it.
+
+One Config, one ``make_plan``, on every node of a multi-node job: ``node_rank=K`` (K > 0)
+builds node K's plan from the same configuration the leader runs by, for its node agent
+(``conduct/node_agent.NodeAgent``): the per-node checkpoint pairs only, its journal under
+``RUN/nodes/node-K/`` and its attempt there, and the leader's previous ``start`` (which node
+this host was then).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
 
 from supervisor import __version__, childenv, deadline, launchers
 from supervisor._units import format_duration
-from supervisor.config import Config, public_view
+from supervisor.config import Config, SyncPair, agent_view, pair_view, public_view
 from supervisor.errors import ConfigError
 from supervisor.job import Job, detect_job, pbs_restart_count_now
-from supervisor.journal import next_attempt, read_journal, redact_argv, redact_env
+from supervisor.journal import next_attempt, node_dir, read_journal, redact_argv, redact_env
 from supervisor.conduct.ports import MirrorPort
 
+if TYPE_CHECKING:
+    from supervisor.sync import Mirror
+
+_T = TypeVar("_T")
 SCHEDULER_ENV_PREFIXES = ("SLURM_", "PBS_", "SUPERVISE_", "CUDA_VISIBLE_DEVICES", "OMPI_COMM_WORLD", "PMI_", "CS_")
 
 
@@ -42,45 +53,54 @@ class Plan:
     notify_urls: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     lead_basis: deadline.Lead | None = None  # what ``auto`` learned it from; None when --warn-before is set
+    node_rank: int = 0                # 0: the leader (supervise itself); K > 0: node K's agent
+    previous_start: dict[str, Any] | None = None  # the leader's ``start`` of the attempt before this one
 
     @property
     def run_dir(self) -> Path:
+        """The run directory: the leader's, for every node."""
         assert self.cfg.run_dir is not None
         return self.cfg.run_dir
 
+    @property
+    def journal_dir(self) -> Path:
+        """Where this role journals: the run directory (the leader), ``RUN/nodes/node-K/`` (node K)."""
+        return node_dir(self.run_dir, self.node_rank) if self.node_rank else self.run_dir
 
-def make_plan(cfg: Config, env: Mapping[str, str] | None = None) -> Plan:
-    """Build and validate the run; ConfigError for anything that would stop it."""
+    @property
+    def nodes(self) -> int:
+        """How many nodes write parts of this run's checkpoints (1: no per-node pair)."""
+        return max((p.nodes for p in per_node_pairs(self.cfg.sync)), default=1)
+
+
+def per_node_pairs(pairs: Sequence[SyncPair]) -> tuple[SyncPair, ...]:
+    """The checkpoint pairs every node writes its own part of (``nodes > 1``, resolved): all
+    that a node agent mirrors, and what makes a job need node agents at all."""
+    return tuple(p for p in pairs if p.kind == "checkpoint" and p.nodes > 1)
+
+
+def make_plan(cfg: Config, env: Mapping[str, str] | None = None, node_rank: int | None = None, *,
+              parts_poll: float = 1.0) -> Plan:
+    """Build and validate the run; ConfigError for anything that would stop it. ``node_rank``
+    None or 0: the leader's plan; K > 0: node K's agent's (``_node_plan``). ``parts_poll``:
+    how often a per-node pair looks for the other nodes' parts (a test's knob)."""
     env = dict(os.environ if env is None else env)
+    if node_rank:
+        return _node_plan(cfg, env, node_rank, parts_poll)
     job = detect_job(env)
     if job.scheduler == "pbs":  # PBS counts reruns only in qstat -f (run_count), not the environment
         runs = pbs_restart_count_now(job)
         if runs is not None:
             job = replace(job, restart_count=runs)
-    cfg = replace(cfg, sync=tuple(p.for_job(job.num_nodes) for p in cfg.sync))  # nodes = "auto": this job's
+    cfg = _for_job(cfg, job)
     assert cfg.run_dir is not None
-    profile = launchers.detect(cfg.command, cfg.launcher)
-    try:  # a path too long, a file on the way, no permission: exit 2 naming it, nothing started
-        exists = cfg.run_dir.exists()
-        previous = read_journal(cfg.run_dir).events if exists else []
-        attempt = next_attempt(cfg.run_dir, env, job.restart_count) if exists else 1
-    except OSError as e:
-        raise ConfigError("run_dir", str(cfg.run_dir), f"cannot be read: {e.strerror or e}") from None
-    basis = deadline.learn(previous) if cfg.warn_before is None else None
-    plan = Plan(cfg=cfg, env=env, job=job, launcher=profile,
-                checkpoint_signal=cfg.checkpoint_signal or profile.checkpoint_signal,
-                attempt=attempt,
-                previous_events=previous,
-                lead=cfg.warn_before if basis is None else basis.seconds, lead_basis=basis,
-                request_path=cfg.run_dir / childenv.REQUEST_FILE, warnings=list(cfg.warnings))
+    run_dir = cfg.run_dir
+    previous, attempt = _on_disk(run_dir, lambda: (read_journal(run_dir).events,
+                                                   next_attempt(run_dir, env, job.restart_count))
+                                 if run_dir.exists() else ([], 1))
+    plan = _plan(cfg, env, job, previous, attempt, previous_start=_start_before(previous, written=0))
     if cfg.sync:
-        from supervisor.sync import Mirror
-
-        # The training's processes are attached when the agent runs (Mirror.attach); they will be seen.
-        mirror = Mirror(cfg.sync, emit=lambda kind, **f: f, sync_every=cfg.sync_every,
-                        backend=cfg.sync_backend, nice=cfg.sync_nice, ionice=cfg.sync_ionice, writers=set,
-                        streams=cfg.sync_streams,
-                        published_before=Mirror.published_in(previous))  # another run's are never replaced
+        mirror = _mirror(cfg, 0, parts_poll, previous)
         plan.warnings += mirror.check()
         plan.mirror = mirror
     if cfg.notify:
@@ -93,8 +113,77 @@ def make_plan(cfg: Config, env: Mapping[str, str] | None = None) -> Plan:
     return plan
 
 
+def _node_plan(cfg: Config, env: dict[str, str], rank: int, parts_poll: float) -> Plan:
+    """Node K's plan: the per-node checkpoint pairs of the same configuration (ConfigError
+    when there is none, or when K is not one of their nodes), journaled under
+    ``RUN/nodes/node-K/``. The leader's journal gives the ``start`` of the attempt before this
+    one: the leader journals this attempt's ``start`` before it starts its agents."""
+    job = detect_job(env)  # nodes = "auto": this job's, as the leader's plan resolves it
+    cfg = _for_job(cfg, job)
+    cfg = replace(cfg, sync=per_node_pairs(cfg.sync))
+    if not cfg.sync:
+        raise ConfigError("nodes", 1, "no per-node checkpoint pair: give --nodes N with --checkpoints, "
+                          "or nodes = N in a [[sync]] table")
+    assert cfg.run_dir is not None
+    mirror = _mirror(cfg, rank, parts_poll)
+    warnings = mirror.check()
+    run_dir = cfg.run_dir
+    previous, attempt = _on_disk(run_dir, lambda: (read_journal(run_dir).events,
+                                                   next_attempt(node_dir(run_dir, rank), env)))
+    plan = _plan(cfg, env, job, previous, attempt, previous_start=_start_before(previous, written=1))
+    plan.node_rank, plan.mirror = rank, mirror
+    plan.warnings += warnings
+    return plan
+
+
+def _for_job(cfg: Config, job: Job) -> Config:
+    return replace(cfg, sync=tuple(p.for_job(job.num_nodes) for p in cfg.sync))  # nodes = "auto": this job's
+
+
+def _on_disk(run_dir: Path, read: Callable[[], _T]) -> _T:
+    """What the run directory already holds (the journals so far, the attempt numbers)."""
+    try:  # a path too long, a file on the way, no permission: exit 2 naming it, nothing started
+        return read()
+    except OSError as e:
+        raise ConfigError("run_dir", str(run_dir), f"cannot be read: {e.strerror or e}") from None
+
+
+def _start_before(events: list[dict[str, Any]], written: int) -> dict[str, Any] | None:
+    """The leader's ``start`` of the attempt before this one; ``written``: how many ``start``
+    lines of this attempt the journal already has (the leader's own comes after its plan)."""
+    starts = [e for e in events if e.get("kind") == "start"]
+    return starts[-1 - written] if len(starts) > written else None
+
+
+def _plan(cfg: Config, env: dict[str, str], job: Job, previous: list[dict[str, Any]], attempt: int,
+          previous_start: dict[str, Any] | None) -> Plan:
+    assert cfg.run_dir is not None
+    profile = launchers.detect(cfg.command, cfg.launcher)
+    basis = deadline.learn(previous) if cfg.warn_before is None else None
+    return Plan(cfg=cfg, env=env, job=job, launcher=profile,
+                checkpoint_signal=cfg.checkpoint_signal or profile.checkpoint_signal,
+                attempt=attempt, previous_events=previous,
+                lead=cfg.warn_before if basis is None else basis.seconds, lead_basis=basis,
+                request_path=cfg.run_dir / childenv.REQUEST_FILE, warnings=list(cfg.warnings),
+                previous_start=previous_start)
+
+
+def _mirror(cfg: Config, rank: int, parts_poll: float, previous: list[dict[str, Any]] | None = None) -> Mirror:
+    """The mirror, built once, before the journal is open: the conductor gives it the journal
+    and the training's processes (``Mirror.attach``) when it runs, whichever node it is on."""
+    from supervisor.sync import Mirror
+
+    return Mirror(cfg.sync, emit=lambda kind, **f: f, sync_every=cfg.sync_every, backend=cfg.sync_backend,
+                  nice=cfg.sync_nice, ionice=cfg.sync_ionice, writers=set, streams=cfg.sync_streams,
+                  node_rank=rank, parts_poll=parts_poll,
+                  # another run's are never replaced (the leader's own checkpoints; a node publishes none)
+                  published_before=Mirror.published_in(previous) if previous is not None else None)
+
+
 def describe(plan: Plan) -> list[tuple[str, str, str]]:
     """(status, topic, text) lines: what supervise will do, for `supervise check` and the log."""
+    if plan.node_rank:
+        return _describe_node(plan)
     cfg, p = plan.cfg, plan.launcher
     stop = cfg.stop_signal.name if cfg.stop_signal else f"{p.stop_signal.name} (per launcher)"
     out = [("ok", "launcher", f"{p.name}: checkpoint {plan.checkpoint_signal.name} via {p.checkpoint_route}, "
@@ -102,13 +191,28 @@ def describe(plan: Plan) -> list[tuple[str, str, str]]:
                               + (f"; {p.note}" if p.note else "")),
            ("ok", "attempt", f"{plan.attempt} in {plan.run_dir}; warns {format_duration(plan.lead)} before the end "
                              f"({'set' if cfg.warn_before is not None else 'learned'})")]
-    if plan.mirror is not None:
-        out += [(status, "sync", text) for status, text in plan.mirror.describe()]
-        out.append(("ok", "sync", f"backend {plan.mirror.backend_name} (sync_backend = {cfg.sync_backend}), "
-                                  f"{cfg.sync_streams} copy stream{'s' if cfg.sync_streams > 1 else ''} (sync_streams)"))
+    out += _describe_mirror(plan, "sync")
     if plan.notify_urls:
         out.append(("ok", "notify", f"{len(plan.notify_urls)} webhook(s), {cfg.notify_format}"))
     return out
+
+
+def _describe_node(plan: Plan) -> list[tuple[str, str, str]]:
+    """Node K's agent: its journal, its attempt, and its part of every per-node pair."""
+    topic = f"node {plan.node_rank}"
+    out = [("ok", topic, f"node {plan.node_rank} of {plan.nodes} (its node agent): journal {plan.journal_dir}, "
+                         f"attempt {plan.attempt}; stages its part of every checkpoint of "
+                         f"{', '.join(p.name for p in plan.cfg.sync)}, published once every node's part is there")]
+    return out + _describe_mirror(plan, topic)
+
+
+def _describe_mirror(plan: Plan, topic: str) -> list[tuple[str, str, str]]:
+    cfg, mirror = plan.cfg, plan.mirror
+    if mirror is None:
+        return []
+    return [*((status, topic, text) for status, text in mirror.describe()),
+            ("ok", topic, f"backend {mirror.backend_name} (sync_backend = {cfg.sync_backend}), "
+                          f"{cfg.sync_streams} copy stream{'s' if cfg.sync_streams > 1 else ''} (sync_streams)")]
 
 
 def start_fields(plan: Plan) -> dict[str, Any]:
@@ -120,6 +224,16 @@ def start_fields(plan: Plan) -> dict[str, Any]:
             "job_name": j.job_name, "restart_count": j.restart_count, "nodes": list(j.nodes),
             "launcher": plan.launcher.name, "checkpoint_signal": plan.checkpoint_signal.name,
             "config": public_view(cfg), "scheduler_env": redact_env(plan.env, SCHEDULER_ENV_PREFIXES)}
+
+
+def node_start_fields(plan: Plan, writers: str | None) -> dict[str, Any]:
+    """Node K's ``node-start`` event: who, where, and what it runs by (its per-node pairs
+    whole, the leader's mirroring and sampling settings); ``writers``: how it finds the
+    training's processes on its node (``JobProcesses.describe``), None in no job."""
+    return {"version": __version__, "node": plan.node_rank, "nodes": plan.nodes, "host": socket.gethostname(),
+            "pid": os.getpid(), "argv": sys.argv, "backend": plan.mirror.backend_name if plan.mirror else None,
+            "pairs": [pair_view(p) for p in plan.cfg.sync],
+            "settings": {k: v for k, v in agent_view(plan.cfg).items() if k != "sync"}, "writers": writers}
 
 
 def job_label(plan: Plan) -> str:

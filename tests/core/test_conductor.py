@@ -160,6 +160,9 @@ class FakeMirror:
         self.calls.append("restore")
         return None
 
+    async def offer(self) -> None:
+        self.calls.append("offer")
+
     async def choose(self) -> dict:
         return {}
 
@@ -208,6 +211,10 @@ class FakeMirror:
     def training_exited(self) -> None:
         self.exited = True
         self.calls.append("training-exited")
+
+    def training_resumed(self) -> None:
+        self.exited = False
+        self.calls.append("training-resumed")
 
     def pending(self) -> list[str]:
         return []
