@@ -14,13 +14,16 @@ descendants (its copiers) and, under Slurm, every process of its own step.
 itself later is not seen), and only its own user (or root) may read it: a process that cannot
 be read is not counted as the job's, so another user's processes never are. Not the cgroup:
 Slurm puts steps in cgroups only with ``proctrack/cgroup``, and PBS mostly not at all.
-Blocking reads of /proc: call from a worker thread.
+Of the job's processes here, the training's ranks are those the leader's stop signal is for
+(``ranks_here``, ``signal_ranks``: PBS signals only the first node's). Blocking reads of
+/proc: call from a worker thread.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Mapping
+import signal
+from typing import Any, Mapping
 
 from supervisor import proctree
 
@@ -119,3 +122,74 @@ class JobProcesses:
         if env is None or env.get(self.key[0]) != self.key[1]:
             return False
         return self.step is None or env.get(STEP_VARIABLE) != self.step
+
+
+def ranks_here(training: JobProcesses) -> tuple[set[int], set[int]]:
+    """(the training's ranks on this node, the job's processes here): what the leader's stop
+    signal is for (PBS gives it only to the first node's processes). The job's processes are
+    found from the system (``JobProcesses``: this job's id in /proc/PID/environ, this uid, not
+    the agent nor its ancestors or descendants); of those, the ranks are the topmost that are
+    no launcher helper or wrapper (orted, a shell, ``env``) and carry a rank variable (MPI's,
+    torch's), as the leader finds its own (``LauncherProfile.ranks``): a rank's data loader
+    workers are below it and get nothing from us, a torchrun is the top and forwards it. With
+    no rank variable to be seen, the topmost processes that are no wrapper."""
+    from supervisor.launchers import _RANK_VARS_MPI, _RANK_VARS_TORCH, _env_key, _is_wrapper
+
+    job = training()
+    uid = os.getuid()
+    here = _uts("self")
+
+    def mine(pid: int) -> bool:
+        """This uid's, and on this node: in this UTS namespace (one machine's processes share
+        one; the nodes of a test cluster are namespaces of one machine that share its pids)."""
+        try:
+            return os.stat(f"/proc/{pid}").st_uid == uid and (here is None or _uts(str(pid)) == here)
+        except OSError:
+            return False
+
+    job = {p for p in job if mine(p)}
+    parent = {p.pid: p.ppid for p in proctree.all_processes()}
+    real = {p for p in job if not _is_wrapper(p)}
+    keyed = {p for p in real if _env_key(p, _RANK_VARS_MPI + _RANK_VARS_TORCH)}
+
+    def tops(among: set[int]) -> set[int]:
+        out = set()
+        for pid in among:
+            up = parent.get(pid, 0)
+            while up > 1 and up not in among:
+                up = parent.get(up, 0)
+            if up not in among:
+                out.add(pid)
+        return out
+
+    return (tops(keyed) if keyed else tops(real)), job
+
+
+def _uts(pid: str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/uts")
+    except OSError:
+        return None
+
+
+def signal_ranks(training: JobProcesses | None, name: str) -> dict[str, Any]:
+    """Send the leader's stop signal ``name`` to the training's ranks on this node, once."""
+    if training is None:
+        return {"pids": [], "error": "not in a job: the training's processes cannot be told apart"}
+    try:
+        sig = signal.Signals[name]
+    except KeyError:
+        return {"pids": [], "error": f"unknown signal {name!r}"}
+    from supervisor.launchers import _cmdline
+
+    ranks, job = ranks_here(training)
+    sent, failed, what = [], {}, {}
+    for pid in sorted(ranks):
+        what[str(pid)] = " ".join(_cmdline(pid))[:200]
+        try:
+            os.kill(pid, sig)
+            sent.append(pid)
+        except OSError as e:
+            failed[str(pid)] = e.strerror or str(e)
+    others = {str(p): " ".join(_cmdline(p))[:120] for p in sorted(job - ranks)}
+    return {"pids": sent, "failed": failed, "commands": what, "not_signalled": others}

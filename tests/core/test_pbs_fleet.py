@@ -2,7 +2,7 @@
 them in real jobs): the ``pbsdsh`` line that starts node K's agent, what ``pbsnodes HOST``
 says about a node (recorded from the real OpenPBS 23.06 of tests/pbs), the agents' say files
 as the leader reads them, and which of the job's processes on a node get the leader's stop
-signal (``node_agent.ranks_here``).
+signal (``jobprocs.ranks_here``).
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ import pytest
 
 from supervisor import cli
 from supervisor.conduct.fleet import CHOICE_VAR, GONE_STATES, SAY_VAR, Fleet, SaidLines, lost_nodes, parse_pbsnodes
-from supervisor.conduct.node_agent import ranks_here, signal_ranks
-from supervisor.jobprocs import JobProcesses
+from supervisor.jobprocs import JobProcesses, ranks_here, signal_ranks
 from tests.conftest import wait_for
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "pbs" / "real"
