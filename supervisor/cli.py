@@ -336,7 +336,8 @@ def _run(ns: argparse.Namespace, command: list[str]) -> int:
 def _node_agent(ns: argparse.Namespace, command: list[str]) -> int:
     import anyio
 
-    from supervisor.conduct.node_agent import node_rank, run_node_agent
+    from supervisor.conduct.node_agent import NodeAgent, leaders_node, node_rank
+    from supervisor.plan import make_plan
 
     if command:
         raise UsageError("supervise node-agent takes no command: it mirrors, the main supervise runs the training")
@@ -347,7 +348,10 @@ def _node_agent(ns: argparse.Namespace, command: list[str]) -> int:
     rank = node_rank(getattr(ns, "node_rank", None), os.environ)
     logs.setup(cfg.verbosity)
     try:
-        return anyio.run(run_node_agent, cfg, rank)
+        if rank == 0:
+            return leaders_node()
+        plan = make_plan(cfg, os.environ, node_rank=rank)  # the leader's own make_plan: ConfigError, exit 2, nothing made
+        return anyio.run(NodeAgent(plan).run)
     finally:
         logs.close()
 

@@ -1,18 +1,21 @@
 """``supervise node-agent``: one per node of a multi-node job, mirroring that node's part.
 
 When every node writes its shards of a checkpoint to its own local disk, the main
-``supervise`` (the leader, node 0) can only see node 0's. The job script starts one node
-agent on every node (``srun --overlap --ntasks-per-node=1 …`` or ``mpiexec --ppn 1 …``); node
-K's agent runs the same ``Mirror`` over the per-node checkpoint pairs (``nodes > 1``) with
-``node_rank=K``: it stages node K's part of each complete checkpoint on persistent storage and
-writes its manifest; the leader publishes once every part is there (docs/sync.md).
+``supervise`` (the leader, node 0) can only see node 0's. The leader starts one node agent
+on every other node (conduct/fleet.py; or the job script does: ``mpiexec --ppn 1 …``). Node
+K's agent is the same conductor with a node role: ``make_plan(cfg, env, node_rank=K)`` builds
+its plan from the same configuration (the per-node checkpoint pairs, the ``Mirror`` with
+``node_rank=K``), and ``NodeAgent(plan).run()`` runs it: it stages node K's part of each
+complete checkpoint on persistent storage and writes its manifest; the leader publishes once
+every part is there (docs/sync.md).
 
 The agent journals into ``<run-dir>/nodes/node-K/events.jsonl`` (and ``supervise.log``
 beside it), never into the leader's ``events.jsonl``. It runs until the leader's ``end`` is in
-``<run-dir>/events.jsonl`` (then one last flush, so a part that lands late still counts for the
-next attempt), or until a second TERM/INT; a first one asks for a flush and goes on mirroring,
-because the leader's stop sequence may still be waiting for a checkpoint that needs this node.
-Node rank 0 is the leader's: an agent started there (a uniform ``srun`` line) exits at once.
+``<run-dir>/events.jsonl`` (then one last flush, bounded, so a part that lands late still
+counts for the next attempt), or until a second TERM/INT; a first one asks for a flush and
+goes on mirroring, because the leader's stop sequence may still be waiting for a checkpoint
+that needs this node. Node rank 0 is the leader's: an agent started there (a uniform ``srun``
+line) exits at once (``leaders_node``).
 """
 
 from __future__ import annotations
@@ -23,21 +26,23 @@ import logging
 import os
 import signal
 import socket
-import sys
 import time
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 import anyio
+from anyio.abc import TaskGroup
 
-from supervisor import childenv
+from supervisor import childenv, logs
 from supervisor.conduct.fleet import CHOICE_VAR, READY_TIMEOUT_S, SAY_VAR, read_choice
-from supervisor.config import Config, agent_view, pair_view
+from supervisor.conduct.parts import guarded
 from supervisor.errors import ConfigError
-from supervisor.job import detect_job
-from supervisor.jobprocs import JobProcesses
-from supervisor.journal import EVENTS_FILE, Emit, Journal, JournalTail, next_attempt, node_dir
-from supervisor.sync import Mirror, role_before, set_aside_other_role
+from supervisor.jobprocs import JobProcesses, signal_ranks
+from supervisor.journal import EVENTS_FILE, Journal, JournalTail
+from supervisor.plan import Plan, node_start_fields
+from supervisor.sync import role_before, set_aside_other_role
 
 log = logging.getLogger("supervise")
 
@@ -68,115 +73,203 @@ def node_rank(given: str | None, env: Mapping[str, str]) -> int:
     return int(raw)
 
 
-async def _start_samplers(tg: anyio.abc.TaskGroup, cfg: Config, where: Path, emit: Emit,
-                          env: Mapping[str, str]) -> None:
-    """This node's GPUs and host, sampled as the leader samples its own, into this node's
-    directory (``nodes/node-K/gpu.csv``, ``host.csv``; their events in its journal). The
-    training's processes here are not the agent's children: the host sampler records the
-    node (memory), not a process tree."""
-    from functools import partial
+class NodeAgent:
+    """Conducts node K's part of one attempt. ``await NodeAgent(plan).run()`` returns the exit
+    status: 0, or 1 after an error (journaled; the leader decides what it means)."""
 
-    from supervisor.gpu import GpuSampler
-    from supervisor.host import HostSampler
-    from supervisor.conduct.parts import guarded
+    def __init__(self, plan: Plan) -> None:
+        assert plan.node_rank > 0 and plan.mirror is not None, "a node plan: make_plan(cfg, env, node_rank=K)"
+        self.plan, self.cfg, self.rank, self.mirror = plan, plan.cfg, plan.node_rank, plan.mirror
+        self.state = NodeState()
+        self.training = JobProcesses.from_env(plan.env)  # None outside a job: no writer can be seen, quiet time decides
 
-    gpu = GpuSampler(run_dir=where, emit=emit, every=cfg.gpu_every, backend=cfg.gpu_backend, env=env,
-                     dmon_log=cfg.dmon_log)
-    host = HostSampler(run_dir=where, emit=emit, every=cfg.gpu_every)
-    await tg.start(partial(guarded, "gpu", partial(gpu.run, tree_pids=set), emit))
-    await tg.start(partial(guarded, "host", partial(host.run, tree_pids=set), emit))
-
-
-async def _follow_training(training: JobProcesses, mirror: Mirror, emit: Emit, rank: int) -> None:
-    """The job's processes on this node, looked for every ``TRAINING_POLL_S``: once found and
-    then all gone, the training here has exited, and nothing can change its files any more
-    (``node-training``); found again (the leader restarted it in place), it runs again."""
-    running = False
-    while True:
-        pids = await anyio.to_thread.run_sync(training)
-        if bool(pids) != running:
-            running = bool(pids)
-            if running:
-                mirror.training_resumed()
-            else:
-                mirror.training_exited()
-                mirror.request("training-exited")  # what waited for quiet time is judged now
-            emit("node-training", node=rank, state="running" if running else "exited", processes=len(pids))
-            log.info("node %d: the training's processes here %s", rank,
-                     f"found ({len(pids)})" if running else "are gone: it has exited")
-        await anyio.sleep(TRAINING_POLL_S)
-
-
-def ranks_here(training: JobProcesses) -> tuple[set[int], set[int]]:
-    """(the training's ranks on this node, the job's processes here): what the leader's stop
-    signal is for (PBS gives it only to the first node's processes). The job's processes are
-    found from the system (``JobProcesses``: this job's id in /proc/PID/environ, this uid, not
-    the agent nor its ancestors or descendants); of those, the ranks are the topmost that are
-    no launcher helper or wrapper (orted, a shell, ``env``) and carry a rank variable (MPI's,
-    torch's), as the leader finds its own (``LauncherProfile.ranks``): a rank's data loader
-    workers are below it and get nothing from us, a torchrun is the top and forwards it. With
-    no rank variable to be seen, the topmost processes that are no wrapper."""
-    from supervisor import proctree
-    from supervisor.launchers import _RANK_VARS_MPI, _RANK_VARS_TORCH, _env_key, _is_wrapper
-
-    job = training()
-    uid = os.getuid()
-    here = _uts("self")
-
-    def mine(pid: int) -> bool:
-        """This uid's, and on this node: in this UTS namespace (one machine's processes share
-        one; the nodes of a test cluster are namespaces of one machine that share its pids)."""
+    async def run(self) -> int:
+        where = self.plan.journal_dir
         try:
-            return os.stat(f"/proc/{pid}").st_uid == uid and (here is None or _uts(str(pid)) == here)
-        except OSError:
-            return False
-
-    job = {p for p in job if mine(p)}
-    parent = {p.pid: p.ppid for p in proctree.all_processes()}
-    real = {p for p in job if not _is_wrapper(p)}
-    keyed = {p for p in real if _env_key(p, _RANK_VARS_MPI + _RANK_VARS_TORCH)}
-
-    def tops(among: set[int]) -> set[int]:
-        out = set()
-        for pid in among:
-            up = parent.get(pid, 0)
-            while up > 1 and up not in among:
-                up = parent.get(up, 0)
-            if up not in among:
-                out.add(pid)
-        return out
-
-    return (tops(keyed) if keyed else tops(real)), job
-
-
-def _uts(pid: str) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/uts")
-    except OSError:
-        return None
-
-
-def signal_ranks(training: JobProcesses | None, name: str) -> dict[str, Any]:
-    """Send the leader's stop signal ``name`` to the training's ranks on this node, once."""
-    if training is None:
-        return {"pids": [], "error": "not in a job: the training's processes cannot be told apart"}
-    try:
-        sig = signal.Signals[name]
-    except KeyError:
-        return {"pids": [], "error": f"unknown signal {name!r}"}
-    from supervisor.launchers import _cmdline
-
-    ranks, job = ranks_here(training)
-    sent, failed, what = [], {}, {}
-    for pid in sorted(ranks):
-        what[str(pid)] = " ".join(_cmdline(pid))[:200]
-        try:
-            os.kill(pid, sig)
-            sent.append(pid)
+            where.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            failed[str(pid)] = e.strerror or str(e)
-    others = {str(p): " ".join(_cmdline(p))[:120] for p in sorted(job - ranks)}
-    return {"pids": sent, "failed": failed, "commands": what, "not_signalled": others}
+            raise ConfigError("run_dir", str(where), f"cannot be created: {e.strerror}") from None
+        lock = _hold(where)
+        if lock is None:
+            log.info("another node agent for node %d is running (%s): nothing to do", self.rank, where / LOCK_FILE)
+            _say("duplicate", self.rank)
+            return 0
+        try:
+            logs.add_file(where, self.cfg.verbosity)
+            for w in self.plan.warnings:
+                log.warning("%s", w)
+            with Journal(where, self.plan.attempt) as self.journal:
+                return await self._conduct()
+        finally:
+            os.close(lock)
+
+    async def _conduct(self) -> int:
+        plan, mirror, journal, state, rank = self.plan, self.mirror, self.journal, self.state, self.rank
+        mirror.attach(journal.emit, writers=self.training)
+        journal.emit("node-start", durable=True, **node_start_fields(
+            plan, self.training.describe() if self.training is not None else None))
+        log.info("node agent %d of %d on %s, journal %s", rank, plan.nodes, socket.gethostname(), plan.journal_dir)
+        t0 = time.monotonic()
+        leader = JournalTail(plan.run_dir / EVENTS_FILE)  # from here: what the leader says while we restore counts
+        try:
+            set_aside_other_role(list(self.cfg.sync), role_before(plan.previous_start, socket.gethostname()), rank,
+                                 journal.emit)
+            await self._restore()
+            holds = await anyio.to_thread.run_sync(mirror.holds)
+            async with anyio.create_task_group() as tg:
+                await tg.start(self._guarded("sync", mirror.run))
+                # the leader that started us (conduct/fleet.py) compares what every node holds, then spawns the training
+                _say("ready", rank, json.dumps(holds, separators=(",", ":")))
+                await self._start_parts(tg)
+                tg.start_soon(self._signals)
+                tg.start_soon(self._leader_words, leader)
+                await state.asked.wait()
+                await self._stop()
+                tg.cancel_scope.cancel()
+        except Exception as e:  # noqa: BLE001 - journaled; the leader decides what it means
+            state.fail(f"{type(e).__name__}: {e}")
+            journal.emit("error", error=state.detail)
+        journal.emit("node-end", node=rank, reason=state.reason, detail=state.detail,
+                     seconds=round(time.monotonic() - t0, 3), not_durable=mirror.pending())
+        return 0 if state.reason != "error" else 1
+
+    def _guarded(self, name: str, run: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[None]]:
+        return partial(guarded, name, run, self.journal.emit)
+
+    async def _start_parts(self, tg: TaskGroup) -> None:
+        """This node's GPUs and host, sampled as the leader samples its own, into this node's
+        directory (``nodes/node-K/gpu.csv``, ``host.csv``; their events in its journal); the
+        training's processes here, followed. They are not the agent's children: the host
+        sampler records the node (memory), not a process tree."""
+        cfg, emit = self.cfg, self.journal.emit
+        if cfg.gpu_every > 0:
+            from supervisor.gpu import GpuSampler
+            from supervisor.host import HostSampler
+
+            where = self.plan.journal_dir
+            gpu = GpuSampler(run_dir=where, emit=emit, every=cfg.gpu_every, backend=cfg.gpu_backend, env=self.plan.env,
+                             dmon_log=cfg.dmon_log)
+            host = HostSampler(run_dir=where, emit=emit, every=cfg.gpu_every)
+            await tg.start(self._guarded("gpu", partial(gpu.run, tree_pids=set)))
+            await tg.start(self._guarded("host", partial(host.run, tree_pids=set)))
+        if self.training is not None:
+            tg.start_soon(self._guarded("training", partial(self._follow_training, self.training)))
+
+    async def _restore(self) -> None:
+        """Started by the leader: offer this node's unpublished whole versions, say so, wait for
+        the leader's choice and restore exactly that (every node the same version). Started by
+        the job script (no choice file named): the newest published version, as the leader's
+        own restore picks it."""
+        path = self.plan.env.get(CHOICE_VAR)
+        if not path:
+            await self.mirror.restore()
+            return
+        await self.mirror.offer()
+        _say("offered", self.rank)
+        choice = None
+        with anyio.move_on_after(2 * READY_TIMEOUT_S):
+            while (choice := await anyio.to_thread.run_sync(read_choice, Path(path))) is None:
+                await anyio.sleep(CHOICE_POLL_S)
+        if choice is None:
+            log.warning("no choice from the leader in %.0fs (%s): restoring the newest published version",
+                        2 * READY_TIMEOUT_S, path)
+        await self.mirror.restore(choice)
+
+    async def _follow_training(self, training: JobProcesses) -> None:
+        """The job's processes on this node, looked for every ``TRAINING_POLL_S``: once found and
+        then all gone, the training here has exited, and nothing can change its files any more
+        (``node-training``); found again (the leader restarted it in place), it runs again."""
+        running = False
+        while True:
+            pids = await anyio.to_thread.run_sync(training)
+            if bool(pids) != running:
+                running = bool(pids)
+                if running:
+                    self.mirror.training_resumed()
+                else:
+                    self.mirror.training_exited()
+                    self.mirror.request("training-exited")  # what waited for quiet time is judged now
+                self.journal.emit("node-training", node=self.rank, state="running" if running else "exited",
+                                  processes=len(pids))
+                log.info("node %d: the training's processes here %s", self.rank,
+                         f"found ({len(pids)})" if running else "are gone: it has exited")
+            await anyio.sleep(TRAINING_POLL_S)
+
+    async def _signals(self) -> None:
+        """A first TERM/INT asks for a flush and goes on (the leader may still wait for this
+        node's part); HUP asks for a flush; a second TERM/INT ends the agent."""
+        seen = 0
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as received:
+            async for sig in received:
+                seen += 1
+                name = signal.Signals(sig).name
+                if seen == 1 and sig != signal.SIGHUP:
+                    self.journal.emit("signal", signal=name, action="flush",
+                                      why="going on until the leader ends; a second one stops the agent")
+                    self.mirror.request(f"signal:{name}")
+                elif sig == signal.SIGHUP:
+                    self.mirror.request("signal:SIGHUP")
+                else:
+                    self.journal.emit("signal", signal=name, action="stop")
+                    self.state.end("signal", name)
+
+    async def _leader_words(self, leader: JournalTail) -> None:
+        """The leader's journal: its last flush asks for ours (answered in this node's journal,
+        ``node-flush`` with its ``request``); its ``nodes-signal`` (PBS) is sent to this node's
+        ranks (``node-signal``); its ``end`` ends us."""
+        while True:
+            for ev in await anyio.to_thread.run_sync(leader.appended):
+                if ev.get("kind") == "nodes-flush":
+                    await self._answer(ev)
+                elif ev.get("kind") == "nodes-signal" and self.rank in (ev.get("nodes") or []):
+                    done = await anyio.to_thread.run_sync(signal_ranks, self.training, str(ev.get("signal")))
+                    self.journal.emit("node-signal", request=ev.get("request"), signal=ev.get("signal"), node=self.rank,
+                                      durable=True, **done)
+                    log.info("node %d: the leader's %s sent to %s", self.rank, ev.get("signal"), done["pids"] or "nobody")
+                elif ev.get("kind") == "end":
+                    self.state.end("leader-ended", f"leader attempt {ev.get('attempt')}: {ev.get('reason')}")
+                    return
+            await anyio.sleep(LEADER_POLL_S)
+
+    async def _answer(self, ev: Mapping[str, Any]) -> None:
+        if ev.get("exited"):
+            self.mirror.training_exited()  # every rank is gone: nothing here waits for quiescence
+        result = await self.mirror.flush("leader")
+        self.journal.emit("node-flush", request=ev.get("request"), ok=result["ok"], seconds=result["seconds"],
+                          pairs=result["pairs"], not_durable=[f"node {self.rank}: {line}" for line in self.mirror.pending()],
+                          durable=True)
+
+    async def _stop(self) -> None:
+        """The node's stop: one last flush, bounded (``FINAL_FLUSH_S``), so a part that lands
+        late still counts for the next attempt."""
+        with anyio.move_on_after(FINAL_FLUSH_S):
+            result = await self.mirror.flush(self.state.reason)
+            self.journal.emit("node-flush", ok=result["ok"], seconds=result["seconds"], pairs=result["pairs"])
+
+
+@dataclass
+class NodeState:
+    """Why node K's agent ends, as ``node-end`` says it: the first reason asked wins (the
+    leader's ``end``, a second stop signal); an error overrides it."""
+
+    reason: str = "leader-ended"
+    detail: str = ""
+    asked: anyio.Event = field(default_factory=anyio.Event)
+
+    def end(self, reason: str, detail: str) -> None:
+        if not self.asked.is_set():
+            self.reason, self.detail = reason, detail
+            self.asked.set()
+
+    def fail(self, detail: str) -> None:
+        self.reason, self.detail = "error", detail
+
+
+def leaders_node() -> int:
+    """Node rank 0 is the leader's: the main supervise mirrors this node's part; nothing to do."""
+    log.info("node rank 0 is the leader's: the main supervise mirrors this node's part; nothing to do")
+    _say("leader", 0)
+    return 0
 
 
 def _say(what: str, rank: int, more: str = "") -> None:
@@ -197,27 +290,6 @@ def _say(what: str, rank: int, more: str = "") -> None:
             log.warning("could not tell the leader %r (%s): %s", what, where, e)
 
 
-async def _restore(mirror: Any, env: Mapping[str, str], rank: int) -> None:
-    """Started by the leader: offer this node's unpublished whole versions, say so, wait for
-    the leader's choice and restore exactly that (every node the same version). Started by
-    the job script (no choice file named): the newest published version, as the leader's
-    own restore picks it."""
-    path = env.get(CHOICE_VAR)
-    if not path:
-        await mirror.restore()
-        return
-    await mirror.offer()
-    _say("offered", rank)
-    choice = None
-    with anyio.move_on_after(2 * READY_TIMEOUT_S):
-        while (choice := await anyio.to_thread.run_sync(read_choice, Path(path))) is None:
-            await anyio.sleep(CHOICE_POLL_S)
-    if choice is None:
-        log.warning("no choice from the leader in %.0fs (%s): restoring the newest published version",
-                    2 * READY_TIMEOUT_S, path)
-    await mirror.restore(choice)
-
-
 def _hold(where: Path) -> int | None:
     """An exclusive lock on the node's journal directory: a second agent for the same node
     (the job script's own ``srun … node-agent`` line beside the leader's) gets None."""
@@ -230,145 +302,3 @@ def _hold(where: Path) -> int | None:
     except OSError:
         pass  # a filesystem without flock (Lustre mounted without it): no guard, not a refusal
     return fd
-
-
-def _previous_start(path: Path) -> dict | None:
-    """The leader's ``start`` of the attempt before its newest (the newest is this attempt's:
-    the leader journals it before it starts the agents)."""
-    starts = []
-    try:
-        with open(path, "rb") as f:
-            for raw in f:
-                if b'"kind":"start"' in raw:
-                    try:
-                        starts.append(json.loads(raw))
-                    except ValueError:
-                        pass
-    except OSError:
-        return None
-    return starts[-2] if len(starts) >= 2 else None
-
-
-async def run_node_agent(cfg: Config, rank: int, env: Mapping[str, str] | None = None,
-                         parts_poll: float = 1.0) -> int:
-    """Mirror this node's parts until the leader ends (or a second stop signal); exit status."""
-    from supervisor import __version__, logs
-
-    env = dict(os.environ if env is None else env)
-    assert cfg.run_dir is not None
-    job_nodes = detect_job(env).num_nodes  # nodes = "auto": this job's (as the leader's plan resolves it)
-    pairs = [q for q in (p.for_job(job_nodes) for p in cfg.sync) if q.kind == "checkpoint" and q.nodes > 1]
-    if rank == 0:
-        log.info("node rank 0 is the leader's: the main supervise mirrors this node's part; nothing to do")
-        _say("leader", rank)
-        return 0
-    if not pairs:
-        raise ConfigError("nodes", 1, "no per-node checkpoint pair: give --nodes N with --checkpoints, "
-                          "or nodes = N in a [[sync]] table")
-    mirror = Mirror(pairs, emit=lambda *a, **k: {}, sync_every=cfg.sync_every, backend=cfg.sync_backend,
-                    nice=cfg.sync_nice, ionice=cfg.sync_ionice, streams=cfg.sync_streams, node_rank=rank,
-                    parts_poll=parts_poll)
-    warnings = mirror.check()  # ConfigError before anything is written
-    where = node_dir(cfg.run_dir, rank)
-    try:
-        where.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError("run_dir", str(where), f"cannot be created: {e.strerror}") from None
-    lock = _hold(where)
-    if lock is None:
-        log.info("another node agent for node %d is running (%s): nothing to do", rank, where / LOCK_FILE)
-        _say("duplicate", rank)
-        return 0
-    logs.add_file(where, cfg.verbosity)
-    for w in warnings:
-        log.warning("%s", w)
-    journal = Journal(where, next_attempt(where, env))
-    training = JobProcesses.from_env(env)  # None outside a job: no writer can be seen, quiet time decides
-    mirror = Mirror(pairs, emit=journal.emit, sync_every=cfg.sync_every, backend=cfg.sync_backend,
-                    nice=cfg.sync_nice, ionice=cfg.sync_ionice, streams=cfg.sync_streams, node_rank=rank,
-                    parts_poll=parts_poll, writers=training)
-    journal.emit("node-start", durable=True, version=__version__, node=rank, nodes=max(p.nodes for p in pairs),
-                 host=socket.gethostname(), pid=os.getpid(), argv=sys.argv, backend=mirror.backend_name,
-                 pairs=[pair_view(p) for p in pairs], settings={k: v for k, v in agent_view(cfg).items() if k != "sync"},
-                 writers=training.describe() if training is not None else None)
-    log.info("node agent %d of %d on %s, journal %s", rank, max(p.nodes for p in pairs), socket.gethostname(), where)
-    t0 = time.monotonic()
-    leader = JournalTail(cfg.run_dir / EVENTS_FILE)
-    reason, detail = "leader-ended", ""
-    try:
-        set_aside_other_role(pairs, role_before(_previous_start(cfg.run_dir / EVENTS_FILE), socket.gethostname()),
-                             rank, journal.emit)
-        await _restore(mirror, env, rank)
-        holds = await anyio.to_thread.run_sync(mirror.holds)
-        async with anyio.create_task_group() as tg:
-            await tg.start(mirror.run)
-            # the leader that started us (supervisor/conduct/fleet.py) compares what every node
-            # holds, then spawns the training
-            _say("ready", rank, json.dumps(holds, separators=(",", ":")))
-            if cfg.gpu_every > 0:
-                await _start_samplers(tg, cfg, where, journal.emit, env)
-            if training is not None:
-                tg.start_soon(_follow_training, training, mirror, journal.emit, rank)
-            stop = anyio.Event()
-            why: list[tuple[str, str]] = []
-
-            async def signals() -> None:
-                seen = 0
-                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as received:
-                    async for sig in received:
-                        seen += 1
-                        name = signal.Signals(sig).name
-                        if seen == 1 and sig != signal.SIGHUP:
-                            journal.emit("signal", signal=name, action="flush",
-                                         why="going on until the leader ends; a second one stops the agent")
-                            mirror.request(f"signal:{name}")
-                            continue
-                        if sig == signal.SIGHUP:
-                            mirror.request("signal:SIGHUP")
-                            continue
-                        journal.emit("signal", signal=name, action="stop")
-                        why.append(("signal", name))
-                        stop.set()
-
-            async def leader_words() -> None:
-                """The leader's journal: its last flush asks for ours (answered in this
-                node's journal, ``node-flush`` with its ``request``); its ``end`` ends us."""
-                while True:
-                    for ev in await anyio.to_thread.run_sync(leader.appended):
-                        if ev.get("kind") == "nodes-flush":
-                            await answer(ev)
-                        elif ev.get("kind") == "nodes-signal" and rank in (ev.get("nodes") or []):
-                            done = await anyio.to_thread.run_sync(signal_ranks, training, str(ev.get("signal")))
-                            journal.emit("node-signal", request=ev.get("request"), signal=ev.get("signal"), node=rank,
-                                         durable=True, **done)
-                            log.info("node %d: the leader's %s sent to %s", rank, ev.get("signal"), done["pids"] or "nobody")
-                        elif ev.get("kind") == "end":
-                            why.append(("leader-ended", f"leader attempt {ev.get('attempt')}: {ev.get('reason')}"))
-                            stop.set()
-                            return
-                    await anyio.sleep(LEADER_POLL_S)
-
-            async def answer(ev: dict) -> None:
-                if ev.get("exited"):
-                    mirror.training_exited()  # every rank is gone: nothing here waits for quiescence
-                result = await mirror.flush("leader")
-                journal.emit("node-flush", request=ev.get("request"), ok=result["ok"], seconds=result["seconds"],
-                             pairs=result["pairs"], not_durable=[f"node {rank}: {line}" for line in mirror.pending()],
-                             durable=True)
-
-            tg.start_soon(signals)
-            tg.start_soon(leader_words)
-            await stop.wait()
-            reason, detail = why[0]
-            with anyio.move_on_after(FINAL_FLUSH_S):
-                result = await mirror.flush(reason)
-                journal.emit("node-flush", ok=result["ok"], seconds=result["seconds"], pairs=result["pairs"])
-            tg.cancel_scope.cancel()
-    except Exception as e:  # noqa: BLE001 - journaled; the leader decides what it means
-        reason, detail = "error", f"{type(e).__name__}: {e}"
-        journal.emit("error", error=detail)
-    journal.emit("node-end", node=rank, reason=reason, detail=detail, seconds=round(time.monotonic() - t0, 3),
-                 not_durable=mirror.pending())
-    journal.close()
-    os.close(lock)
-    return 0 if reason != "error" else 1
