@@ -33,13 +33,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import anyio
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 
 from supervisor.config import Config, agent_view
 from supervisor.journal import EVENTS_FILE, Emit, JournalTail, node_dir
+
+if TYPE_CHECKING:
+    from supervisor.plan import Plan
 
 log = logging.getLogger("supervise")
 
@@ -93,12 +96,12 @@ class Fleet:
         self._t0 = time.monotonic()
 
     @classmethod
-    def from_plan(cls, plan: Any, emit: Emit) -> Fleet | None:
+    def from_plan(cls, plan: Plan, emit: Emit) -> Fleet | None:
         """A fleet where one is needed: a Slurm or PBS job of several nodes with a per-node pair."""
-        cfg: Config = plan.cfg
+        cfg = plan.cfg
         if plan.job.scheduler not in SCHEDULERS or plan.job.num_nodes < 2:
             return None
-        if not any(p.kind == "checkpoint" and p.nodes > 1 for p in cfg.sync):
+        if plan.nodes < 2:  # no per-node pair
             return None
         if plan.env.get("SUPERVISE_NODE_AGENTS", "").lower() in ("0", "off", "false", "no"):
             return None
@@ -431,7 +434,7 @@ def parse_pbsnodes(out: str) -> tuple[str, str] | None:
 NODE_STATE = {"slurm": slurm_node_state, "pbs": pbs_node_state}
 
 
-async def journal_lost_nodes(plan: Any, emit: Emit) -> None:
+async def journal_lost_nodes(plan: Plan, emit: Emit) -> None:
     """``node-lost`` for each node of the previous attempt that is gone (Slurm and PBS jobs)."""
     state = NODE_STATE.get(plan.job.scheduler)
     if state is None or not any(p.kind == "checkpoint" and p.nodes > 1 for p in plan.cfg.sync):
@@ -501,7 +504,7 @@ async def restore_everywhere(agents: Fleet | None, mirror: Any, emit: Emit) -> t
     return restored, differ
 
 
-async def start(plan: Any, tg: Any, guarded: Callable[..., Any], emit: Emit) -> Fleet | None:
+async def start(plan: Plan, tg: TaskGroup, guarded: Callable[..., Any], emit: Emit) -> Fleet | None:
     """The agent's one call, before its restore: say which nodes are gone, then start the
     node agents and wait until they have offered their versions (each bounded; never
     fatal). The fleet it returns, if any, then hears the leader's choice (``agree``)."""
