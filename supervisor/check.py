@@ -149,6 +149,14 @@ def _check_plan(cfg: Config) -> bool:
         print(f"{status:4}  {topic:10} {text}")
     for status, text in node_evidence(plan.cfg, plan.env):
         print(f"{status:4}  {'evidence':10} {text}")
+    if plan.nodes > 1:  # what node 1's agent would run by: its plan, as `supervise node-agent` makes it
+        try:
+            node = make_plan(cfg, plan.env, node_rank=1)
+        except ConfigError as e:
+            print(f"{FAIL:4}  {'node 1':10} {e}")
+            return True
+        for status, topic, text in describe(node):
+            print(f"{status:4}  {topic:10} {text}")
     return False
 
 
