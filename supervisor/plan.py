@@ -85,9 +85,9 @@ def make_plan(cfg: Config, env: Mapping[str, str] | None = None, node_rank: int 
     None or 0: the leader's plan; K > 0: node K's agent's (``_node_plan``). ``parts_poll``:
     how often a per-node pair looks for the other nodes' parts (a test's knob)."""
     env = dict(os.environ if env is None else env)
-    if node_rank:
-        return _node_plan(cfg, env, node_rank, parts_poll)
     job = detect_job(env)
+    if node_rank:
+        return _node_plan(cfg, env, job, node_rank, parts_poll)
     if job.scheduler == "pbs":  # PBS counts reruns only in qstat -f (run_count), not the environment
         runs = pbs_restart_count_now(job)
         if runs is not None:
@@ -113,14 +113,12 @@ def make_plan(cfg: Config, env: Mapping[str, str] | None = None, node_rank: int 
     return plan
 
 
-def _node_plan(cfg: Config, env: dict[str, str], rank: int, parts_poll: float) -> Plan:
+def _node_plan(cfg: Config, env: dict[str, str], job: Job, rank: int, parts_poll: float) -> Plan:
     """Node K's plan: the per-node checkpoint pairs of the same configuration (ConfigError
     when there is none, or when K is not one of their nodes), journaled under
     ``RUN/nodes/node-K/``. The leader's journal gives the ``start`` of the attempt before this
     one: the leader journals this attempt's ``start`` before it starts its agents."""
-    job = detect_job(env)  # nodes = "auto": this job's, as the leader's plan resolves it
-    cfg = _for_job(cfg, job)
-    cfg = replace(cfg, sync=per_node_pairs(cfg.sync))
+    cfg = replace(cfg, sync=per_node_pairs(_for_job(cfg, job).sync))  # nodes = "auto": this job's, as the leader's
     if not cfg.sync:
         raise ConfigError("nodes", 1, "no per-node checkpoint pair: give --nodes N with --checkpoints, "
                           "or nodes = N in a [[sync]] table")
@@ -129,7 +127,7 @@ def _node_plan(cfg: Config, env: dict[str, str], rank: int, parts_poll: float) -
     warnings = mirror.check()
     run_dir = cfg.run_dir
     previous, attempt = _on_disk(run_dir, lambda: (read_journal(run_dir).events,
-                                                   next_attempt(node_dir(run_dir, rank), env)))
+                                                   next_attempt(node_dir(run_dir, rank), env)))  # its own journal
     plan = _plan(cfg, env, job, previous, attempt, previous_start=_start_before(previous, written=1))
     plan.node_rank, plan.mirror = rank, mirror
     plan.warnings += warnings
