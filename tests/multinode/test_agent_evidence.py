@@ -158,9 +158,11 @@ def test_once_the_jobs_processes_here_are_gone_a_part_is_judged_without_waiting(
     _tell(rank)
     rank.wait(timeout=30)
     gone = time.time()
-    wait_for(lambda: manifest_path(tmp_path / "persist", ckpt.name, 1).exists(), timeout=25,
+    # the `part` event, not the manifest: the agent journals it just after writing the manifest
+    wait_for(lambda: any(e["kind"] == "part" for e in _journal(tmp_path)), timeout=25,
              what="node 1's part after the training's exit")
     print(f"staged {time.time() - gone:.2f}s after the rank exited")
+    assert manifest_path(tmp_path / "persist", ckpt.name, 1).exists()
     (exited,) = [e for e in _journal(tmp_path) if e["kind"] == "node-training" and e["state"] == "exited"]
     (part,) = [e for e in _journal(tmp_path) if e["kind"] == "part"]
     assert part["why"] == "training exited" and exited["processes"] == 0
