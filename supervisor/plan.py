@@ -20,7 +20,7 @@ from supervisor import __version__, childenv, deadline, launchers
 from supervisor._units import format_duration
 from supervisor.config import Config, public_view
 from supervisor.errors import ConfigError
-from supervisor.job import Job, detect_job, pbs_restart_count_now
+from supervisor.sched import Job, detect_job
 from supervisor.journal import next_attempt, read_journal, redact_argv, redact_env
 from supervisor.conduct.ports import MirrorPort
 
@@ -53,10 +53,9 @@ def make_plan(cfg: Config, env: Mapping[str, str] | None = None) -> Plan:
     """Build and validate the run; ConfigError for anything that would stop it."""
     env = dict(os.environ if env is None else env)
     job = detect_job(env)
-    if job.scheduler == "pbs":  # PBS counts reruns only in qstat -f (run_count), not the environment
-        runs = pbs_restart_count_now(job)
-        if runs is not None:
-            job = replace(job, restart_count=runs)
+    runs = job.sched.restart_count_now(job)  # PBS counts reruns only in qstat -f (run_count), not the environment
+    if runs is not None:
+        job = replace(job, restart_count=runs)
     cfg = replace(cfg, sync=tuple(p.for_job(job.num_nodes) for p in cfg.sync))  # nodes = "auto": this job's
     assert cfg.run_dir is not None
     profile = launchers.detect(cfg.command, cfg.launcher)
