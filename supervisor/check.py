@@ -74,11 +74,11 @@ def probe_nvml() -> tuple[str, str]:
 
 def probe_scheduler() -> tuple[str, str]:
     try:
-        from supervisor.job import detect_job
+        from supervisor.sched import detect_job
     except ImportError:
         return WARN, "scheduler detection not available"
     job = detect_job(os.environ)
-    if job.scheduler == "local":
+    if not job.sched.is_batch:
         return OK, "none (local run)"
     return OK, f"{job.scheduler} job {job.job_id} (restart count {job.restart_count})"
 

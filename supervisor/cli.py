@@ -245,6 +245,7 @@ def config_from(ns: argparse.Namespace, command: Sequence[str], *, for_check: bo
                 create_run_dir: bool | None = None):
     """Build the validated Config from parsed options (file < env < flags)."""
     from supervisor.config import build_config
+    from supervisor.sched import run_dir_id
 
     given = vars(ns)
     flags: dict[str, Any] = {k: given[k] for k in CONFIG_FLAGS if k in given}
@@ -260,7 +261,7 @@ def config_from(ns: argparse.Namespace, command: Sequence[str], *, for_check: bo
     cfg = build_config(flags=flags, flag_pairs=pairs, command=tuple(command), config_file=cfg_file,
                        require_command=not for_check,
                        create_run_dir=not for_check if create_run_dir is None else create_run_dir, flag_nodes=given.get("nodes"),
-                       pair_flags=pair_flags)
+                       pair_flags=pair_flags, job_id=run_dir_id(os.environ))
     from dataclasses import replace
 
     return replace(cfg, verbosity=verbosity)
@@ -336,8 +337,9 @@ def _run(ns: argparse.Namespace, command: list[str]) -> int:
 def _node_agent(ns: argparse.Namespace, command: list[str]) -> int:
     import anyio
 
-    from supervisor.conduct.node_agent import NodeAgent, leaders_node, node_rank
+    from supervisor.conduct.node_agent import NodeAgent, leaders_node
     from supervisor.plan import make_plan
+    from supervisor.sched import node_rank
 
     if command:
         raise UsageError("supervise node-agent takes no command: it mirrors, the main supervise runs the training")
@@ -380,9 +382,10 @@ def _env(ns: argparse.Namespace, command: list[str]) -> int:
         raise UsageError("supervise env is not available in this build") from None
     import anyio
 
-    from supervisor import job as jobs
+    from supervisor.sched import detect_job
 
-    end = anyio.run(jobs.end_time, jobs.detect_job(os.environ), lambda message: None)
+    job = detect_job(os.environ)
+    end = anyio.run(job.sched.end_time, job, lambda message: None)
     info = envinfo.gather(os.environ, command, end_time=end, mpi=envinfo.detect_mpi())
     print(json.dumps(info, indent=2, sort_keys=True) if ns.json else envinfo.render_text(info))
     return 0

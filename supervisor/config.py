@@ -543,11 +543,11 @@ def _resolve_pairs(pairs: list[SyncPair]) -> tuple[SyncPair, ...]:
     return tuple(out)
 
 
-def default_run_dir(env: Mapping[str, str], cwd: Path) -> Path:
-    """Stable across requeues of one job (so attempts append), unique per local run."""
-    job = env.get("SLURM_JOB_ID") or env.get("PBS_JOBID", "").split(".")[0]
-    if job:
-        return cwd / f"supervise-{job}"
+def default_run_dir(job_id: str | None, cwd: Path) -> Path:
+    """Stable across requeues of one job (so attempts append), unique per local run.
+    ``job_id``: the batch job's, as its scheduler names run directories (``sched.run_dir_id``)."""
+    if job_id:
+        return cwd / f"supervise-{job_id}"
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     return cwd / f"supervise-{stamp}-{os.getpid()}"
 
@@ -585,6 +585,7 @@ def build_config(
     create_run_dir: bool = True,
     flag_nodes: str | None = None,
     pair_flags: Mapping[str, Any] | None = None,
+    job_id: str | None = None,
 ) -> Config:
     """Merge file < env < flags, validate everything, and return the frozen Config.
 
@@ -592,6 +593,7 @@ def build_config(
     ``flag_pairs`` are ``(kind, local, persistent)`` from ``--checkpoints``/``--logs``;
     ``flag_nodes`` (``--nodes``) is the node count of the ``--checkpoints`` pairs, and
     ``pair_flags`` their other options (``restore``, ``markers``, ``settle``, ``profile``).
+    ``job_id`` names the default run directory (the caller asks the scheduler: config knows none).
     """
     env = os.environ if env is None else env
     cwd = Path.cwd() if cwd is None else cwd
@@ -626,7 +628,7 @@ def build_config(
         raise ConfigError("grace", values["grace"], "expected at most 24h")
 
     run_dir = values.pop("run_dir", None)
-    run_dir = _abs(run_dir, cwd) if run_dir is not None else default_run_dir(env, cwd)
+    run_dir = _abs(run_dir, cwd) if run_dir is not None else default_run_dir(job_id, cwd)
     cfg = Config(
         command=tuple(command),
         run_dir=run_dir,

@@ -17,7 +17,8 @@ import subprocess
 import time
 from typing import Any, Mapping, Sequence
 
-from supervisor.job import Job, detect_job, pbs_gpus_per_node
+from supervisor.sched import Job, detect_job
+from supervisor.sched.pbs import pbs_gpus_per_node
 
 
 def _launcher_name(argv: Sequence[str]) -> str | None:
@@ -71,27 +72,12 @@ def detect_mpi(path: str | None = None) -> str | None:
 
 
 def launch_command(job: Job, mpi: str | None = None) -> list[str] | None:
-    """A launch line that uses the whole allocation (ezpz's ``ezpz_setup_job``); argv form.
-
-    PBS: ``mpi`` is the installed ``mpiexec``'s family (:func:`detect_mpi`): OpenMPI refuses
-    ``--ppn`` ("unknown option") and takes ``--map-by ppr:G:node``, which places G ranks per
-    node whatever slot count the nodefile gives; PALS and MPICH (and unknown) take ``--ppn``."""
+    """A launch line that uses the whole allocation (ezpz's ``ezpz_setup_job``); argv form,
+    the scheduler's (``Scheduler.launch_line``: srun, mpiexec over the PBS nodefile, or
+    torchrun on this machine). ``mpi`` is the installed ``mpiexec``'s family (:func:`detect_mpi`),
+    which an mpiexec line depends on."""
     world, ppn = world_layout(job)
-    nnodes = max(1, job.num_nodes)
-    if job.scheduler == "slurm":
-        argv = ["srun", "-N", str(nnodes), "-n", str(world), "--ntasks-per-node", str(ppn)]
-        if job.gpus_per_node:
-            argv += ["--gpus-per-node", str(job.gpus_per_node)]
-        return argv
-    if job.scheduler == "pbs":
-        per_node = ["--map-by", f"ppr:{ppn}:node"] if mpi == "openmpi" else ["--ppn", str(ppn)]
-        argv = ["mpiexec", "--np", str(world), *per_node]
-        if job.nodefile:
-            argv += ["--hostfile", job.nodefile]
-        return argv
-    if job.gpus_per_node and job.gpus_per_node > 1:
-        return ["torchrun", "--standalone", "--nproc-per-node", str(job.gpus_per_node)]
-    return None
+    return job.sched.launch_line(job, world, ppn, mpi)
 
 
 def gather(
@@ -139,7 +125,7 @@ def gather(
         "mpi": mpi,
         "launch_command": launch,
         "launch_command_text": shlex.join(launch) if launch else None,
-        "requeue_id": job.requeue_id if job.scheduler != "local" else None,
+        "requeue_id": job.requeue_id,
     }
 
 
@@ -168,7 +154,7 @@ def render_text(info: Mapping[str, Any]) -> str:
         ("world size", f"{show(info.get('world_size'))} ({show(info.get('ranks_per_node'))} per node)"),
         ("launcher", show(info.get("launcher"))),
         ("launch with", show(info.get("launch_command_text"))
-         + (f" ({info['mpi']} mpiexec)" if info.get("mpi") and info.get("scheduler") == "pbs" else "")),
+         + (f" ({info['mpi']} mpiexec)" if info.get("mpi") and (info.get("launch_command") or [""])[0] == "mpiexec" else "")),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k + ':':<{width + 1}} {v}" for k, v in rows) + "\n"

@@ -5,7 +5,9 @@ as they are in the wheel (the data packages ``supervisor.job_scripts`` and ``sup
 see pyproject.toml): one copy, run under a real Slurm by the tests. ``init`` picks the template
 for the scheduler and launcher, puts in the training command, the directories, the node and GPU
 counts and the time, and leaves the scheduler-specific lines (warning signal, requeue) as the
-template has them. It asks nothing: what it cannot detect it takes from options.
+template has them. It asks nothing: what it cannot detect it takes from options. What differs
+between schedulers (the template, the directives, how the script is submitted) is the
+scheduler's (``supervisor.sched``: ``Scheduler.job_script``, ``set_directives``, ``submit_notes``).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from typing import Mapping, Sequence
 
 from supervisor import __version__
 from supervisor.errors import UsageError
+from supervisor.sched import BATCH, SCHEDULERS, Scheduler, detect_job, for_submit
 
-SCHEDULERS = ("slurm", "pbs")
+SITE_OPTIONS = ("account", "queue", "select", "filesystems")  # a scheduler's own directives (PBS's)
 _HERE = Path(__file__).resolve().parent
 
 
@@ -44,30 +47,9 @@ class Template:
     preset: str
 
 
-def choose(scheduler: str, launcher: str) -> Template:
+def choose(scheduler: Scheduler, launcher: str) -> Template:
     """The template for this scheduler and launcher (a close one when there is no exact one)."""
-    if scheduler == "pbs":
-        return Template("pbs-mpiexec.pbs", "polaris.toml")
-    if launcher.startswith("horovodrun"):
-        return Template("slurm-horovodrun.sbatch", "ibex.toml")
-    if launcher == "csrun":
-        return Template("cerebras-csrun.sbatch", "cerebras.toml")
-    if launcher == "srun" or launcher.startswith("mpiexec"):
-        return Template("slurm-srun.sbatch", "slurm.toml")  # one task per GPU, started by the allocation
-    return Template("slurm-torchrun.sbatch", "slurm.toml")  # one task that starts the ranks itself
-
-
-def detect_scheduler(env: Mapping[str, str]) -> str | None:
-    """The scheduler of the job we are in, else the one whose submit command is on PATH."""
-    if env.get("SLURM_JOB_ID"):
-        return "slurm"
-    if env.get("PBS_JOBID"):
-        return "pbs"
-    if shutil.which("sbatch"):
-        return "slurm"
-    if shutil.which("qsub"):
-        return "pbs"
-    return None
+    return Template(*scheduler.job_script(launcher))
 
 
 def detect_launcher(command: Sequence[str]) -> str:
@@ -78,8 +60,6 @@ def detect_launcher(command: Sequence[str]) -> str:
 
 def detect_gpus(env: Mapping[str, str]) -> int | None:
     """GPUs per node: the job's, else this machine's (nvidia-smi -L); None when unknown."""
-    from supervisor.job import detect_job
-
     job = detect_job(env)
     if job.gpus_per_node:
         return job.gpus_per_node
@@ -97,50 +77,6 @@ def detect_gpus(env: Mapping[str, str]) -> int | None:
 
 
 # ---------------------------------------------------------------------------- rendering
-def _set_directive(lines: list[str], pattern: str, new: str | None) -> None:
-    """Replace what ``pattern`` matches in the first line it matches (the rest kept); None deletes it."""
-    rx = re.compile(pattern)
-    for i, line in enumerate(lines):
-        m = rx.match(line)
-        if m:
-            if new is None:
-                del lines[i]
-            else:
-                lines[i] = new + line[m.end():]
-            return
-
-
-LEAD_MAX = 600     # seconds: the templates' --signal=B:USR2@600, for jobs of 40 min and more
-LEAD_SHARE = 0.25  # a shorter job is warned this share of its time limit before the end…
-LEAD_FLOOR = 45    # …but never less (Slurm checks about every 30 s and may send it up to 60 s early)
-
-
-def slurm_seconds(text: str) -> float | None:
-    """Slurm's ``--time``: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS → seconds."""
-    days, _, rest = text.strip().rpartition("-")
-    try:
-        d = int(days) if days else 0
-        parts = [int(p) for p in rest.split(":")]
-    except ValueError:
-        return None
-    if days:  # D-HH[:MM[:SS]]
-        parts = (parts + [0, 0])[:3] if 1 <= len(parts) <= 3 else []
-    elif len(parts) == 1:  # minutes
-        parts = [0, parts[0], 0]
-    elif len(parts) == 2:  # MM:SS
-        parts = [0, *parts]
-    if len(parts) != 3 or min(parts) < 0 or d < 0:
-        return None
-    return float(((d * 24 + parts[0]) * 60 + parts[1]) * 60 + parts[2])
-
-
-def warning_lead(limit: float) -> int:
-    """How long before the end the Slurm warning signal is asked for: the templates' 600 s,
-    scaled down for a short job (a 2-minute job must not be warned 10 minutes ahead, which is
-    at once), at least ``LEAD_FLOOR`` and never more than half the limit."""
-    return int(min(LEAD_MAX, max(LEAD_FLOOR, LEAD_SHARE * limit), limit / 2))
-
-
 def _set_default(lines: list[str], name: str, value: str) -> None:
     """``VAR=${VAR:-old}`` → ``VAR=${VAR:-value}``: the job can still override it at submission."""
     rx = re.compile(rf"^(export )?{name}=\$\{{{name}:-.*?\}}(?=\s|$)")
@@ -207,7 +143,7 @@ def _header(lines: list[str], template: Template, note: str | list[str]) -> None
 
 @dataclass(frozen=True)
 class Choices:
-    scheduler: str
+    scheduler: Scheduler
     launcher: str
     command: tuple[str, ...]
     name: str
@@ -222,59 +158,10 @@ class Choices:
     filesystems: str | None = None  # PBS: -l filesystems= ('' drops it: a Polaris/Aurora resource)
 
 
-def pbs_submit_notes(script_name: str, config_name: str, account: bool) -> list[str]:
-    """How the PBS script is submitted, and why that way (it says so itself at the top)."""
-    a = "" if account else " -A PROJECT"
-    return [f"submit: ./{script_name}{a} [more qsub options]",
-            f"check first: supervise check --config {config_name} --script {script_name} -- …",
-            "Run, it submits itself as an executable job (qsub with its #PBS lines and your options, then",
-            "`-- /bin/bash THIS`, read again on the node when the job starts): supervise leads the job's session,",
-            f"so qsig -s USR1|USR2 reaches it. `qsub {script_name}` works too, but then your login shell leads",
-            "the session, and qsig kills it and the job (Exit_status 266)."]
-
-
 def render_script(template: Template, c: Choices, config: Path) -> str:
     lines = (data_dir("job_scripts") / template.script).read_text().splitlines()
-    script_name = f"{c.name}.{'sbatch' if c.scheduler == 'slurm' else 'pbs'}"
-    if c.scheduler == "slurm":
-        _header(lines, template, f"submit: sbatch {script_name}   (check first: supervise check --config {config.name} -- …)")
-    else:
-        _header(lines, template, pbs_submit_notes(script_name, config.name, bool(c.account)))
-    if c.scheduler == "slurm":
-        _set_directive(lines, r"^#SBATCH --job-name=\S+", f"#SBATCH --job-name={c.name}")
-        if c.nodes:
-            _set_directive(lines, r"^#SBATCH --nodes=\S+", f"#SBATCH --nodes={c.nodes}")
-        if c.gpus is not None:
-            _set_directive(lines, r"^#SBATCH --gpus-per-node=\S+", f"#SBATCH --gpus-per-node={c.gpus}" if c.gpus else None)
-            if template.script == "slurm-srun.sbatch" and c.gpus:
-                _set_directive(lines, r"^#SBATCH --ntasks-per-node=\S+", f"#SBATCH --ntasks-per-node={c.gpus}")
-        if c.time:
-            _set_directive(lines, r"^#SBATCH --time=\S+", f"#SBATCH --time={c.time}")
-            limit = slurm_seconds(c.time)
-            lead = warning_lead(limit) if limit else LEAD_MAX
-            if lead < LEAD_MAX:
-                _set_directive(lines, r"^#SBATCH --signal=B:USR2@\d+.*$",
-                               f"#SBATCH --signal=B:USR2@{lead}           # USR2 to the batch shell (= supervise) {lead} s "
-                               f"before the end: a quarter of the {c.time} limit, at least {LEAD_FLOOR} s (not the "
-                               f"templates' {LEAD_MAX} s: longer than the job, it would come at once)")
-    else:
-        _set_directive(lines, r"^#PBS -N \S+", f"#PBS -N {c.name}")
-        if c.select is not None:
-            m = re.search(r"^#PBS -l select=(\d+)", "\n".join(lines), re.M)
-            n = c.nodes or (int(m.group(1)) if m else 1)
-            _set_directive(lines, r"^#PBS -l select=\S*", f"#PBS -l select={n}" + (f":{c.select}" if c.select else ""))
-        elif c.nodes:
-            _set_directive(lines, r"^#PBS -l select=\d+", f"#PBS -l select={c.nodes}")
-        if c.queue is not None:
-            _set_directive(lines, r"^#PBS -q \S+", f"#PBS -q {c.queue}" if c.queue else None)
-        if c.filesystems is not None:
-            _set_directive(lines, r"^#PBS -l filesystems=\S+",
-                           f"#PBS -l filesystems={c.filesystems}" if c.filesystems else None)
-        if c.account:
-            i = next(i for i, ln in enumerate(lines) if ln.startswith("#PBS -N "))
-            lines.insert(i + 1, f"#PBS -A {c.account}")
-        if c.time:
-            _set_directive(lines, r"^#PBS -l walltime=\S+", f"#PBS -l walltime={c.time}")
+    _header(lines, template, c.scheduler.submit_notes(f"{c.name}.{c.scheduler.script_suffix}", config.name, bool(c.account)))
+    c.scheduler.set_directives(lines, c, template.script)
     if c.local:
         _set_default(lines, "LOCAL_DIR", c.local)
     if c.persistent:
@@ -300,7 +187,7 @@ def parser(cls: type[argparse.ArgumentParser]) -> argparse.ArgumentParser:
                         "from the shipped templates, with the warning-signal and requeue lines right for the "
                         "scheduler. Detected when not given: the scheduler (the job's, else sbatch or qsub on "
                         "PATH), the launcher (from COMMAND), nodes and GPUs per node (the job's, else nvidia-smi).")
-    p.add_argument("--scheduler", choices=SCHEDULERS, help="slurm or pbs (default: detected)")
+    p.add_argument("--scheduler", choices=BATCH, help=f"{' or '.join(BATCH)} (default: detected)")
     p.add_argument("--launcher", help="torchrun, srun, mpiexec, horovodrun, csrun, deepspeed, python, generic "
                                       "(default: from COMMAND)")
     p.add_argument("--name", default="train", help="job name and file names: NAME.sbatch|NAME.pbs and NAME.toml (default train)")
@@ -326,7 +213,7 @@ def main(ns: argparse.Namespace, command: Sequence[str], env: Mapping[str, str] 
     if not command:
         raise UsageError("supervise init needs the training command after --, e.g. "
                          "supervise init --scheduler slurm -- torchrun --nproc-per-node 4 train.py")
-    scheduler = ns.scheduler or detect_scheduler(env)
+    scheduler = SCHEDULERS[ns.scheduler] if ns.scheduler else for_submit(env)
     if scheduler is None:
         raise UsageError("supervise init: no scheduler found here (no job, no sbatch or qsub on PATH): "
                          "give --scheduler slurm or --scheduler pbs")
@@ -340,24 +227,23 @@ def main(ns: argparse.Namespace, command: Sequence[str], env: Mapping[str, str] 
     for flag, n in (("--nodes", ns.nodes), ("--gpus", ns.gpus)):
         if n is not None and n < (1 if flag == "--nodes" else 0):
             raise UsageError(f"{flag} {n}: must be {'1' if flag == '--nodes' else '0'} or more")
-    pbs_only = [f"--{k}" for k in ("account", "queue", "select", "filesystems") if getattr(ns, k) is not None]
-    if pbs_only and scheduler != "pbs":
-        raise UsageError(f"{', '.join(pbs_only)}: PBS directives; with Slurm write #SBATCH lines in the script")
-    for k in ("account", "queue", "select", "filesystems"):
+    site = [k for k in SITE_OPTIONS if getattr(ns, k) is not None and k not in scheduler.script_options]
+    if site:
+        raise UsageError(f"{', '.join('--' + k for k in site)}: PBS directives; with {scheduler.label} write "
+                         f"{scheduler.directive} lines in the script")
+    for k in SITE_OPTIONS:
         v = getattr(ns, k)
         if v and not re.fullmatch(r"[\w.:=@+,/-]+", v):
             raise UsageError(f"--{k} {v!r}: one #PBS word (letters, digits and . : = @ + , / - _)")
-    from supervisor.job import detect_job
-
     job = detect_job(env)
     gpus = ns.gpus if ns.gpus is not None else detect_gpus(env)
     choices = Choices(scheduler=scheduler, launcher=launcher, command=tuple(command), name=ns.name,
-                      nodes=ns.nodes or (job.num_nodes if job.scheduler != "local" else None), gpus=gpus,
+                      nodes=ns.nodes or (job.num_nodes if job.sched.is_batch else None), gpus=gpus,
                       time=ns.time, local=ns.local, persistent=ns.persistent, account=ns.account, queue=ns.queue,
                       select=ns.select, filesystems=ns.filesystems)
     template = choose(scheduler, launcher)
     out = Path(ns.dir).resolve()
-    script = out / f"{ns.name}.{'sbatch' if scheduler == 'slurm' else 'pbs'}"
+    script = out / f"{ns.name}.{scheduler.script_suffix}"
     config = out / f"{ns.name}.toml"
     for f in (script, config):
         if f.exists() and not ns.force:
@@ -374,7 +260,7 @@ def _tell(c: Choices, template: Template, script: Path, config: Path) -> None:
     gpus = "unknown here: the template's" if c.gpus is None else str(c.gpus)
     nodes = "the template's" if c.nodes is None else str(c.nodes)
     print(f"wrote {script} (from {template.script}) and {config} (from {template.preset})")
-    print(f"  scheduler {c.scheduler}, launcher {c.launcher}, nodes {nodes}, GPUs per node {gpus}")
+    print(f"  scheduler {c.scheduler.name}, launcher {c.launcher}, nodes {nodes}, GPUs per node {gpus}")
     local = c.local or "$TMPDIR/…"
     persistent = c.persistent or "…/results/…"
     print("check it (the job script sets LOCAL_DIR and PERSISTENT_DIR; give them here):")
@@ -382,8 +268,4 @@ def _tell(c: Choices, template: Template, script: Path, config: Path) -> None:
           f"supervise check --config {shlex.quote(str(config))} -- {shlex.join(c.command)}")
     if any("$" in w for w in c.command):
         print("  (words with $VARIABLE are left to the job's shell to expand)")
-    if c.scheduler == "slurm":
-        print(f"then: sbatch {shlex.quote(str(script))}")
-    else:
-        print(f"then: {shlex.quote(str(script))}{'' if c.account else ' -A PROJECT'}   (it submits itself as an "
-              "executable job, which qsig does not kill)")
+    print(f"then: {c.scheduler.submit_line(shlex.quote(str(script)), bool(c.account))}")

@@ -27,7 +27,7 @@ from supervisor import __version__, childenv, deadline, launchers
 from supervisor._units import format_duration
 from supervisor.config import Config, SyncPair, agent_view, pair_view, public_view
 from supervisor.errors import ConfigError
-from supervisor.job import Job, detect_job, pbs_restart_count_now
+from supervisor.sched import Job, detect_job
 from supervisor.journal import next_attempt, node_dir, read_journal, redact_argv, redact_env
 from supervisor.conduct.ports import MirrorPort
 
@@ -88,10 +88,9 @@ def make_plan(cfg: Config, env: Mapping[str, str] | None = None, node_rank: int 
     job = detect_job(env)
     if node_rank:
         return _node_plan(cfg, env, job, node_rank, parts_poll)
-    if job.scheduler == "pbs":  # PBS counts reruns only in qstat -f (run_count), not the environment
-        runs = pbs_restart_count_now(job)
-        if runs is not None:
-            job = replace(job, restart_count=runs)
+    runs = job.sched.restart_count_now(job)  # PBS counts reruns only in qstat -f (run_count), not the environment
+    if runs is not None:
+        job = replace(job, restart_count=runs)
     cfg = _for_job(cfg, job)
     assert cfg.run_dir is not None
     run_dir = cfg.run_dir

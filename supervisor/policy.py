@@ -231,14 +231,15 @@ def wants_checkpoint(reason: Reason) -> bool:
     return reason not in NO_CHECKPOINT
 
 
-def requeue_decision(reason: Reason, *, requeue: bool, on_failure: bool, scheduler: str, already: bool,
+def requeue_decision(reason: Reason, *, requeue: bool, on_failure: bool, queued: bool, already: bool,
                      restart_count: int, max_requeues: int, suspect: bool = False) -> tuple[bool, str]:
-    """(requeue?, why not). A crash on a suspect node (a GPU fault) is requeued elsewhere."""
+    """(requeue?, why not). ``queued``: the run is a batch job, with a queue to go back to
+    (``Scheduler.is_batch``). A crash on a suspect node (a GPU fault) is requeued elsewhere."""
     if not requeue:
         return False, "requeue is off"
     if reason not in REQUEUE_REASONS and not ((on_failure or suspect) and reason == Reason.CHILD_FAILED):
         return False, f"not after {reason.value}"
-    if scheduler == "local":
+    if not queued:
         return False, "no scheduler to requeue with"
     if already:
         return False, "the scheduler already requeued the job"

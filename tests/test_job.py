@@ -1,8 +1,10 @@
-"""supervisor.job without a scheduler: environment detection, hostlists, qstat -f parsing,
-and the subprocess path (real processes: missing tools, slow tools, failing tools)."""
+"""supervisor.sched without a scheduler: environment detection, hostlists, qstat -f parsing,
+and the subprocess path (real processes: missing tools, slow tools, failing tools). The
+scheduler is reached as callers reach it, through the job (``job.sched``)."""
 
 from __future__ import annotations
 
+import os
 import stat
 import time
 from datetime import datetime
@@ -11,13 +13,25 @@ from pathlib import Path
 import anyio
 import pytest
 
-from supervisor.job import (
-    Job, JobView, count_devices, detect_job, end_time, expand_hostlist, expand_tasks_per_node, gpu_count,
-    kill_wait, parse_job_view, parse_qstat_f, parse_slurm_duration, parse_slurm_time, parse_walltime, pbs_end_time, pbs_gpus_per_node,
-    requeue, requeue_command,
+from supervisor.sched import (
+    SCHEDULERS, Job, Report, count_devices, detect_job, expand_hostlist, expand_tasks_per_node, gpu_count,
 )
+from supervisor.sched.pbs import parse_qstat_f, parse_walltime, pbs_end_time, pbs_gpus_per_node
+from supervisor.sched.slurm import JobView, parse_job_view, parse_slurm_duration, parse_slurm_time
 
 PBS = Path(__file__).parent / "fixtures" / "pbs"
+
+
+async def end_time(job: Job, report: Report | None = None) -> float | None:
+    return await job.sched.end_time(job, report)
+
+
+async def kill_wait(job: Job, report: Report | None = None) -> float | None:
+    return await job.sched.kill_wait(job, report)
+
+
+async def requeue(job: Job, timeout: float = 60.0, report: Report | None = None) -> tuple[bool, str]:
+    return await job.sched.requeue(job, timeout, report)
 
 
 @pytest.mark.parametrize("text, hosts", [
@@ -62,7 +76,7 @@ def test_slurm_requeued_array_task() -> None:
     job = detect_job({"SLURM_JOB_ID": "7702", "SLURM_ARRAY_JOB_ID": "7690", "SLURM_ARRAY_TASK_ID": "12",
                       "SLURM_RESTART_COUNT": "3", "SLURM_JOB_END_TIME": "1795270846"})
     assert job.restart_count == 3 and job.requeue_id == "7690_12"
-    assert requeue_command(job) == ["scontrol", "requeue", "7690_12"]
+    assert job.sched.requeue_command(job) == ["scontrol", "requeue", "7690_12"]
     assert job.env_end_time == 1795270846.0
 
 
@@ -72,12 +86,12 @@ def test_pbs_detection_reads_the_nodefile(tmp_path: Path) -> None:
     job = detect_job({"PBS_JOBID": "5.srv", "PBS_JOBNAME": "j", "PBS_NODEFILE": str(nodefile),
                       "PBS_O_WORKDIR": "/w"})
     assert (job.scheduler, job.nodes, job.ntasks, job.tasks_per_node) == ("pbs", ("n1", "n2"), 4, 2)
-    assert requeue_command(job) == ["qrerun", "5.srv"] and job.submit_dir == "/w"
+    assert job.sched.requeue_command(job) == ["qrerun", "5.srv"] and job.submit_dir == "/w"
 
 
 def test_local_job_cannot_be_requeued() -> None:
     job = detect_job({"CUDA_VISIBLE_DEVICES": "0,1"})
-    assert job.scheduler == "local" and job.gpus_per_node == 2 and requeue_command(job) is None
+    assert job.scheduler == "local" and job.gpus_per_node == 2 and job.sched.requeue_command(job) is None
     assert anyio.run(requeue, job)[0] is False
     assert anyio.run(end_time, job) is None
 
@@ -279,7 +293,7 @@ def test_job_view_reads_the_kill_window_fields() -> None:
     (SHOW_CANCELLED.replace("COMPLETING", "REQUEUED"), "preempted", "preempted", True),
 ])
 def test_the_reason_after_a_slurm_term(text: str, was: str, reason: str, requeued: bool) -> None:
-    from supervisor.job import reason_from_view
+    from supervisor.sched.slurm import reason_from_view
 
     assert reason_from_view(parse_job_view(text), was, 0) == (reason, requeued)
 
@@ -293,7 +307,7 @@ def test_the_reason_after_a_slurm_term(text: str, was: str, reason: str, requeue
     ("slurm_load_jobs error: Invalid job id specified", None),        # no view: the failure stands
 ])
 def test_the_reason_when_the_training_died_of_a_signal_first(text: str, expected: tuple[str, bool] | None) -> None:
-    from supervisor.job import reason_after_signal_death
+    from supervisor.sched.slurm import reason_after_signal_death
 
     assert reason_after_signal_death(parse_job_view(text), 0) == expected
 
@@ -314,7 +328,7 @@ REAL = PBS / "real"  # qstat -f of one executable job (0.head): running, during 
 
 
 def _view(name: str):
-    from supervisor.job import parse_pbs_view, pbs_job_attrs
+    from supervisor.sched.pbs import parse_pbs_view, pbs_job_attrs
 
     return parse_pbs_view(pbs_job_attrs((REAL / name).read_text(), "2.head"))
 
@@ -341,13 +355,13 @@ def test_pbs_view_of_a_qdel_a_qrerun_and_a_running_job() -> None:
     ("running.txt", "preempted", ("preempted", False)),
 ])
 def test_pbs_reason_after_a_term(name: str, was: str, expected: tuple[str, bool]) -> None:
-    from supervisor.job import pbs_reason
+    from supervisor.sched.pbs import pbs_reason
 
     assert pbs_reason(_view(name), was) == expected
 
 
 def test_pbs_reason_without_an_answer_keeps_the_signals_reading() -> None:
-    from supervisor.job import parse_pbs_view, pbs_reason
+    from supervisor.sched.pbs import parse_pbs_view, pbs_reason
 
     assert parse_pbs_view(None) is None and parse_pbs_view({"comment": "x"}) is None
     assert pbs_reason(None, "preempted") == ("preempted", False)
@@ -358,13 +372,13 @@ def test_pbs_reason_without_an_answer_keeps_the_signals_reading() -> None:
     ({}, None), (None, None), ({"run_count": "x"}, None),
 ])
 def test_pbs_restart_count_is_run_count_less_one(attrs: dict | None, expected: int | None) -> None:
-    from supervisor.job import pbs_restart_count
+    from supervisor.sched.pbs import pbs_restart_count
 
     assert pbs_restart_count(attrs) == expected
 
 
 def test_kill_delay_from_qstat_qf() -> None:
-    from supervisor.job import parse_kill_delay, pbs_kill_wait
+    from supervisor.sched.pbs import parse_kill_delay, pbs_kill_wait
 
     assert parse_kill_delay((REAL / "queue.txt").read_text()) == 5.0
     assert parse_kill_delay("Queue: workq\n    queue_type = Execution\n") is None  # unset: PBS's default 10
@@ -382,10 +396,9 @@ def test_kill_wait_from_the_jobs_queue(fake_bin: Path) -> None:
 def test_kill_follows_a_term_only_under_pbs() -> None:
     import signal
 
-    from supervisor.job import kill_follows
-
-    assert kill_follows("pbs", signal.SIGTERM) and not kill_follows("pbs", signal.SIGUSR2)
-    assert not kill_follows("slurm", signal.SIGTERM) and not kill_follows("local", signal.SIGTERM)
+    pbs, slurm, local = SCHEDULERS["pbs"], SCHEDULERS["slurm"], SCHEDULERS["local"]
+    assert pbs.kill_follows(signal.SIGTERM) and not pbs.kill_follows(signal.SIGUSR2)
+    assert not slurm.kill_follows(signal.SIGTERM) and not local.kill_follows(signal.SIGTERM)
 
 
 @pytest.mark.parametrize("scheduler, message, needle", [
@@ -395,9 +408,7 @@ def test_kill_follows_a_term_only_under_pbs() -> None:
     ("pbs", "qrerun 0.head: timed out after 5s", None),
 ])
 def test_requeue_hint_names_what_the_site_must_change(scheduler: str, message: str, needle: str | None) -> None:
-    from supervisor.job import requeue_hint
-
-    hint = requeue_hint(Job(scheduler=scheduler, job_id="0.head"), message)
+    hint = Job(scheduler=scheduler, job_id="0.head").sched.requeue_hint(message)
     assert (hint is None) if needle is None else (hint is not None and needle in hint)
 
 
@@ -421,9 +432,9 @@ def test_qrerun_refused_is_reported(fake_bin: Path) -> None:
 
 def test_pbs_end_time_waits_for_a_reruns_start(fake_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A rerun's first moment can lack stime: the end is asked again, not given up for 5 min."""
-    import supervisor.job as jobs
+    import supervisor.sched.pbs as pbs
 
-    monkeypatch.setattr(jobs, "START_RETRY", 0.05)
+    monkeypatch.setattr(pbs, "START_RETRY", 0.05)
     first = tmp_path / "first"
     text = (REAL / "running.txt").read_text()
     (tmp_path / "nostime.txt").write_text("".join(ln + "\n" for ln in text.splitlines() if "stime" not in ln))
@@ -442,3 +453,75 @@ def test_attempt_numbers_follow_pbs_run_count(tmp_path: Path) -> None:
     assert next_attempt(tmp_path, {}, 0) == 1 and next_attempt(tmp_path, {}, None) == 1
     Journal(tmp_path, 3).emit("start")
     assert next_attempt(tmp_path, {}, 1) == 4
+
+
+# ---------------------------------------------------------------------------- one class per scheduler
+
+@pytest.mark.parametrize("env, expected", [
+    ({"SLURM_JOB_ID": "7"}, "7"),
+    ({"PBS_JOBID": "1234567.polaris-pbs-01.hsn.cm.polaris.alcf.anl.gov"}, "1234567"),  # the number: every rerun's
+    ({"SLURM_JOB_ID": "7", "PBS_JOBID": "9.head"}, "7"),  # a PBS-to-Slurm wrapper site: Slurm's, as detected
+    ({"CUDA_VISIBLE_DEVICES": "0"}, None),  # local: a new run directory per run
+])
+def test_the_default_run_directory_is_named_by_the_schedulers_job_id(tmp_path: Path, env: dict[str, str],
+                                                                     expected: str | None) -> None:
+    from supervisor.config import default_run_dir
+    from supervisor.sched import run_dir_id
+
+    assert run_dir_id(env) == expected
+    name = default_run_dir(run_dir_id(env), tmp_path).name
+    assert name == f"supervise-{expected}" if expected else name.endswith(f"Z-{os.getpid()}"), name
+
+
+@pytest.mark.parametrize("name, cont_at, expected", [
+    ("slurm", 100.5, True),    # slurmstepd's SIGCONT with its TERM: the whole job got it
+    ("slurm", 90.0, False),    # a CONT long before: a TERM to supervise alone
+    ("slurm", None, False),
+    ("pbs", 100.5, False),     # MoM's TERM reaches the first node's session only
+    ("local", 100.5, False),
+])
+def test_signalled_all_is_slurms_term_with_its_cont(name: str, cont_at: float | None, expected: bool) -> None:
+    import signal
+
+    assert SCHEDULERS[name].signalled_all(signal.SIGTERM, 100.0, cont_at) is expected
+    assert SCHEDULERS[name].signalled_all(signal.SIGUSR2, 100.0, cont_at) is False
+
+
+def test_each_scheduler_says_its_own_facts() -> None:
+    from supervisor.sched import BATCH, GONE_STATES, label_of
+
+    slurm, pbs, local = SCHEDULERS["slurm"], SCHEDULERS["pbs"], SCHEDULERS["local"]
+    assert BATCH == ("slurm", "pbs") and not local.is_batch
+    assert (slurm.default_kill_wait, pbs.default_kill_wait, local.default_kill_wait) == (30.0, 7.8, None)
+    assert slurm.signals_every_node and not pbs.signals_every_node
+    assert [label_of(n) for n in ("slurm", "pbs", "local", "lsf")] == ["Slurm", "PBS", "local", "lsf"]
+    assert GONE_STATES == ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWER_DOWN", "FUTURE", "UNKNOWN", "OFFLINE",
+                           "UNRESOLVABLE", "STALE")
+    assert slurm.node_name({"SLURMD_NODENAME": "gpu07"}) == "gpu07"
+    host = os.uname().nodename.split(".")[0]
+    assert pbs.node_name({"SLURMD_NODENAME": "gpu07"}) == host and local.node_name({}) == host
+    assert local.agents(None) is None  # type: ignore[arg-type]
+    job = Job(scheduler="local")
+    assert anyio.run(local.kill_wait, job) is None
+    assert anyio.run(lambda: local.exclude_nodes(job, ["n1"], timeout=1.0)) == (False, "no node exclusion on a local job (docs/pbs.md)")
+
+
+@pytest.mark.parametrize("given, env, expected", [
+    ("3", {"SLURM_NODEID": "1"}, 3),                       # --node-rank wins
+    (None, {"SUPERVISE_NODE_RANK": "2", "SLURM_NODEID": "1"}, 2),
+    (None, {"SLURM_NODEID": " 1 ", "PMI_RANK": "5"}, 1),
+    (None, {"OMPI_COMM_WORLD_RANK": "4"}, 4),
+    (None, {}, "missing"),
+    ("x", {}, "expected a whole number"),
+    (None, {"PMIX_RANK": "-1"}, "environment PMIX_RANK"),
+])
+def test_node_rank_from_the_flag_or_the_launchers_variables(given: str | None, env: dict[str, str],
+                                                            expected: int | str) -> None:
+    from supervisor.errors import ConfigError
+    from supervisor.sched import node_rank
+
+    if isinstance(expected, int):
+        assert node_rank(given, env) == expected
+    else:
+        with pytest.raises(ConfigError, match=expected):
+            node_rank(given, env)

@@ -29,7 +29,6 @@ from supervisor.child import Child, SpawnError
 from supervisor.config import Config
 from supervisor.conduct.dispositions import Dispositions, ProcessDispositions
 from supervisor.errors import root_cause
-from supervisor.health import this_node
 from supervisor.journal import Journal
 from supervisor.plan import Plan, job_label, make_plan, start_fields
 from supervisor.conduct.parts import cancel_when, guarded, reap_orphans
@@ -125,7 +124,7 @@ class Agent:
             await tg.start(self._guarded("host", partial(host.run, tree_pids=run.tree_pids)))
         tg.start_soon(self._guarded("deadline", partial(watches.deadline_watch, run, started_wall=self._started_wall,
                                                         stopping=self._stop_wanted, request_stop=self._request_stop)))
-        if self.plan.job.scheduler != "local":
+        if self.plan.job.sched.is_batch:  # a batch job: its TERM has a KILL after it
             tg.start_soon(self._guarded("kill-wait", partial(watches.learn_kill_wait, run)))
         if cfg.hang_after != 0.0:  # on by default: the learned bound alone (docs/slurm.md, "Hangs")
             tg.start_soon(self._guarded("hang", partial(watches.progress_watch, run, started=self._started,
@@ -219,7 +218,8 @@ class Agent:
 
     def _journal_start(self) -> None:
         self.journal.emit("start", durable=True, **start_fields(self.plan))
-        suspects.at_start(self.cfg.suspect_nodes, self.cfg.suspect_nodes_ttl, this_node(self.plan.env), self.journal.emit)
+        suspects.at_start(self.cfg.suspect_nodes, self.cfg.suspect_nodes_ttl, self.plan.job.sched.node_name(self.plan.env),
+                          self.journal.emit)
         log.info("run directory %s, attempt %d", self.plan.run_dir, self.plan.attempt)
 
     def _finish(self) -> int:

@@ -1,26 +1,19 @@
 """The node agents of a multi-node job, started by the leader: no line in the job script.
 
 A checkpoint pair with ``nodes > 1`` needs one ``supervise node-agent`` on every other node
-of the allocation (docs/sync.md, docs/multinode.md). Under Slurm the leader (the main
-``supervise``, node 0, in the batch script) starts them itself, before its restore: one
-``srun --overlap`` task per node, which shares the nodes with the training's step. It waits
-until each agent has restored its node's local side (each prints one ``ready`` line), so the
+of the allocation (docs/sync.md, docs/multinode.md). The leader (the main ``supervise``, node
+0, in the batch script) starts them itself, before its restore, the way its scheduler starts
+a task on each node (``Scheduler.agents``: Slurm one ``srun --overlap`` task per node, whose
+stdout brings their lines back; PBS one ``pbsdsh -o -h HOST`` TM task per other node, which say
+their lines by appending to their own file under ``RUN/nodes/said-…/``, ``SAY_VAR``). It waits
+until each agent has restored its node's local side (each says one ``ready`` line), so the
 training never starts on a node whose shards are not back yet; an agent that does not answer
 within ``READY_TIMEOUT_S`` is journaled and the run goes on (its part will be missing, never
 published partial). The agents end by themselves once the leader's ``end`` is journaled.
 
-Under PBS the leader starts them through the job's task manager: one ``pbsdsh -o -h HOST``
-per other node of ``PBS_NODEFILE``, so each agent is a TM task of that node's mom (PBS tracks
-it, accounts it and kills it with the job). A TM task gets the job's base environment, not the
-leader's, and its stdout goes to the job's output file: the agent's node index, the leader's
-interpreter path variables and the files it talks through are on its command line (``env
-K=V …``), and each agent says ``offered``/``ready`` by appending to its own file under
-``RUN/nodes/said-…/`` (``SAY_VAR``), which the leader reads. ``pbsdsh -o`` returns once the
-task is spawned: the leader's wait for the agents is these lines, not the process.
-
 At the start of an attempt it also says which nodes of the previous attempt are gone
-(``node-lost``): Slurm calls them down or drained, and the checkpoints whose parts only they
-could give were never published (docs/multinode.md, the failure table).
+(``node-lost``): the scheduler calls them down or drained, and the checkpoints whose parts only
+they could give were never published (docs/multinode.md, the failure table).
 """
 
 from __future__ import annotations
@@ -29,7 +22,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,6 +32,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from supervisor.config import Config, agent_view
 from supervisor.journal import EVENTS_FILE, Emit, JournalTail, node_dir
+from supervisor.sched import GONE_STATES, AgentLaunch, Scheduler
 
 if TYPE_CHECKING:
     from supervisor.plan import Plan
@@ -50,15 +43,6 @@ READY_TIMEOUT_S = 60.0
 READY_LINE = "supervise-node-agent"  # "<READY_LINE> offered K" / "… ready K HOST HOLDS" / "… leader 0" / "… duplicate K"
 CHOICE_VAR = "SUPERVISE_NODE_CHOICE"  # the file the leader writes its choice to; agents restore exactly that
 SAY_VAR = "SUPERVISE_NODE_SAY"  # a directory: each agent appends its READY_LINEs to node-K there (PBS: no pipe back)
-# Slurm's node states, then PBS's (pbsnodes: down, offline, state-unknown, unresolvable, stale)
-GONE_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWER_DOWN", "FUTURE", "UNKNOWN", "OFFLINE",
-               "UNRESOLVABLE", "STALE")
-SCHEDULERS = ("slurm", "pbs")  # where the leader starts its agents itself
-# What a TM task must get from the leader to run the same Python and package: the leader's own
-# values travel on the agent's command line (pbsdsh passes no environment).
-FORWARDED = ("PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "VIRTUAL_ENV", "CONDA_PREFIX",
-             "LD_LIBRARY_PATH", "TMPDIR")
-SAY_POLL_S = 0.1  # the leader, reading its PBS agents' lines
 SIGNAL_ANSWER_S = 1.5  # PBS: the stop signal to the other nodes' ranks waits this long for their agents' word
 
 
@@ -78,133 +62,65 @@ class Fleet:
     """Starts, awaits and watches the node agents of one attempt."""
 
     def __init__(self, argv: list[str], nodes: tuple[str, ...], emit: Emit, env: dict[str, str], run_dir: Path,
-                 ready_timeout: float = READY_TIMEOUT_S, scheduler: str = "slurm") -> None:
+                 sched: Scheduler, ready_timeout: float = READY_TIMEOUT_S) -> None:
         self.argv, self.nodes, self.emit, self.env = argv, nodes, emit, env
-        self.scheduler = scheduler
+        self.sched = sched
         self.ready_timeout = ready_timeout
         self.ready: dict[int, float] = {}
         self.offered: dict[int, float] = {}
         self.holds: dict[int, Any] = {}
-        self.proc: subprocess.Popen[str] | None = None
         self.requests = 0
         self.run_dir = run_dir  # the agents' journals: RUN/nodes/node-K/
         self.choice_path = self.run_dir / "nodes" / f"choice-{os.getpid()}-{time.time_ns()}.json"
         self.say_dir = self.run_dir / "nodes" / f"said-{os.getpid()}-{time.time_ns()}"
         self.env = {**env, CHOICE_VAR: str(self.choice_path)}
-        self.spawn_failed: dict[int, str] = {}  # PBS: a node whose pbsdsh could not spawn its agent
+        agents = sched.agents(AgentLaunch(argv=argv, ranked=self.ranked_argv, nodes=nodes, env=self.env, carry=(CHOICE_VAR,),
+                                          say=(SAY_VAR, self.say_dir), timeout=ready_timeout, report=log.warning))
+        assert agents is not None, f"no node agents under {sched.label}"
+        self.agents = agents  # how its scheduler starts and hears them
         self._heard_any = anyio.Event()
         self._t0 = time.monotonic()
 
     @classmethod
     def from_plan(cls, plan: Plan, emit: Emit) -> Fleet | None:
-        """A fleet where one is needed: a Slurm or PBS job of several nodes with a per-node pair."""
+        """A fleet where one is needed: a batch job of several nodes with a per-node pair."""
         cfg = plan.cfg
-        if plan.job.scheduler not in SCHEDULERS or plan.job.num_nodes < 2:
+        if not plan.job.sched.is_batch or plan.job.num_nodes < 2:
             return None
         if plan.nodes < 2:  # no per-node pair
             return None
         if plan.env.get("SUPERVISE_NODE_AGENTS", "").lower() in ("0", "off", "false", "no"):
             return None
         assert cfg.run_dir is not None
-        return cls(agent_argv(cfg), plan.job.nodes, emit, dict(plan.env), cfg.run_dir, scheduler=plan.job.scheduler)
+        return cls(agent_argv(cfg), plan.job.nodes, emit, dict(plan.env), cfg.run_dir, plan.job.sched)
 
-    def srun_argv(self) -> list[str]:
-        n = len(self.nodes)
-        return ["srun", "--overlap", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
-                "--job-name=supervise-node-agents", *self.argv]
-
-    def pbsdsh_argv(self, k: int) -> list[str]:
-        """Node ``k``'s agent as a TM task of its mom: ``pbsdsh -o`` (spawn, do not wait for
-        its end) ``-h HOST`` (that node's line of PBS_NODEFILE). The task starts with the
-        job's base environment: what it needs of the leader's is on its command line."""
-        env = [f"{v}={self.env[v]}" for v in FORWARDED if self.env.get(v)]
-        env += [f"{CHOICE_VAR}={self.choice_path}", f"{SAY_VAR}={self.say_dir}", f"SUPERVISE_NODE_RANK={k}"]
+    def ranked_argv(self, k: int) -> list[str]:
+        """Node ``k``'s agent command, its index given (where the launch sets no rank variable)."""
         at = self.argv.index("node-agent") + 1
-        agent = [*self.argv[:at], "--node-rank", str(k), *self.argv[at:]]
-        return ["pbsdsh", "-o", "-h", self.nodes[k], "--", "/usr/bin/env", *env, *agent]
+        return [*self.argv[:at], "--node-rank", str(k), *self.argv[at:]]
 
-    def launch_argv(self) -> list[str]:
-        """What the ``node-agents`` event shows: srun's line, or node 1's pbsdsh line (the
-        others differ only in the host and the index)."""
-        return self.srun_argv() if self.scheduler == "slurm" else self.pbsdsh_argv(1)
+    @property
+    def spawn_failed(self) -> dict[int, str]:
+        """Nodes whose agent the scheduler could not start (PBS: pbsdsh failed), and why."""
+        return self.agents.failed
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Start the agents; ``started`` once every node other than the leader's has offered
-        its versions (or the wait ran out: ``agree`` says which); then follow srun until it
-        ends or the run does."""
+        its versions (or the wait ran out: ``agree`` says which); then hear them until their
+        launch ends (srun: a node died, or srun could not reach one) or the run does."""
         self._t0 = t0 = time.monotonic()
-        if self.scheduler == "pbs":
-            await self._run_pbs(t0, task_status)
-            return
-        argv = self.srun_argv()
-        env = self.env
-        try:
-            self.proc = await anyio.to_thread.run_sync(lambda: subprocess.Popen(
-                argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True))  # our session: not the training tree (Child.tree)
-        except OSError as e:
-            self.emit("node-agents", started=False, error=str(e), nodes=list(self.nodes))
+        error = await self.agents.start()
+        if error is not None:
+            self.emit("node-agents", started=False, error=error, nodes=list(self.nodes))
             task_status.started()
             return
-        lines: anyio.abc.ObjectReceiveStream[str]
-        send, lines = anyio.create_memory_object_stream[str](64)
-        proc = self.proc
-
-        def read() -> None:
-            assert proc.stdout is not None
-            try:
-                for line in proc.stdout:
-                    anyio.from_thread.run(send.send, line)
-            finally:
-                anyio.from_thread.run_sync(send.close)
-
-        async def follow() -> None:
-            async for line in lines:
-                self._heard(line, t0)
-
         async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: anyio.to_thread.run_sync(read, abandon_on_cancel=True))
-            tg.start_soon(follow)
-            await self._until(lambda: self.want <= set(self.offered), self.ready_timeout)
-            task_status.started()
-            status = await anyio.to_thread.run_sync(proc.wait, abandon_on_cancel=True)
-            # before the leader's end: a node died, or srun could not reach one
-            log.warning("the node agents' srun ended with status %d before the run did", status)
-            tg.cancel_scope.cancel()
-
-    async def _run_pbs(self, t0: float, task_status: TaskStatus[None]) -> None:
-        """One ``pbsdsh -o -h HOST`` per other node (they return once the task is spawned);
-        then the agents' lines, read from their files under ``say_dir``, until the run ends."""
-        await anyio.to_thread.run_sync(lambda: self.say_dir.mkdir(parents=True, exist_ok=True))
-        env = self.env
-
-        def spawn(k: int) -> None:
-            try:
-                done = subprocess.run(self.pbsdsh_argv(k), env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                                      text=True, timeout=self.ready_timeout)
-            except (OSError, subprocess.TimeoutExpired) as e:
-                self.spawn_failed[k] = str(e)
-            else:
-                if done.returncode != 0:
-                    self.spawn_failed[k] = f"pbsdsh exited {done.returncode}: {(done.stderr or done.stdout).strip()[-300:]}"
-            if k in self.spawn_failed:
-                log.warning("could not start the node agent on node %d (%s): %s", k, self.nodes[k], self.spawn_failed[k])
-                anyio.from_thread.run_sync(self._poke)
-
-        said = SaidLines(self.say_dir)
-
-        async def follow() -> None:
-            while True:
-                for line in await anyio.to_thread.run_sync(said.read, sorted(self.want)):
-                    self._heard(line, t0)
-                await anyio.sleep(SAY_POLL_S)
-
-        async with anyio.create_task_group() as tg:
-            for k in sorted(self.want):
-                tg.start_soon(anyio.to_thread.run_sync, spawn, k)
-            tg.start_soon(follow)
+            tg.start_soon(self.agents.hear, lambda line: self._heard(line, t0), self._poke)
             await self._until(lambda: self.want <= set(self.offered) | set(self.spawn_failed), self.ready_timeout)
             task_status.started()
-            await anyio.sleep_forever()  # the agents are the moms' tasks: they end with the leader's end
+            status = await self.agents.wait()  # PBS: never (the agents are the moms' tasks)
+            log.warning("the node agents' %s ended with status %d before the run did", self.agents.launcher, status)
+            tg.cancel_scope.cancel()
 
     @property
     def want(self) -> set[int]:
@@ -222,8 +138,8 @@ class Fleet:
         await self._until(lambda: self.want <= set(self.ready) | set(self.spawn_failed), self.ready_timeout)
         missing = sorted(self.want - set(self.ready))
         more = {"spawn_failed": {str(k): v for k, v in sorted(self.spawn_failed.items())}} if self.spawn_failed else {}
-        self.emit("node-agents", started=True, nodes=list(self.nodes), pid=self.proc.pid if self.proc else None,
-                  argv=self.launch_argv(), launcher="srun" if self.scheduler == "slurm" else "pbsdsh",
+        self.emit("node-agents", started=True, nodes=list(self.nodes), pid=self.agents.pid,
+                  argv=self.agents.argv(), launcher=self.agents.launcher,
                   ready=sorted(self.ready), missing=missing, seconds=round(time.monotonic() - self._t0, 3), **more)
         if missing:
             log.warning("node agents not ready after %.0fs on node(s) %s; their parts may be missing",
@@ -245,7 +161,7 @@ class Fleet:
         self.emit("nodes-flush", request=request, reason=reason, exited=exited, nodes=nodes, durable=True)
         t0 = time.monotonic()
         answers: dict[int, dict[str, Any]] = {}
-        down: dict[int, str] = {}  # PBS: nodes whose mom is down (their agent is gone with it)
+        down: dict[int, str] = {}  # nodes the scheduler calls down (PBS: their agent, a TM task, is gone with the mom)
         next_look = time.monotonic() + DOWN_POLL_S
         with anyio.move_on_after(max(0.0, within)):
             while len(answers) < len(nodes):
@@ -256,23 +172,18 @@ class Fleet:
                         if ev.get("kind") == "node-flush" and ev.get("request") == request:
                             answers[k] = ev
                 if len(answers) < len(nodes):
-                    if self.proc is not None and self.proc.poll() is not None:
+                    if self.agents.ended():
                         break  # the agents' srun has ended: nobody is left to answer
-                    if self.scheduler == "pbs" and time.monotonic() >= next_look:
-                        # a TM task outlives no mom: an agent on a node PBS calls down cannot answer
+                    if time.monotonic() >= next_look:
                         next_look = time.monotonic() + DOWN_POLL_S
-                        waiting = [k for k in nodes if k not in answers and k not in down]
-                        for k in waiting:
-                            state = await anyio.to_thread.run_sync(pbs_node_state, self.nodes[k])
-                            if state is not None and "down" in state[0].lower():
-                                down[k] = state[0]
+                        down.update(await self.agents.down([k for k in nodes if k not in answers and k not in down]))
                         if all(k in answers or k in down for k in nodes):
                             break
                     await anyio.sleep(ANSWER_POLL_S)
         missing = [k for k in nodes if k not in answers]
         pending = [line for k in sorted(answers) for line in answers[k].get("not_durable") or []]
         pending += [f"node {k}: did not answer the final flush in {within:.1f}s; its newest part may be missing"
-                    if k not in down else f"node {k} ({self.nodes[k]}): PBS calls it {down[k]}; its newest part may be missing"
+                    if k not in down else f"node {k} ({self.nodes[k]}): {self.sched.label} calls it {down[k]}; its newest part may be missing"
                     for k in missing]
         return {"request": request, "answered": sorted(answers), "missing": missing, "pending": pending,
                 "seconds": round(time.monotonic() - t0, 3)}
@@ -287,7 +198,7 @@ class Fleet:
         returns what each node signalled. None under Slurm (``scancel --signal`` reaches every
         step's tasks) or without agents."""
         nodes = sorted(set(self.ready) & self.want)
-        if self.scheduler != "pbs" or not nodes:
+        if self.sched.signals_every_node or not nodes:
             return None
         self.requests += 1
         request = f"{os.getpid()}.{self.requests}"
@@ -336,33 +247,8 @@ class Fleet:
         self._heard_any = anyio.Event()
 
 
-class SaidLines:
-    """What the PBS agents said: the lines appended to ``say_dir/node-K`` since the last
-    read, whole lines only (a line still being written waits for the next read), each once,
-    in node order. A file not there yet is no line. Blocking: run in a thread."""
-
-    def __init__(self, say_dir: Path) -> None:
-        self.say_dir = say_dir
-        self.offsets: dict[int, int] = {}
-
-    def read(self, nodes: list[int]) -> list[str]:
-        lines = []
-        for k in nodes:
-            path = self.say_dir / f"node-{k}"
-            try:
-                with open(path, "rb") as f:
-                    f.seek(self.offsets.get(k, 0))
-                    raw = f.read()
-            except OSError:
-                continue
-            whole = raw[:raw.rfind(b"\n") + 1]
-            self.offsets[k] = self.offsets.get(k, 0) + len(whole)
-            lines += whole.decode("utf-8", "replace").splitlines()
-        return lines
-
-
 ANSWER_POLL_S = 0.1  # the leader, while it waits for the agents' answers to its last flush
-DOWN_POLL_S = 1.0  # PBS: how often that wait asks pbsnodes whether a silent node is down
+DOWN_POLL_S = 1.0  # how often that wait asks the scheduler whether a silent node is down (PBS: pbsnodes)
 
 
 def lost_nodes(previous: list[dict[str, Any]], now: tuple[str, ...], persistent: list[Path],
@@ -397,53 +283,16 @@ def lost_nodes(previous: list[dict[str, Any]], now: tuple[str, ...], persistent:
     return out
 
 
-def slurm_node_state(host: str) -> tuple[str, str] | None:
-    """(State, Reason) of a node from ``scontrol show node``; None when it cannot tell."""
-    try:
-        out = subprocess.run(["scontrol", "-o", "show", "node", host], capture_output=True, text=True,
-                             timeout=10, stdin=subprocess.DEVNULL).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    fields = dict(w.split("=", 1) for w in out.split() if "=" in w)
-    if "State" not in fields:
-        return None
-    reason = out.split("Reason=", 1)[1].split(" [", 1)[0].strip() if "Reason=" in out else ""
-    return fields["State"], reason
-
-
-def pbs_node_state(host: str) -> tuple[str, str] | None:
-    """(state, comment) of a node from ``pbsnodes HOST`` (``down``, ``offline``,
-    ``state-unknown,down``…; the comment an operator or the server left); None when it cannot tell."""
-    try:
-        out = subprocess.run(["pbsnodes", host], capture_output=True, text=True, timeout=10,
-                             stdin=subprocess.DEVNULL).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return parse_pbsnodes(out)
-
-
-def parse_pbsnodes(out: str) -> tuple[str, str] | None:
-    """(state, comment) from the text of ``pbsnodes HOST``; None without a state line (an
-    unknown node: ``pbsnodes: Unknown node``, on stderr, leaves stdout empty)."""
-    fields = {k.strip(): v.strip() for k, _, v in (line.partition(" = ") for line in out.splitlines()) if v}
-    if "state" not in fields:
-        return None
-    return fields["state"], fields.get("comment", "")
-
-
-NODE_STATE = {"slurm": slurm_node_state, "pbs": pbs_node_state}
-
-
 async def journal_lost_nodes(plan: Plan, emit: Emit) -> None:
-    """``node-lost`` for each node of the previous attempt that is gone (Slurm and PBS jobs)."""
-    state = NODE_STATE.get(plan.job.scheduler)
-    if state is None or not any(p.kind == "checkpoint" and p.nodes > 1 for p in plan.cfg.sync):
+    """``node-lost`` for each node of the previous attempt that is gone (batch jobs: the scheduler says)."""
+    sched = plan.job.sched
+    if not sched.is_batch or plan.nodes < 2:
         return
     dsts = [p.dst for p in plan.cfg.sync if p.kind == "checkpoint" and p.nodes > 1]
-    for lost in await anyio.to_thread.run_sync(lost_nodes, plan.previous_events, plan.job.nodes, dsts, state):
+    for lost in await anyio.to_thread.run_sync(lost_nodes, plan.previous_events, plan.job.nodes, dsts, sched.node_state):
         emit("node-lost", scheduler=plan.job.scheduler, **lost)
         log.warning("node %s of attempt %s is gone (%s: %s%s)%s", lost["node"], lost["in_attempt"],
-                    "Slurm" if plan.job.scheduler == "slurm" else "PBS", lost["state"],
+                    sched.label, lost["state"],
                     f", {lost['reason']}" if lost["reason"] else "",
                     f": {', '.join(lost['lost'])} only partly saved, never published" if lost["lost"] else "")
 

@@ -35,7 +35,7 @@ from typing import Any, Awaitable, Callable, Mapping
 import anyio
 from anyio.abc import TaskGroup
 
-from supervisor import childenv, logs
+from supervisor import logs
 from supervisor.conduct.fleet import CHOICE_VAR, READY_TIMEOUT_S, SAY_VAR, read_choice
 from supervisor.conduct.parts import guarded
 from supervisor.errors import ConfigError
@@ -46,31 +46,11 @@ from supervisor.sync import role_before, set_aside_other_role
 
 log = logging.getLogger("supervise")
 
-# Where a launcher tells a process its place, in the order they are trusted. With one task per
-# node (srun --ntasks-per-node=1, mpiexec --ppn 1) a task's rank is its node's index.
-RANK_VARIABLES = (childenv.NODE_RANK, "SLURM_NODEID", "PMIX_RANK", "PMI_RANK", "PALS_RANKID",
-                  "OMPI_COMM_WORLD_RANK")
 FINAL_FLUSH_S = 60.0
 LOCK_FILE = "agent.lock"
 CHOICE_POLL_S = 0.1  # while the leader chooses what every node restores
 LEADER_POLL_S = 0.2  # the leader's journal: its last flush's request waits on our answer
 TRAINING_POLL_S = 1.0  # how often the agent looks for the job's processes on its node (_follow_training)
-
-
-def node_rank(given: str | None, env: Mapping[str, str]) -> int:
-    """``--node-rank``, else the launcher's variables; ConfigError when nothing says."""
-    source, raw = "--node-rank", given
-    if raw is None:
-        for var in RANK_VARIABLES:
-            if env.get(var, "").strip():
-                source, raw = f"environment {var}", env[var].strip()
-                break
-    if raw is None:
-        raise ConfigError("node_rank", None, "missing: give --node-rank K (or start the agent with "
-                          "srun --ntasks-per-node=1 / mpiexec --ppn 1, which set it)")
-    if not raw.isdigit():
-        raise ConfigError("node_rank", raw, "expected a whole number, 0 or more", source)
-    return int(raw)
 
 
 class NodeAgent:

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from supervisor import job as jobs, policy
-from supervisor.health import Faults
+from supervisor import policy
+from supervisor.conduct.health import Faults
 from supervisor.policy import Trigger
 
 if TYPE_CHECKING:
@@ -81,8 +81,8 @@ class RunState:
 
     def __post_init__(self) -> None:
         self.lead = self.plan.lead
-        self.kill_wait = jobs.DEFAULT_KILL_WAIT.get(self.plan.job.scheduler)
-        self.faults = Faults(self.journal.emit)  # GPU faults that make this node suspect (health.py)
+        self.kill_wait = self.plan.job.sched.default_kill_wait
+        self.faults = Faults(self.journal.emit)  # GPU faults that make this node suspect (conduct/health.py)
         self.gaps = ProgressGaps(self.plan.previous_events)  # the hang bound learns from them
 
     @property
@@ -105,12 +105,12 @@ class RunState:
     def signalled_all(self) -> bool:
         """Did the scheduler send the stop signal to every process of the job itself?"""
         t = self.trigger
-        return jobs.signalled_all(self.plan.job.scheduler, t.signal if t else None, t.at if t else None, self.last_cont)
+        return self.plan.job.sched.signalled_all(t.signal if t else None, t.at if t else None, self.last_cont)
 
     def kill(self) -> float | None:
         """Unix seconds of the hard kill, when known."""
         t = self.trigger
-        followed = self.signalled_all() or jobs.kill_follows(self.plan.job.scheduler, t.signal if t else None)
+        followed = self.signalled_all() or self.plan.job.sched.kill_follows(t.signal if t else None)
         return policy.hard_kill(end=self.end, kill=policy.killed_at(
             self.trigger, scheduler_signalled_all=followed, kill_wait=self.kill_wait,
             now=time.time(), mono=time.monotonic()))

@@ -16,10 +16,9 @@ from typing import Any, Awaitable, Callable
 
 import anyio
 
-from supervisor import job as jobs, policy, stacks, suspects
+from supervisor import policy, stacks, suspects
 from supervisor._units import format_duration
 from supervisor.child import exit_status
-from supervisor.health import this_node
 from supervisor.journal import read_journal
 from supervisor.policy import Reason, Trigger
 from supervisor.conduct.routing import request_checkpoint
@@ -200,7 +199,7 @@ class StopSequence:
             targets = await anyio.to_thread.run_sync(launcher.stop_targets, child.pid)
         steps = None  # srun: TERM to srun SIGKILLs its tasks; Slurm delivers it to them instead
         if launcher.stop_steps and run.cfg.stop_signal is None and not already and targets is not None:
-            ok, text = await jobs.signal_steps(run.plan.job, sig, report=log.warning)
+            ok, text = await run.plan.job.sched.signal_steps(run.plan.job, sig, report=log.warning)
             steps = {"ok": ok, "message": text}
         sisters = await run.agents.signal_ranks(sig) if run.agents and targets is not None and not already else None
         result = await child.stop(sig, grace, targets=set(targets.pids) if targets else None,
@@ -229,52 +228,19 @@ class StopSequence:
             log.warning("killed %d leftover process(es) of the training", len(killed))
 
     async def refine_reason(self) -> None:
-        """After a SIGTERM under Slurm, the controller tells cancel, requeue, preemption and
-        the time limit apart (they all send the same TERM). So it does when the training died
-        of a stop signal before supervise's own TERM arrived (jobs.reason_after_signal_death)."""
-        run, trigger = self.run, self.result.trigger
-        if run.plan.job.scheduler == "pbs":
-            await self.refine_pbs_reason()
-            return
-        if run.plan.job.scheduler != "slurm":
-            return
+        """After a SIGTERM the scheduler's view tells cancel, requeue, preemption and the time
+        limit apart (they all send the same TERM); under Slurm also when the training died of a
+        stop signal before supervise's own TERM arrived (``Scheduler.refine_reason``)."""
+        run, trigger, job = self.run, self.result.trigger, self.run.plan.job
         termed = trigger.signal is not None and trigger.signal.name == "SIGTERM"
         died = trigger.reason == Reason.CHILD_FAILED and policy.died_of_stop_signal(self.result.exit_status)
-        if not (termed or died):
+        found = await job.sched.refine_reason(job, trigger.reason.value, termed=termed, died=died, report=log.warning)
+        if found is None:
             return
-        view = await jobs.job_view(run.plan.job, report=log.warning)
-        if termed:
-            reason, requeued = jobs.reason_from_view(view, trigger.reason.value, run.plan.job.restart_count)
-        else:
-            reason, requeued = jobs.reason_after_signal_death(view, run.plan.job.restart_count) or \
-                (trigger.reason.value, False)
-        self.result.requeued_by_scheduler = requeued
-        state = view.state if view else None
-        run.journal.emit("reason", state=state, reason=reason, was=trigger.reason.value,
-                         requeued_by_scheduler=requeued, restarts=view.restarts if view else None,
-                         preempted=bool(view and view.preempt_time))
-        if reason != trigger.reason.value:
-            self.result.trigger = Trigger(Reason(reason), f"{trigger.detail}; scheduler state {state}", trigger.signal,
-                                          trigger.at)
-
-    async def refine_pbs_reason(self) -> None:
-        """After a SIGTERM under PBS, ``qstat -f`` tells a ``qdel`` (the comment gains
-        ``terminated by USER@HOST`` at once) and a ``qrerun`` (substate 60) from the walltime
-        (nothing changes) and any other TERM (jobs.pbs_reason, measured on OpenPBS 23.06)."""
-        run, trigger = self.run, self.result.trigger
-        if trigger.signal is None or trigger.signal.name != "SIGTERM":
-            return
-        view = await jobs.pbs_view(run.plan.job, report=log.warning)
-        reason, requeued = jobs.pbs_reason(view, trigger.reason.value)
-        self.result.requeued_by_scheduler = requeued
-        state = None if view is None else f"{view.state}/{view.substate}"
-        run.journal.emit("reason", state=state, reason=reason, was=trigger.reason.value, requeued_by_scheduler=requeued,
-                         restarts=None if view is None or view.run_count is None else view.run_count - 1,
-                         terminated_by=view.terminated_by if view else None)
-        if reason != trigger.reason.value:
-            self.result.trigger = Trigger(Reason(reason), f"{trigger.detail}; qstat: {state}"
-                                          + (f", terminated by {view.terminated_by}" if view and view.terminated_by else ""),
-                                          trigger.signal, trigger.at)
+        self.result.requeued_by_scheduler = found.requeued
+        run.journal.emit("reason", **found.fields)
+        if found.reason != trigger.reason.value:
+            self.result.trigger = Trigger(Reason(found.reason), f"{trigger.detail}; {found.said}", trigger.signal, trigger.at)
 
     async def tell_end(self) -> None:
         """The end's notice (finished, failed, preempted), delivered before a requeue's TERM."""
@@ -301,14 +267,14 @@ class StopSequence:
     async def requeue(self) -> dict[str, Any]:
         run, cfg, trigger = self.run, self.run.cfg, self.result.trigger
         job = run.plan.job
-        suspect, node = policy.exclude_node(trigger.reason, run.faults.reasons), this_node(run.plan.env)
+        suspect, node = policy.exclude_node(trigger.reason, run.faults.reasons), job.sched.node_name(run.plan.env)
         listed: list[str] = []
         with anyio.move_on_after(suspects.BOUND_S):  # the shared list on a hung file system never holds the stop
             listed = await anyio.to_thread.run_sync(partial(  # this node added, the others read
                 suspects.on_requeue, cfg.suspect_nodes, cfg.suspect_nodes_ttl, node, suspect, run.journal.emit,
                 job_id=job.job_id, run_dir=str(run.plan.run_dir)), abandon_on_cancel=True)
         wanted, why = policy.requeue_decision(trigger.reason, requeue=cfg.requeue, on_failure=cfg.requeue_on_failure,
-                                              scheduler=job.scheduler, already=self.result.requeued_by_scheduler,
+                                              queued=job.sched.is_batch, already=self.result.requeued_by_scheduler,
                                               restart_count=job.restart_count, max_requeues=cfg.max_requeues,
                                               suspect=bool(run.faults.reasons))
         if wanted and await anyio.to_thread.run_sync(self.no_progress):
@@ -335,18 +301,18 @@ class StopSequence:
         # Requeueing sends us SIGTERM at once (Slurm): it is the very last thing we do, and
         # that TERM must not cut the journal's `end` (the training is already stopped).
         run.dispositions.ignore_stop()
-        ok, message = await jobs.requeue(job, timeout=min(60.0, max(5.0, run.time_left())), report=log.warning)
+        ok, message = await job.sched.requeue(job, timeout=min(60.0, max(5.0, run.time_left())), report=log.warning)
         log.info("requeue: %s", message)
         result: dict[str, Any] = {"requeued": ok, "message": message, "restart_count": job.restart_count}
         if not ok:
-            hint = jobs.requeue_hint(job, message)
+            hint = job.sched.requeue_hint(message)
             run.journal.emit("requeue-failed", message=message, hint=hint, restart_count=job.restart_count)
             log.error("could not requeue: %s%s", message, f" ({hint})" if hint else "")
             if hint:
                 result["hint"] = hint
         nodes = list(dict.fromkeys(([node] if suspect else []) + listed))
         if ok and nodes:  # after the requeue: Slurm changes ExcNodeList only on a pending job
-            done, text = await jobs.exclude_nodes(job, nodes, timeout=EXCLUDE_BOUND, report=log.warning)
+            done, text = await job.sched.exclude_nodes(job, nodes, timeout=EXCLUDE_BOUND, report=log.warning)
             if suspect:
                 log.warning("node %s is suspect (%s): %s", node, "; ".join(suspect), "excluded" if done else text)
             if listed:

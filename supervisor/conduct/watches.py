@@ -16,7 +16,7 @@ from typing import Callable
 
 import anyio
 
-from supervisor import deadline, job as jobs, policy
+from supervisor import deadline, policy
 from supervisor._units import format_duration
 from supervisor.policy import Reason, Trigger
 from supervisor.conduct.state import ProgressGaps, RunState
@@ -35,11 +35,11 @@ async def deadline_watch(run: RunState, *, started_wall: float, stopping: anyio.
     allocation once the end is known (deadline.fit); ``run.end`` and ``run.lead`` are kept."""
     cfg, job, basis, lead, emit = run.cfg, run.plan.job, run.plan.lead_basis, run.plan.lead, run.journal.emit
     overridden = cfg.time_limit is not None or cfg.deadline is not None
-    if job.scheduler == "local" and not overridden:
+    if not job.sched.is_batch and not overridden:  # no scheduler: no end but the one configured
         return
     shown: tuple[float | None, str] | None = None
     while True:
-        scheduler_end = None if overridden else await jobs.end_time(job, report=log.warning)
+        scheduler_end = None if overridden else await job.sched.end_time(job, report=log.warning)
         end, source = deadline.resolve_end(time.time(), started_wall, cfg.time_limit, cfg.deadline, scheduler_end)
         run.end = end
         if (end, source) != shown:
@@ -77,7 +77,7 @@ async def deadline_watch(run: RunState, *, started_wall: float, stopping: anyio.
 async def learn_kill_wait(run: RunState) -> None:
     """KillWait, read once at start: after Slurm's TERM to the whole job it is all we have
     (PBS: the queue's kill_delay less MoM's early KILL). Journaled (``kill-wait``)."""
-    learned = await jobs.kill_wait(run.plan.job, report=log.warning)
+    learned = await run.plan.job.sched.kill_wait(run.plan.job, report=log.warning)
     run.kill_wait = learned or run.kill_wait
     run.journal.emit("kill-wait", seconds=run.kill_wait, scheduler=run.plan.job.scheduler)
 

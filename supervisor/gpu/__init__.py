@@ -126,7 +126,7 @@ class GpuSampler:
     def memory_held(self, since: float) -> int | None:
         """Bytes in use on the job's GPUs beyond what was in use before the training started,
         from a sample taken after ``since`` (``time.monotonic()``); None without such a sample.
-        The health gate before an in-place restart reads it (supervisor/health.py)."""
+        The health gate before an in-place restart reads it (supervisor/conduct/health.py)."""
         if self._mem_first is None or self._mem_last is None or self._mem_last[0] < since:
             return None
         return max(0, self._mem_last[1] - self._mem_first)

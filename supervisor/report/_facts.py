@@ -14,7 +14,8 @@ from typing import Any
 from supervisor._units import natural_key
 from supervisor.report._goodput import Goodput, goodput, is_checkpoint, step_of
 from supervisor.report._load import GpuAcc, RunData
-from supervisor.report._nodes import SCHEDULER_NAMES, NodeRow
+from supervisor.report._nodes import NodeRow
+from supervisor.sched import label_of
 
 FAILED = {"child-failed", "spawn-failed", "supervisor-error", "hang"}
 EARLY = {"deadline", "preempted"}  # the work is not done; a next attempt resumes it
@@ -260,7 +261,7 @@ def _lost_node(e: dict[str, Any]) -> str:
     """One `node-lost` event as the report says it."""
     why = ", ".join(str(x) for x in (e.get("state"), e.get("reason")) if x)
     lost = e.get("lost") or []
-    said_by = SCHEDULER_NAMES.get(str(e.get("scheduler") or "slurm"), str(e.get("scheduler")))  # before the field: Slurm's
+    said_by = label_of(str(e.get("scheduler") or "slurm"))  # who called it down; before the field: Slurm
     text = f"node {e.get('node')} (node {e.get('index')} of attempt {e.get('in_attempt')}) is gone" + (f" ({said_by}: {why})" if why else "")
     if lost:
         text += f"; lost with it, never published: {', '.join(str(x) for x in lost)}"

@@ -27,8 +27,7 @@ from typing import Any, Iterator
 from supervisor._units import natural_key
 from supervisor.journal import EVENTS_FILE, NODES_DIR, read_journal
 from supervisor.report._load import GPU_FILE, HOST_FILE, _f, _rows
-
-SCHEDULER_NAMES = {"slurm": "Slurm", "pbs": "PBS"}  # who called a lost node down (`node-lost`'s scheduler)
+from supervisor.sched import label_of
 
 
 @dataclass
@@ -213,7 +212,7 @@ def node_rows(run_dir: Path, events: list[dict[str, Any]], *, samples: bool = Tr
             row(e["node"]).lost = True
             why = ", ".join(str(x) for x in (e.get("state"), e.get("reason")) if x)
             lost = e.get("lost") or []
-            said_by = SCHEDULER_NAMES.get(str(e.get("scheduler") or "slurm"), str(e.get("scheduler")))  # before the field: Slurm's
+            said_by = label_of(str(e.get("scheduler") or "slurm"))  # who called it down; before the field: Slurm
             say(e["node"], 0, f"LOST in attempt {e.get('in_attempt')}" + (f" ({said_by}: {why})" if why else "")
                 + (f"; never published: {', '.join(map(str, lost))}" if lost else ""))
         elif kind == "node-agents":

@@ -19,6 +19,7 @@ from supervisor.config import build_config
 from supervisor.journal import read_journal
 from supervisor.plan import make_plan
 from supervisor.policy import Reason, Trigger
+from supervisor.sched import run_dir_id
 from supervisor.conduct.stopping import StopSequence
 
 if TYPE_CHECKING:
@@ -253,7 +254,7 @@ def make_agent(tmp_path: Path, *, env: dict[str, str] | None = None, flags: dict
     env = {"PATH": "/usr/bin:/bin", **(env or {})}
     cfg = build_config(flags={"gpu_every": "0", "checkpoint_timeout": "2s", **(flags or {})},
                        flag_pairs=[("checkpoint", str(tmp_path / "l"), str(tmp_path / "p"))],
-                       command=("torchrun", "train.py"), env=env, cwd=tmp_path)
+                       command=("torchrun", "train.py"), env=env, cwd=tmp_path, job_id=run_dir_id(env))
     plan = replace(make_plan(cfg, env), launcher=FakeLauncher())
     plan.mirror = mirror or FakeMirror()
     notifier = FakeNotifier()
@@ -429,7 +430,7 @@ def test_a_term_near_the_end_is_the_deadline_before_it_a_preemption():
 
 
 def test_requeue_and_exit_status_decisions():
-    kw = dict(requeue=True, on_failure=False, scheduler="slurm", already=False, restart_count=0, max_requeues=3)
+    kw = dict(requeue=True, on_failure=False, queued=True, already=False, restart_count=0, max_requeues=3)
     assert policy.requeue_decision(Reason.PREEMPTED, **kw) == (True, "")
     assert policy.requeue_decision(Reason.CHILD_FAILED, **kw)[0] is False
     assert policy.requeue_decision(Reason.PREEMPTED, **{**kw, "restart_count": 3})[1].startswith("max_requeues")
@@ -624,7 +625,7 @@ def test_which_gpu_events_make_a_node_suspect():
     assert policy.gpu_fault("gpu-lost", {"device": 1}) == "GPU 1 lost"
     assert policy.exclude_node(Reason.HANG, []) == ["hang"]
     assert policy.exclude_node(Reason.DEADLINE, []) == []
-    kw = dict(requeue=True, on_failure=False, scheduler="slurm", already=False, restart_count=0, max_requeues=3)
+    kw = dict(requeue=True, on_failure=False, queued=True, already=False, restart_count=0, max_requeues=3)
     assert policy.requeue_decision(Reason.CHILD_FAILED, **kw, suspect=True) == (True, "")
     assert policy.requeue_decision(Reason.HANG, **kw) == (True, "")
 

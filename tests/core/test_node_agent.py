@@ -13,7 +13,8 @@ import pytest
 
 from supervisor import cli, sync
 from supervisor.conduct.fleet import agent_argv
-from supervisor.conduct.node_agent import NodeAgent, node_rank
+from supervisor.conduct.node_agent import NodeAgent
+from supervisor.sched import node_rank
 from supervisor.config import agent_view, build_config, pair_view
 from supervisor.errors import ConfigError
 from supervisor.journal import Journal, node_dir, read_journal

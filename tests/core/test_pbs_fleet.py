@@ -18,8 +18,10 @@ import anyio
 import pytest
 
 from supervisor import cli
-from supervisor.conduct.fleet import CHOICE_VAR, GONE_STATES, SAY_VAR, Fleet, SaidLines, lost_nodes, parse_pbsnodes
+from supervisor.conduct.fleet import CHOICE_VAR, SAY_VAR, Fleet, lost_nodes
 from supervisor.jobprocs import JobProcesses, ranks_here, signal_ranks
+from supervisor.sched import GONE_STATES, SCHEDULERS
+from supervisor.sched.pbs import PbsdshAgents, SaidLines, parse_pbsnodes
 from tests.conftest import wait_for
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "pbs" / "real"
@@ -30,7 +32,7 @@ def fleet(tmp_path: Path, env: dict[str, str]) -> Fleet:
             "--leader-config", '{"sync":[]}']
 
     async def make() -> Fleet:  # an anyio Event inside: made in an event loop
-        return Fleet(argv, ("n1", "n2", "n3"), lambda *a, **k: {}, env, tmp_path / "run", scheduler="pbs")
+        return Fleet(argv, ("n1", "n2", "n3"), lambda *a, **k: {}, env, tmp_path / "run", SCHEDULERS["pbs"])
 
     return anyio.run(make)
 
@@ -39,7 +41,8 @@ def test_pbsdsh_starts_node_k_on_its_host_with_what_the_leader_must_hand_it(tmp_
     env = {"PATH": "/venv/bin:/usr/bin", "PYTHONPATH": "/repo", "VIRTUAL_ENV": "", "HOME": "/home/alice",
            "PBS_JOBID": "7.head", "SECRET_TOKEN": "x"}
     f = fleet(tmp_path, env)
-    argv = f.pbsdsh_argv(2)
+    assert isinstance(f.agents, PbsdshAgents) and f.agents.launcher == "pbsdsh"
+    argv = f.agents.argv_for(2)
     # spawn and return (-o), on node 2's host, through env: pbsdsh hands a TM task no environment
     assert argv[:6] == ["pbsdsh", "-o", "-h", "n3", "--", "/usr/bin/env"], argv
     at = argv.index(sys.executable)
@@ -50,8 +53,8 @@ def test_pbsdsh_starts_node_k_on_its_host_with_what_the_leader_must_hand_it(tmp_
     assert agent[:6] == [sys.executable, "-m", "supervisor", "node-agent", "--node-rank", "2"], agent
     ns = cli._node_agent_parser().parse_args(agent[4:])  # noqa: SLF001 - the agent's own parser reads it
     assert (ns.node_rank, ns.run_dir, ns.verbose, ns.leader_config) == ("2", str(tmp_path / "run"), 1, '{"sync":[]}')
-    assert f.pbsdsh_argv(1)[3] == "n2" and "SUPERVISE_NODE_RANK=1" in f.pbsdsh_argv(1)
-    assert f.launch_argv() == f.pbsdsh_argv(1)
+    assert f.agents.argv_for(1)[3] == "n2" and "SUPERVISE_NODE_RANK=1" in f.agents.argv_for(1)
+    assert f.agents.argv() == f.agents.argv_for(1)  # what the node-agents event shows
 
 
 def test_pbsnodes_text_of_the_real_pbs_gives_state_and_comment() -> None:

@@ -464,10 +464,10 @@ REQUEUE_DECISION = [
       id="spawn failed: not requeued even with --requeue-on-failure"),
     P(Reason.CANCELLED, {"suspect": True}, (False, "not after cancelled"), id="cancelled on a suspect node: not requeued"),
     P(Reason.DEADLINE, {"requeue": False}, (False, "requeue is off"), id="--requeue off"),
-    P(Reason.DEADLINE, {"requeue": False, "scheduler": "local"}, (False, "requeue is off"),
+    P(Reason.DEADLINE, {"requeue": False, "queued": False}, (False, "requeue is off"),
       id="--requeue off is said first"),
-    P(Reason.DEADLINE, {"scheduler": "local"}, (False, "no scheduler to requeue with"), id="no scheduler"),
-    P(Reason.DEADLINE, {"scheduler": "pbs"}, (True, ""), id="PBS requeues too"),
+    P(Reason.DEADLINE, {"queued": False}, (False, "no scheduler to requeue with"), id="no scheduler (a local run)"),
+    P(Reason.DEADLINE, {"queued": True}, (True, ""), id="a batch job requeues (Slurm and PBS alike)"),
     P(Reason.PREEMPTED, {"already": True}, (False, "the scheduler already requeued the job"),
       id="the scheduler already requeued it"),
     P(Reason.DEADLINE, {"restart_count": 2}, (True, ""), id="restart 2 of max 3: requeued"),
@@ -479,7 +479,7 @@ REQUEUE_DECISION = [
 
 @pytest.mark.parametrize(("reason", "changes", "expected"), REQUEUE_DECISION)
 def test_requeue_decision(reason: Reason, changes: dict[str, Any], expected: tuple[bool, str]) -> None:
-    args: dict[str, Any] = {"requeue": True, "on_failure": False, "scheduler": "slurm", "already": False,
+    args: dict[str, Any] = {"requeue": True, "on_failure": False, "queued": True, "already": False,
                             "restart_count": 0, "max_requeues": 3, **changes}
     assert policy.requeue_decision(reason, **args) == expected
 

@@ -1,6 +1,7 @@
 """The shape issue 23 asked for, kept: no import circle in supervisor/ (type-only and lazy
 imports included, a module importing its package's ``__init__`` too), config knows nothing of
-sync, no module reaches into another package's private modules, and the conductor stays small."""
+sync, no module reaches into another package's private modules, and the conductor stays small.
+Issue 32: nothing outside supervisor/sched/ compares a scheduler's name."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def test_the_structure_check_sees_a_circle(tmp_path: Path) -> None:
 
 def test_config_imports_nothing_of_sync_nor_the_job() -> None:
     deps = _graph()["supervisor.config"]
-    assert not {d for d in deps if d.startswith("supervisor.sync") or d == "supervisor.job"}, deps
+    assert not {d for d in deps if d.startswith(("supervisor.sync", "supervisor.sched"))}, deps
 
 
 def test_no_module_imports_another_packages_private_modules() -> None:
@@ -106,3 +107,65 @@ def test_the_conductor_is_small_and_no_class_is_huge() -> None:
                 if lines > CLASS_MAX:
                     big.append(f"{f.relative_to(SRC.parent)}: {node.name} {lines} lines")
     assert not big, big
+
+
+SCHEDULER_NAMES = frozenset({"slurm", "pbs", "local"})
+SCHED = SRC / "sched"
+
+
+def _scheduler_name_comparisons(source: str) -> list[int]:
+    """Lines where ``==``, ``!=``, ``in`` or ``not in`` has a scheduler's name on one side: the
+    literal, a tuple/set/list holding one, or a module-level name bound to such a collection
+    (``SCHEDULERS = ("slurm", "pbs")`` … ``x not in SCHEDULERS``)."""
+    tree = ast.parse(source)
+
+    def names_one(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in SCHEDULER_NAMES
+        if isinstance(node, (ast.Tuple, ast.Set, ast.List)):
+            return any(names_one(e) for e in node.elts)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("frozenset", "set", "tuple"):
+            return any(names_one(a) for a in node.args)
+        return isinstance(node, ast.Name) and node.id in bound
+
+    bound: set[str] = set()
+    bound = {t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None
+             and names_one(n.value) for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+             if isinstance(t, ast.Name)}
+    hits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            for op, left, right in zip(node.ops, sides, sides[1:]):
+                if isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) and (names_one(left) or names_one(right)):
+                    hits.append(node.lineno)
+    return hits
+
+
+def test_no_scheduler_name_is_compared_outside_the_scheduler_package() -> None:
+    """A scheduler's facts are its class's (supervisor/sched/): a caller asks ``job.sched``
+    (``is_batch``, ``signals_every_node``, ``refine_reason``…), never ``job.scheduler == "pbs"``."""
+    found = [f"{f.relative_to(SRC.parent)}:{line}" for f in sorted(SRC.rglob("*.py")) if SCHED not in f.parents
+             for line in _scheduler_name_comparisons(f.read_text())]
+    assert not found, f"{len(found)} comparison(s) of a scheduler's name outside supervisor/sched/: {found}"
+
+
+def test_the_scheduler_name_check_sees_each_form() -> None:
+    """The check above can fail: every form it looks for, and what it leaves alone."""
+    caught = """
+SCHEDULERS = ("slurm", "pbs")
+if job.scheduler == "local": pass
+if "pbs" != name: pass
+if job.scheduler in ("slurm", "pbs"): pass
+if job.scheduler not in SCHEDULERS: pass
+if name in {"local"}: pass
+x = "Slurm" if job.scheduler == "slurm" else "PBS"
+"""
+    assert _scheduler_name_comparisons(caught) == [3, 4, 5, 6, 7, 8]
+    left_alone = """
+emit("node-lost", scheduler="slurm")
+where = "local"
+LABELS = {"slurm": "Slurm"}
+if kind == "local-disk-full": pass
+"""
+    assert _scheduler_name_comparisons(left_alone) == []

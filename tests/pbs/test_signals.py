@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from supervisor.job import parse_pbs_time, parse_walltime, pbs_kill_wait
+from supervisor.sched.pbs import parse_pbs_time, parse_walltime, pbs_kill_wait
 from tests.support.runs import RunJournal
 from supervisor.launchers import catches
 from tests.conftest import wait_for

@@ -1,4 +1,4 @@
-"""Run inside a batch job: write what supervisor.job sees (detect_job, end_time) as JSON."""
+"""Run inside a batch job: write what supervisor.sched sees (detect_job, end_time) as JSON."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ import sys
 
 import anyio
 
-from supervisor.job import detect_job, end_time, requeue_command
+from supervisor.sched import detect_job
 
 
 async def main(path: str) -> None:
     job = detect_job(os.environ)
     problems: list[str] = []
-    end = await end_time(job, report=problems.append)
+    end = await job.sched.end_time(job, report=problems.append)
     with open(path, "w") as f:
         json.dump({"job": dataclasses.asdict(job), "end_time": end, "problems": problems,
-                   "requeue_command": requeue_command(job)}, f)
+                   "requeue_command": job.sched.requeue_command(job)}, f)
 
 
 if __name__ == "__main__":

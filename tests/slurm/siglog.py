@@ -10,7 +10,7 @@ flushed and fsynced, since SIGKILL may come next):
 ``--child`` starts a second siglog in its own session (as supervise starts the training),
 role ``child``, to see whether Slurm reaches processes beyond the batch process. Each role
 also rewrites ``LOG.<role>.alive`` every 0.1 s, so its last contents date a SIGKILL.
-``--requeue-self`` runs supervisor.job.requeue on the detected job (first run only);
+``--requeue-self`` runs the scheduler's requeue (supervisor.sched) on the detected job (first run only);
 ``--exit-after-start`` makes a requeued run (SLURM_RESTART_COUNT set) log and exit 0.
 """
 
@@ -55,9 +55,10 @@ def main() -> int:
     if "--requeue-self" in flags and restart == "-":
         import anyio
 
-        from supervisor.job import detect_job, requeue
+        from supervisor.sched import detect_job
 
-        ran, message = anyio.run(requeue, detect_job(os.environ))
+        job = detect_job(os.environ)
+        ran, message = anyio.run(job.sched.requeue, job)
         write(f"requeue {ran} {' '.join(message.split())}")
     alive = os.open(f"{log_path}.{role}.alive", os.O_WRONLY | os.O_CREAT, 0o644)
     while True:

@@ -1,4 +1,4 @@
-"""supervisor.job against the real local Slurm: detection, end time, requeue refusals."""
+"""supervisor.sched (Slurm) against the real local Slurm: detection, end time, requeue refusals."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from supervisor.job import Job, parse_slurm_time, requeue
+from supervisor.sched import Job
+from supervisor.sched.slurm import parse_slurm_time
 from tests.slurm.conftest import Slurm
 
 pytestmark = pytest.mark.slurm
@@ -48,7 +49,8 @@ def test_requeue_of_a_job_that_forbids_it_reports_why(slurm: Slurm, tmp_path: Pa
     slurm.wait_state(jobid, "RUNNING", timeout=90)
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
     try:
-        ran, message = anyio.run(requeue, Job(scheduler="slurm", job_id=jobid))
+        job = Job(scheduler="slurm", job_id=jobid)
+        ran, message = anyio.run(job.sched.requeue, job)
     finally:
         slurm.cancel(jobid)
     assert ran is False

@@ -3,14 +3,14 @@
 The GPU sampler journals ``gpu-xid`` and ``gpu-lost``; ``Faults.through`` sits between it and
 the journal and keeps those that make the node suspect (``policy.gpu_fault``). The stop
 sequence reads them: the requeue excludes this node, and a crash after a fault is not
-restarted in place on the same GPUs (the health gate) but requeued elsewhere.
+restarted in place on the same GPUs (the health gate) but requeued elsewhere. The node's
+name the requeue excludes is the scheduler's (``Scheduler.node_name``).
 """
 
 from __future__ import annotations
 
-import os
 import time
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -59,8 +59,3 @@ class Faults:
         self.seen.append({"t": time.time(), "kind": "health-gate", "why": why})
         self._emit("health-gate", ok=False, why=why, held_mib=round(held / 2**20, 1))  # type: ignore[operator]
         return False
-
-
-def this_node(env: Mapping[str, str]) -> str:
-    """The scheduler's name for the node supervise runs on."""
-    return env.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]

@@ -1,0 +1,542 @@
+"""Slurm: its environment map, its tools (squeue, scontrol, scancel, srun) and its job script.
+
+Facts relied on (docs/slurm.md):
+* ``SLURM_JOB_END_TIME`` exists only from Slurm 23.02; on 22.05 the end time comes from
+  ``squeue -h -j ID -o "%e %S %l"`` (local time, no zone, ``NONE`` without a limit) or
+  ``scontrol show job`` (``EndTime=``); a scancel moves EndTime to the cancel time, so the
+  time limit is StartTime + TimeLimit.
+* ``SLURM_RESTART_COUNT`` is unset on a job's first run.
+* scancel, the time limit and a requeue send SIGCONT + SIGTERM to every process of the job;
+  KillWait later, SIGKILL.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import anyio
+
+from supervisor.sched._hostlist import expand_hostlist, expand_tasks_per_node
+from supervisor.sched._job import (
+    AgentLaunch, Job, Refined, ScriptChoices, as_int, count_devices, gpu_count, set_directive, short_host,
+)
+from supervisor.sched._tool import QUERY_TIMEOUT, REQUEUE_TIMEOUT, Report, outcome, run_tool
+
+log = logging.getLogger(__name__)
+
+KILL_WAIT = 30.0  # KillWait's default (slurm.conf)
+JOB_WIDE = 2.0  # a SIGCONT this close to a TERM means the scheduler signalled every process
+EXCLUDE_RETRY = 0.25  # seconds between tries while the requeued job is still leaving RUNNING
+END_TOLERANCE = 2.0  # s: Slurm's times have a 1 s grain; an EndTime this close to the time limit is it
+# supervise init: the templates' --signal=B:USR2@600, scaled to a short job
+LEAD_MAX = 600     # seconds: the templates' --signal=B:USR2@600, for jobs of 40 min and more
+LEAD_SHARE = 0.25  # a shorter job is warned this share of its time limit before the end…
+LEAD_FLOOR = 45    # …but never less (Slurm checks about every 30 s and may send it up to 60 s early)
+
+
+class Slurm:
+    """A Slurm job (submitit's ``SlurmJobEnvironment``)."""
+
+    name = "slurm"
+    label = "Slurm"
+    is_batch = True
+    default_kill_wait: float | None = KILL_WAIT
+    signals_every_node = True  # scancel --signal and its own TERM reach every step's tasks
+    gone_states: tuple[str, ...] = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWER_DOWN", "FUTURE", "UNKNOWN")
+    script_suffix = "sbatch"
+    submit = "sbatch"
+    script_options: tuple[str, ...] = ()
+    directive = "#SBATCH"
+
+    # ------------------------------------------------------------------------ the environment
+    def active(self, env: Mapping[str, str]) -> bool:
+        return bool(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"))
+
+    def job(self, env: Mapping[str, str]) -> Job:
+        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+        try:
+            nodes = expand_hostlist(nodelist) if nodelist else ()
+        except ValueError:
+            log.warning("cannot expand SLURM_JOB_NODELIST=%r; using it as one name", nodelist)
+            nodes = (nodelist,)
+        tpn: int | None = as_int(env.get("SLURM_NTASKS_PER_NODE"))
+        if tpn is None and env.get("SLURM_TASKS_PER_NODE"):
+            try:
+                counts = expand_tasks_per_node(env["SLURM_TASKS_PER_NODE"])
+                tpn = counts[0] if len(set(counts)) == 1 else None
+            except ValueError:
+                pass
+        gpus = gpu_count(env.get("SLURM_GPUS_ON_NODE"))
+        if gpus is None:
+            gpus = gpu_count(env.get("SLURM_GPUS_PER_NODE"))
+        for key in ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "CUDA_VISIBLE_DEVICES"):
+            if gpus is None:
+                gpus = count_devices(env.get(key))
+        end = env.get("SLURM_JOB_END_TIME")
+        return Job(
+            scheduler=self.name,
+            job_id=env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"),
+            job_name=env.get("SLURM_JOB_NAME"),
+            restart_count=as_int(env.get("SLURM_RESTART_COUNT")) or 0,
+            nodes=nodes,
+            gpus_per_node=gpus,
+            ntasks=as_int(env.get("SLURM_NTASKS")) or as_int(env.get("SLURM_NPROCS")),
+            tasks_per_node=tpn,
+            cpus_per_node=as_int(env.get("SLURM_CPUS_ON_NODE")),
+            submit_dir=env.get("SLURM_SUBMIT_DIR"),
+            array_job_id=env.get("SLURM_ARRAY_JOB_ID"),
+            array_task_id=env.get("SLURM_ARRAY_TASK_ID"),
+            env_end_time=float(end) if end and end.strip().isdigit() and int(end) > 0 else None,
+        )
+
+    def run_dir_id(self, env: Mapping[str, str]) -> str | None:
+        """The job id the default run directory is named by (the same for every requeue)."""
+        return env.get("SLURM_JOB_ID") or None
+
+    def node_name(self, env: Mapping[str, str]) -> str:
+        """Slurm's name for the node supervise runs on (what ExcNodeList takes)."""
+        return env.get("SLURMD_NODENAME") or short_host()
+
+    def requeue_id(self, job: Job) -> str | None:
+        """The id ``scontrol requeue`` wants: ``ARRAYID_TASKID`` for an array task."""
+        if job.array_job_id and job.array_task_id:
+            return f"{job.array_job_id}_{job.array_task_id}"
+        return job.job_id
+
+    # ------------------------------------------------------------------------ the clock
+    async def end_time(self, job: Job, report: Report | None = None) -> float | None:
+        """Unix seconds when Slurm ends the job; None without a limit or on any failure."""
+        report = report or log.warning
+        try:
+            return await _end_time(job, report)
+        except Exception as exc:  # noqa: BLE001 - a scheduler query must never end the supervision
+            report(f"end time of {self.name} job {job.job_id}: {exc!r}")
+            return None
+
+    async def kill_wait(self, job: Job, report: Report | None = None) -> float | None:
+        """``KillWait`` from ``scontrol show config``: the TERM → KILL wait after a job-wide
+        TERM; else its default."""
+        rc, out = await run_tool(["scontrol", "show", "config"], QUERY_TIMEOUT, report or log.warning)
+        m = re.search(r"^KillWait\s*=\s*(\d+)", out, re.M) if rc == 0 else None
+        return float(m.group(1)) if m else self.default_kill_wait
+
+    def restart_count_now(self, job: Job) -> int | None:
+        """None: ``SLURM_RESTART_COUNT`` already said it (``job.restart_count``)."""
+        return None
+
+    # ------------------------------------------------------------------------ signals
+    def signalled_all(self, sig: int | None, received: float | None, last_cont: float | None) -> bool:
+        """Did Slurm's SIGCONT+SIGTERM to every process of the job (scancel, the time limit, a
+        requeue) come, rather than a TERM to us alone? slurmstepd sends SIGCONT with it; then the
+        launcher got that TERM too, and a TERM of ours would be its second (mpiexec abandons its
+        ranks on a second TERM). Times are ``time.monotonic()``."""
+        if sig != signal.SIGTERM or received is None or last_cont is None:
+            return False
+        return abs(last_cont - received) <= JOB_WIDE
+
+    def kill_follows(self, sig: int | None) -> bool:
+        """False: Slurm's KILL follows only its job-wide TERM, which ``signalled_all`` tells."""
+        return False
+
+    async def signal_steps(self, job: Job, sig: int, report: Report | None = None) -> tuple[bool, str]:
+        """``scancel --signal=SIG JOBID``: the signal to the tasks of every step of the job, not
+        the batch shell (supervise): how srun's tasks are stopped gracefully (docs/launchers.md)."""
+        if not job.job_id:
+            return False, "not a Slurm job"
+        name = signal.Signals(sig).name.removeprefix("SIG")
+        rc, out = await run_tool(["scancel", f"--signal={name}", job.job_id], QUERY_TIMEOUT, report or log.warning)
+        return rc == 0, out.strip()
+
+    async def refine_reason(self, job: Job, was: str, *, termed: bool, died: bool,
+                            report: Report | None = None) -> Refined | None:
+        """After a SIGTERM the controller tells cancel, requeue, preemption and the time limit
+        apart (they all send the same TERM). So it does when the training died of a stop signal
+        before supervise's own TERM arrived (``reason_after_signal_death``)."""
+        if not (termed or died):
+            return None
+        view = await job_view(job, report=report or log.warning)
+        if termed:
+            reason, requeued = reason_from_view(view, was, job.restart_count)
+        else:
+            reason, requeued = reason_after_signal_death(view, job.restart_count) or (was, False)
+        state = view.state if view else None
+        fields = {"state": state, "reason": reason, "was": was, "requeued_by_scheduler": requeued,
+                  "restarts": view.restarts if view else None, "preempted": bool(view and view.preempt_time)}
+        return Refined(reason, requeued, fields, f"scheduler state {state}")
+
+    # ------------------------------------------------------------------------ the queue
+    def requeue_command(self, job: Job) -> list[str] | None:
+        jid = self.requeue_id(job)
+        return ["scontrol", "requeue", jid] if jid else None
+
+    async def requeue(self, job: Job, timeout: float = REQUEUE_TIMEOUT, report: Report | None = None) -> tuple[bool, str]:
+        """``scontrol requeue``. Returns (ran, message): ran is True only on exit status 0.
+
+        The requeue at once sends SIGTERM to the batch shell, i.e. to us when the job script
+        ``exec``s supervise: call this as the very last step of the stop sequence."""
+        argv = self.requeue_command(job)
+        if argv is None:
+            return False, f"no requeue on a {self.name} job"
+        rc, out = await run_tool(argv, timeout, report or log.warning)
+        return outcome(argv, rc, out)
+
+    def requeue_hint(self, message: str) -> str | None:
+        """What the site must change when Slurm refused our requeue (measured message)."""
+        if "presently disabled" in message:
+            return "the site disabled requeueing (JobRequeue=0) or the job was submitted with --no-requeue"
+        return None
+
+    async def exclude_nodes(self, job: Job, nodes: list[str], *, timeout: float,
+                            report: Report | None = None) -> tuple[bool, str]:
+        """Add ``nodes`` to the requeued job's ``ExcNodeList`` (docs/slurm.md, "Suspect nodes").
+
+        Slurm 22.05 refuses ``ExcNodeList+=`` ("does not accept [+|-]= syntax") and any change to a
+        running job ("Job is no longer pending execution"), both measured: so this runs *after*
+        ``scontrol requeue``, reads the list, and sets the union, retried until the job is pending
+        (bounded by ``timeout``)."""
+        if not job.job_id:
+            return False, f"no node exclusion on a {self.name} job (docs/pbs.md)"
+        report = report or log.warning
+        message = "not tried"
+        with anyio.move_on_after(timeout):
+            while True:
+                rc, out = await run_tool(["scontrol", "show", "job", "-o", job.job_id], 5.0, report)
+                if rc == 0:
+                    wanted = ",".join(dict.fromkeys([*excluded_nodes(out), *nodes]))
+                    argv = ["scontrol", "update", f"JobId={job.job_id}", f"ExcNodeList={wanted}"]
+                    rc, out = await run_tool(argv, 5.0, lambda _: None)
+                    message = f"{' '.join(argv)}: " + ("ok" if rc == 0 else " ".join(out.split())[:300])
+                    if rc == 0:
+                        return True, message
+                await anyio.sleep(EXCLUDE_RETRY)
+        report(f"could not exclude {', '.join(nodes)}: {message}")
+        return False, message
+
+    # ------------------------------------------------------------------------ nodes
+    def node_state(self, host: str) -> tuple[str, str] | None:
+        """(State, Reason) of a node from ``scontrol show node`` (blocking); None when it cannot tell."""
+        try:
+            out = subprocess.run(["scontrol", "-o", "show", "node", host], capture_output=True, text=True,
+                                 timeout=10, stdin=subprocess.DEVNULL).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        fields = dict(w.split("=", 1) for w in out.split() if "=" in w)
+        if "State" not in fields:
+            return None
+        reason = out.split("Reason=", 1)[1].split(" [", 1)[0].strip() if "Reason=" in out else ""
+        return fields["State"], reason
+
+    def agents(self, launch: AgentLaunch) -> SrunAgents:
+        return SrunAgents(launch)
+
+    def launch_line(self, job: Job, world: int, per_node: int, mpi: str | None) -> list[str] | None:
+        """``srun`` over the whole allocation, one task per GPU."""
+        argv = ["srun", "-N", str(max(1, job.num_nodes)), "-n", str(world), "--ntasks-per-node", str(per_node)]
+        if job.gpus_per_node:
+            argv += ["--gpus-per-node", str(job.gpus_per_node)]
+        return argv
+
+    # ------------------------------------------------------------------------ supervise init
+    def job_script(self, launcher: str) -> tuple[str, str]:
+        """(template, preset) for a launcher (a close one when there is no exact one)."""
+        if launcher.startswith("horovodrun"):
+            return "slurm-horovodrun.sbatch", "ibex.toml"
+        if launcher == "csrun":
+            return "cerebras-csrun.sbatch", "cerebras.toml"
+        if launcher == "srun" or launcher.startswith("mpiexec"):
+            return "slurm-srun.sbatch", "slurm.toml"  # one task per GPU, started by the allocation
+        return "slurm-torchrun.sbatch", "slurm.toml"  # one task that starts the ranks itself
+
+    def submit_notes(self, script_name: str, config_name: str, account: bool) -> list[str]:
+        return [f"submit: sbatch {script_name}   (check first: supervise check --config {config_name} -- …)"]
+
+    def submit_line(self, script: str, account: bool) -> str:
+        return f"sbatch {script}"
+
+    def set_directives(self, lines: list[str], c: ScriptChoices, template: str) -> None:
+        """The template's #SBATCH lines for these choices; the warning signal's lead scaled to the time."""
+        set_directive(lines, r"^#SBATCH --job-name=\S+", f"#SBATCH --job-name={c.name}")
+        if c.nodes:
+            set_directive(lines, r"^#SBATCH --nodes=\S+", f"#SBATCH --nodes={c.nodes}")
+        if c.gpus is not None:
+            set_directive(lines, r"^#SBATCH --gpus-per-node=\S+", f"#SBATCH --gpus-per-node={c.gpus}" if c.gpus else None)
+            if template == "slurm-srun.sbatch" and c.gpus:
+                set_directive(lines, r"^#SBATCH --ntasks-per-node=\S+", f"#SBATCH --ntasks-per-node={c.gpus}")
+        if c.time:
+            set_directive(lines, r"^#SBATCH --time=\S+", f"#SBATCH --time={c.time}")
+            limit = slurm_seconds(c.time)
+            lead = warning_lead(limit) if limit else LEAD_MAX
+            if lead < LEAD_MAX:
+                set_directive(lines, r"^#SBATCH --signal=B:USR2@\d+.*$",
+                              f"#SBATCH --signal=B:USR2@{lead}           # USR2 to the batch shell (= supervise) {lead} s "
+                              f"before the end: a quarter of the {c.time} limit, at least {LEAD_FLOOR} s (not the "
+                              f"templates' {LEAD_MAX} s: longer than the job, it would come at once)")
+
+
+class SrunAgents:
+    """One ``srun --overlap`` task per node, sharing the nodes with the training's step; the
+    agents' lines come back on srun's stdout, and srun's end is theirs."""
+
+    launcher = "srun"
+
+    def __init__(self, launch: AgentLaunch) -> None:
+        self.launch = launch
+        self.failed: dict[int, str] = {}  # srun starts every node's task or none
+        self.proc: subprocess.Popen[str] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def argv(self) -> list[str]:
+        n = len(self.launch.nodes)
+        return ["srun", "--overlap", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
+                "--job-name=supervise-node-agents", *self.launch.argv]
+
+    async def start(self) -> str | None:
+        """Start srun; None, or why it could not start."""
+        argv, env = self.argv(), self.launch.env
+        try:
+            self.proc = await anyio.to_thread.run_sync(lambda: subprocess.Popen(
+                argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True))  # our session: not the training tree (Child.tree)
+        except OSError as e:
+            return str(e)
+        return None
+
+    async def hear(self, heard: Callable[[str], None], changed: Callable[[], None]) -> None:
+        """Every line srun's tasks print, until srun's stdout closes."""
+        proc = self.proc
+        assert proc is not None
+        lines: anyio.abc.ObjectReceiveStream[str]
+        send, lines = anyio.create_memory_object_stream[str](64)
+
+        def read() -> None:
+            assert proc.stdout is not None
+            try:
+                for line in proc.stdout:
+                    anyio.from_thread.run(send.send, line)
+            finally:
+                anyio.from_thread.run_sync(send.close)
+
+        async def follow() -> None:
+            async for line in lines:
+                heard(line)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: anyio.to_thread.run_sync(read, abandon_on_cancel=True))
+            tg.start_soon(follow)
+
+    async def wait(self) -> int:
+        """srun's exit status, when it ends (before the leader's end: a node died, or srun could not reach one)."""
+        proc = self.proc
+        assert proc is not None
+        return await anyio.to_thread.run_sync(proc.wait, abandon_on_cancel=True)
+
+    def ended(self) -> bool:
+        return self.proc is not None and self.proc.poll() is not None
+
+    async def down(self, nodes: list[int]) -> dict[int, str]:
+        """{}: an agent whose node died ends srun, which ``ended`` tells."""
+        return {}
+
+
+# ---------------------------------------------------------------------------- the end time
+
+async def _end_time(job: Job, report: Report) -> float | None:
+    if job.env_end_time is not None:
+        return job.env_end_time
+    if not job.job_id:
+        return None
+    # EndTime with StartTime and TimeLimit: a scancel moves EndTime, the time limit does not.
+    rc, out = await run_tool(["squeue", "-h", "-j", job.job_id, "-o", "%e %S %l"], QUERY_TIMEOUT, report)
+    if rc == 0 and out.strip():
+        value, *rest = out.strip().splitlines()[0].split()
+        if value.upper() in ("NONE", "UNLIMITED", "N/A", "UNKNOWN"):
+            return None
+        parsed = parse_slurm_time(value)
+        if parsed is not None:
+            start, limit = (rest + ["", ""])[:2]
+            return time_limit_end(parsed, parse_slurm_time(start), parse_slurm_duration(limit))
+        report(f"squeue printed an end time we cannot read: {value!r}")
+    rc, out = await run_tool(["scontrol", "show", "job", job.job_id], QUERY_TIMEOUT, report)
+    if rc == 0:
+        view = parse_job_view(out)
+        if view is not None and view.end is not None:
+            return time_limit_end(view.end, view.start, view.limit)
+        m = re.search(r"\bEndTime=(\S+)", out)
+        if m:
+            return parse_slurm_time(m.group(1))
+    return None
+
+
+def parse_slurm_time(text: str) -> float | None:
+    """``2026-11-21T13:44:55`` (local time, Slurm prints no zone) → unix seconds."""
+    try:
+        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, OverflowError):
+        return None
+
+
+def parse_slurm_duration(text: str) -> float | None:
+    """A Slurm time limit (``TimeLimit=``, squeue ``%l``) → seconds: ``MM:SS``, ``HH:MM:SS``,
+    ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``; None for ``UNLIMITED``, ``Partition_Limit`` and
+    anything else."""
+    days, dash, rest = text.strip().rpartition("-")
+    parts = rest.split(":")
+    if (dash and not days.isdigit()) or not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3:
+        return None
+    nums = [int(p) for p in parts]
+    if days:
+        nums += [0] * (3 - len(nums))  # D-HH, D-HH:MM: hours first
+        return float(int(days) * 86400 + nums[0] * 3600 + nums[1] * 60 + nums[2])
+    if len(nums) == 1:
+        return float(nums[0] * 60)  # minutes
+    total = 0
+    for n in nums:
+        total = total * 60 + n
+    return float(total)
+
+
+def ended_early(end: float | None, start: float | None, limit: float | None) -> bool:
+    """EndTime before StartTime + TimeLimit (by more than the clock's grain): the job is being
+    ended before its time limit, by a scancel (issue 30: read as the time limit). Unknowable
+    without all three."""
+    if end is None or start is None or limit is None:
+        return False
+    return end < start + limit - END_TOLERANCE
+
+
+def time_limit_end(end: float | None, start: float | None, limit: float | None) -> float | None:
+    """The job's end as its time limit sets it: StartTime + TimeLimit when EndTime was moved
+    earlier (a scancel landing while supervise reads the end at start-up would otherwise be
+    taken for a time limit reached, and warned and requeued as one), else EndTime."""
+    if ended_early(end, start, limit):
+        return start + limit  # type: ignore[operator]
+    return end
+
+
+# ---------------------------------------------------------------------------- the controller's view
+
+@dataclass(frozen=True)
+class JobView:
+    """What the controller says of the job while it is being stopped.
+
+    After a job-wide SIGTERM, Slurm 22.05 shows ``JobState=COMPLETING`` for the whole
+    KillWait, whatever the cause; the other fields tell the causes apart (measured on the
+    local cluster, docs/slurm.md): ``scancel`` moves ``EndTime`` to the cancel time,
+    ``scontrol requeue`` raises ``Restarts`` at once, a preemption sets ``PreemptTime``.
+    """
+
+    state: str                 # JobState, e.g. RUNNING, COMPLETING, CANCELLED, REQUEUED, TIMEOUT
+    restarts: int | None       # Restarts: the requeue counter (SLURM_RESTART_COUNT of the next run)
+    end: float | None          # EndTime, unix seconds
+    preempt_time: float | None  # PreemptTime, unix seconds; None when not preempted
+    start: float | None = None  # StartTime, unix seconds
+    limit: float | None = None  # TimeLimit, seconds; None when unlimited or unreadable
+
+    def ended_early(self) -> bool:
+        """EndTime before StartTime + TimeLimit: the job ends before its time limit (a scancel
+        moves EndTime to the cancel time; the time limit leaves it there or later)."""
+        return ended_early(self.end, self.start, self.limit)
+
+
+async def job_view(job: Job, report: Report | None = None, timeout: float = 5.0) -> JobView | None:
+    """The controller's view of this job now, or None (no job id, or no answer). Never raises."""
+    if not job.job_id:
+        return None
+    rc, out = await run_tool(["scontrol", "show", "job", "-o", job.job_id], timeout, report or log.warning)
+    return parse_job_view(out) if rc == 0 else None
+
+
+def parse_job_view(text: str) -> JobView | None:
+    """``scontrol show job -o`` output → JobView; None without a JobState."""
+    fields = dict(re.findall(r"\b(JobState|Restarts|EndTime|PreemptTime|StartTime|TimeLimit)=(\S+)", text))
+    if "JobState" not in fields:
+        return None
+    restarts = fields.get("Restarts")
+    return JobView(
+        state=fields["JobState"].upper(),
+        restarts=int(restarts) if restarts and restarts.isdigit() else None,
+        end=parse_slurm_time(fields.get("EndTime", "")),
+        preempt_time=parse_slurm_time(fields.get("PreemptTime", "")),
+        start=parse_slurm_time(fields.get("StartTime", "")),
+        limit=parse_slurm_duration(fields.get("TimeLimit", "")),
+    )
+
+
+_STATE_REASONS = {"CANCELLED": "cancelled", "TIMEOUT": "deadline", "DEADLINE": "deadline", "PREEMPTED": "preempted"}
+
+
+def reason_from_view(view: JobView | None, was: str, restart_count: int) -> tuple[str, bool]:
+    """(reason, requeued by the scheduler) from the controller's view after a SIGTERM.
+
+    A job-wide TERM shows as COMPLETING for all of KillWait; then a raised ``Restarts``
+    means a requeue (a preemption with PreemptMode=REQUEUE, or an admin's), a
+    ``PreemptTime`` a preemption, and a TERM we took for a preemption with neither is
+    a cancel; so is one we took for the time limit when EndTime is before StartTime +
+    TimeLimit (the cancel moved it: ``ended_early``). A job still RUNNING got its TERM at the batch shell only (a site's
+    preemption script, ``scancel --signal=TERM --batch``): it stays a preemption.
+    """
+    if view is None:
+        return was, False
+    requeued = view.state.startswith("REQUEUE") or (view.restarts is not None and view.restarts > restart_count)
+    base = view.state.split("+")[0]
+    if base in _STATE_REASONS:
+        return _STATE_REASONS[base], requeued
+    if requeued or view.preempt_time is not None:
+        return ("deadline" if was == "deadline" else "preempted"), requeued
+    if base == "COMPLETING" and (was == "preempted" or view.ended_early()):
+        return "cancelled", False  # a TERM near an end that a scancel moved is no time limit
+    return was, False
+
+
+def reason_after_signal_death(view: JobView | None, restart_count: int) -> tuple[str, bool] | None:
+    """(reason, requeued by the scheduler) when the training died of a signal supervise did not
+    send, before any TERM reached supervise: a scancel, the time limit or a requeue signals every
+    process of the job at once, and the child may be seen dead first (CI: exit 143 33 ms before
+    supervise's own TERM). The controller has changed the job's state before it signals, so a job
+    that is no longer RUNNING says which; a RUNNING one (or no view) means something else killed
+    the training (the OOM killer, a user's ``kill``): None, the failure stands."""
+    if view is None or view.state.split("+")[0] in ("RUNNING", "PENDING", "SUSPENDED"):
+        return None
+    return reason_from_view(view, "preempted", restart_count)
+
+
+def excluded_nodes(view_text: str) -> tuple[str, ...]:
+    """``ExcNodeList=`` of ``scontrol show job -o`` output, expanded; () for ``(null)``."""
+    m = re.search(r"\bExcNodeList=(\S*)", view_text)
+    return () if not m or m.group(1) in ("", "(null)") else expand_hostlist(m.group(1))
+
+
+# ---------------------------------------------------------------------------- supervise init
+
+def slurm_seconds(text: str) -> float | None:
+    """Slurm's ``--time``: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS → seconds."""
+    days, _, rest = text.strip().rpartition("-")
+    try:
+        d = int(days) if days else 0
+        parts = [int(p) for p in rest.split(":")]
+    except ValueError:
+        return None
+    if days:  # D-HH[:MM[:SS]]
+        parts = (parts + [0, 0])[:3] if 1 <= len(parts) <= 3 else []
+    elif len(parts) == 1:  # minutes
+        parts = [0, parts[0], 0]
+    elif len(parts) == 2:  # MM:SS
+        parts = [0, *parts]
+    if len(parts) != 3 or min(parts) < 0 or d < 0:
+        return None
+    return float(((d * 24 + parts[0]) * 60 + parts[1]) * 60 + parts[2])
+
+
+def warning_lead(limit: float) -> int:
+    """How long before the end the Slurm warning signal is asked for: the templates' 600 s,
+    scaled down for a short job (a 2-minute job must not be warned 10 minutes ahead, which is
+    at once), at least ``LEAD_FLOOR`` and never more than half the limit."""
+    return int(min(LEAD_MAX, max(LEAD_FLOOR, LEAD_SHARE * limit), limit / 2))
