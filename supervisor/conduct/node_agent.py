@@ -37,7 +37,7 @@ from supervisor.errors import ConfigError
 from supervisor.job import detect_job
 from supervisor.jobprocs import JobProcesses
 from supervisor.journal import EVENTS_FILE, Emit, Journal, JournalTail, next_attempt, node_dir
-from supervisor.sync import Mirror, role_before, set_aside_other_role
+from supervisor.sync import Mirror
 
 log = logging.getLogger("supervise")
 
@@ -296,8 +296,7 @@ async def run_node_agent(cfg: Config, rank: int, env: Mapping[str, str] | None =
     leader = JournalTail(cfg.run_dir / EVENTS_FILE)
     reason, detail = "leader-ended", ""
     try:
-        set_aside_other_role(pairs, role_before(_previous_start(cfg.run_dir / EVENTS_FILE), socket.gethostname()),
-                             rank, journal.emit)
+        await mirror.prepare(previous_start=_previous_start(cfg.run_dir / EVENTS_FILE), host=socket.gethostname())
         await _restore(mirror, env, rank)
         holds = await anyio.to_thread.run_sync(mirror.holds)
         async with anyio.create_task_group() as tg:

@@ -156,6 +156,10 @@ class FakeMirror:
         self.calls.append("attach")
         self.emit = emit
 
+    async def prepare(self, *, previous_start, host) -> list[str]:
+        self.calls.append("prepare")
+        return []
+
     async def restore(self, choice=None):
         self.calls.append("restore")
         return None
