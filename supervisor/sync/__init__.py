@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 
 import anyio
 from anyio.abc import TaskStatus
@@ -40,6 +42,24 @@ log = logging.getLogger("supervise")
 NODES_FLUSH_SHARE = 0.75  # of the last flush's budget, the most the leader waits for its agents' answers
 NODES_FLUSH_S = 30.0      # ... when no budget is given
 NODES_FLUSH_CAP_S = 300.0  # ... and never more (hours left before the time limit: a hung agent is not waited out)
+
+
+@dataclass(frozen=True)
+class Published:
+    """One checkpoint this mirror published (``Mirror.publishes``): what a stop asks of it.
+    ``ident``: its top-level name and inode (None for a per-node pair's assembly, which has no
+    one inode); ``completed_at``: its completion evidence (a marker's mtime, a close, the
+    latest part's), wall clock, None when unknown; ``published_at``: when it landed."""
+
+    ident: tuple[str, int] | None
+    completed_at: float | None
+    published_at: float
+
+    @property
+    def saved_at(self) -> float:
+        """When the training finished saving it: its completion evidence, else its landing
+        (the journal's ``publish`` time less its ``lag_s``)."""
+        return self.completed_at if self.completed_at is not None else self.published_at
 
 
 class Mirror:
@@ -68,7 +88,7 @@ class Mirror:
             self._backend_error = ConfigError("sync_backend", backend, "rsync is not on PATH; use auto or python")
             self._backend = PythonBackend(nice, ionice, streams)
         self._published = 0
-        self._completed: list[tuple[float | None, Any]] = []  # (completed at, (name, inode)) per publish
+        self._completed: list[Published] = []  # every checkpoint published, in order (not pointers, nor files beside them)
         self._published_event = anyio.Event()
         self._engines: list[PairEngine] = []
         self._exited = False
@@ -132,9 +152,15 @@ class Mirror:
         """Checkpoints published so far in this run; the stop sequence waits for it to move."""
         return self._published
 
+    @property
+    def publishes(self) -> tuple[Published, ...]:
+        """Every checkpoint published so far in this run, in order: the stop reads the
+        training's save rhythm from them (not pointers, nor files beside the checkpoints)."""
+        return tuple(self._completed)
+
     def _count_publish(self, done_at: float | None = None, ident: tuple[str, int] | None = None) -> None:
         self._published += 1
-        self._completed.append((done_at, ident))
+        self._completed.append(Published(ident, done_at, time.time()))
         self._published_event.set()
         self._published_event = anyio.Event()
 
@@ -302,17 +328,31 @@ class Mirror:
         return frozenset(found)
 
     async def wait_completed(self, since: float, accept: Callable[[float | None, float], bool],
-                             started: Callable[[Any], bool] = lambda ident: True) -> Any:
-        """Return the identity of the first checkpoint published that ``accept(completed_at,
-        since)`` and ``started(ident)`` take (the stop sequence: one started and completed
-        after its request, not any publish)."""
+                             started: Callable[[Any], bool] = lambda ident: True) -> Published:
+        """The first checkpoint published that ``accept(completed_at, since)`` and
+        ``started(ident)`` take (the stop sequence: one started and completed after its
+        request, not any publish)."""
         seen = 0
         while True:
             fresh, seen = self._completed[seen:], len(self._completed)
-            for done, ident in fresh:
-                if accept(done, since) and started(ident):
-                    return ident
+            for done in fresh:
+                if accept(done.completed_at, since) and started(done.ident):
+                    return done
             await self._published_event.wait()
+
+    @contextmanager
+    def hurry(self, reason: str) -> Iterator[None]:
+        """While a stop waits for its checkpoint: every pair passes now (``request:<reason>``)
+        and, until the block ends, no trigger (a file event, a settle re-check) waits out a
+        failed pass's backoff, and a failed pass is retried within a second (``Schedule.hurry``)."""
+        for eng in self._engines:
+            eng.hurry(True)
+        self.request(reason)
+        try:
+            yield
+        finally:
+            for eng in self._engines:
+                eng.hurry(False)
 
     async def flush(self, reason: str, within: float | None = None) -> dict[str, Any]:
         """One final pass of every pair, concurrently, right now (backoff ignored).

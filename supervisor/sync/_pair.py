@@ -92,6 +92,10 @@ class PairEngine:
     def trigger(self, reason: str) -> None:
         self.schedule.trigger(reason)
 
+    def hurry(self, on: bool) -> None:
+        """A stop waits for its checkpoint: no trigger waits out a failed pass's backoff."""
+        self.schedule.hurry(on)
+
     async def loop(self) -> None:
         await self.schedule.loop(self.run_pass)
 
