@@ -29,7 +29,7 @@ from supervisor.sync import _fsops
 from supervisor.sync._aside import set_aside, set_aside_versions
 from supervisor.sync._assembly import Assembly
 from supervisor.sync._complete import STAGING_PREFIX, Listing
-from supervisor.sync._partpublish import Handover, PartPublisher
+from supervisor.sync._partpublish import Gather, Handover, PartPublisher
 from supervisor.sync._parts import PARTS_DIR, go_path, parts_root, taken, waiting
 from supervisor.sync._profiles import Profile
 from supervisor.sync._publish import Publisher
@@ -67,7 +67,6 @@ class Role(Protocol):
     checkpoint's identity (name, inode), so what was being written at a request can be told
     from the answer to it (a part's assembly has none)."""
 
-    node: int
     marker_here: bool
     owns_writers: bool
     identifies: bool
@@ -104,7 +103,6 @@ class Role(Protocol):
 class Single:
     """A pair mirrored from this node alone: its complete checkpoints are published whole."""
 
-    node = 0
     marker_here = True
     owns_writers = True
     identifies = True
@@ -133,7 +131,7 @@ class Single:
         return []
 
     def leftovers(self) -> list[Path]:
-        """Staging leftovers; never the parts directory (another run's nodes may use it)."""
+        """Staging leftovers; never ``.supervise-parts`` (a per-node pair's, which its nodes still count)."""
         dst = self.host.state.pair.dst
         return [s for s in _fsops.stale_staging(dst) if s != parts_root(dst)]
 
@@ -167,7 +165,8 @@ class _PerNode:
         self.space = SpaceWatch()                  # this node's local disk: will the next checkpoint fit?
         self.restored: Path | None = None          # the version this node restored (``holds``)
 
-    def _gather(self, pub: PartPublisher) -> Any:
+    def _gather(self, pub: PartPublisher) -> Gather:
+        """The role's piece of the parts publisher (the leader's assembly, node K's hand-over)."""
         raise NotImplementedError
 
     def compose(self, host: Host, *, on_publish: Callable[..., None], ours: set[str] | None) -> Publisher:
