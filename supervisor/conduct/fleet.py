@@ -253,8 +253,10 @@ DOWN_POLL_S = 1.0  # how often that wait asks the scheduler whether a silent nod
 
 def lost_nodes(previous: list[dict[str, Any]], now: tuple[str, ...], persistent: list[Path],
                node_state: Callable[[str], tuple[str, str] | None]) -> list[dict[str, Any]]:
-    """The nodes of the previous attempt that this one lacks and Slurm calls gone, each with
+    """The nodes of the previous attempt that this one lacks and the scheduler calls gone, each with
     the checkpoints whose parts from it are missing on persistent storage (never published)."""
+    from supervisor.sync import Mirror  # here only: a run without per-node pairs never imports sync for this
+
     start = next((e for e in reversed(previous) if e.get("kind") == "start"), None)
     if start is None or not start.get("nodes"):
         return []
@@ -266,18 +268,8 @@ def lost_nodes(previous: list[dict[str, Any]], now: tuple[str, ...], persistent:
         state = node_state(host)
         if state is None or not any(s in state[0].upper() for s in GONE_STATES):
             continue
-        lost = []
-        for dst in persistent:
-            parts = dst / ".supervise-parts"
-            try:
-                names = sorted(os.listdir(parts))
-            except OSError:
-                continue
-            for name in names:
-                if (dst / name).exists() or not (parts / name).is_dir():
-                    continue
-                if not (parts / name / f"node-{index}.json").exists():
-                    lost.append(f"{dst.name}/{name}" if len(persistent) > 1 else name)
+        lost = [f"{dst.name}/{name}" if len(persistent) > 1 else name
+                for dst in persistent for name in Mirror.parts_missing(dst, index)]
         out.append({"node": host, "index": index, "in_attempt": start.get("attempt"), "state": state[0],
                     "reason": state[1], "lost": lost})
     return out
@@ -361,11 +353,8 @@ async def start(plan: Plan, tg: TaskGroup, guarded: Callable[..., Any], emit: Em
         await journal_lost_nodes(plan, emit)
     except Exception as e:  # noqa: BLE001 - a report line, never a reason to stop
         log.warning("could not tell which nodes are gone: %s", e)
-    if plan.job.num_nodes > 1:  # this host's files from another node's role are no part of node 0's
-        from supervisor.sync import role_before, set_aside_other_role
-
-        before = next((e for e in reversed(plan.previous_events) if e.get("kind") == "start"), None)
-        set_aside_other_role(list(plan.cfg.sync), role_before(before, os.uname().nodename), 0, emit)
+    if plan.job.num_nodes > 1 and plan.mirror is not None:  # this host's files from another node's role are no part of node 0's
+        await plan.mirror.prepare(previous_start=plan.previous_start, host=os.uname().nodename)
     fleet = Fleet.from_plan(plan, emit)
     if fleet is not None:
         await tg.start(guarded("node-agents", fleet.run))

@@ -42,7 +42,6 @@ from supervisor.errors import ConfigError
 from supervisor.jobprocs import JobProcesses, signal_ranks
 from supervisor.journal import EVENTS_FILE, Journal, JournalTail
 from supervisor.plan import Plan, node_start_fields
-from supervisor.sync import role_before, set_aside_other_role
 
 log = logging.getLogger("supervise")
 
@@ -92,8 +91,7 @@ class NodeAgent:
         t0 = time.monotonic()
         leader = JournalTail(plan.run_dir / EVENTS_FILE)  # from here: what the leader says while we restore counts
         try:
-            set_aside_other_role(list(self.cfg.sync), role_before(plan.previous_start, socket.gethostname()), rank,
-                                 journal.emit)
+            await mirror.prepare(previous_start=plan.previous_start, host=socket.gethostname())
             await self._restore()
             holds = await anyio.to_thread.run_sync(mirror.holds)
             async with anyio.create_task_group() as tg:

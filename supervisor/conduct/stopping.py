@@ -19,7 +19,6 @@ import anyio
 from supervisor import policy, stacks, suspects
 from supervisor._units import format_duration
 from supervisor.child import exit_status
-from supervisor.journal import read_journal
 from supervisor.policy import Reason, Trigger
 from supervisor.conduct.routing import request_checkpoint
 from supervisor.conduct.state import RunState, StopResult
@@ -120,7 +119,8 @@ class StopSequence:
             return {"outcome": "no-time", "bound_s": round(bound, 3), **request}
         before = mirror.published
         outcome, answer = "timeout", None
-        with anyio.move_on_after(bound):
+        # a pass now, and no file event waits out a failed copy's backoff: the stop cannot wait that long
+        with mirror.hurry("stop-checkpoint"), anyio.move_on_after(bound):
             async with anyio.create_task_group() as tg:
                 async def completed() -> None:
                     nonlocal outcome, answer
@@ -135,20 +135,16 @@ class StopSequence:
                     outcome = "child-exited"
                     tg.cancel_scope.cancel()
 
-                async def nudge() -> None:
-                    # Watch events wait out a failed copy's backoff; the stop cannot wait that long.
-                    while True:
-                        mirror.request("stop-checkpoint")
-                        await anyio.sleep(1.0)
-
                 tg.start_soon(completed)
                 tg.start_soon(exited)
-                tg.start_soon(nudge)
         if outcome == "timeout":
             log.warning("no checkpoint completed after the request within %s", format_duration(bound))
         answered = None
         if outcome == "published":
-            saves = await anyio.to_thread.run_sync(self.save_times)
+            # when this attempt's checkpoints were saved (completion evidence, a marker's mtime;
+            # not pointers, nor files beside them): not their publish times, whose copy lag
+            # jitters under load by more than the rhythm's tolerance (CI, issue 31)
+            saves = [p.saved_at for p in mirror.publishes]
             done = min((t for t in saves if t >= asked_at), default=None)  # the first completed after the request
             answered = policy.answered_request(saves, asked_at, done)
             if answered is False:
@@ -156,19 +152,8 @@ class StopSequence:
                             "requests (docs/training.md)", format_duration(time.time() - asked_at))
         return {"outcome": outcome, "bound_s": round(bound, 3), "published": mirror.published - before,
                 "signalled": request.get("signal") is not None, "answered": answered,
-                "answer": answer[0] if answer else None, "in_progress": sorted(n for n, _ in in_progress)}
-
-    def save_times(self) -> list[float]:
-        """When this attempt's published checkpoints became complete (its journal's ``publish``
-        events less their ``lag_s``: the completion evidence, a marker's mtime; not pointers, nor
-        files beside the checkpoints, which a save rewrites too). Not the publish times: under
-        load the copy's lag jitters by more than the rhythm's tolerance, and a periodic save was
-        taken for an answer (CI, issue 31)."""
-        run = self.run
-        return [float(e["t"]) - (float(e["lag_s"]) if isinstance(e.get("lag_s"), (int, float)) else 0.0)
-                for e in read_journal(run.plan.run_dir).events
-                if e.get("kind") == "publish" and e.get("attempt") == run.plan.attempt and not e.get("pointer")
-                and e.get("restorable") is not False]
+                "answer": answer.ident[0] if answer is not None and answer.ident else None,
+                "in_progress": sorted(n for n, _ in in_progress)}
 
     async def flush(self, reason: str) -> dict[str, Any]:
         run = self.run

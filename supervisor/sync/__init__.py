@@ -6,16 +6,18 @@ markers and pointer files last; logs grow in place so a TensorBoard reading the 
 copy sees new points. A checkpoint pair with ``nodes = N`` (every node writes its shards to
 its own local disk) publishes a checkpoint only once every node's part is durable: node K's
 mirror (``supervise node-agent``, ``node_rank=K``) stages parts, the leader (node 0, the main
-``supervise``) assembles them (``_nodes.py``, ``_parts.py``). Rules, event kinds and fields:
-docs/sync.md.
+``supervise``) assembles them: each pair's engine composes its role (``_roles.py``), and the
+mirror asks it, never which kind it is. Rules, event kinds and fields: docs/sync.md.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 
 import anyio
 from anyio.abc import TaskStatus
@@ -27,20 +29,37 @@ from supervisor.sync import _fsops
 from supervisor.sync._backend import Backend, CopyError, PythonBackend, choose_backend
 from supervisor.sync._checks import check_pairs
 from supervisor.sync._complete import STAGING_PREFIX
-from supervisor.sync._nodes import PartEngine
-from supervisor.sync._nodes import role_before, set_aside_other_role  # the leader's start (conduct/fleet.py) and the node agent
+from supervisor.sync._aside import role_before
 from supervisor.sync._pair import PairEngine
+from supervisor.sync._parts import missing_from
 from supervisor.sync._profiles import GENERIC
-from supervisor.sync._parts import PARTS_DIR, parts_root, waiting
+from supervisor.sync._roles import role_for
 
 __all__ = ["Mirror"]
-__all__ += ["role_before", "set_aside_other_role"]
 
 log = logging.getLogger("supervise")
 
 NODES_FLUSH_SHARE = 0.75  # of the last flush's budget, the most the leader waits for its agents' answers
 NODES_FLUSH_S = 30.0      # ... when no budget is given
 NODES_FLUSH_CAP_S = 300.0  # ... and never more (hours left before the time limit: a hung agent is not waited out)
+
+
+@dataclass(frozen=True)
+class Published:
+    """One checkpoint this mirror published (``Mirror.publishes``): what a stop asks of it.
+    ``ident``: its top-level name and inode (None for a per-node pair's assembly, which has no
+    one inode); ``completed_at``: its completion evidence (a marker's mtime, a close, the
+    latest part's), wall clock, None when unknown; ``published_at``: when it landed."""
+
+    ident: tuple[str, int] | None
+    completed_at: float | None
+    published_at: float
+
+    @property
+    def saved_at(self) -> float:
+        """When the training finished saving it: its completion evidence, else its landing
+        (the journal's ``publish`` time less its ``lag_s``)."""
+        return self.completed_at if self.completed_at is not None else self.published_at
 
 
 class Mirror:
@@ -69,23 +88,18 @@ class Mirror:
             self._backend_error = ConfigError("sync_backend", backend, "rsync is not on PATH; use auto or python")
             self._backend = PythonBackend(nice, ionice, streams)
         self._published = 0
-        self._completed: list[tuple[float | None, Any]] = []  # (completed at, (name, inode)) per publish
+        self._completed: list[Published] = []  # every checkpoint published, in order (not pointers, nor files beside them)
         self._published_event = anyio.Event()
         self._engines: list[PairEngine] = []
         self._exited = False
         self._nodes_flush: Callable[..., Awaitable[dict[str, Any]]] | None = None
         self._nodes_pending: list[str] = []
         for p in self._pairs:
-            if p.kind == "checkpoint" and p.nodes > 1:
-                self._engines.append(PartEngine(p, self._backend, emit, node=node_rank, every=sync_every,
-                                                retry_base=retry_base, retry_cap=retry_cap,
-                                                on_publish=self._count_publish, parts_poll=parts_poll,
-                                                writers=writers))
-            else:
-                ours = set(published_before.get(p.name, ())) if published_before is not None else None
-                self._engines.append(PairEngine(p, self._backend, emit, every=sync_every, retry_base=retry_base,
-                                                retry_cap=retry_cap, on_publish=self._count_publish,
-                                                writers=writers if p.kind == "checkpoint" else None, ours=ours))
+            ours = set(published_before.get(p.name, ())) if published_before is not None else None
+            self._engines.append(PairEngine(p, self._backend, emit, every=sync_every, retry_base=retry_base,
+                                            retry_cap=retry_cap, on_publish=self._count_publish,
+                                            writers=writers if p.kind == "checkpoint" else None, ours=ours,
+                                            role=role_for(p.kind, p.nodes, node_rank, parts_poll)))
 
     @staticmethod
     def published_in(events: Iterable[Mapping[str, Any]]) -> dict[str, set[str]]:
@@ -138,9 +152,15 @@ class Mirror:
         """Checkpoints published so far in this run; the stop sequence waits for it to move."""
         return self._published
 
+    @property
+    def publishes(self) -> tuple[Published, ...]:
+        """Every checkpoint published so far in this run, in order: the stop reads the
+        training's save rhythm from them (not pointers, nor files beside the checkpoints)."""
+        return tuple(self._completed)
+
     def _count_publish(self, done_at: float | None = None, ident: tuple[str, int] | None = None) -> None:
         self._published += 1
-        self._completed.append((done_at, ident))
+        self._completed.append(Published(ident, done_at, time.time()))
         self._published_event.set()
         self._published_event = anyio.Event()
 
@@ -154,6 +174,26 @@ class Mirror:
                 raise ConfigError("node_rank", self.node_rank, f"expected 1 to {p.nodes - 1}: sync {p.name} has nodes = {p.nodes}")
         return warnings
 
+    async def prepare(self, *, previous_start: Mapping[str, Any] | None, host: str) -> list[str]:
+        """Before the restore and the offer: a host that was another node in the attempt
+        before (``previous_start``: that attempt's ``start`` event, naming its nodes) holds on
+        its local side what it wrote in that role; taken as this role's part it would mix
+        other ranks' shards into it (a part of ranks 0-1 twice and none of ranks 2-3 would
+        look whole). Every per-node pair's local checkpoints not published yet are set aside
+        (``part-set-aside``); returns their names."""
+        was = role_before(previous_start, host)
+        moved: list[str] = []
+        for eng in self._engines:
+            moved += await anyio.to_thread.run_sync(eng.role.set_aside_role, was)
+        return moved
+
+    @staticmethod
+    def parts_missing(dst: Path, node: int) -> list[str]:
+        """The checkpoints under the persistent side ``dst`` of a per-node pair that have parts,
+        are not published, and lack node ``node``'s: what that node's loss left unpublished
+        (``node-lost``). Blocking."""
+        return missing_from(dst, node)
+
     async def restore(self, choice: Mapping[str, str | None] | None = None) -> Path | None:
         """Before spawn: for pairs with ``restore = true``, the newest complete checkpoint from
         persistent storage to local disk, so a requeued attempt resumes from fast local disk.
@@ -163,10 +203,7 @@ class Mirror:
         first: Path | None = None
         for eng in self._restoring():
             try:
-                if isinstance(eng, PartEngine) and choice is not None and eng.pair.name in choice:
-                    got = await eng.restore(choice[eng.pair.name], chosen=True)
-                else:
-                    got = await eng.restore()
+                got = await eng.role.restore(choice)
             except (OSError, CopyError) as e:
                 self._emit("restore-failed", pair=eng.pair.name, error=str(e))
                 continue
@@ -177,46 +214,42 @@ class Mirror:
         return [e for e in self._engines if e.pair.kind == "checkpoint" and e.pair.restore]
 
     async def offer(self) -> None:
-        """A node agent, before the leader chooses: its whole versions not yet published go up
-        as parts (``PartEngine.offer``)."""
+        """A node agent, before the leader chooses: its whole versions of per-node pairs not
+        yet published go up as parts (the role's ``offer``)."""
         for eng in self._restoring():
-            if isinstance(eng, PartEngine):
-                try:
-                    await eng.offer()
-                except (OSError, CopyError) as e:
-                    self._emit("restore-failed", pair=eng.pair.name, error=f"offering this node's versions: {e}")
+            try:
+                await eng.role.offer()
+            except (OSError, CopyError) as e:
+                self._emit("restore-failed", pair=eng.pair.name, error=f"offering this node's versions: {e}")
 
     async def choose(self) -> dict[str, str | None]:
         """The leader, before every node restores: per per-node pair, the one version they all
         restore (the newest complete one on persistent storage, after its own offer)."""
         out: dict[str, str | None] = {}
         for eng in self._restoring():
-            if isinstance(eng, PartEngine):
-                try:
-                    out[eng.pair.name] = await eng.choose()
-                except (OSError, CopyError) as e:
-                    self._emit("restore-failed", pair=eng.pair.name, error=f"choosing the version: {e}")
+            try:
+                out.update(await eng.role.choose())
+            except (OSError, CopyError) as e:
+                self._emit("restore-failed", pair=eng.pair.name, error=f"choosing the version: {e}")
         return out
 
     def holds(self) -> dict[str, Any]:
         """Per per-node pair, the version this node restored (name, bytes, mtime, sha256), or
         None. Blocking: hashes the restored file."""
-        return {eng.pair.name: eng.holds() for eng in self._restoring() if isinstance(eng, PartEngine)}
+        return {name: v for eng in self._restoring() for name, v in eng.role.holds().items()}
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Watchers, pass loops and safety-net timers for every pair, until cancelled."""
-        await self._prepare()
+        await self._ready_sides()
         async with anyio.create_task_group() as tg:
             for eng in self._engines:
                 await tg.start(eng.watch)
-                tg.start_soon(eng.loop)
-                tg.start_soon(eng.ticker)
-                if isinstance(eng, PartEngine):  # the leader: others' manifests; node K: the leader's word
-                    tg.start_soon(eng.parts_watch)
+                for task in eng.tasks():  # the pass loop, the ticker; per-node pairs: the parts watch
+                    tg.start_soon(task)
                 eng.trigger("start")
             task_status.started()
 
-    async def _prepare(self) -> None:
+    async def _ready_sides(self) -> None:
         """Create missing local sides we can; remove our staging leftovers from a killed run."""
         for eng in self._engines:
             p = eng.pair
@@ -228,34 +261,13 @@ class Mirror:
                     self._emit("sync-source", pair=p.name, path=p.src, action="waiting", error=str(e))
             if p.kind != "checkpoint":
                 continue
-            stale = await anyio.to_thread.run_sync(self._stale_on_dst, eng)
+            stale = await anyio.to_thread.run_sync(eng.role.leftovers)
             stale += [s for s in await anyio.to_thread.run_sync(_fsops.stale_staging, p.src)
                       if s.name.startswith(STAGING_PREFIX)]
             for s in stale:
                 await anyio.to_thread.run_sync(_fsops.remove_ours, s)
             if stale:
                 self._emit("sync-cleanup", pair=p.name, removed=[str(s) for s in stale])
-
-    @staticmethod
-    def _stale_on_dst(eng: PairEngine) -> list:
-        """Our leftovers on the persistent side of one pair. Parts are never leftovers: other
-        nodes may be writing them now, and a complete one still counts after a requeue. A
-        node agent leaves the leader's staging alone; the leader keeps an assembly staging
-        whose parts are still there (it may hold files renamed out of them), and releases the
-        parts that checkpoints already published hold."""
-        p = eng.pair
-        if isinstance(eng, PartEngine):
-            if not eng.leader:
-                return []
-            parts = waiting(p.dst)
-            for name in list(parts):
-                # a newer version than the published one (the last attempt's last save, its
-                # leader gone before assembling it) still counts; the rest is released
-                if (p.dst / name).exists() and not eng.parts.current_parts(name, parts[name]):
-                    del parts[name]
-            keep = {f"{STAGING_PREFIX}{n}" for n in parts} | {PARTS_DIR}
-            return [s for s in _fsops.stale_staging(p.dst) if s.name not in keep]
-        return [s for s in _fsops.stale_staging(p.dst) if s != parts_root(p.dst)]
 
     def training_exited(self) -> None:
         """The training's whole tree is gone: nothing can change any more, so later passes
@@ -306,26 +318,41 @@ class Mirror:
             eng.trigger(f"request:{reason}")
 
     async def in_progress(self) -> frozenset[tuple[str, int]]:
-        """Checkpoints being written now, in every single-node checkpoint pair (the stop
-        sequence takes this at its request: none of them answers it)."""
+        """Checkpoints being written now, in every checkpoint pair whose publishes name their
+        checkpoint (a part's assembly has no identity): the stop sequence takes this at its
+        request, and none of them answers it."""
         found: set[tuple[str, int]] = set()
         for eng in self._engines:
-            if eng.pair.kind == "checkpoint" and isinstance(eng, PairEngine) and not isinstance(eng, PartEngine):
+            if eng.pair.kind == "checkpoint" and eng.role.identifies:
                 found |= await anyio.to_thread.run_sync(eng.in_progress)
         return frozenset(found)
 
     async def wait_completed(self, since: float, accept: Callable[[float | None, float], bool],
-                             started: Callable[[Any], bool] = lambda ident: True) -> Any:
-        """Return the identity of the first checkpoint published that ``accept(completed_at,
-        since)`` and ``started(ident)`` take (the stop sequence: one started and completed
-        after its request, not any publish)."""
+                             started: Callable[[Any], bool] = lambda ident: True) -> Published:
+        """The first checkpoint published that ``accept(completed_at, since)`` and
+        ``started(ident)`` take (the stop sequence: one started and completed after its
+        request, not any publish)."""
         seen = 0
         while True:
             fresh, seen = self._completed[seen:], len(self._completed)
-            for done, ident in fresh:
-                if accept(done, since) and started(ident):
-                    return ident
+            for done in fresh:
+                if accept(done.completed_at, since) and started(done.ident):
+                    return done
             await self._published_event.wait()
+
+    @contextmanager
+    def hurry(self, reason: str) -> Iterator[None]:
+        """While a stop waits for its checkpoint: every pair passes now (``request:<reason>``)
+        and, until the block ends, no trigger (a file event, a settle re-check) waits out a
+        failed pass's backoff, and a failed pass is retried within a second (``Schedule.hurry``)."""
+        for eng in self._engines:
+            eng.hurry(True)
+        self.request(reason)
+        try:
+            yield
+        finally:
+            for eng in self._engines:
+                eng.hurry(False)
 
     async def flush(self, reason: str, within: float | None = None) -> dict[str, Any]:
         """One final pass of every pair, concurrently, right now (backoff ignored).

@@ -5,9 +5,12 @@ name, check nothing changed while copying, rename into place, then pointers. The
 split by job, each in its own module and given what it shares explicitly (``_state.py``):
 when passes run (``_schedule.py``: triggers, one pass at a time, coalescing, backoff, the
 watcher), checkpoint publishing (``_publish.py``), log passes (``_logs.py``) and restore
-(``_restore.py``). The engine itself keeps the local side's listing and profile and turns a
-pass's failure into a journal line and a retry with capped exponential backoff: failures
-never leave this module (docs/design.md, invariant 4).
+(``_restore.py``). Where the pair is mirrored from (one node, or node 0 or node K of a
+per-node pair) is the engine's role (``_roles.py``): it builds the publisher, adds its
+watchers, shapes the scan and runs the restore; the engine asks it and never tells roles
+apart. The engine itself keeps the local side's listing and profile and turns a pass's
+failure into a journal line and a retry with capped exponential backoff: failures never leave
+this module (docs/design.md, invariant 4).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import os
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import anyio
 
@@ -28,8 +31,8 @@ from supervisor.sync._backend import Backend, CopyError, CopyResult
 from supervisor.sync._complete import Context, Listing, Snap, classify
 from supervisor.sync._logs import LogPass
 from supervisor.sync._profiles import GENERIC, Profile, torn_file
-from supervisor.sync._publish import Publisher
 from supervisor.sync._restore import Restorer
+from supervisor.sync._roles import Role, Single
 from supervisor.sync._schedule import Schedule
 from supervisor.sync._state import PairState, to_thread
 from supervisor.sync._writers import open_for_write
@@ -38,18 +41,21 @@ LOG_BATCH = 10.0  # s: while logs are written, a log pair copies what grew at mo
 
 
 class PairEngine:
-    """One pair on this node: its listing and profile, composed with its schedule, its
-    checkpoint publisher or log pass, and its restorer. ``writers``: the training's processes
-    on this node (None: not visible, e.g. a node agent); ``ours``: what this run directory
+    """One pair on this node: its listing and profile, composed with its role, its schedule,
+    its checkpoint publisher (the role's) or log pass, and its restorer. ``writers``: the
+    training's processes on this node (None: not visible); ``ours``: what this run directory
     published in earlier attempts (``Publisher``)."""
 
     def __init__(self, pair: SyncPair, backend: Backend, emit: Emit, *, every: float,
                  retry_base: float, retry_cap: float, on_publish: Callable[..., None],
-                 writers: Callable[[], set[int]] | None = None, ours: set[str] | None = None) -> None:
+                 writers: Callable[[], set[int]] | None = None, ours: set[str] | None = None,
+                 role: Role | None = None) -> None:
         self.pair = pair
         self.emit = emit
         self.state = PairState(pair, backend, emit)
+        self.role: Role = role if role is not None else Single()
         self.writers = writers
+        self.writers_seen = False              # the training's processes were found here (writer_view)
         self.exited = False                    # the training's whole tree is gone: nothing can change
         self.marker_seen = False
         self._inodes: dict[str, int] = {}      # top-level name → inode at the last scan (renames)
@@ -57,14 +63,9 @@ class PairEngine:
         self._told_generic = False
         self._newest_ns = 0
         self.schedule = Schedule(self.state, every=pair.every or every, retry_base=retry_base, retry_cap=retry_cap)
-        self.publisher = self._publisher(on_publish, ours)
+        self.publisher = self.role.compose(self, on_publish=on_publish, ours=ours)
         self.logs = LogPass(self.state, recheck=self.schedule.recheck)
         self.restorer = Restorer(self.state, judge=self._judge_side, adopt_profile=self.adopt_profile)
-
-    def _publisher(self, on_publish: Callable[..., None], ours: set[str] | None) -> Publisher:
-        """The checkpoint publisher this engine composes (a per-node pair's stages parts)."""
-        return Publisher(self.state, rescan=self.rescan, recheck=self.schedule.recheck, on_publish=on_publish,
-                         ours=ours, wanted=self.schedule.wanted)
 
     # ---- what the mirror reads ------------------------------------------------------
 
@@ -91,6 +92,10 @@ class PairEngine:
     def trigger(self, reason: str) -> None:
         self.schedule.trigger(reason)
 
+    def hurry(self, on: bool) -> None:
+        """A stop waits for its checkpoint: no trigger waits out a failed pass's backoff."""
+        self.schedule.hurry(on)
+
     async def loop(self) -> None:
         await self.schedule.loop(self.run_pass)
 
@@ -100,8 +105,9 @@ class PairEngine:
     async def watch(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         await self.schedule.watch(task_status=task_status)
 
-    async def restore(self) -> Path | None:
-        return await self.restorer.run()
+    def tasks(self) -> list[Callable[[], Awaitable[None]]]:
+        """What runs beside the watcher until cancelled: the pass loop, the ticker, the role's watchers."""
+        return [self.loop, self.ticker, *self.role.watchers()]
 
     def reusable(self, known: dict[str, Any]) -> dict[str, Any]:
         """Snapshots a cheap scan may trust: unchanged top-level stat, and no file event inside."""
@@ -148,14 +154,17 @@ class PairEngine:
 
     async def _pass_listing(self, trigger: str) -> Listing:
         """The local side for a checkpoint pass. Watch events fire many times a second while a
-        checkpoint is written: those passes trust unchanged top-level stats of published
-        checkpoints; every other pass walks all."""
-        listing: Listing = await to_thread(self.scan, cheap=trigger == "watch", pids=self._pids())
+        checkpoint is written (and a per-node pair's parts watch often): those passes trust
+        unchanged top-level stats of published checkpoints; every other pass walks all."""
+        listing: Listing = await to_thread(lambda: self.scan(cheap=trigger in ("watch", "parts"), pids=self._pids()))
         self.take_listing(listing)
+        await self.role.listed(listing)
         return listing
 
     def _pids(self) -> set[int] | None:
-        return self.writers() if self.writers is not None else None
+        pids = self.writers() if self.writers is not None else None
+        self.writers_seen = self.writers_seen or bool(pids)
+        return pids
 
     def rescan(self, name: str) -> Listing:
         """The local side's ``name`` alone, judged now (after copying it). Blocking."""
@@ -170,27 +179,31 @@ class PairEngine:
         """Classify the local side (or ``root``). ``pids``: the training's processes, whose
         open files are the evidence; ``finished``: judge as if nothing can change any more
         (the training is gone, or ``root`` is a side nobody writes)."""
-        p = self.pair
-        reuse = self.reusable(self.state.published) if cheap else None
+        p, role = self.pair, self.role
+        reuse = self.reusable(role.reusable(self.state.published)) if cheap else None
         local = root is None
+        settle = p.settle if settle is None else settle
+        exited = finished or (local and self.exited)
         writing = None
-        if local and pids is not None and not self.exited:
+        # none found by a node agent is nothing known of them; none in our own tree is no training
+        if local and pids is not None and (pids or role.owns_writers) and not self.exited:
             writing = open_for_write(pids, os.path.realpath(p.src))
         saving = partial(stacks.inside, set(pids)) if writing is not None and pids else None
-        ctx = Context(profile=self.rules(local), writing=writing, exited=finished or (local and self.exited),
+        ctx = Context(profile=self.rules(local), writing=writing, exited=exited,
                       inodes=self._inodes if local else {}, torn_check=self._torn_check, saving=saving)
-        listing = classify(root or p.src, markers=p.markers, exclude=p.exclude,
-                           settle=p.settle if settle is None else settle, now=time.time(),
-                           marker_seen=self.marker_seen if local else False, only=only, reuse=reuse, ctx=ctx)
-        if local and only is None:
+        listing = classify(root or p.src, markers=p.markers, exclude=p.exclude, settle=settle, now=time.time(),
+                           marker_seen=self.marker_seen if local and role.marker_here else False, only=only,
+                           reuse=reuse, ctx=ctx)
+        role.judged(listing, settle=settle, finished=exited, whole_local=local and only is None)
+        if local and only is None and role.keeps_inodes(cheap):
             self._inodes = {n: sig[0] for n, sig in listing.sigs.items()}
         return listing
 
     def rules(self, local: bool) -> Profile | None:
-        """The profile a side is judged by; None while a guess (``torch-save`` under ``auto``)
-        may still give way to what the listing shows."""
+        """The profile a side is judged by (the role's, from the pair's); None while a guess
+        (``torch-save`` under ``auto``) may still give way to what the listing shows."""
         provisional = self.profile is not None and self.profile.name == "torch-save" and self.pair.profile == "auto"
-        return None if provisional else self.profile
+        return self.role.rules(None if provisional else self.profile, local)
 
     def in_progress(self) -> set[tuple[str, int]]:
         """(name, inode) of each checkpoint being written now: none of them can answer a
@@ -233,7 +246,8 @@ class PairEngine:
                   where=where, writers=self.writer_view(), quiescence=self.relies_on_quiescence())
 
     def writer_view(self) -> str:
-        return "visible" if self.writers is not None else "unseen"
+        """Our own child tree is visible; a node agent's are once it found the job's processes here."""
+        return "visible" if self.writers is not None and (self.role.owns_writers or self.writers_seen) else "unseen"
 
     def relies_on_quiescence(self, profile: Profile | None = None) -> bool:
         """True when nothing but a quiet period can say a checkpoint is complete here."""

@@ -6,6 +6,7 @@ every one of them is durable::
 
     <persistent>/.supervise-parts/<checkpoint>/node-<K>/       node K's files (copy target)
     <persistent>/.supervise-parts/<checkpoint>/node-<K>.json   node K's manifest, written last
+    <persistent>/.supervise-parts/<checkpoint>/complete-on-node-0   the leader saw node 0's part complete
 
 The manifest (files with sizes and mtimes, the markers, fsynced, temp + rename) is the part's
 commit point: a part without one is work in progress, and a node that sees its local files
@@ -35,6 +36,7 @@ from supervisor.sync._fsops import create_exclusive, fsync_dir, prune_staging, s
 
 PARTS_DIR = ".supervise-parts"
 MANIFEST_VERSION = 1
+GO_FILE = "complete-on-node-0"  # in .supervise-parts/<checkpoint>/: the leader saw it complete
 
 
 class PartConflict(Exception):
@@ -61,6 +63,20 @@ def part_dir(dst: Path, name: str, node: int) -> Path:
 
 def manifest_path(dst: Path, name: str, node: int) -> Path:
     return parts_root(dst) / name / f"node-{node}.json"
+
+
+def go_path(dst: Path, name: str) -> Path:
+    """The leader's word that node 0's part of ``name`` is complete (``write_go``)."""
+    return parts_root(dst) / name / GO_FILE
+
+
+def write_go(dst: Path, name: str) -> None:
+    """Leader: node 0's part of ``name`` is complete by rank 0's own marker (written after a
+    barrier behind every rank's writes): the other nodes' shards are final, they need not
+    wait for ``settle``."""
+    path = go_path(dst, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
 
 
 def part_source(dst: Path, name: str, node: int, rel: str) -> Path:
@@ -139,12 +155,41 @@ def waiting(dst: Path) -> dict[str, dict[int, float]]:
     return out
 
 
-def release_parts(dst: Path, name: str, manifests: Mapping[int, Mapping[str, Any]], *also: str) -> None:
+def taken(dst: Path, names: list[str], node: int) -> list[str]:
+    """Node K: those of its parts ``names`` whose manifest the leader has removed
+    (published, or superseded by a newer version). One stat per part."""
+    return [n for n in names if not os.path.lexists(manifest_path(dst, n, node))]
+
+
+def tidy(dst: Path, taken: list[str], node: int) -> None:
+    """Node K: the part directories of parts the leader has taken go; what they held is
+    published (hard links) or superseded."""
+    for name in taken:
+        shutil.rmtree(part_dir(dst, name, node), ignore_errors=True)
+        try:
+            os.rmdir(part_dir(dst, name, node).parent)
+        except OSError:
+            pass  # another node's part, or the leader's word, is still there
+
+
+def missing_from(dst: Path, node: int) -> list[str]:
+    """Checkpoints that have parts on ``dst``, are not published, and lack node ``node``'s
+    manifest: what could not be published without that node (``node-lost``)."""
+    root = parts_root(dst)
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return []
+    return [name for name in names if not (dst / name).exists() and (root / name).is_dir()
+            and not manifest_path(dst, name, node).exists()]
+
+
+def release_parts(dst: Path, name: str, manifests: Mapping[int, Mapping[str, Any]]) -> None:
     """The leader, once ``manifests`` are published (or superseded): each manifest is removed
     if it is still the one read (its node may have withdrawn it to stage a newer version of
-    the same name), node 0's part directory with it, and the files ``also`` names beside the
-    parts. Node K's part directory stays: node K may be copying into it right now; its files
-    are hard links to the published ones (no space) and node K reuses it for the next version."""
+    the same name), node 0's part directory with it, and the leader's word (``GO_FILE``).
+    Node K's part directory stays: node K may be copying into it right now; its files are
+    hard links to the published ones (no space) and node K reuses it for the next version."""
     for node, m in manifests.items():
         path = manifest_path(dst, name, node)
         if read_manifest(path) != m:
@@ -155,11 +200,10 @@ def release_parts(dst: Path, name: str, manifests: Mapping[int, Mapping[str, Any
             pass
         if node == 0:
             shutil.rmtree(part_dir(dst, name, 0), ignore_errors=True)
-    for extra in also:
-        try:
-            os.unlink(parts_root(dst) / name / extra)
-        except FileNotFoundError:
-            pass
+    try:
+        os.unlink(go_path(dst, name))
+    except FileNotFoundError:
+        pass
     try:
         os.rmdir(parts_root(dst) / name)
     except OSError:

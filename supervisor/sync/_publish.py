@@ -106,9 +106,9 @@ class Publisher:
                 landed = landed or e.restorable
                 if not e.restorable:
                     self._beside_at[e.name] = time.monotonic()
-            await self._publish_pointers(listing)
+            await self.publish_pointers(listing)
             self._note_pending(listing)
-        await self._publish_pointers(listing)
+        await self.publish_pointers(listing)
         await self._end_pass(listing)
 
     def _beside_due(self, todo: list[Entry], flushing: bool) -> list[Entry]:
@@ -213,7 +213,7 @@ class Publisher:
                   reason=f"changed while being copied, {RECOPY_TRIES} times; trying again on the next pass")
         return False
 
-    async def _publish_pointers(self, listing: Listing) -> None:
+    async def publish_pointers(self, listing: Listing) -> None:
         """A pointer lands only once the checkpoint it names is published (docs/design.md, invariant 1)."""
         p = self.pair
         for ptr in listing.pointers.values():

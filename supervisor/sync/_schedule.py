@@ -2,8 +2,9 @@
 
 One pass per pair at a time (``lock``); triggers that arrive meanwhile set one flag and so
 coalesce into exactly one more pass. After a failure, passes back off exponentially (capped)
-except for urgent triggers; the ticker fires the retry, the periodic net and the settle
-re-checks the passes ask for (``recheck``). What a pass does is the engine's (``_pair.py``).
+except for urgent triggers, and for every trigger while a stop waits for its checkpoint
+(``hurry``); the ticker fires the retry, the periodic net and the settle re-checks the passes
+ask for (``recheck``). What a pass does is the engine's (``_pair.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from supervisor.sync._state import PairState, to_thread
 
 # Triggers that go ahead even while backing off after a failure.
 URGENT = ("start", "retry", "request", "flush", "appeared")
+HURRY_RETRY_S = 1.0  # while a stop waits for its checkpoint, a failed pass is retried this soon at the latest
 REPLACED_POLL = 1.0  # seconds between checks that the watched directory is still the same inode
 WATCH_GAP = {"checkpoint": 0.05, "log": 1.0}  # gather a burst of file events into one pass
 
@@ -40,6 +42,7 @@ class Schedule:
         self.retry_at: float | None = None     # the ticker fires "retry" then
         self.backoff_until: float | None = None
         self.failures = 0
+        self.hurried = False                   # a stop waits for its checkpoint: no trigger waits out the backoff
         self._dirty: set[str] = set()          # top-level names with file events since the last cheap scan
 
     def trigger(self, reason: str) -> None:
@@ -57,13 +60,26 @@ class Schedule:
         self._resched.set()
 
     def failed(self) -> float:
-        """A pass failed: back off (capped exponential); the ticker fires "retry" when it ends.
-        Returns the delay."""
+        """A pass failed: back off (capped exponential); the ticker fires "retry" when it ends,
+        or within ``HURRY_RETRY_S`` while hurried. Returns the delay."""
         self.failures += 1
         delay = min(self.retry_cap, self.retry_base * 2 ** (self.failures - 1))
-        self.backoff_until = self.retry_at = time.monotonic() + delay
+        now = time.monotonic()
+        self.backoff_until = self.retry_at = now + delay
+        if self.hurried:
+            self.retry_at = now + min(delay, HURRY_RETRY_S)
         self._resched.set()
         return delay
+
+    def hurry(self, on: bool) -> None:
+        """A stop waits for its checkpoint (``on``) or no longer does: while it waits, a watch
+        event or a settle re-check during a failed pass's backoff runs a pass (a backoff of
+        seconds was all a stop's checkpoint waited for, in chaos trials), and a failure is
+        retried within ``HURRY_RETRY_S``."""
+        self.hurried = on
+        if on and self.retry_at is not None:
+            self.retry_at = min(self.retry_at, time.monotonic() + HURRY_RETRY_S)
+            self._resched.set()
 
     def succeeded(self) -> int:
         """A pass went through: the backoff ends. Returns how many failures came before it."""
@@ -90,7 +106,7 @@ class Schedule:
             self._wake = anyio.Event()
             reason, self._reason = self._reason or "periodic", None
             if self.backoff_until is not None and time.monotonic() < self.backoff_until \
-                    and not reason.startswith(URGENT):
+                    and not reason.startswith(URGENT) and not self.hurried:
                 continue  # the ticker fires "retry" when the backoff ends
             async with self.lock:
                 await run_pass(reason)

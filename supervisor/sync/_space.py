@@ -2,7 +2,7 @@
 
 On a multi-node job each node's ranks write their shards to that node's own disk; when one
 of them fills, the next save fails there (DCP raises on every rank) and the training dies
-with an ``ENOSPC`` in one rank's traceback among many. Each node's part engine looks at its
+with an ``ENOSPC`` in one rank's traceback among many. Each node's per-node role looks at its
 local side's free space on every pass and journals ``local-disk-full`` once, naming the node
 and its host, when less is free than the largest checkpoint there: the next one will not fit.
 It says so again only after the space came back and ran out again.

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import signal
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import anyio
 import pytest
@@ -140,12 +141,25 @@ class FakeChild:
         return []
 
 
+@dataclass(frozen=True)
+class FakePublished:
+    """A publish as the mirror tells it (``sync.Published``): no identity, saved when it landed."""
+
+    completed_at: float | None
+    published_at: float
+    ident: tuple[str, int] | None = None
+
+    @property
+    def saved_at(self) -> float:
+        return self.completed_at if self.completed_at is not None else self.published_at
+
+
 class FakeMirror:
     """The mirror's contract with the agent (docs/sync.md), nothing copied."""
 
     def __init__(self, *, earlier: float | None = None) -> None:
         self.published = 0
-        self._completed: list[float | None] = [earlier] if earlier is not None else []
+        self._completed: list[FakePublished] = [FakePublished(earlier, earlier)] if earlier is not None else []
         self._event = anyio.Event()
         self.calls: list[str] = []
         self.exited = False
@@ -156,6 +170,10 @@ class FakeMirror:
     def attach(self, emit, writers=None) -> None:
         self.calls.append("attach")
         self.emit = emit
+
+    async def prepare(self, *, previous_start, host) -> list[str]:
+        self.calls.append("prepare")
+        return []
 
     async def restore(self, choice=None):
         self.calls.append("restore")
@@ -184,7 +202,8 @@ class FakeMirror:
         async def save() -> None:
             await anyio.sleep(delay)
             self.published += 1
-            self._completed.append(time.time())
+            now = time.time()
+            self._completed.append(FakePublished(now, now))
             self.emit("publish", pair="checkpoint", checkpoint=f"step{self.published}")
             self._event.set()
             self._event = anyio.Event()
@@ -193,14 +212,23 @@ class FakeMirror:
     async def in_progress(self) -> frozenset:
         return frozenset()
 
-    async def wait_completed(self, since: float, accept, started=lambda ident: True):
+    @property
+    def publishes(self) -> tuple[FakePublished, ...]:
+        return tuple(self._completed)
+
+    async def wait_completed(self, since: float, accept, started=lambda ident: True) -> FakePublished:
         seen = 0
         while True:
             fresh, seen = self._completed[seen:], len(self._completed)
             for d in fresh:
-                if accept(d, since) and started(None):
-                    return None
+                if accept(d.completed_at, since) and started(d.ident):
+                    return d
             await self._event.wait()
+
+    @contextmanager
+    def hurry(self, reason: str) -> Iterator[None]:
+        self.calls.append(f"request:{reason}")
+        yield
 
     def request(self, reason: str) -> None:
         self.calls.append(f"request:{reason}")

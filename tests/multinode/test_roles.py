@@ -1,4 +1,4 @@
-"""Node K's part engine on its own (no cluster needed): the two defects the bar test found.
+"""Node K's role on its own (no cluster needed): the two defects the bar test found.
 
 * Node K never sees rank 0's ``.metadata``; once a restore had put a checkpoint carrying one
   beside the new ones, node K's parts waited for that marker for ever (nothing published).
@@ -19,8 +19,8 @@ import anyio
 
 from supervisor.config import SyncPair
 from supervisor.sync import Mirror
-from supervisor.sync._nodes import SET_ASIDE_DIR, go_path, write_go
-from supervisor.sync._parts import manifest_path
+from supervisor.sync._aside import SET_ASIDE_DIR
+from supervisor.sync._parts import go_path, manifest_path, write_go
 
 SHARDS = [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"]
 

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import anyio
@@ -257,3 +258,36 @@ def test_a_pointer_that_cannot_be_written_leaves_no_staging_file(tmp_path: Path)
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.startswith("failed"), (r.stdout, r.stderr)
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.asyncio
+async def test_a_stop_waiting_for_its_checkpoint_does_not_wait_out_the_backoff(tmp_path, backend, events, tmpfs):
+    """A failed pass backs off (60 s here) and a file event meanwhile waits for the retry;
+    while a stop waits for its checkpoint (``Mirror.hurry``) none does, and the answer comes
+    back with when it was completed and published (what the stop reads its rhythm from)."""
+    mnt = tmpfs("16m")
+    src, dst = tmp_path / "local", mnt / "ckpt"
+    dst.mkdir()
+    tmpfs.remount(mnt, "ro")
+    src.mkdir()
+    mirror = Mirror([SyncPair("c", "checkpoint", src, dst)], emit=events, sync_every=3600, backend=backend,
+                    retry_base=60.0, retry_cap=60.0)
+    async with running(mirror):
+        write_checkpoint(src, "step_001", style="dcp", shards=2, size=10_000)
+        await poll(lambda: events.of("sync-failed"), 20, what="a failed pass, then 60 s of backoff")
+        tmpfs.remount(mnt, "rw")
+        write_checkpoint(src, "step_002", style="dcp", shards=2, size=10_000)
+        await anyio.sleep(1.5)
+        assert mirror.published == 0, "the file events wait out the backoff"
+        tmpfs.remount(mnt, "ro")
+        asked = time.time()
+        with mirror.hurry("stop-checkpoint"):
+            await poll(lambda: len(events.of("sync-failed")) >= 2, 20, what="the stop's pass, failed: backing off again")
+            tmpfs.remount(mnt, "rw")
+            write_checkpoint(src, "step_003", style="dcp", shards=2, size=10_000)
+            with anyio.fail_after(10):
+                got = await mirror.wait_completed(asked, lambda done, since: done is not None and done >= since)
+    assert got.ident is not None and got.ident[0] == "step_003"
+    assert got.completed_at is not None and asked <= got.completed_at <= got.published_at <= time.time()
+    assert mirror.publishes[0] == got and got.saved_at == got.completed_at  # the newest first
+    assert events.of("sync-failed")[1]["trigger"] == "request:stop-checkpoint"

@@ -1,0 +1,223 @@
+"""The leader's piece of a per-node pair's publishing: every node's parts into the checkpoint.
+
+Node 0 (the leader, the main ``supervise``) stages its own part like every node
+(``_partpublish.py``); besides, it says when node 0's part is complete by rank 0's own
+marker (``GO_FILE``: node K need not wait for ``settle``), and once every node's manifest of a
+checkpoint is there (one, for a single file; with every rank's shard, for DeepSpeed) it
+assembles them into the staging directory and renames it into place, then the pointers
+(``_parts.assemble``): a checkpoint appears complete or not at all (docs/design.md,
+invariant 1). Parts the published version already holds are released. While a checkpoint
+waits, it says which nodes it waits for (``parts-waiting``). Rules and events: docs/sync.md,
+"Multi-node checkpoints".
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Collection, Mapping
+
+from supervisor.config import SyncPair
+from supervisor.sync._complete import Entry, Listing, Pointer, Snap, identical, missing_shards, natural_key, pointer_target, snapshot
+from supervisor.sync._exclude import within
+from supervisor.sync._partpublish import PartPublisher
+from supervisor.sync._parts import (PartConflict, PartsChanged, assemble, assembled_snap, manifest_path, manifest_snap,
+                                    part_source, read_manifest, release_parts, waiting, write_go)
+from supervisor.sync._state import to_thread
+from supervisor.sync._versions import contains, written
+
+
+def persistent_target(p: SyncPair, name: str) -> str | None:
+    """The checkpoint the persistent pointer ``name`` names, or None. Blocking."""
+    try:
+        with open(p.dst / name, "rb") as f:
+            return pointer_target(name, f.read(4096), os.listdir(p.dst))
+    except OSError:
+        return None
+
+
+def _nodes_text(missing: list[int]) -> str:
+    return ("node " if len(missing) == 1 else "nodes ") + ", ".join(str(n) for n in missing)
+
+
+class Assembly:
+    """The leader's ``Gather``: go files, assembly once every part is there, the pointers
+    after it, and what is still missing. ``trigger``: a pass once its own part is staged."""
+
+    def __init__(self, pub: PartPublisher, trigger: Callable[[str], None]) -> None:
+        self.pub = pub
+        self.pair, self.emit, self.state = pub.pair, pub.emit, pub.state
+        self.nodes = pub.nodes
+        self.node = pub.node
+        self.trigger = trigger
+        self.missing: dict[str, list[int]] = {}    # checkpoint → nodes whose part is not there
+        self._told_missing: dict[str, tuple[int, ...]] = {}
+        self.conflicts: dict[str, str] = {}
+        self.short: dict[str, str] = {}            # checkpoint → the ranks' shards no part holds
+        self.held_back: dict[str, bytes] = {}      # pointer → its local content older than the persistent one
+
+    async def begin(self) -> None:
+        return None
+
+    async def before_stage(self, e: Entry) -> None:
+        if self._go_applies(e):
+            await to_thread(write_go, self.pair.dst, e.name)
+
+    def staged(self) -> None:
+        self.trigger("parts")
+
+    async def finish(self, trigger: str, published: list[str], listing: Listing) -> None:
+        await self._assemble_ready(trigger, published, listing)
+        await self.pub.publish_pointers(listing)
+
+    def conflict(self, name: str) -> str | None:
+        return self.conflicts.get(name)
+
+    def waiting(self, name: str) -> str | None:
+        return self._waiting(name, self.missing.get(name) or [])
+
+    def pending(self, listing: Listing, local: set[str]) -> list[str]:
+        name_ = self.pair.name
+        out = []
+        for name, missing in sorted(self.missing.items(), key=lambda kv: natural_key(kv[0])):
+            if name not in local:
+                out.append(f"{name_}: {name} (waiting for parts: {self._waiting(name, missing)})")
+        for ptr in listing.pointers.values():
+            if self.pub.pointers_done.get(ptr.name) != ptr.content:
+                out.append(f"{name_}: {ptr.name} (pointer to {ptr.target or 'a missing checkpoint'})")
+        return out
+
+    def _go_applies(self, e: Entry) -> bool:
+        """Node 0's completeness speaks for every node only where rank 0's own marker or
+        pointer says so (DCP, DeepSpeed, Megatron, HF, Accelerate); with your markers every
+        node writes its own (docs/sync.md), so each node judges its part alone."""
+        prof = self.state.profile
+        return bool(e.is_dir and not self.pair.markers and prof is not None and prof.needs_marker
+                    and (e.why.startswith(("marker ", "pointer ", "older than "))))
+
+    async def _assemble_ready(self, trigger: str, published: list[str], listing: Listing) -> None:
+        """Publish every checkpoint whose parts are all there (every node's manifest;
+        one, for a single file), including a newer version of one published before."""
+        p = self.pair
+        state = await to_thread(waiting, p.dst)
+        self.missing = {}
+        for name in sorted(state, key=natural_key, reverse=True):
+            manifests = await to_thread(self.current_parts, name, state[name])
+            if not manifests:
+                continue  # a part being copied, no manifest yet, or only older versions: nothing to say
+            single = all(m.get("is_dir") is False for m in manifests.values())
+            if single and len(manifests) > 1:
+                # A single file is whole on the one node that wrote it (rank 0's torch.save);
+                # two nodes' versions of one name: the newest is the checkpoint.
+                newest = max(manifests, key=lambda k: written(manifest_snap(manifests[k])))
+                manifests = {newest: manifests[newest]}
+            missing = [] if single else [k for k in range(self.nodes) if k not in manifests]
+            short = None if single or missing else await to_thread(self._short, name, manifests)
+            if short:
+                self.missing[name] = []
+                self.short[name] = short
+                if self._told_missing.get(name) != ():
+                    self._told_missing[name] = ()
+                    self.emit("parts-waiting", pair=p.name, checkpoint=name, nodes=self.nodes,
+                              have=sorted(manifests), missing=[], shards=short)
+                continue
+            self.short.pop(name, None)
+            if missing:
+                self.missing[name] = missing
+                if self._told_missing.get(name) != tuple(missing):
+                    self._told_missing[name] = tuple(missing)
+                    self.emit("parts-waiting", pair=p.name, checkpoint=name, nodes=self.nodes,
+                              have=sorted(manifests), missing=missing)
+                continue
+            try:
+                got = await to_thread(assemble, p.dst, name, manifests, fsync=p.fsync)
+            except PartConflict as c:
+                if self.conflicts.get(name) != str(c):
+                    self.emit("part-conflict", pair=p.name, checkpoint=name, path=c.path, nodes=c.nodes,
+                              error=str(c))
+                self.conflicts[name] = str(c)
+                continue
+            except (PartsChanged, FileNotFoundError):
+                self.missing[name] = []  # a node is copying its part again; its new manifest triggers us
+                continue
+            self.conflicts.pop(name, None)
+            self._told_missing.pop(name, None)
+            version = assembled_snap(manifests)
+            local = listing.entries.get(name)
+            mine = local is not None and local.complete and contains(version, local.snap)
+            self.state.published[name] = local.snap if mine and local is not None else version
+            if mine and name in listing.sigs:
+                self.state.sigs[name] = listing.sigs[name]
+            self.pub.parted.pop(name, None)
+            self.pub.stale.pop(name, None)
+            await to_thread(release_parts, p.dst, name, manifests)
+            lag = round(time.time() - got.done_at, 3) if got.done_at else None
+            self.emit("publish", pair=p.name, checkpoint=name, trigger=trigger, files=got.files, bytes=got.bytes,
+                      why=f"all {self.nodes} parts" if not single else f"whole on node {min(manifests)}",
+                      lag_s=lag, nodes=self.nodes, parts={str(k): n for k, n in got.parts.items()}, shared=got.shared,
+                      linked=got.linked, **({"differing": got.differing} if got.differing else {}))
+            self.pub.on_publish(got.done_at)
+            published.append(name)
+
+    def behind(self, ptr: Pointer) -> bool:
+        """A local pointer naming an older checkpoint than the persistent one names
+        (which is there) is never published over it. A host that was node K before holds the
+        ``latest`` it restored then, which nothing rewrote there; as node 0 it turned the
+        persistent pointer back past every checkpoint published since, and the restore called
+        them torn ("newer than latest, which never named it"). Blocking."""
+        p = self.pair
+        if ptr.link or ptr.target is None:
+            return False
+        there = persistent_target(p, ptr.name)
+        if there is None or natural_key(there) <= natural_key(ptr.target):
+            return False
+        if self.held_back.get(ptr.name) != ptr.content:
+            self.held_back[ptr.name] = ptr.content
+            self.emit("sync-deferred", pair=p.name, checkpoint=ptr.name, node=self.node,
+                      reason=f"names {ptr.target}, older than the {there} it names on persistent storage: "
+                             "never published over it")
+        return True
+
+    def _short(self, name: str, manifests: Mapping[int, Mapping[str, Any]]) -> str | None:
+        """The ranks' shards that no node's part of ``name`` holds. DeepSpeed writes
+        ``latest`` with no barrier behind the other ranks' shards, so a node's part may be
+        taken before its late rank wrote one; never published without it: that node's part
+        is taken again once its shard is there (its files changed). Blocking: reads the
+        model states' rank count."""
+        owner = {rel: node for node in sorted(manifests, reverse=True) for rel in manifest_snap(manifests[node]).files}
+        return missing_shards(assembled_snap(manifests), self.state.profile,
+                              lambda rel: part_source(self.pair.dst, name, owner[rel], rel))
+
+    def _waiting(self, name: str, missing: list[int]) -> str:
+        if missing:
+            return f"{_nodes_text(missing)} missing"
+        return self.short.get(name) or "all parts there, not yet assembled"
+
+    def current_parts(self, name: str, have: Collection[int]) -> dict[int, dict]:
+        """The manifests of ``name`` that hold a version not yet published. Blocking. Parts
+        the published ``name`` already holds (or a newer one replaced) are released here:
+        their manifests dropped, node 0's files too (node K's part directory is node K's: it
+        may be staging a newer version there now, and reuses it)."""
+        p = self.pair
+        manifests = {k: m for k in sorted(have) if k < self.nodes
+                     and (m := read_manifest(manifest_path(p.dst, name, k))) is not None}
+        if not manifests or not os.path.lexists(p.dst / name):
+            return manifests
+        there = snapshot(p.dst / name, within(name, p.exclude))
+        old = {k: m for k, m in manifests.items() if self._superseded(name, k, m, there)}
+        if old:
+            release_parts(p.dst, name, old)
+        return {k: m for k, m in manifests.items() if k not in old}
+
+    def _superseded(self, name: str, node: int, m: dict, there: Snap | None) -> bool:
+        """Is node ``node``'s part of ``name`` the published version already, or older? A single
+        file is compared byte for byte with the published one when the two look alike
+        (``identical``); a directory's part by ``contains``. Blocking."""
+        mine = manifest_snap(m)
+        if there is None:
+            return False
+        if m.get("is_dir") is False:
+            src = part_source(self.pair.dst, name, node, "")
+            return written(mine) < written(there) or identical(src, self.pair.dst / name, mine, there)
+        return contains(there, mine) or written(mine) <= written(there)
+

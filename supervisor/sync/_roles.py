@@ -1,0 +1,402 @@
+"""Where a pair is mirrored from: the role one pair engine (``_pair.py``) composes.
+
+A pair of one node (``nodes = 1``, and every log pair) is ``Single``: this node's files are the
+checkpoint, published whole. A per-node pair (``nodes = N``: every node writes its shards to
+its own local disk) is ``Leader`` on node 0 (the main ``supervise``) and ``Node(k)`` on node K
+(``supervise node-agent``): each node's complete checkpoints become its *parts*
+(``_partpublish.py``), which the leader gathers into the checkpoint (``_assembly.py``); every
+node restores the one version the leader chose (``_aside.py`` sets the others aside).
+
+The role is what differs between them, and the engine asks it instead of telling them apart:
+the rules a side is judged by, what a scan may trust and knows of the writers, the publisher
+it builds, the watchers it adds, what of the persistent side is our leftover, and the restore
+(its preface, the offer, the choice, what this node holds). Rules: docs/sync.md,
+"Multi-node checkpoints"; docs/multinode.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import socket
+import time
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Collection, Mapping, Protocol
+
+import anyio
+
+from supervisor.sync import _fsops
+from supervisor.sync._aside import set_aside, set_aside_versions
+from supervisor.sync._assembly import Assembly
+from supervisor.sync._complete import STAGING_PREFIX, Listing
+from supervisor.sync._partpublish import Gather, Handover, PartPublisher
+from supervisor.sync._parts import PARTS_DIR, go_path, parts_root, taken, waiting
+from supervisor.sync._profiles import Profile
+from supervisor.sync._publish import Publisher
+from supervisor.sync._restore import Restorer
+from supervisor.sync._schedule import Schedule
+from supervisor.sync._space import SpaceWatch
+from supervisor.sync._state import PairState, to_thread
+from supervisor.sync._versions import version_of
+
+log = logging.getLogger("supervise")
+
+GO_POLL_S = 0.1                  # node K, while a part waits: how often it looks for the leader's word
+WAITING_POLL_S = 0.2             # the leader, while a checkpoint waits for parts
+
+
+class Host(Protocol):
+    """What a role uses of the engine it is composed into (``_pair.PairEngine``)."""
+
+    state: PairState
+    schedule: Schedule
+    restorer: Restorer
+    exited: bool
+
+    def trigger(self, reason: str) -> None: ...
+    def rescan(self, name: str) -> Listing: ...
+    async def run_pass(self, trigger: str) -> dict[str, Any]: ...
+
+
+class Role(Protocol):
+    """What differs between the places a pair is mirrored from (``Single``, ``Leader``, ``Node``).
+
+    ``marker_here``: rank 0's markers and pointers are written on this node. ``owns_writers``:
+    the writers are this supervisor's own child tree, so none found means no training runs
+    (else: none found yet, nothing known of them). ``identifies``: a publish names its
+    checkpoint's identity (name, inode), so what was being written at a request can be told
+    from the answer to it (a part's assembly has none)."""
+
+    marker_here: bool
+    owns_writers: bool
+    identifies: bool
+
+    def compose(self, host: Host, *, on_publish: Callable[..., None], ours: set[str] | None) -> Publisher:
+        """Bind to the engine; the checkpoint publisher it composes."""
+    def rules(self, profile: Profile | None, local: bool) -> Profile | None:
+        """The profile a side is judged by, from the pair's."""
+    def reusable(self, published: dict[str, Any]) -> dict[str, Any]:
+        """The snapshots a cheap scan may trust (of those, ``reusable`` keeps the unchanged)."""
+    def judged(self, listing: Listing, *, settle: float, finished: bool, whole_local: bool) -> None:
+        """After ``classify``: what this node's own evidence changes in ``listing``."""
+    def keeps_inodes(self, cheap: bool) -> bool:
+        """Does a scan of the whole local side (cheap or not) remember its inodes (renames)?"""
+    async def listed(self, listing: Listing) -> None:
+        """What this role does with each checkpoint pass's listing of the local side."""
+    def watchers(self) -> list[Callable[[], Awaitable[None]]]:
+        """Tasks besides the watcher, the pass loop and the ticker, until cancelled."""
+    def leftovers(self) -> list[Path]:
+        """Our leftovers on the persistent side to remove at start. Blocking."""
+    def set_aside_role(self, was: int | None) -> list[str]:
+        """This host was node ``was`` in the attempt before: what it wrote in another role is
+        set aside (names). Blocking."""
+    async def offer(self) -> None:
+        """Before the leader chooses: this node's whole versions not yet published go up."""
+    async def choose(self) -> dict[str, str | None]:
+        """Pair name → the version every node restores ({}: not a pair restored alike everywhere)."""
+    async def restore(self, choice: Mapping[str, str | None] | None) -> Path | None:
+        """Before the spawn: a checkpoint back to local disk; its local path, or None."""
+    def holds(self) -> dict[str, Any]:
+        """Pair name → what this node holds of the restored version ({}: not compared). Blocking."""
+
+
+class Single:
+    """A pair mirrored from this node alone: its complete checkpoints are published whole."""
+
+    marker_here = True
+    owns_writers = True
+    identifies = True
+
+    def compose(self, host: Host, *, on_publish: Callable[..., None], ours: set[str] | None) -> Publisher:
+        self.host = host
+        return Publisher(host.state, rescan=host.rescan, recheck=host.schedule.recheck, on_publish=on_publish,
+                         ours=ours, wanted=host.schedule.wanted)
+
+    def rules(self, profile: Profile | None, local: bool) -> Profile | None:
+        return profile
+
+    def reusable(self, published: dict[str, Any]) -> dict[str, Any]:
+        return published
+
+    def judged(self, listing: Listing, *, settle: float, finished: bool, whole_local: bool) -> None:
+        return None
+
+    def keeps_inodes(self, cheap: bool) -> bool:
+        return True
+
+    async def listed(self, listing: Listing) -> None:
+        return None
+
+    def watchers(self) -> list[Callable[[], Awaitable[None]]]:
+        return []
+
+    def leftovers(self) -> list[Path]:
+        """Staging leftovers; never ``.supervise-parts`` (a per-node pair's, which its nodes still count)."""
+        dst = self.host.state.pair.dst
+        return [s for s in _fsops.stale_staging(dst) if s != parts_root(dst)]
+
+    def set_aside_role(self, was: int | None) -> list[str]:
+        return []
+
+    async def offer(self) -> None:
+        return None
+
+    async def choose(self) -> dict[str, str | None]:
+        return {}
+
+    async def restore(self, choice: Mapping[str, str | None] | None) -> Path | None:
+        """The newest complete checkpoint; a newer complete local one is kept (``Restorer.run``)."""
+        return await self.host.restorer.run()
+
+    def holds(self) -> dict[str, Any]:
+        return {}
+
+
+class _PerNode:
+    """What the leader and node K share: this node's parts, its disk, one version restored."""
+
+    identifies = False
+    marker_here: bool
+    owns_writers: bool
+
+    def __init__(self, node: int, parts_poll: float) -> None:
+        self.node = node
+        self.parts_poll = parts_poll
+        self.space = SpaceWatch()                  # this node's local disk: will the next checkpoint fit?
+        self.restored: Path | None = None          # the version this node restored (``holds``)
+
+    def _gather(self, pub: PartPublisher) -> Gather:
+        """The role's piece of the parts publisher (the leader's assembly, node K's hand-over)."""
+        raise NotImplementedError
+
+    def compose(self, host: Host, *, on_publish: Callable[..., None], ours: set[str] | None) -> Publisher:
+        self.host = host
+        self.pair, self.emit = host.state.pair, host.state.emit
+        self.parts = PartPublisher(host.state, node=self.node, rescan=host.rescan, recheck=host.schedule.recheck,
+                                   on_publish=on_publish, gather=self._gather)
+        return self.parts
+
+    def rules(self, profile: Profile | None, local: bool) -> Profile | None:
+        """This node's rules (``local_profile``); the persistent side holds every node's
+        files, so every rank's shard is asked of it there."""
+        return local_profile(profile, self.marker_here, local=local)
+
+    def reusable(self, published: dict[str, Any]) -> dict[str, Any]:
+        return {**self.parts.parted, **published}
+
+    def keeps_inodes(self, cheap: bool) -> bool:
+        return not cheap
+
+    async def listed(self, listing: Listing) -> None:
+        """Will this node's next checkpoint fit on its local disk? Said once (``local-disk-full``)."""
+        p = self.pair
+        full = await to_thread(self.space.check, p.src, listing)
+        if full is not None:
+            host = socket.gethostname()
+            self.emit("local-disk-full", pair=p.name, node=self.node, host=host, **full)
+            log.warning("node %d (%s): %s has %d bytes free, less than %s takes (%d): the next checkpoint will not fit",
+                        self.node, host, full["path"], full["free_bytes"], full["checkpoint"], full["need_bytes"])
+
+    def set_aside_role(self, was: int | None) -> list[str]:
+        """A host that was node ``was`` in the previous attempt and is this node now holds, on
+        its local side, the files it wrote in the other role: taken as this role's part they
+        would mix other ranks' shards into it (a part of ranks 0-1 twice and none of ranks
+        2-3 would look whole). Its local checkpoints not published yet are set aside."""
+        if was is None or was == self.node:
+            return []
+        return set_aside(self.pair, self.node, self.emit, f"written as node {was}; this host is node {self.node} now")
+
+    async def offer(self) -> None:
+        """Before the leader chooses what every node restores: this node's whole versions not
+        yet on persistent storage (a last save the previous attempt's end did not publish) go
+        up as parts, judged as finished (nothing writes before the spawn), so the newest
+        complete version anywhere can be chosen, and is published first, truly. The leader's
+        pass also assembles every part that is whole."""
+        host = self.host
+        exited, host.exited = host.exited, True
+        try:
+            await host.run_pass("offer")
+        finally:
+            host.exited = exited
+
+    async def _choice(self) -> str | None:
+        """After ``offer``, the version to restore: the newest complete one on persistent
+        storage (the leader's choice for every node)."""
+        await self.offer()
+        return await self.host.restorer.choose()
+
+    async def choose(self) -> dict[str, str | None]:
+        return {self.pair.name: await self._choice()}
+
+    async def restore(self, choice: Mapping[str, str | None] | None) -> Path | None:
+        """This node brings back exactly one version, the same on every node: the leader's
+        ``choice``, else the newest published one (after this node's own offer). Every other
+        local version is set aside first, never left where a rank would load it: a checkpoint
+        never published (this node's part alone) and a different version of a published name
+        (an unpublished ``snapshot.pt`` rewritten in place)."""
+        want = choice[self.pair.name] if choice is not None and self.pair.name in choice else await self._choice()
+        why = "not the version every node restores: set aside"
+        await to_thread(set_aside, self.pair, self.node, self.emit, why)
+        await to_thread(set_aside_versions, self.pair, self.node, self.emit, why)
+        self.restored = await self.host.restorer.run(want, keep_newer=False) if want is not None else None
+        if want is None:
+            self.emit("restore", pair=self.pair.name, checkpoint=None, node=self.node,
+                      reason="no complete checkpoint on persistent storage")
+        return self.restored
+
+    def holds(self) -> dict[str, Any]:
+        """What this node holds of the restored version, to compare across nodes: its name,
+        size, newest mtime and a hash (a file's content; a directory's listing, its shards'
+        names, sizes and mtimes), or None."""
+        return {self.pair.name: version_of(self.restored) if self.restored is not None else None}
+
+
+class Leader(_PerNode):
+    """Node 0 of a per-node pair: stages its own part and gathers every node's into the
+    checkpoint (``Assembly``); its writers are its own child tree."""
+
+    marker_here = True
+    owns_writers = True
+
+    def __init__(self, parts_poll: float = 1.0) -> None:
+        super().__init__(0, parts_poll)
+
+    def _gather(self, pub: PartPublisher) -> Assembly:
+        self.assembly = Assembly(pub, trigger=self.host.trigger)  # a pass once its own part is staged
+        return self.assembly
+
+    def judged(self, listing: Listing, *, settle: float, finished: bool, whole_local: bool) -> None:
+        return None
+
+    def watchers(self) -> list[Callable[[], Awaitable[None]]]:
+        return [self.parts_watch]
+
+    async def parts_watch(self) -> None:
+        """A pass whenever a node's manifest appears or goes (polled: other nodes' writes on a
+        network filesystem raise no inotify event here), more often while a checkpoint waits
+        for parts."""
+        last: dict[str, dict[int, float]] | None = None
+        while True:
+            await anyio.sleep(min(self.parts_poll, WAITING_POLL_S) if self.assembly.missing else self.parts_poll)
+            try:
+                now = await to_thread(waiting, self.pair.dst)
+            except OSError:
+                continue
+            if now != last:
+                last = now
+                if now:
+                    self.host.trigger("parts")
+
+    def leftovers(self) -> list[Path]:
+        """Parts are never leftovers: other nodes may be writing them now, and a complete one
+        still counts after a requeue. An assembly staging whose parts are still there is kept
+        (it may hold files renamed out of them); the parts that checkpoints already published
+        hold are released."""
+        p = self.pair
+        parts = waiting(p.dst)
+        for name in list(parts):
+            # a newer version than the published one (the last attempt's last save, its
+            # leader gone before assembling it) still counts; the rest is released
+            if (p.dst / name).exists() and not self.assembly.current_parts(name, parts[name]):
+                del parts[name]
+        keep = {f"{STAGING_PREFIX}{n}" for n in parts} | {PARTS_DIR}
+        return [s for s in _fsops.stale_staging(p.dst) if s.name not in keep]
+
+
+class Node(_PerNode):
+    """Node K > 0 of a per-node pair: stages its own part and hands it over (``Handover``).
+    Rank 0's marker is never written here: a part waiting for it settles instead, or is
+    complete at once when the leader says node 0's is (``GO_FILE``). Its writers are the
+    job's processes it found on this node, once it found them."""
+
+    marker_here = False
+    owns_writers = False
+
+    def __init__(self, node: int, parts_poll: float = 1.0) -> None:
+        super().__init__(node, parts_poll)
+        self.awaiting_go: set[str] = set()         # directories not complete yet (the leader may say go)
+
+    def _gather(self, pub: PartPublisher) -> Handover:
+        return Handover(pub)
+
+    def judged(self, listing: Listing, *, settle: float, finished: bool, whole_local: bool) -> None:
+        """``settled_here``, with the leader's word for the checkpoints it gave it (blocking:
+        one stat each). ``whole_local``: a scan of the whole local side says which wait."""
+        dst = self.pair.dst
+        go = {n for n, e in listing.entries.items() if not e.complete and e.is_dir and go_path(dst, n).exists()}
+        settled_here(listing, settle, time.time(), finished=finished, go=go)
+        if whole_local:
+            self.awaiting_go = {n for n, e in listing.entries.items() if not e.complete and e.is_dir}
+
+    def watchers(self) -> list[Callable[[], Awaitable[None]]]:
+        return [self.parts_watch]
+
+    async def parts_watch(self) -> None:
+        """A pass when the leader says a checkpoint this node is waiting on is complete
+        (``GO_FILE``), or has taken a part of this node's (its manifest gone: the pass tidies
+        the part directory away)."""
+        told: set[str] = set()
+        while True:
+            await anyio.sleep(GO_POLL_S if self.awaiting_go else self.parts_poll)
+            names = set(self.awaiting_go) - told
+            said = {n for n in names if await to_thread(go_path(self.pair.dst, n).exists)}
+            if said or await to_thread(taken, self.pair.dst, list(self.parts.parted), self.node):
+                told |= said
+                self.host.trigger("parts")
+
+    def leftovers(self) -> list[Path]:
+        """None: the leader's staging is the leader's."""
+        return []
+
+
+def role_for(kind: str, nodes: int, node_rank: int, parts_poll: float = 1.0) -> Role:
+    """The role of a pair of ``kind`` written by ``nodes`` nodes, on node ``node_rank``."""
+    if kind != "checkpoint" or nodes <= 1:
+        return Single()
+    return Leader(parts_poll) if node_rank == 0 else Node(node_rank, parts_poll)
+
+
+def local_profile(profile: Profile | None, marker_here: bool, *, local: bool = True) -> Profile | None:
+    """The rules a node's own files are judged by. DCP's ``.metadata``, DeepSpeed's and
+    Megatron's pointers are written by global rank 0, on node 0: on node K they never appear
+    (not ``marker_here``), so a profile that needs them would keep node K's part waiting for
+    ever. There the part is complete when it settles (docs/sync.md), and a marker seen on
+    node K (a restored checkpoint has one) makes no later part wait for it. On every node's
+    ``local`` side, each node holds its own ranks' shards only (DeepSpeed's node-local mode):
+    asking it for every rank's kept node 0's part waiting for ever too; the parts together
+    are asked for them, at assembly."""
+    if profile is None:
+        return None
+    if local and profile.shards:
+        profile = dataclasses.replace(profile, shards="", world=("", ""))
+    if marker_here or not profile.needs_marker:
+        return profile
+    return dataclasses.replace(profile, needs_marker=False)
+
+
+def settled_here(listing: Listing, settle: float, now: float, *, finished: bool, go: Collection[str] = ()) -> None:
+    """Node K: a directory that waits for rank 0's marker or pointer (or is called torn for
+    lacking it, or for being newer than the pointer here) is judged by quiescence instead
+    (local_profile's rule), or at once when node 0 saw that checkpoint complete (``go``).
+    ``classify`` itself still asks for the marker once any directory here has one, which a
+    restored checkpoint does, and for a newer pointer than the one restored here (DeepSpeed's
+    ``latest``), which only node 0 ever rewrites."""
+    for name, e in list(listing.entries.items()):
+        if not e.is_dir or e.complete:
+            continue
+        waits = e.why == "waiting for marker" or e.why.startswith("waiting for ") and (
+            not listing.pointers or e.why.removeprefix("waiting for ") in listing.pointers)
+        said = name in go and not finished and (waits or e.why == "settling")
+        if not said and not waits and not (e.torn or "").startswith(("the training ended before writing", "newer than ")):
+            continue
+        last = e.snap.newest_ns / 1e9
+        if said:
+            listing.entries[name] = dataclasses.replace(e, complete=True, why="node 0 saw it complete", done_at=last,
+                                                        torn=None, ready_at=None)
+        elif finished:
+            listing.entries[name] = dataclasses.replace(e, complete=True, why="training exited", done_at=last,
+                                                        torn=None, ready_at=None)
+        elif now - last >= settle:
+            listing.entries[name] = dataclasses.replace(e, complete=True, why="settled", done_at=last, ready_at=None)
+        else:
+            listing.entries[name] = dataclasses.replace(e, why="settling", ready_at=max(now, last) + settle)
