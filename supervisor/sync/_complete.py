@@ -353,7 +353,12 @@ def _judge(root: Path, name: str, snap: Snap, listing: Listing, globs: tuple[str
     found = _marker_files(snap, globs + prof.markers)
     if found:
         when = max(snap.files[m][1] for m in found) / 1e9
-        if prof.after_marker and not ctx.exited:
+        if prof.after_marker and ctx.exited:
+            gap = _lacks_what_the_save_before_had(name, snap, listing)
+            if gap is not None:  # the training is gone: what follows the marker will never come
+                torn = f"the training ended before writing {gap[1]} ({gap[0]} had them)"
+                return Entry(name, True, snap, False, f"torn: {torn}", torn=torn, markers=tuple(sorted(found)), **kw)
+        elif prof.after_marker:
             waiting = _files_may_follow(name, snap, listing, prof, settle, now, ctx)
             if waiting is not None:
                 why, ready = waiting
@@ -398,12 +403,9 @@ def _files_may_follow(name: str, snap: Snap, listing: Listing, prof: Profile, se
     once no rank of the training is inside the library's save call (its Python stack); only
     where neither can be seen (py-spy missing, writers not visible), quiet time (the longer of
     the profile's and ``settle``). None when nothing more is expected."""
-    before = [e for e in listing.entries.values() if e.is_dir and e.markers and shape(e.name) == shape(name)
-              and natural_key(e.name) < natural_key(name)]
-    if before:
-        prev = max(before, key=lambda e: natural_key(e.name))
-        missing = sorted({shape(r) for r in prev.snap.files} - {shape(r) for r in snap.files})
-        return (f"waiting for the files {prev.name} had: {', '.join(missing)}", now + WRITE_POLL) if missing else None
+    if _save_before(name, listing) is not None:
+        gap = _lacks_what_the_save_before_had(name, snap, listing)
+        return (f"waiting for the files {gap[0]} had: {gap[1]}", now + WRITE_POLL) if gap else None
     if any(shape(n) == shape(name) and natural_key(n) > natural_key(name) for n in listing.names):
         return None
     if prof.save_calls and ctx.saving is not None:
@@ -414,6 +416,24 @@ def _files_may_follow(name: str, snap: Snap, listing: Listing, prof: Profile, se
             return None
     quiet_until = snap.newest_ns / 1e9 + max(prof.after_marker, settle)
     return ("marker there; files may follow it", quiet_until) if now < quiet_until else None
+
+
+def _save_before(name: str, listing: Listing) -> Entry | None:
+    """The newest earlier save of ``name``'s series that has its marker."""
+    before = [e for e in listing.entries.values() if e.is_dir and e.markers and shape(e.name) == shape(name)
+              and natural_key(e.name) < natural_key(name)]
+    return max(before, key=lambda e: natural_key(e.name)) if before else None
+
+
+def _lacks_what_the_save_before_had(name: str, snap: Snap, listing: Listing) -> tuple[str, str] | None:
+    """(the earlier save, the kinds of file it had that ``name`` lacks), or None: a save of the
+    same series writes the same kinds of file (Accelerate: one ``custom_checkpoint_<i>.pkl`` per
+    registered object, after the marker)."""
+    prev = _save_before(name, listing)
+    if prev is None:
+        return None
+    missing = sorted({shape(r) for r in prev.snap.files} - {shape(r) for r in snap.files})
+    return (prev.name, ", ".join(missing)) if missing else None
 
 
 def _short(name: str, snap: Snap, short: str, ctx: Context, kw: dict, now: float) -> Entry:

@@ -156,3 +156,26 @@ def test_reuse_skips_walking_an_unchanged_checkpoint_but_not_a_changed_one(tmp_p
     again = judge(tmp_path, reuse=reuse)
     assert again.entries["step_001"].snap is fake  # unchanged top-level stat: not walked
     assert "extra.bin" in again.entries["step_002"].snap.files
+
+
+def test_an_accelerate_save_cut_after_its_marker_is_torn_once_the_training_exited(tmp_path):
+    """Accelerate's ``save_state`` writes ``random_states_<rank>.pkl`` (the marker), then one
+    ``custom_checkpoint_<i>.pkl`` per registered object. A save killed between the two has its
+    marker and lacks what the save before it had: once the training has exited nothing will
+    write it, so it is torn, never complete (CI published such a ``checkpoint_4`` and the next
+    attempt's ``load_state`` failed: "Found checkpoints: 0, Registered objects: 1")."""
+    for n, files in ((3, ("model.safetensors", "optimizer.bin", "random_states_0.pkl", "custom_checkpoint_0.pkl")),
+                     (4, ("model.safetensors", "optimizer.bin", "random_states_0.pkl"))):
+        d = tmp_path / f"checkpoint_{n}"
+        d.mkdir()
+        for f in files:
+            (d / f).write_bytes(b"x")
+    running = judge(tmp_path, ctx=Context(writing={}))
+    assert running.profile.name == "accelerate"
+    assert running.entries["checkpoint_3"].complete
+    assert not running.entries["checkpoint_4"].complete and not running.entries["checkpoint_4"].torn
+    assert "custom_checkpoint_" in running.entries["checkpoint_4"].why
+    done = judge(tmp_path, ctx=Context(exited=True))
+    assert done.entries["checkpoint_3"].complete
+    assert done.entries["checkpoint_4"].torn and not done.entries["checkpoint_4"].complete, done.entries["checkpoint_4"]
+    assert newest_complete(done).name == "checkpoint_3"
