@@ -29,7 +29,7 @@ from supervisor.config import Config, SyncPair, agent_view, pair_view, public_vi
 from supervisor.errors import ConfigError
 from supervisor.sched import Job, detect_job
 from supervisor.journal import next_attempt, node_dir, read_journal, redact_argv, redact_env
-from supervisor.conduct.ports import MirrorPort
+from supervisor.ports import MirrorPort
 
 if TYPE_CHECKING:
     from supervisor.sync import Mirror

@@ -31,9 +31,9 @@ from supervisor.conduct.dispositions import Dispositions, ProcessDispositions
 from supervisor.errors import root_cause
 from supervisor.journal import Journal
 from supervisor.plan import Plan, job_label, make_plan, start_fields
-from supervisor.conduct.parts import cancel_when, guarded, reap_orphans
+from supervisor.conduct.guard import cancel_when, guarded, reap_orphans
 from supervisor.policy import STOP_SIGNALS, Reason, State, Trigger
-from supervisor.conduct.ports import ChildPort, NotifierPort
+from supervisor.ports import ChildPort, NotifierPort
 from supervisor.conduct.state import RunState, StopResult
 from supervisor.conduct.stopping import StopSequence, emergency_stop
 

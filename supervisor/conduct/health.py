@@ -18,7 +18,7 @@ from supervisor import policy
 from supervisor.journal import Emit
 
 if TYPE_CHECKING:
-    from supervisor.conduct.ports import SamplerPort
+    from supervisor.ports import SamplerPort
 
 
 class Faults:

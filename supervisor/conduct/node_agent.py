@@ -37,7 +37,7 @@ from anyio.abc import TaskGroup
 
 from supervisor import logs
 from supervisor.conduct.fleet import CHOICE_VAR, READY_TIMEOUT_S, SAY_VAR, read_choice
-from supervisor.conduct.parts import guarded
+from supervisor.conduct.guard import guarded
 from supervisor.errors import ConfigError
 from supervisor.jobprocs import JobProcesses, signal_ranks
 from supervisor.journal import EVENTS_FILE, Journal, JournalTail

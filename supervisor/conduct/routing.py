@@ -21,7 +21,7 @@ from supervisor.policy import STOP_SIGNALS, Reason, Trigger
 if TYPE_CHECKING:
     from supervisor.journal import Emit
     from supervisor.plan import Plan
-    from supervisor.conduct.ports import ChildPort, DeliveryPort
+    from supervisor.ports import ChildPort, DeliveryPort
     from supervisor.conduct.state import RunState
 
 log = logging.getLogger("supervise")

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from supervisor.conduct.dispositions import Dispositions
     from supervisor.journal import Journal
     from supervisor.plan import Plan
-    from supervisor.conduct.ports import ChildPort, MirrorPort, NotifierPort, SamplerPort
+    from supervisor.ports import ChildPort, MirrorPort, NotifierPort, SamplerPort
 
 
 class ProgressGaps:

@@ -25,7 +25,7 @@ from supervisor.conduct.stopping import StopSequence
 
 if TYPE_CHECKING:
     from supervisor.conduct.dispositions import Dispositions
-    from supervisor.conduct.ports import ChildPort, MirrorPort, NotifierPort, SamplerPort
+    from supervisor.ports import ChildPort, MirrorPort, NotifierPort, SamplerPort
 
 pytestmark = pytest.mark.anyio
 

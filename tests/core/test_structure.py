@@ -169,3 +169,66 @@ LABELS = {"slurm": "Slurm"}
 if kind == "local-disk-full": pass
 """
     assert _scheduler_name_comparisons(left_alone) == []
+
+
+def _room(m: str, graph: dict[str, set[str]]) -> str:
+    """The room a module lives in: a subpackage is one room (``supervisor.sync`` for all of
+    sync/), a root module its own."""
+    top = ".".join(m.split(".")[:2])
+    return top if any(k.startswith(top + ".") for k in graph) else m
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    """Imports that run back up: from a room to a room that depends on it, directly or through
+    others (a circle between rooms, where each module alone may have none)."""
+    rooms: dict[str, set[str]] = {}
+    for name, deps in graph.items():
+        rooms.setdefault(_room(name, graph), set()).update(_room(d, graph) for d in deps)
+    for r, deps in rooms.items():
+        deps.discard(r)
+
+    def reaches(a: str, b: str) -> bool:
+        stack, seen = [a], {a}
+        while stack:
+            for nxt in rooms.get(stack.pop(), ()):
+                if nxt == b:
+                    return True
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+        return False
+
+    return sorted(f"{name} → {d}" for name, deps in graph.items() for d in deps
+                  if _room(name, graph) != _room(d, graph) and reaches(_room(d, graph), _room(name, graph)))
+
+
+def test_no_import_runs_back_up() -> None:
+    """docs/design.md: data flows one way and no import runs back up. A circle between rooms
+    is one even when no module is in a circle (``plan`` typing its mirror with the conductor's
+    port, while the conductor imports ``plan``): the ports sit below both sides."""
+    assert _upward(_graph()) == []
+
+
+def test_the_direction_check_sees_an_import_back_up() -> None:
+    graph = {"supervisor.plan": {"supervisor.conduct.ports"}, "supervisor.conduct.agent": {"supervisor.plan"},
+             "supervisor.conduct.ports": set(), "supervisor.conduct": set()}
+    assert _upward(graph) == ["supervisor.conduct.agent → supervisor.plan", "supervisor.plan → supervisor.conduct.ports"]
+    graph["supervisor.plan"] = {"supervisor.ports"}
+    graph["supervisor.ports"] = set()
+    assert _upward(graph) == []
+
+
+def test_the_layers_the_design_names() -> None:
+    """Nothing but the CLI imports the conductor; the report reads the run directory through the
+    journal alone (its only project imports: journal, _units, policy's named states, stacks, and
+    the scheduler package for a scheduler's label: the one home of what a scheduler is called)."""
+    graph = _graph()
+    into_conduct = sorted(f"{n} → {d}" for n, deps in graph.items() for d in deps
+                          if d.startswith("supervisor.conduct") and not n.startswith("supervisor.conduct")
+                          and n != "supervisor.cli")
+    assert into_conduct == []
+    allowed = {"supervisor.journal", "supervisor._units", "supervisor.policy", "supervisor.stacks", "supervisor.sched",
+               "supervisor"}
+    report = sorted(f"{n} → {d}" for n, deps in graph.items() if n.startswith("supervisor.report") for d in deps
+                    if not d.startswith("supervisor.report") and d not in allowed)
+    assert report == []

@@ -6,6 +6,9 @@ call on a part, and nothing more. The real parts (``child.Child``, ``sync.Mirror
 ``gpu.GpuSampler``) satisfy them structurally; so do the in-process test fakes
 (tests/core/test_conductor.py), which mypy checks against them (scripts/lint.sh), so a fake
 cannot drift from the part it stands for.
+
+They sit below both sides, as httpx keeps ``_transports/base.py`` below its client: the plan
+types its mirror with them and the conductor uses them, and neither imports the other for it.
 """
 
 from __future__ import annotations

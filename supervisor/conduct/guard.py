@@ -16,7 +16,7 @@ from anyio.abc import TaskStatus
 from supervisor.journal import Emit
 
 if TYPE_CHECKING:
-    from supervisor.conduct.ports import ChildPort
+    from supervisor.ports import ChildPort
 
 log = logging.getLogger("supervise")
 PART_RESTARTS = 5
