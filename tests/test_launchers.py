@@ -20,7 +20,7 @@ import pytest
 
 from supervisor import proctree
 from supervisor.launchers import PROFILES, catches, detect, maps_libmpi, unwrap
-from tests.conftest import wait_for
+from tests.support.wait import wait_for
 
 RANKS = Path(__file__).parent / "ranks"
 REPO = Path(__file__).resolve().parent.parent

@@ -29,7 +29,8 @@ import pytest
 from supervisor import proctree
 from supervisor.journal import read_journal
 from supervisor.launchers import catches
-from tests.conftest import supervise_argv, wait_for
+from tests.support.supervise import supervise_argv
+from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.mpi,
               pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI mpirun not on PATH")]

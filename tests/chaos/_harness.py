@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from supervisor.journal import read_journal
-from tests.conftest import wait_for
+from tests.support.wait import wait_for
 from tests.sync._util import problems as ckpt_problems
 
 STAGING_PREFIX = ".supervise-staging-"  # what the mirror names its staging entries on the destination

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from supervisor.journal import read_journal
-from tests.conftest import HELPERS, ROOT, run_supervise, start_supervise, wait_for
+from tests.support.paths import HELPERS, ROOT
+from tests.support.supervise import run_supervise, start_supervise
+from tests.support.wait import wait_for
 
 TRAINER = [sys.executable, str(HELPERS / "trainer.py")]
 
@@ -88,7 +90,7 @@ def test_a_run_that_cannot_progress_is_not_requeued_and_says_why(tmp_path: Path)
     """Two attempts under Slurm (its environment; scontrol is not reached on the refusal) whose
     training never got a checkpoint to persistent storage: the second is not requeued, exits 3,
     notifies ``no-progress``, and the report names the cause."""
-    from tests.test_notify import Server
+    from tests.support.webhook import Server
 
     run, local, persist = tmp_path / "run", tmp_path / "local", tmp_path / "persist"
     server = Server()
@@ -117,5 +119,4 @@ def test_a_run_that_cannot_progress_is_not_requeued_and_says_why(tmp_path: Path)
                                 text=True, cwd=ROOT, timeout=60)
         assert "no new checkpoint reached persistent storage in the last 2 attempts" in report.stdout, report.stdout
     finally:
-        server.httpd.shutdown()
-        server.httpd.server_close()
+        server.close()

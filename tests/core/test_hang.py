@@ -10,7 +10,8 @@ import pytest
 
 from supervisor import stacks
 from supervisor.journal import read_journal
-from tests.conftest import HELPERS, run_supervise
+from tests.support.paths import HELPERS
+from tests.support.supervise import run_supervise
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 pytestmark = pytest.mark.skipif(stacks.py_spy() is None, reason="py-spy is not installed (scripts/setup.sh installs it)")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from supervisor import config, policy
 from supervisor.journal import read_journal
-from tests.conftest import run_supervise
+from tests.support.supervise import run_supervise
 
 # Logs a line every 0.2 s for a while (the marks the bound learns from), then goes quiet:
 # for good (a hang) or for a long evaluation, after which it exits 0.

@@ -21,7 +21,7 @@ from supervisor import cli
 from supervisor.conduct.fleet import CHOICE_VAR, GONE_STATES, SAY_VAR, Fleet, SaidLines, lost_nodes, parse_pbsnodes
 from supervisor.conduct.node_agent import ranks_here, signal_ranks
 from supervisor.jobprocs import JobProcesses
-from tests.conftest import wait_for
+from tests.support.wait import wait_for
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "pbs" / "real"
 

@@ -9,7 +9,8 @@ import textwrap
 from pathlib import Path
 
 from supervisor.journal import read_journal
-from tests.conftest import killed_on_exit, run_supervise, start_supervise, wait_for
+from tests.support.supervise import killed_on_exit, run_supervise, start_supervise
+from tests.support.wait import wait_for
 
 
 def _kinds(run: Path, kind: str) -> list[dict]:

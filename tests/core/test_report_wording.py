@@ -10,7 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import HELPERS, ROOT, run_supervise, supervise_argv
+from tests.support.paths import HELPERS, ROOT
+from tests.support.supervise import run_supervise, supervise_argv
 
 TRAINER = [sys.executable, str(HELPERS / "trainer.py")]
 HF_LIKE = [sys.executable, str(ROOT / "tests" / "report" / "hf_like.py")]

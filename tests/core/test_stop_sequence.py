@@ -8,7 +8,9 @@ from pathlib import Path
 
 from supervisor.journal import read_journal
 from supervisor.launchers import catches
-from tests.conftest import HELPERS, run_supervise, start_supervise, wait_for
+from tests.support.paths import HELPERS
+from tests.support.supervise import run_supervise, start_supervise
+from tests.support.wait import wait_for
 
 TRAINER = [sys.executable, str(HELPERS / "trainer.py")]
 

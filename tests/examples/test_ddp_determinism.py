@@ -17,7 +17,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.conftest import killed_on_exit, wait_for  # noqa: E402
+from tests.support.supervise import killed_on_exit  # noqa: E402
+from tests.support.wait import wait_for  # noqa: E402
 
 from ._util import TRAIN, checkpoint_digest, clean_env, digest_of, free_port, train  # noqa: E402
 

@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from supervisor.proctree import descendants
-from tests.conftest import wait_for_async
+from tests.support.wait import wait_for_async
 
 
 class Events:

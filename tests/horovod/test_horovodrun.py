@@ -30,7 +30,8 @@ import pytest
 
 from supervisor.journal import read_journal
 from supervisor.launchers import catches
-from tests.conftest import supervise_argv, wait_for
+from tests.support.supervise import supervise_argv
+from tests.support.wait import wait_for
 from tests.horovod.conftest import HOROVODRUN
 
 pytestmark = pytest.mark.torch

@@ -10,7 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conftest import ROOT, start_supervise, wait_for
+from tests.support.paths import ROOT
+from tests.support.supervise import start_supervise
+from tests.support.wait import wait_for
 
 TRAINER = ROOT / "tests" / "helpers" / "trainer.py"
 TRACEBACK = "Traceback (most recent call last)"

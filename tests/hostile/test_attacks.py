@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_supervise, supervise_argv
+from tests.support.supervise import run_supervise, supervise_argv
 from tests.hostile._util import (TRACEBACK, env_with, finish, kill_marked, kinds, start_supervise, wait_for)
 
 OTHER = "sv14hostile"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_supervise
+from tests.support.supervise import run_supervise
 from tests.hostile._util import TRACEBACK
 
 # (name, flags before --, config file text or None, env, words the one line must contain)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_supervise
+from tests.support.supervise import run_supervise
 from tests.multinode.conftest import events
 
 TRAIN = Path(__file__).parent / "lightning_last.py"

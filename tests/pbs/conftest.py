@@ -25,7 +25,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.support.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 UP = REPO / "scripts" / "pbs-up.sh"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import pid_alive
+from tests.support.supervise import pid_alive
 from tests.pbs.conftest import DOWN, UP, PbsCluster, why_not
 
 

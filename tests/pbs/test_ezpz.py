@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.journal import read_journal
-from tests.conftest import wait_for
+from tests.support.wait import wait_for
 from tests.pbs.conftest import REPO, PbsCluster
 
 VENV = Path(os.environ.get("EZPZ_VENV", REPO / ".venv-ezpz"))

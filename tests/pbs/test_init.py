@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from supervisor.journal import read_journal
-from tests.conftest import run_supervise, wait_for
+from tests.support.supervise import run_supervise
+from tests.support.wait import wait_for
 from tests.pbs.conftest import REPO, PbsCluster
 
 TRAINER = REPO / "tests" / "helpers" / "trainer.py"

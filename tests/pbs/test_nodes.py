@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.journal import read_journal
-from tests.conftest import wait_for
+from tests.support.wait import wait_for
 from tests.pbs.conftest import REPO, PbsCluster
 
 HERE = Path(__file__).resolve().parent

@@ -24,7 +24,7 @@ from pathlib import Path
 from supervisor.job import parse_pbs_time, parse_walltime, pbs_kill_wait
 from tests.support.runs import RunJournal
 from supervisor.launchers import catches
-from tests.conftest import wait_for
+from tests.support.wait import wait_for
 from tests.pbs.conftest import REPO, PbsCluster
 
 PY = sys.executable

@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Iterator
 import pytest
 
 from supervisor.journal import read_journal
-from tests.conftest import wait_for
+from tests.support.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 UP = REPO / "scripts" / "slurm-up.sh"

@@ -31,7 +31,7 @@ from typing import Iterator
 import pytest
 
 from tests.support.runs import RunJournal
-from tests.test_notify import Server
+from tests.support.webhook import Server
 from supervisor.launchers import catches
 from tests.slurm.conftest import ACTIVE, Slurm
 
@@ -366,8 +366,7 @@ def hooks() -> Iterator[Server]:
     """A webhook on 127.0.0.1 for the jobs (they run on this machine)."""
     server = Server()
     yield server
-    server.httpd.shutdown()
-    server.httpd.server_close()
+    server.close()
 
 
 @pytest.fixture(scope="module")

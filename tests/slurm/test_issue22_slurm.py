@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 from tests.slurm.conftest import ACTIVE, Slurm, journal_events
 
 pytestmark = pytest.mark.slurm

@@ -18,7 +18,7 @@ import pytest
 
 from supervisor import suspects
 from supervisor.journal import read_journal
-from tests.conftest import run_supervise
+from tests.support.supervise import run_supervise
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_NVML = REPO / "tests" / "chaos" / "_fakenvml"

@@ -12,7 +12,7 @@ from typing import AsyncIterator, Callable
 import anyio
 
 from supervisor.sync import Mirror
-from tests.conftest import wait_for_async
+from tests.support.wait import wait_for_async
 
 SHARD = "shard_{}.bin"
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.journal import read_journal
-from tests.conftest import run_supervise, start_supervise, wait_for
+from tests.support.supervise import run_supervise, start_supervise
+from tests.support.wait import wait_for
 
 
 def events(run: Path, kind: str) -> list[dict]:

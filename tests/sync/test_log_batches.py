@@ -14,7 +14,7 @@ import pytest
 from supervisor.config import SyncPair
 from supervisor.sync import Mirror, _pair
 from supervisor.sync._pair import LOG_BATCH
-from tests.conftest import run_supervise
+from tests.support.supervise import run_supervise
 
 from ._util import many_files, poll, running
 

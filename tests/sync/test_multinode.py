@@ -26,7 +26,8 @@ from supervisor.journal import read_journal
 from supervisor.plan import make_plan
 from supervisor.sync import Mirror
 from supervisor.sync._parts import PARTS_DIR
-from tests.conftest import start_supervise, wait_for
+from tests.support.supervise import start_supervise
+from tests.support.wait import wait_for
 from ._util import SHARD, pattern, poll, write_shard
 
 SIZE = 192 << 10

@@ -202,7 +202,7 @@ def test_files_beside_the_checkpoints_never_starve_the_newest(tmp_path: Path) ->
     global_stepN waited 10 s and more. Now they are plain files beside the checkpoints, and
     the newest durable checkpoint stays within a copy time + 1 s of the newest complete one."""
     from supervisor.journal import read_journal
-    from tests.conftest import start_supervise
+    from tests.support.supervise import start_supervise
     from tests.staleness import staleness
 
     run, local, persistent = tmp_path / "run", tmp_path / "local", tmp_path / "persistent"

@@ -18,7 +18,7 @@ from supervisor import proctree
 from supervisor.config import SyncPair
 from supervisor.sync import Mirror
 from supervisor.sync._backend import share
-from tests.conftest import run_supervise, start_supervise
+from tests.support.supervise import run_supervise, start_supervise
 
 from ._util import poll, running, visible
 
