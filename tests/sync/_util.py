@@ -7,12 +7,11 @@ import os
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator
 
 import anyio
 
 from supervisor.sync import Mirror
-from tests.support.wait import wait_for_async
 
 SHARD = "shard_{}.bin"
 
@@ -104,11 +103,6 @@ def _incomplete(d: Path, style: str, shards: int, size: int) -> list[str]:
     if ".supervise-partial" in inside or any(n.endswith(".supervise-tmp") for n in inside):
         bad.append("staging debris inside")
     return bad
-
-
-async def poll(cond: Callable[[], object], timeout: float = 20.0, interval: float = 0.02, what: str = "") -> None:
-    """Wait for ``cond()`` to hold, failing after a generous bound instead of sleeping and hoping."""
-    await wait_for_async(cond, timeout, what or str(cond), interval=interval)
 
 
 @asynccontextmanager

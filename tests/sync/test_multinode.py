@@ -27,8 +27,8 @@ from supervisor.plan import make_plan
 from supervisor.sync import Mirror
 from supervisor.sync._parts import PARTS_DIR
 from tests.support.supervise import start_supervise
-from tests.support.wait import wait_for
-from ._util import SHARD, pattern, poll, write_shard
+from tests.support.wait import wait_for, wait_for_async
+from ._util import SHARD, pattern, write_shard
 
 SIZE = 192 << 10
 NODE_SHARDS = {0: (0, 1), 1: (2, 3)}  # global rank → shard, two ranks a node
@@ -288,7 +288,7 @@ async def _two_nodes(tmp_path: Path, backend: str, write, until) -> tuple[list, 
         await tg.start(m0.run)
         await tg.start(m1.run)
         await anyio.to_thread.run_sync(write)
-        await poll(lambda: until(ev0), timeout=30, what="the leader's verdict")
+        await wait_for_async(lambda: until(ev0), timeout=30, what="the leader's verdict")
         tg.cancel_scope.cancel()
     return ev0, ev1
 
