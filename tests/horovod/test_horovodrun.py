@@ -30,9 +30,9 @@ import pytest
 
 from supervisor.journal import read_journal
 from supervisor.launchers import catches
+from tests.support.horovod import HOROVODRUN
 from tests.support.supervise import supervise_argv
 from tests.support.wait import wait_for
-from tests.horovod.conftest import HOROVODRUN
 
 pytestmark = pytest.mark.torch
 

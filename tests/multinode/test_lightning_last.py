@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.journal import events
 from tests.support.supervise import run_supervise
-from tests.multinode.conftest import events
 
 TRAIN = Path(__file__).parent / "lightning_last.py"
 

@@ -30,11 +30,12 @@ from pathlib import Path
 import pytest
 
 from supervisor.journal import read_journal
+from tests.support.paths import ROOT
+from tests.support.pbs import PbsCluster
 from tests.support.wait import wait_for
-from tests.pbs.conftest import REPO, PbsCluster
 
-VENV = Path(os.environ.get("EZPZ_VENV", REPO / ".venv-ezpz"))
-TRAIN = REPO / "tests" / "pbs" / "ezpz_train.py"
+VENV = Path(os.environ.get("EZPZ_VENV", ROOT / ".venv-ezpz"))
+TRAIN = ROOT / "tests" / "pbs" / "ezpz_train.py"
 TMRSH = '#!/bin/sh\nh=$1; shift\nexec pbs_tmrsh "$h" /bin/sh -c "$*"\n'  # OpenMPI's rsh agent over PBS's TM
 
 

@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from supervisor.job import Job, parse_slurm_time, requeue
-from tests.slurm.conftest import Slurm
+from tests.support.slurm import Slurm
 
 pytestmark = pytest.mark.slurm
 JOBINFO = Path(__file__).with_name("jobinfo.py")

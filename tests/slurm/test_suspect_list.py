@@ -18,7 +18,9 @@ import pytest
 
 from supervisor import suspects
 from supervisor.journal import read_journal
+from tests.support.slurm import SLURM_POLL
 from tests.support.supervise import run_supervise
+from tests.support.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_NVML = REPO / "tests" / "chaos" / "_fakenvml"
@@ -169,7 +171,8 @@ def test_the_list_written_by_one_job_excludes_the_node_in_another_jobs_requeue(s
     listing = tmp_path / "shared" / "suspect-nodes.jsonl"
     a = slurm.submit(_job(tmp_path, "a", listing, f"CHAOS_FAKE_NVML='{XID_79}'"))
     try:
-        step = slurm.wait_for(lambda: _requeue_step(tmp_path / "a"), 120, lambda: (tmp_path / "a.txt").read_text()[-3000:])
+        step = wait_for(lambda: _requeue_step(tmp_path / "a"), 120, lambda: (tmp_path / "a.txt").read_text()[-3000:],
+                        interval=SLURM_POLL)
         node = step["excluded"][0]
         assert step["requeued"] is True and step["suspect"] == ["XID 79 on GPU 0"], step
     finally:
@@ -178,7 +181,8 @@ def test_the_list_written_by_one_job_excludes_the_node_in_another_jobs_requeue(s
 
     b = slurm.submit(_job(tmp_path, "b", listing, "CHAOS_FAKE_NVML='{\"gpus\": [{}]}'"))
     try:
-        step = slurm.wait_for(lambda: _requeue_step(tmp_path / "b"), 120, lambda: (tmp_path / "b.txt").read_text()[-3000:])
+        step = wait_for(lambda: _requeue_step(tmp_path / "b"), 120, lambda: (tmp_path / "b.txt").read_text()[-3000:],
+                        interval=SLURM_POLL)
         assert step["requeued"] is True and step["suspect"] == [], step
         assert step["listed"] == [node] and step["excluded"] == [node], step
         assert slurm.show(b).get("ExcNodeList") == node

@@ -32,3 +32,9 @@ class RunJournal:
 
     def step(self, name: str, attempt: int | None = None) -> dict:
         return self.one("stop-step", attempt, step=name)
+
+
+def first_publish_after(job: RunJournal, t: float, attempt: int | None = None) -> dict | None:
+    """The first checkpoint (not a pointer) the run published at or after ``t``, or None."""
+    pubs = [e for e in job.events("publish", attempt) if not e.get("pointer") and e["t"] >= t]
+    return min(pubs, key=lambda e: e["t"]) if pubs else None

@@ -7,13 +7,14 @@ most, what is awaited (said when the bound runs out), and keywords for how often
 from __future__ import annotations
 
 import time
-from typing import Callable, Generator
+from typing import Callable, Generator, TypeVar
 
 INTERVAL = 0.02  # between two looks, unless a caller polls something dear (a cluster's client)
+T = TypeVar("T")
 
 
-def _polls(cond: Callable[[], object], timeout: float, what: str | Callable[[], str],
-           error: type[Exception]) -> Generator[None, None, object]:
+def _polls(cond: Callable[[], T], timeout: float, what: str | Callable[[], str],
+           error: type[Exception]) -> Generator[None, None, T]:
     """Check ``cond`` once per step; the generator returns its first truthy value, and raises
     ``error`` naming ``what`` once ``timeout`` seconds have passed. Its callers sleep between."""
     deadline = time.monotonic() + timeout
@@ -26,8 +27,8 @@ def _polls(cond: Callable[[], object], timeout: float, what: str | Callable[[], 
         yield
 
 
-def wait_for(cond: Callable[[], object], timeout: float = 20.0, what: str | Callable[[], str] = "condition", *,
-             interval: float = INTERVAL, error: type[Exception] = AssertionError) -> object:
+def wait_for(cond: Callable[[], T], timeout: float = 20.0, what: str | Callable[[], str] = "condition", *,
+             interval: float = INTERVAL, error: type[Exception] = AssertionError) -> T:
     """Poll ``cond`` until it returns something truthy, and return that; after ``timeout`` seconds
     raise ``error`` naming ``what`` (a callable is asked then, to say what was seen)."""
     steps = _polls(cond, timeout, what, error)
@@ -39,8 +40,8 @@ def wait_for(cond: Callable[[], object], timeout: float = 20.0, what: str | Call
         return done.value
 
 
-async def wait_for_async(cond: Callable[[], object], timeout: float = 20.0, what: str | Callable[[], str] = "condition",
-                         *, interval: float = INTERVAL, error: type[Exception] = AssertionError) -> object:
+async def wait_for_async(cond: Callable[[], T], timeout: float = 20.0, what: str | Callable[[], str] = "condition",
+                         *, interval: float = INTERVAL, error: type[Exception] = AssertionError) -> T:
     """``wait_for`` inside an event loop: the same bound and message, sleeping with anyio."""
     import anyio
 
