@@ -78,9 +78,10 @@ def test_a_hang_is_notified(server: Server, tmp_path: Path) -> None:
 
 def test_parts_that_disagree_are_a_conflict_and_a_changed_part_is_withdrawn(tmp_path: Path, reaper: list[int]) -> None:
     """Two real processes, a leader and a node agent, each with its own local side."""
-    from tests.sync.test_multinode import Job, events
+    from tests.support.journal import events
+    from tests.support.two_nodes import TwoNodeJob
 
-    job = Job(tmp_path, "python", reaper)
+    job = TwoNodeJob(tmp_path, "python", reaper)
     for node, content in ((0, b"zero"), (1, b"one!")):
         d = job.local[node] / "step_1"
         d.mkdir(parents=True)

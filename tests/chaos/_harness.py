@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.journal import read_journal
+from tests.support.checkpoints import problems as ckpt_problems
 from tests.support.wait import wait_for
-from tests.sync._util import problems as ckpt_problems
 
 STAGING_PREFIX = ".supervise-staging-"  # what the mirror names its staging entries on the destination
 
@@ -306,7 +306,7 @@ class Trial:
             self.dst = self.mnt / "ckpt"
         self.dst.mkdir()
         if self.plan.during_restore:  # a big checkpoint for the supervisor to restore first
-            from tests.sync._util import write_checkpoint
+            from tests.support.checkpoints import write_checkpoint
 
             write_checkpoint(self.dst, "step_000100", style="dcp", shards=self.plan.files, size=self.plan.size)
             (self.dst / "latest").write_text("step_000100")

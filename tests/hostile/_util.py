@@ -7,11 +7,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from tests.support.paths import ROOT
-from tests.support.supervise import start_supervise
 from tests.support.wait import wait_for
 
 TRAINER = ROOT / "tests" / "helpers" / "trainer.py"
@@ -100,5 +98,4 @@ def env_with(tag: str, bindir: Path | None = None, **extra: str) -> dict[str, st
     return env
 
 
-__all__ = ["ROOT", "TRACEBACK", "events", "finish", "kinds", "marked", "none_left", "kill_marked", "start_supervise",
-           "trainer", "wait_for", "fake_tool", "env_with", "time"]
+__all__ = ["TRACEBACK", "events", "finish", "kinds", "marked", "none_left", "kill_marked", "trainer", "fake_tool", "env_with"]

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+
 from tests.support.emit import Events
 
 BACKENDS = ["rsync", "python"]

@@ -17,9 +17,10 @@ import pytest
 
 from supervisor.config import SyncPair
 from supervisor.sync import Mirror
+from tests.support.checkpoints import problems, write_checkpoint
 from tests.support.wait import wait_for_async
 
-from ._util import many_files, problems, running, visible, write_checkpoint
+from ._util import many_files, running, visible
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,7 +76,7 @@ async def test_full_destination_is_retried_and_recovers(tmp_path, backend, event
         assert {f["errno"] for f in events.of("sync-failed")} == {"ENOSPC"}
         assert visible(dst) == []  # nothing torn became visible
         await wait_for_async(lambda: not any(n.startswith(".supervise-staging") for n in os.listdir(dst)), 10,
-                   what="failed staging removed, its space given back")
+                             what="failed staging removed, its space given back")
         tmpfs.remount(mnt, "size=32m")
         await wait_for_async(lambda: mirror.published >= 1, 30, what="publish once there is room")
     assert problems(dst, style="dcp", shards=3, size=2 << 20) == []

@@ -18,9 +18,10 @@ import pytest
 
 from supervisor.config import SyncPair
 from supervisor.sync import Mirror
+from tests.support.checkpoints import ckpt_name, pattern, problems, write_checkpoint
 from tests.support.wait import wait_for_async
 
-from ._util import ckpt_name, pattern, problems, running, write_checkpoint
+from ._util import running
 
 N, SHARDS, SIZE = 4, 3, 256 << 10
 
@@ -84,7 +85,7 @@ async def test_slow_writer_never_shows_partial_checkpoint(tmp_path, backend, eve
             if style in ("deepspeed", "megatron"):
                 ptr = "latest" if style == "deepspeed" else "latest_checkpointed_iteration.txt"
                 await wait_for_async(lambda: (dst / ptr).exists() and (dst / ptr).read_text() == (src / ptr).read_text(),
-                           10, what="pointer published")
+                                     10, what="pointer published")
     assert w.rounds > 50, "the watcher did not get to look"
     assert w.seen == []
     assert problems(dst, style=style, shards=SHARDS, size=SIZE) == []
@@ -204,7 +205,7 @@ def test_files_beside_the_checkpoints_never_starve_the_newest(tmp_path: Path) ->
     the newest durable checkpoint stays within a copy time + 1 s of the newest complete one."""
     from supervisor.journal import read_journal
     from tests.support.supervise import start_supervise
-    from tests.staleness import staleness
+    from tests.support.staleness import staleness
 
     run, local, persistent = tmp_path / "run", tmp_path / "local", tmp_path / "persistent"
     local.mkdir()

@@ -13,9 +13,10 @@ from supervisor.errors import ConfigError
 from supervisor.proctree import descendants
 from supervisor.sync import Mirror
 from supervisor.sync._pair import LOG_BATCH
+from tests.support.checkpoints import problems, write_checkpoint
 from tests.support.wait import wait_for_async
 
-from ._util import many_files, problems, running, visible, write_checkpoint
+from ._util import many_files, running, visible
 
 
 # ---- restore ------------------------------------------------------------------------
@@ -79,7 +80,7 @@ async def test_tensorboard_event_file_grows_in_place(tmp_path, backend, events):
                 with open(ev, "ab") as f:
                     f.write(chunk)
                 await wait_for_async(lambda: target.stat().st_size == ev.stat().st_size, 10 + LOG_BATCH,
-                           what="watcher-driven growth (batched)")
+                                     what="watcher-driven growth (batched)")
             assert reader.read() == b"B" * 500 + b"C" * 300  # new points through the old handle
         assert target.stat().st_ino == inode
     assert target.read_bytes() == ev.read_bytes()
@@ -144,7 +145,7 @@ async def test_requests_during_a_transfer_coalesce_into_one_more(tmp_path, backe
         for i in range(10):
             mirror.request(f"r{i}")
         await wait_for_async(lambda: any(e["kind"] == "sync" and e["trigger"].startswith("request") for e in events), 20,
-                   what="the coalesced pass")
+                             what="the coalesced pass")
         await anyio.sleep(0.5)  # would-be extra passes have time to show up
     passes = [e for e in events.of("sync") if e["trigger"].startswith("request")]
     assert len(passes) == 1, passes
