@@ -10,18 +10,13 @@ import pytest
 
 pytest.importorskip("torch")
 
-from supervisor.journal import read_journal  # noqa: E402
-
+from tests.support import journal  # noqa: E402
 from tests.support.ddp_example import checkpoint_digest, launch_env, train  # noqa: E402
 from tests.support.paths import ROOT  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
 STEPS = 60
-
-
-def _events(run_dir: Path) -> list[dict]:
-    return read_journal(run_dir).events
 
 
 def test_demo_preempts_resumes_and_matches_an_uninterrupted_run(tmp_path: Path) -> None:
@@ -35,7 +30,7 @@ def test_demo_preempts_resumes_and_matches_an_uninterrupted_run(tmp_path: Path) 
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
 
-    events = _events(demo / "run")
+    events = journal.events(demo / "run")
     ends = [e for e in events if e["kind"] == "end"]
     assert [(e["attempt"], e["reason"]) for e in ends] == [(1, "preempted"), (2, "child-exit")], ends
     assert ends[1]["exit_status"] == 0

@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.journal import read_journal
+from tests.support.journal import events
 from tests.support.paths import ROOT
 from tests.support.pbs import PbsCluster
 from tests.support.wait import wait_for
@@ -59,10 +60,6 @@ def ezpz() -> Path:
     if reason:
         pytest.skip(reason)
     return VENV
-
-
-def events(path: Path, kind: str) -> list[dict]:
-    return [e for e in read_journal(path).events if e.get("kind") == kind]
 
 
 def test_ezpz_launch_under_supervise_runs_ranks_on_both_nodes_and_a_qdel_leaves_a_durable_checkpoint(

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from supervisor.journal import read_journal
+from tests.support.journal import events
 from tests.support.paths import ROOT
 from tests.support.pbs import PbsCluster
 from tests.support.supervise import run_supervise
@@ -40,10 +41,6 @@ def journal(work: Path) -> Path:
     """The run directory the script names: PERSISTENT_DIR/supervise-JOBNUM."""
     return wait_for(lambda: next((work / "persistent").glob("supervise-*/events.jsonl"), None), 60,
                     "the run's journal")  # type: ignore[return-value]
-
-
-def events(path: Path, kind: str) -> list[dict]:
-    return [e for e in read_journal(path).events if e.get("kind") == kind]
 
 
 def supervise_pid(path: Path) -> int:

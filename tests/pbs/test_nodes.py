@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.journal import read_journal
+from tests.support.journal import events
 from tests.support.paths import ROOT
 from tests.support.pbs import PbsCluster
 from tests.support.wait import wait_for
@@ -56,10 +56,6 @@ export MASTER_ADDR=$(head -1 $PBS_NODEFILE) MASTER_PORT=29{port}
 echo "run on $(sort -u $PBS_NODEFILE | paste -sd' ')" >> {work}/runs.txt
 exec {python} -m supervisor --config {work}/run.toml --run-dir {work}/run -- {mpirun}
 """
-
-
-def events(path: Path) -> list[dict]:
-    return read_journal(path).events
 
 
 def number(evs: list[dict], nth: int) -> int | None:
