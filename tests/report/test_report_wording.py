@@ -1,5 +1,5 @@
-"""Issue 22, item 8: what ``supervise report`` says about restores and checkpoint completeness,
-on run directories the real supervise made (the scancel label: tests/slurm/test_issue22_slurm.py)."""
+"""What ``supervise report`` says about restores and checkpoint completeness, on run directories
+the real supervise made (issue 22, item 8; the scancel label: tests/slurm/test_issue22_slurm.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Issue 22, items 2 and 9: pointers and links this run published are its own whatever they
-turn into; pointers it never published (another run's ``latest``) are refused like checkpoints."""
+"""Pointers and links this run published are its own whatever they turn into; pointers it never
+published (another run's ``latest``) are refused like checkpoints. (Issue 22, items 2 and 9.)"""
 
 from __future__ import annotations
 
