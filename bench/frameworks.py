@@ -25,7 +25,7 @@ link, ``torch.save`` in place and through ``os.replace``, DCP, Accelerate, DeepS
     .venv/bin/python bench/frameworks.py --cases deepspeed-zero1 --saves 100 --every 0.12 --save-every 3 --lag-only
 
 ``stale_*``: how far the newest durable checkpoint trailed the newest complete one while the
-training ran (tests/staleness.py, issue 30).
+training ran (tests/support/staleness.py, issue 30).
 
 Goal (issue 12): lag p95 < 1 s for every profile whose writer is visible; 0 torn sightings;
 0 lost final checkpoints; 0 restores of a non-checkpoint.
@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.frameworks._harness import CASES, Poller, Run  # noqa: E402
 from tests.frameworks.checkers import CHECKERS  # noqa: E402
-from tests.staleness import staleness  # noqa: E402
+from tests.support.staleness import staleness  # noqa: E402
 
 
 def pct(xs: list[float], q: float) -> float | None:

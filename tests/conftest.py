@@ -1,112 +1,18 @@
-"""Shared helpers: run the real `supervise` as a subprocess and poll for conditions."""
+"""The suite's fixtures and hooks; what tests import (helpers, clusters, the webhook) is in tests/support/."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import stat
-import subprocess
 import sys
-import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-HELPERS = ROOT / "tests" / "helpers"
-RECORDER = HELPERS / "recorder.py"
-
-
-def _polls(cond: Callable[[], object], timeout: float, what: str | Callable[[], str], error: type[Exception]):
-    """Check ``cond`` once per step; the generator returns its first truthy value, and raises
-    ``error`` naming ``what`` once ``timeout`` seconds have passed. Its callers sleep between."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise error(f"timed out after {timeout:g}s waiting for {what() if callable(what) else what}")
-        yield
-
-
-def wait_for(cond: Callable[[], object], timeout: float = 20.0, what: str | Callable[[], str] = "condition", *,
-             interval: float = 0.02, error: type[Exception] = AssertionError) -> object:
-    """Poll ``cond`` until it returns something truthy, and return that; after ``timeout`` seconds
-    raise ``error`` naming ``what`` (a callable is asked then, to say what was seen). The one
-    polling helper of the tests: a test waits for a condition, never for a guessed time."""
-    steps = _polls(cond, timeout, what, error)
-    try:
-        while True:
-            next(steps)
-            time.sleep(interval)
-    except StopIteration as done:
-        return done.value
-
-
-async def wait_for_async(cond: Callable[[], object], timeout: float = 20.0, what: str | Callable[[], str] = "condition",
-                         *, interval: float = 0.02) -> object:
-    """``wait_for`` inside an event loop: the same bound and message, sleeping with anyio."""
-    import anyio
-
-    steps = _polls(cond, timeout, what, AssertionError)
-    try:
-        while True:
-            next(steps)
-            await anyio.sleep(interval)
-    except StopIteration as done:
-        return done.value
-
-
-def supervise_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "supervisor", *args]
-
-
-def start_supervise(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, **kw) -> subprocess.Popen:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SUPERVISE_", "SLURM_", "PBS_"))}
-    full_env.update(env or {})
-    return subprocess.Popen(supervise_argv(*args), env=full_env, cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
-
-
-def run_supervise(*args: str, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
-    p = start_supervise(*args, **kw)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        out, err = p.communicate()
-        raise AssertionError(f"supervise did not finish in {timeout}s: {err}") from None
-    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
-
-
-@contextmanager
-def killed_on_exit(p: subprocess.Popen) -> Iterator[subprocess.Popen]:
-    """Whatever the test's outcome, ``p`` is not left running: killed and reaped on the way out."""
-    try:
-        yield p
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
-
-
-def recorded(log: Path) -> list[str]:
-    """Signal names a recorder saw, in order."""
-    if not log.exists():
-        return []
-    return [line.split()[0] for line in log.read_text().splitlines() if line.strip()]
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+from tests.support.contract import NOT_END_TO_END, documented, journal_kinds
+from tests.support.paths import ROOT
+from tests.support.webhook import Server
 
 
 @pytest.fixture
@@ -124,6 +30,14 @@ def reaper():
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    """A webhook receiver for the notifier (tests/support/webhook.py), closed after the test."""
+    s = Server()
+    yield s
+    s.close()
 
 
 # Under pytest-xdist (scripts/test.sh runs `-n 3 --dist loadgroup`), the tests that share one
@@ -199,38 +113,6 @@ def _whole_run(config: pytest.Config) -> bool:
     return all(Path(a).resolve() == ROOT / "tests" for a in config.args)
 
 
-JOURNAL_READ_MAX = 64 << 20  # the largest journal a test's supervise writes is well under 1 MiB
-
-
-def journal_kinds(base: Path) -> tuple[set[str], set[str]]:
-    """The journal kinds, and the notified events, that real supervise runs under ``base`` wrote."""
-    kinds: set[str] = set()
-    notices: set[str] = set()
-    for journal in base.rglob("events.jsonl"):
-        # Only a real supervise's journal: a regular file, not a link, of a sane size. The tests
-        # plant hostile ones (a link to /dev/zero, a FIFO, 200 MB of spaces: tests/report/test_fleet.py)
-        # that would read forever or block (CI, stop 28: this check was OOM-killed at 24 GB).
-        try:
-            st = journal.lstat()
-            if not stat.S_ISREG(st.st_mode) or st.st_size > JOURNAL_READ_MAX:
-                continue
-            lines = journal.read_text(errors="replace").splitlines()
-        except OSError:
-            continue
-        if not lines or '"kind":"start"' not in lines[0] and '"kind":"node-start"' not in lines[0]:
-            continue  # a journal a unit test wrote by hand, not a real supervise's
-        for line in lines:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(event, dict) and isinstance(event.get("kind"), str):
-                kinds.add(event["kind"])
-                if event["kind"] == "notify" and isinstance(event.get("event"), str):
-                    notices.add(event["event"])
-    return kinds, notices
-
-
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """After a whole, green run: every kind and notification documented in docs/ was produced by a
     real `supervise` in some test, and nothing undocumented was (read from every run directory the
@@ -238,7 +120,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if (exitstatus != 0 or not _whole_run(session.config) or os.environ.get("PYTEST_XDIST_WORKER")
             or session.config.option.collectonly):
         return
-    from tests.test_contract import NOT_END_TO_END, documented
 
     base = session.config._tmp_path_factory.getbasetemp()  # noqa: SLF001 - pytest's own temp root
     kinds, notices = journal_kinds(base)

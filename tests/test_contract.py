@@ -17,39 +17,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import ROOT, run_supervise
-
-DOCS = ROOT / "docs"
-
-
-# Defensive paths no real run can be steered into from a test; each is covered by a unit test of its part.
-NOT_END_TO_END = {
-    "orphans-killed": "stop-child already SIGKILLs every process of the tree; this is the check after it "
-                      "(test_signals.py's detached grandchild is killed by stop-child itself)",
-    "host-error": "host.csv cannot be written (the run directory's disk failed under the sampler): "
-                  "tests/test_host.py",
-    "part-failed": "a part raising where none is expected (each part journals its own errors); "
-                   "tests/core/test_conductor.py breaks the child's wait instead",
-    "sync-watch-failed": "watchfiles ends or raises (inotify limits): tests/sync",
-}
-
-
-def documented(first_cell: str, pages: list[Path] | None = None) -> set[str]:
-    """Backticked names in the first column of markdown tables whose header's first cell is ``first_cell``."""
-    names: set[str] = set()
-    for page in pages or sorted(DOCS.glob("*.md")):
-        inside = False
-        for line in page.read_text().splitlines():
-            cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
-            if not cells:
-                inside = False
-                continue
-            if cells[0] == first_cell:
-                inside = True
-                continue
-            if inside:
-                names |= set(re.findall(r"`([a-z][a-z0-9-]*)`", cells[0]))
-    return names
+from tests.support.contract import DOCS, documented
+from tests.support.paths import ROOT
+from tests.support.supervise import run_supervise
 
 
 def emitted_in_code() -> set[str]:
@@ -126,7 +96,7 @@ def test_requeue_on_failure_makes_a_failed_training_a_requeue_candidate(tmp_path
 
 
 def test_notify_format_shapes_the_payload(tmp_path: Path) -> None:
-    from tests.test_notify import Server
+    from tests.support.webhook import Server
 
     server = Server()
     try:
@@ -136,8 +106,7 @@ def test_notify_format_shapes_the_payload(tmp_path: Path) -> None:
         body = json.loads(server.hits("slack")[0]["body"])
         assert set(body) == {"text"} and "started" in body["text"].lower()
     finally:
-        server.httpd.shutdown()
-        server.httpd.server_close()
+        server.close()
 
 
 def test_nodes_makes_checkpoints_pairs_per_node(tmp_path: Path) -> None:
@@ -157,7 +126,7 @@ def test_the_contract_walk_reads_only_real_journals(tmp_path: Path) -> None:
     FIFO (blocks), a directory. It reads the real journal and passes the others by."""
     import os
 
-    from tests.conftest import journal_kinds
+    from tests.support.contract import journal_kinds
 
     (tmp_path / "real").mkdir()
     (tmp_path / "real" / "events.jsonl").write_text('{"v":1,"kind":"start"}\n{"v":1,"kind":"publish"}\n')

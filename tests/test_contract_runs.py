@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.journal import read_journal
-from tests.conftest import run_supervise
-from tests.test_notify import Server, server  # noqa: F401 - the fixture
+from tests.support.supervise import run_supervise
+from tests.support.webhook import Server
 
 
 def kinds(run: Path) -> list[str]:
@@ -67,7 +67,7 @@ def test_a_restore_that_cannot_write_the_local_side_is_journaled_and_the_run_goe
     assert "restore failed" in r.stderr
 
 
-def test_a_hang_is_notified(server: Server, tmp_path: Path) -> None:  # noqa: F811
+def test_a_hang_is_notified(server: Server, tmp_path: Path) -> None:
     run = tmp_path / "run"
     r = run_supervise("--run-dir", str(run), "--gpu-every", "0", "--hang-after", "1s", "--hang-action", "stop",
                       "--notify", server.url("json"), "--", "sleep", "30", timeout=60)
@@ -78,9 +78,10 @@ def test_a_hang_is_notified(server: Server, tmp_path: Path) -> None:  # noqa: F8
 
 def test_parts_that_disagree_are_a_conflict_and_a_changed_part_is_withdrawn(tmp_path: Path, reaper: list[int]) -> None:
     """Two real processes, a leader and a node agent, each with its own local side."""
-    from tests.sync.test_multinode import Job, events
+    from tests.support.journal import events
+    from tests.support.two_nodes import TwoNodeJob
 
-    job = Job(tmp_path, "python", reaper)
+    job = TwoNodeJob(tmp_path, "python", reaper)
     for node, content in ((0, b"zero"), (1, b"one!")):
         d = job.local[node] / "step_1"
         d.mkdir(parents=True)
@@ -101,7 +102,7 @@ def test_parts_that_disagree_are_a_conflict_and_a_changed_part_is_withdrawn(tmp_
     job.stop_leader()
 
 
-def test_a_webhook_that_keeps_failing_is_journaled_and_the_run_goes_on(server: Server, tmp_path: Path) -> None:  # noqa: F811
+def test_a_webhook_that_keeps_failing_is_journaled_and_the_run_goes_on(server: Server, tmp_path: Path) -> None:
     run = tmp_path / "run"
     r = run_supervise("--run-dir", str(run), "--gpu-every", "0", "--notify", server.url("fail"), "--", "true",
                       timeout=60)

@@ -20,7 +20,7 @@ import pytest
 
 from supervisor import proctree
 from supervisor.launchers import PROFILES, catches, detect, maps_libmpi, unwrap
-from tests.conftest import wait_for
+from tests.support.wait import wait_for
 
 RANKS = Path(__file__).parent / "ranks"
 REPO = Path(__file__).resolve().parent.parent
@@ -384,7 +384,7 @@ def test_torchrun_gloo_ddp_agrees_on_the_checkpoint_step(launch, tmp_path: Path)
 
 @pytest.fixture(scope="module")
 def horovod_controllers() -> set[str]:
-    from tests.horovod.conftest import built_controllers
+    from tests.support.horovod import built_controllers
     found, why = built_controllers()
     if not found:
         pytest.skip(why or "horovod has no controller")
@@ -392,7 +392,7 @@ def horovod_controllers() -> set[str]:
 
 
 def horovodrun(mode: str, controllers: set[str], *command: str) -> list[str]:
-    from tests.horovod.conftest import HOROVODRUN
+    from tests.support.horovod import HOROVODRUN
     if mode not in controllers:
         pytest.skip(f"horovod was built without the {mode} controller (bash scripts/build-horovod.sh)")
     return [str(HOROVODRUN), "-np", "2", "-H", "localhost:2", f"--{mode}", PY, *command]

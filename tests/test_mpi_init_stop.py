@@ -27,9 +27,10 @@ from pathlib import Path
 import pytest
 
 from supervisor import proctree
-from supervisor.journal import read_journal
 from supervisor.launchers import catches
-from tests.conftest import supervise_argv, wait_for
+from tests.support.journal import events
+from tests.support.supervise import supervise_argv
+from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.mpi,
               pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI mpirun not on PATH")]
@@ -52,10 +53,6 @@ def stand_in(bin_dir: Path) -> Path:
     ezpz.write_text(f"#!{sys.executable}\n" + STAND_IN.read_text())
     ezpz.chmod(0o755)
     return ezpz
-
-
-def events(run: Path, kind: str) -> list[dict]:
-    return [e for e in read_journal(run).events if e.get("kind") == kind]
 
 
 def supervised(tmp_path: Path, command: list[str], env: dict[str, str]) -> subprocess.Popen[str]:

@@ -10,7 +10,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from tests.conftest import wait_for
+from tests.support.wait import wait_for
 
 
 PY = sys.executable

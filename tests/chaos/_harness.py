@@ -34,11 +34,11 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from supervisor.journal import read_journal
-from tests.conftest import wait_for
-from tests.sync._util import problems as ckpt_problems
+from tests.support.checkpoints import problems as ckpt_problems
+from tests.support.wait import wait_for
 
 STAGING_PREFIX = ".supervise-staging-"  # what the mirror names its staging entries on the destination
 
@@ -241,10 +241,6 @@ class TrialError(Exception):
     """The trial could not go on (a bound ran out); a problem, with what was seen."""
 
 
-def poll(cond: Callable[[], Any], what: str, timeout: float = STEP_BOUND, interval: float = 0.01) -> Any:
-    return wait_for(cond, timeout, what, interval=interval, error=TrialError)
-
-
 def sig(name: str) -> signal.Signals:
     return signal.Signals["SIG" + name]
 
@@ -310,7 +306,7 @@ class Trial:
             self.dst = self.mnt / "ckpt"
         self.dst.mkdir()
         if self.plan.during_restore:  # a big checkpoint for the supervisor to restore first
-            from tests.sync._util import write_checkpoint
+            from tests.support.checkpoints import write_checkpoint
 
             write_checkpoint(self.dst, "step_000100", style="dcp", shards=self.plan.files, size=self.plan.size)
             (self.dst / "latest").write_text("step_000100")
@@ -370,13 +366,16 @@ class Trial:
         """Until the trainer has completed ``at_ckpt`` checkpoints (or is ready), then ``delay``."""
         p = self.plan
         if p.at_ckpt == 0:
-            poll(lambda: self.ready.exists() or self.exited(), "the trainer to be ready")
+            wait_for(lambda: self.ready.exists() or self.exited(),
+                     STEP_BOUND, "the trainer to be ready", interval=0.01, error=TrialError)
         else:
-            poll(lambda: len(self.local_complete()) >= p.at_ckpt or self.exited(), f"local checkpoint {p.at_ckpt}")
+            wait_for(lambda: len(self.local_complete()) >= p.at_ckpt or self.exited(),
+                     STEP_BOUND, f"local checkpoint {p.at_ckpt}", interval=0.01, error=TrialError)
         time.sleep(p.delay)
 
     def child_pid(self) -> int:
-        return poll(lambda: (self.event("spawn") or {}).get("pid"), "the spawn event")
+        return wait_for(lambda: (self.event("spawn") or {}).get("pid"),
+                        STEP_BOUND, "the spawn event", interval=0.01, error=TrialError)
 
     def send(self, name: str) -> None:
         assert self.proc is not None
@@ -395,7 +394,8 @@ class Trial:
             self._note_fatal()
             return
         if p.fault == "signal" and p.during_restore:
-            poll(lambda: self.event("state", to="restoring") or self.exited(), "the restore to begin", interval=0.002)
+            wait_for(lambda: self.event("state", to="restoring") or self.exited(),
+                     STEP_BOUND, "the restore to begin", interval=0.002, error=TrialError)
             self.ready_at_signal = False
             spawned = self.event("spawn") is not None
             self.send(p.signal)
@@ -416,7 +416,8 @@ class Trial:
             self.send(p.signal)
             self._note_fatal()
         elif p.fault == "kill-copier":
-            pids = poll(lambda: copiers(self.marker) or self.exited(), "a copier at work", interval=0.001)
+            pids = wait_for(lambda: copiers(self.marker) or self.exited(),
+                            STEP_BOUND, "a copier at work", interval=0.001, error=TrialError)
             if pids is True:
                 raise TrialError("supervise exited before a copier was seen")
             victim = pids[p.victim % len(pids)]
@@ -429,7 +430,7 @@ class Trial:
         elif p.fault == "read-only":
             assert self.mnt is not None
             # A tmpfs with a file open for writing refuses to go read-only (EBUSY): retry.
-            poll(lambda: self._remount("ro"), "the destination to go read-only", interval=0.005)
+            wait_for(lambda: self._remount("ro"), STEP_BOUND, "the destination to go read-only", interval=0.005, error=TrialError)
             self.sent.append("ro")
             time.sleep(p.hold)
             if not p.through_end:
@@ -449,11 +450,13 @@ class Trial:
         the same instant as a stop is its own case: ``then=USR1``, ``usr1_during_stop``). After
         a HUP: did the supervisor pass it on (it kills the training) or drop it?"""
         if self.plan.signal == "USR1" and not self.plan.together:
-            poll(lambda: self.exited() or self.event("checkpoint-request", why="received SIGUSR1")
-                 or self.event("signal", signal="SIGUSR1"), "the USR1 in the journal")
+            wait_for(lambda: self.exited() or self.event("checkpoint-request", why="received SIGUSR1")
+                     or self.event("signal", signal="SIGUSR1"), STEP_BOUND, "the USR1 in the journal",
+                     interval=0.01, error=TrialError)
         if self.plan.signal != "HUP":
             return
-        took = poll(lambda: self.exited() or self.event("signal", signal="SIGHUP"), "the HUP in the journal")
+        took = wait_for(lambda: self.exited() or self.event("signal", signal="SIGHUP"),
+                        STEP_BOUND, "the HUP in the journal", interval=0.01, error=TrialError)
         self.hup_forwarded = took is not True and took.get("action") == "forwarded"
 
     def mend(self) -> None:
@@ -518,7 +521,8 @@ class Trial:
     def _one_more_checkpoint(self) -> None:
         """After a destination fault, let the training write on, so recovery is tested too."""
         n = len(self.local_complete())
-        poll(lambda: len(self.local_complete()) > n or self.exited(), "one more local checkpoint")
+        wait_for(lambda: len(self.local_complete()) > n or self.exited(),
+                 STEP_BOUND, "one more local checkpoint", interval=0.01, error=TrialError)
 
     # -- invariants ---------------------------------------------------------------------
 
@@ -700,7 +704,8 @@ class Trial:
 
     def no_orphans(self, when: str) -> None:
         try:
-            poll(lambda: not marked(self.marker), f"no process of the trial left ({when})", ORPHAN_BOUND, 0.05)
+            wait_for(lambda: not marked(self.marker),
+                     ORPHAN_BOUND, f"no process of the trial left ({when})", interval=0.05, error=TrialError)
         except TrialError:
             left = marked(self.marker)
             self.result.problems.append(f"orphans {when}: {left}")

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from supervisor import training  # installs the checkpoint-signal handler on import
-from tests.sync._util import write_checkpoint
+from tests.support.checkpoints import write_checkpoint
 
 p = argparse.ArgumentParser()
 p.add_argument("ckpt_dir")

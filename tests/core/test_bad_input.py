@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_supervise
+from tests.support.supervise import run_supervise
 
 # (flags before --, config file text or None, env, words the one-line message must contain)
 CASES = [

@@ -11,7 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 HEAVY = ("torch", "mpi4py", "deepspeed", "jax", "horovod", "transformers", "lightning", "accelerate", "orbax",
          "numpy")

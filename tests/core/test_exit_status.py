@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.journal import read_journal
-from tests.conftest import run_supervise
+from tests.support.supervise import run_supervise
 
 
 @pytest.mark.parametrize(

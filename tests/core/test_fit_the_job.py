@@ -12,18 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.journal import read_journal
-from tests.conftest import HELPERS, ROOT, run_supervise, start_supervise, wait_for
+from tests.support.journal import events
+from tests.support.paths import HELPERS, ROOT
+from tests.support.supervise import run_supervise, start_supervise
+from tests.support.wait import wait_for
 
 TRAINER = [sys.executable, str(HELPERS / "trainer.py")]
 
 
-def _events(run_dir: Path, kind: str) -> list[dict]:
-    return [e for e in read_journal(run_dir).events if e["kind"] == kind]
-
-
 def _step(run_dir: Path, name: str) -> dict:
-    return next(e for e in _events(run_dir, "stop-step") if e["step"] == name)
+    return next(e for e in events(run_dir, "stop-step") if e["step"] == name)
 
 
 @pytest.mark.parametrize("flags, expected", [((), 0), (("--stopped-status", "child"), 1), (("--stopped-status", "5"), 5)])
@@ -34,7 +32,7 @@ def test_a_clean_stop_exits_with_the_stopped_status_whatever_the_launchers(tmp_p
                       "--warn-before", "3s", "--grace", "5s", "--gpu-every", "0", *flags, "--",
                       *TRAINER, str(local), "--stopped-status", "1", timeout=120)
     assert r.returncode == expected, r.stderr
-    end = _events(run, "end")[0]
+    end = events(run, "end")[0]
     assert end["stopped_cleanly"] is True and end["launcher_status"] == 1 and end["exit_status"] == expected
     assert _step(run, "checkpoint")["outcome"] == "published"
 
@@ -46,7 +44,7 @@ def test_a_training_that_ignores_requests_is_journaled_reported_and_teaches_no_l
                         "--step-time", "0.1")
 
     def saves() -> int:
-        return len([e for e in _events(run, "publish") if not e.get("pointer")]) if (run / "events.jsonl").exists() else 0
+        return len([e for e in events(run, "publish") if not e.get("pointer")]) if (run / "events.jsonl").exists() else 0
 
     wait_for(lambda: saves() >= 3, timeout=60, what="three periodic saves")
     n = saves()
@@ -63,7 +61,7 @@ def test_a_training_that_ignores_requests_is_journaled_reported_and_teaches_no_l
     r = run_supervise("--run-dir", str(run), "--checkpoints", str(local), str(persist), "--time-limit", "8s",
                       "--grace", "5s", "--gpu-every", "0", "--", *TRAINER, str(local), "--steps", "5", timeout=120)
     assert r.returncode == 0, r.stderr
-    deadline = [e for e in _events(run, "deadline") if e["attempt"] == 2][0]
+    deadline = [e for e in events(run, "deadline") if e["attempt"] == 2][0]
     assert deadline["learned"] is False and deadline["bound"] == "first-share" and deadline["lead_s"] == 2.0
     assert "periodic" in deadline["ignored"][0]["why"]
 
@@ -74,12 +72,12 @@ def test_an_early_warning_signal_is_deferred_to_end_minus_lead(tmp_path: Path) -
     t0 = time.time()
     p = start_supervise("--run-dir", str(run), "--checkpoints", str(local), str(persist), "--time-limit", "12s",
                         "--warn-before", "4s", "--grace", "5s", "--gpu-every", "0", "--", *TRAINER, str(local))
-    wait_for(lambda: _events(run, "deadline") and _events(run, "spawn"), what="the training to start")
+    wait_for(lambda: events(run, "deadline") and events(run, "spawn"), what="the training to start")
     p.send_signal(signal.SIGUSR1)
     p.communicate(timeout=60)
     assert p.returncode == 0
-    assert _events(run, "signal")[0]["action"] == "deferred"
-    stop = _events(run, "stop")[0]
+    assert events(run, "signal")[0]["action"] == "deferred"
+    stop = events(run, "stop")[0]
     assert stop["reason"] == "deadline" and stop["t"] - t0 >= 7.0
     assert _step(run, "checkpoint")["outcome"] == "published"
 
@@ -88,7 +86,7 @@ def test_a_run_that_cannot_progress_is_not_requeued_and_says_why(tmp_path: Path)
     """Two attempts under Slurm (its environment; scontrol is not reached on the refusal) whose
     training never got a checkpoint to persistent storage: the second is not requeued, exits 3,
     notifies ``no-progress``, and the report names the cause."""
-    from tests.test_notify import Server
+    from tests.support.webhook import Server
 
     run, local, persist = tmp_path / "run", tmp_path / "local", tmp_path / "persist"
     server = Server()
@@ -107,15 +105,14 @@ def test_a_run_that_cannot_progress_is_not_requeued_and_says_why(tmp_path: Path)
 
         first = attempt(None)
         assert first.returncode != 3, first.stderr
-        assert not _events(run, "requeue-refused")
+        assert not events(run, "requeue-refused")
         second = attempt("1", "--no-progress-attempts", "2")
         assert second.returncode == 3, second.stderr
-        refused = _events(run, "requeue-refused")[0]
+        refused = events(run, "requeue-refused")[0]
         assert refused["why"] == "no-progress" and refused["attempt"] == 2
         assert any(b"no-progress" in h["body"] for h in server.hits("np"))
         report = subprocess.run([sys.executable, "-m", "supervisor", "report", str(run)], capture_output=True,
                                 text=True, cwd=ROOT, timeout=60)
         assert "no new checkpoint reached persistent storage in the last 2 attempts" in report.stdout, report.stdout
     finally:
-        server.httpd.shutdown()
-        server.httpd.server_close()
+        server.close()

@@ -9,15 +9,12 @@ from pathlib import Path
 import pytest
 
 from supervisor import stacks
-from supervisor.journal import read_journal
-from tests.conftest import HELPERS, run_supervise
+from tests.support.journal import events
+from tests.support.paths import HELPERS
+from tests.support.supervise import run_supervise
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 pytestmark = pytest.mark.skipif(stacks.py_spy() is None, reason="py-spy is not installed (scripts/setup.sh installs it)")
-
-
-def _events(run_dir: Path, kind: str) -> list[dict]:
-    return [e for e in read_journal(run_dir).events if e["kind"] == kind]
 
 
 def test_a_rank_that_stops_calling_allreduce_is_caught_within_the_learned_bound_and_its_stack_dumped(tmp_path: Path):
@@ -26,15 +23,15 @@ def test_a_rank_that_stops_calling_allreduce_is_caught_within_the_learned_bound_
                       "--hang-action", "stop", "--grace", "5s", "--gpu-every", "0", "--",
                       str(TORCHRUN), "--nproc-per-node", "2", "--master-port", "29531",
                       str(HELPERS / "hang_ddp.py"), str(log), "--hang-at", "40", timeout=240)
-    hang = _events(run, "hang")
+    hang = events(run, "hang")
     assert len(hang) == 1, r.stderr[-3000:]
     h = hang[0]
     assert h["bound_s"] < 300 and h["idle_s"] < 60, h        # learned, far under hang_after
     assert h["longest_gap_s"] is not None and h["bound_s"] >= h["longest_gap_s"]
-    steps = {e["step"]: e for e in _events(run, "stop-step")}
+    steps = {e["step"]: e for e in events(run, "stop-step")}
     assert steps["stacks"]["outcome"] == "dumped" and len(steps["stacks"]["dumped"]) >= 2, steps["stacks"]
     assert steps["checkpoint"]["skipped"].startswith("not wanted")    # the checkpoint-free path
-    assert _events(run, "end")[0]["reason"] == "hang"
+    assert events(run, "end")[0]["reason"] == "hang"
     groups = stacks.group(run)
     blocked = [g for g in groups if any(f.startswith("sync_gradients ") for f in g["frames"])]
     stuck = [g for g in groups if any(f.startswith("stuck_elsewhere ") for f in g["frames"])]

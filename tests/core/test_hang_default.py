@@ -10,8 +10,8 @@ import textwrap
 from pathlib import Path
 
 from supervisor import config, policy
-from supervisor.journal import read_journal
-from tests.conftest import run_supervise
+from tests.support.journal import events
+from tests.support.supervise import run_supervise
 
 # Logs a line every 0.2 s for a while (the marks the bound learns from), then goes quiet:
 # for good (a hang) or for a long evaluation, after which it exits 0.
@@ -24,10 +24,6 @@ QUIET_AFTER_LOGGING = textwrap.dedent("""
             f.write(f"step {i}\\n"); f.flush(); time.sleep(0.2)
     time.sleep(float(sys.argv[3]))
 """)
-
-
-def _events(run: Path, kind: str) -> list[dict]:
-    return [e for e in read_journal(run).events if e["kind"] == kind]
 
 
 def test_the_default_bound_is_learned_with_a_floor_and_no_upper_bound() -> None:
@@ -52,17 +48,17 @@ def _run(tmp_path: Path, lines: int, quiet: float, *args: str) -> tuple[Path, ob
 def test_a_hang_is_caught_with_the_default_config(tmp_path: Path) -> None:
     # Only the floor is lowered (10 min by default) to keep the test short; hang_after is unset.
     run, r = _run(tmp_path, 40, 3600, "--hang-floor", "4s", "--hang-action", "stop")
-    hang = _events(run, "hang")
+    hang = events(run, "hang")
     assert len(hang) == 1, r.stderr[-3000:]  # type: ignore[attr-defined]
     assert 4.0 <= hang[0]["bound_s"] < 100 and hang[0]["longest_gap_s"] is not None, hang[0]  # learned, floored
-    assert _events(run, "end")[0]["reason"] == "hang"
+    assert events(run, "end")[0]["reason"] == "hang"
 
 
 def test_no_hang_is_reported_for_a_run_that_logs_rarely(tmp_path: Path) -> None:
     # Default config: a long quiet spell after brisk logging stays under the 10 min floor,
     # and a run with too few marks to learn from is never judged.
     run, r = _run(tmp_path, 40, 12, "--hang-action", "stop")
-    assert r.returncode == 0 and not _events(run, "hang"), r.stderr[-3000:]  # type: ignore[attr-defined]
+    assert r.returncode == 0 and not events(run, "hang"), r.stderr[-3000:]  # type: ignore[attr-defined]
     run2, r2 = _run(tmp_path / "rare", 3, 12, "--hang-floor", "1s", "--hang-action", "stop")
-    assert r2.returncode == 0 and not _events(run2, "hang"), r2.stderr[-3000:]  # type: ignore[attr-defined]
-    assert _events(run2, "end")[0]["reason"] == "child-exit"
+    assert r2.returncode == 0 and not events(run2, "hang"), r2.stderr[-3000:]  # type: ignore[attr-defined]
+    assert events(run2, "end")[0]["reason"] == "child-exit"

@@ -19,7 +19,7 @@ from supervisor.config import agent_view, build_config, pair_view
 from supervisor.errors import ConfigError
 from supervisor.journal import Journal, node_dir, read_journal
 from supervisor.plan import describe, make_plan, per_node_pairs
-from tests.conftest import wait_for_async
+from tests.support.wait import wait_for_async
 
 
 def _cfg(tmp_path: Path, nodes: str | None = "2", logs: bool = True):

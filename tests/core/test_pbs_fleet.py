@@ -22,7 +22,7 @@ from supervisor.conduct.fleet import CHOICE_VAR, SAY_VAR, Fleet, lost_nodes
 from supervisor.jobprocs import JobProcesses, ranks_here, signal_ranks
 from supervisor.sched import GONE_STATES, SCHEDULERS
 from supervisor.sched.pbs import PbsdshAgents, SaidLines, parse_pbsnodes
-from tests.conftest import wait_for
+from tests.support.wait import wait_for
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "pbs" / "real"
 

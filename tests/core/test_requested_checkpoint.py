@@ -9,7 +9,9 @@ from pathlib import Path
 
 from supervisor import policy
 from supervisor.journal import read_journal
-from tests.conftest import HELPERS, killed_on_exit, start_supervise, wait_for
+from tests.support.paths import HELPERS
+from tests.support.supervise import killed_on_exit, start_supervise
+from tests.support.wait import wait_for
 
 TRAINER = [sys.executable, str(HELPERS / "trainer.py")]
 

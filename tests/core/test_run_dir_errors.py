@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_supervise
+from tests.support.supervise import run_supervise
 
 
 def _cases(tmp_path: Path) -> dict[str, Path]:

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from supervisor.journal import read_journal
-from tests.conftest import RECORDER, pid_alive, recorded, start_supervise, wait_for
+from tests.support.paths import RECORDER
+from tests.support.supervise import pid_alive, recorded, start_supervise
+from tests.support.wait import wait_for
 
 
 def _start(run_dir: Path, log: Path, *recorder_args: str, grace: str = "10s"):
@@ -142,7 +144,7 @@ def test_sigkill_of_supervise_leaves_a_readable_journal(run_dir: Path, tmp_path:
         pass
     p.communicate(timeout=30)
     # The next attempt appends whole lines after the torn one, which is then reported as bad.
-    from tests.conftest import run_supervise
+    from tests.support.supervise import run_supervise
 
     r = run_supervise("--run-dir", str(run_dir), "--", "true")
     assert r.returncode == 0

@@ -12,7 +12,9 @@ from pathlib import Path
 
 from supervisor import policy
 from supervisor.journal import read_journal
-from tests.conftest import HELPERS, start_supervise, wait_for
+from tests.support.paths import HELPERS
+from tests.support.supervise import start_supervise
+from tests.support.wait import wait_for
 
 TRAINER = [sys.executable, str(HELPERS / "trainer.py")]
 HUNG_RSYNC = """#!/bin/sh

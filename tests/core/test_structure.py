@@ -232,3 +232,30 @@ def test_the_layers_the_design_names() -> None:
     report = sorted(f"{n} → {d}" for n, deps in graph.items() if n.startswith("supervisor.report") for d in deps
                     if not d.startswith("supervisor.report") and d not in allowed)
     assert report == []
+
+
+def test_the_tests_import_helpers_from_support_never_from_a_conftest_or_a_test_module() -> None:
+    """conftest.py files hold pytest's fixtures and hooks; what tests share is a module of
+    tests/support (or a package's own ``_name`` module). Issue 32, item 6."""
+    tests = Path(__file__).resolve().parents[1]
+    bad = []
+    for path in sorted(tests.rglob("*.py")):
+        where = path.relative_to(tests.parent)
+        package = ".".join(where.parent.parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([base] if base else []))
+                modules = [base, *(f"{base}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            else:
+                continue
+            for module in modules:
+                leaf = module.rpartition(".")[2]
+                if leaf == "conftest" or (leaf.startswith("test_") and module.startswith("tests.")):
+                    bad.append(f"{where}:{node.lineno} imports {module}")
+                    break
+    assert not bad, "import helpers from tests/support, not from a conftest.py or a test module:\n" + "\n".join(bad)

@@ -13,12 +13,14 @@ from pathlib import Path
 import pytest
 
 from supervisor.journal import read_journal
-from tests.conftest import RECORDER, recorded, run_supervise, start_supervise, wait_for
-from tests.test_notify import Server, server  # noqa: F401 - the fixture
+from tests.support.paths import RECORDER
+from tests.support.supervise import recorded, run_supervise, start_supervise
+from tests.support.wait import wait_for
+from tests.support.webhook import Server
 
 
 @pytest.mark.parametrize("code, event", [(0, "finished"), (3, "failed")])
-def test_the_end_of_a_run_is_notified(server: Server, tmp_path: Path, code: int, event: str) -> None:  # noqa: F811
+def test_the_end_of_a_run_is_notified(server: Server, tmp_path: Path, code: int, event: str) -> None:
     r = run_supervise("--run-dir", str(tmp_path / "run"), "--gpu-every", "0", "--notify", server.url("json"),
                       "--", sys.executable, "-c", f"raise SystemExit({code})", timeout=60)
     assert r.returncode == code, r.stderr
@@ -26,7 +28,7 @@ def test_the_end_of_a_run_is_notified(server: Server, tmp_path: Path, code: int,
     assert sent == ["start", event]
 
 
-def test_a_preemption_is_notified(server: Server, tmp_path: Path) -> None:  # noqa: F811
+def test_a_preemption_is_notified(server: Server, tmp_path: Path) -> None:
     log = tmp_path / "sig.log"
     p = start_supervise("--run-dir", str(tmp_path / "run"), "--gpu-every", "0", "--notify", server.url("json"),
                         "--", sys.executable, str(RECORDER), str(log))

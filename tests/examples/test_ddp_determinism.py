@@ -17,9 +17,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.conftest import killed_on_exit, wait_for  # noqa: E402
-
-from ._util import TRAIN, checkpoint_digest, clean_env, digest_of, free_port, train  # noqa: E402
+from tests.support.ddp_example import TRAIN, checkpoint_digest, digest_of, free_port, launch_env, train  # noqa: E402
+from tests.support.supervise import killed_on_exit  # noqa: E402
+from tests.support.wait import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -116,7 +116,7 @@ def test_sigterm_saves_exits_0_and_resumes(tmp_path: Path) -> None:
 
     work = tmp_path / "run"
     work.mkdir()
-    env = clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port())
+    env = launch_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port())
     p = subprocess.Popen([sys.executable, str(TRAIN), "--ckpt-dir", str(work / "ckpt"), "--log-dir",
                           str(work / "logs"), *args, "--step-sleep", "0.05"],
                          env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -10,31 +10,27 @@ import pytest
 
 pytest.importorskip("torch")
 
-from supervisor.journal import read_journal  # noqa: E402
-
-from ._util import REPO, checkpoint_digest, clean_env, train  # noqa: E402
+from tests.support import journal  # noqa: E402
+from tests.support.ddp_example import checkpoint_digest, launch_env, train  # noqa: E402
+from tests.support.paths import ROOT  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
 STEPS = 60
 
 
-def _events(run_dir: Path) -> list[dict]:
-    return read_journal(run_dir).events
-
-
 def test_demo_preempts_resumes_and_matches_an_uninterrupted_run(tmp_path: Path) -> None:
     demo = tmp_path / "demo"
     # 0.2 s a step (the demo's 0.05 s gives 3 s of training): the demo preempts once 2 checkpoints
     # are durable, and under CI's load the mirror's lag let a 3 s training finish first (stop 28).
-    env = clean_env(DEMO_STEPS=str(STEPS), DEMO_CKPT_EVERY="10", DEMO_PREEMPT_AFTER="2", DEMO_VERIFY="0",
+    env = launch_env(DEMO_STEPS=str(STEPS), DEMO_CKPT_EVERY="10", DEMO_PREEMPT_AFTER="2", DEMO_VERIFY="0",
                     DEMO_STEP_SLEEP="0.2")
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "demo.sh"), "--no-setup", str(demo)], env=env,
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "demo.sh"), "--no-setup", str(demo)], env=env,
                           capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
 
-    events = _events(demo / "run")
+    events = journal.events(demo / "run")
     ends = [e for e in events if e["kind"] == "end"]
     assert [(e["attempt"], e["reason"]) for e in ends] == [(1, "preempted"), (2, "child-exit")], ends
     assert ends[1]["exit_status"] == 0
@@ -70,6 +66,6 @@ def test_demo_preempts_resumes_and_matches_an_uninterrupted_run(tmp_path: Path) 
 
 
 def test_demo_rejects_an_unknown_option(tmp_path: Path) -> None:
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "demo.sh"), "--no-setup", "--bogus", str(tmp_path)],
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "demo.sh"), "--no-setup", "--bogus", str(tmp_path)],
                           capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     assert proc.returncode == 2 and "unknown option --bogus" in proc.stderr

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from ._util import REPO
+from tests.support.paths import ROOT
 
-SCRIPTS = REPO / "scripts"
+SCRIPTS = ROOT / "scripts"
 SLURM_TEMPLATES = sorted(SCRIPTS.glob("*.sbatch"))
 PBS_TEMPLATES = sorted(SCRIPTS.glob("*.pbs"))
 TEMPLATES = SLURM_TEMPLATES + PBS_TEMPLATES
@@ -175,9 +175,9 @@ def _job_env(tmp: Path, path: Path, machine: str) -> dict[str, str]:
     submit = tmp / "submit"
     submit.mkdir(exist_ok=True)
     base = {"PATH": f"{tmp / 'bin'}:/usr/bin:/bin", "HOME": str(tmp), "USER": "tester", "LANG": "C.UTF-8",
-            "REPO": str(REPO), "VENV": str(tmp / "no-venv"), "SHIM_RECORD": str(tmp / "record.json"),
+            "REPO": str(ROOT), "VENV": str(tmp / "no-venv"), "SHIM_RECORD": str(tmp / "record.json"),
             "LOCAL_DIR": str(tmp / "local"), "PERSISTENT_DIR": str(tmp / "persistent"),
-            "PYTHONPATH": str(REPO)}
+            "PYTHONPATH": str(ROOT)}
     if path.suffix == ".pbs":
         nodefile = tmp / "nodefile"
         nodefile.write_text("x3001c0s1b0n0\nx3001c0s1b1n0\n")
@@ -205,7 +205,7 @@ def test_template_runs_to_a_valid_supervise_check(path: Path, machine: str, tmp_
 
     # The preset is the matching configs/*.toml, and it is one test_example_config validates.
     config = Path(rec["opts"][rec["opts"].index("--config") + 1])
-    assert config.parent == REPO / "configs" and config.is_file()
+    assert config.parent == ROOT / "configs" and config.is_file()
     if machine:
         assert config.name == f"{machine}.toml"
     # The run directory is on the persistent side, one per job id (so requeues append to it).

@@ -103,7 +103,7 @@ def test_saves_eight_a_second_never_leave_the_newest_durable_step_2_s_behind(ope
     published first in every pass, and no ``global_stepN`` landed for 9 s while the training
     saved (15.8 s behind at most, measured at a0c510b: docs/benchmarks.md). The newest
     durable step now trails the newest complete one by a copy time + 1 s at most."""
-    from tests.staleness import staleness
+    from tests.support.staleness import staleness
 
     run, poller = open_run("deepspeed-zero1")
     a = run.run(steps=300, save_every=3, step_sleep=0.04, restore=False, timeout=600)

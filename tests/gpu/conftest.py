@@ -1,48 +1,20 @@
-"""Shared helpers for the GPU tests: a list-backed emit and a real process tree."""
+"""Fixtures of the GPU tests: an in-memory emit and a real process tree."""
 
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Iterator
 
 import pytest
 
 from supervisor.proctree import descendants
-from tests.conftest import wait_for_async
-
-
-class Events:
-    """An ``Emit`` that keeps events in memory (thread-safe enough: list.append)."""
-
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-
-    def __call__(self, kind: str, /, *, durable: bool = False, **fields: Any) -> dict[str, Any]:
-        event = {"kind": kind, **fields}
-        self.events.append(event)
-        return event
-
-    def of(self, kind: str) -> list[dict[str, Any]]:
-        return [e for e in self.events if e["kind"] == kind]
+from tests.support.emit import Events
 
 
 @pytest.fixture
 def events() -> Events:
     return Events()
-
-
-def read_csv(path: Path) -> list[dict[str, str]]:
-    lines = path.read_text().splitlines()
-    header = lines[0].split(",")
-    return [dict(zip(header, line.split(","))) for line in lines[1:] if line]
-
-
-async def wait_for(cond: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
-    """Poll ``cond`` until true; fail after a generous ``timeout``."""
-    await wait_for_async(cond, timeout, what)
 
 
 @pytest.fixture
@@ -67,5 +39,3 @@ def tree() -> Iterator[tuple[subprocess.Popen[bytes], int]]:
         proc.kill()
         proc.wait()
 
-
-PYTHON = sys.executable

@@ -13,8 +13,11 @@ import pytest
 from supervisor.gpu import GpuSampler
 from supervisor.gpu._dmon import DmonParser, parse_dmon, row_to_sample
 from supervisor.gpu._types import DeviceInfo
+from tests.support.emit import Events
+from tests.support.wait import wait_for_async
 
-from .conftest import Events, read_csv, wait_for
+from ._util import read_csv
+
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -112,7 +115,7 @@ async def test_dmon_backend_with_stand_in_nvidia_smi(tmp_path: Path, events: Eve
     sampler = GpuSampler(run_dir=run_dir, emit=events, every=0.2, backend="dmon", env=env)
     async with anyio.create_task_group() as tg:
         await tg.start(lambda task_status: sampler.run(tree_pids=set, task_status=task_status))
-        await wait_for(lambda: sampler.samples >= 3)
+        await wait_for_async(lambda: sampler.samples >= 3)
         tg.cancel_scope.cancel()
     start = events.of("gpu-start")[0]
     assert start["backend"] == "dmon" and [d["index"] for d in start["devices"]] == [1]

@@ -9,8 +9,10 @@ import anyio
 import pytest
 
 from supervisor.gpu import GPU_COLUMNS, GpuSampler
+from tests.support.emit import Events
+from tests.support.wait import wait_for_async
 
-from .conftest import Events, read_csv, wait_for
+from ._util import read_csv
 
 pynvml = pytest.importorskip("pynvml")
 
@@ -36,7 +38,7 @@ async def test_nvml_real_gpu_end_to_end(tmp_path: Path) -> None:
                          env={k: v for k, v in os.environ.items() if k in ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS")})
     async with anyio.create_task_group() as tg:
         await tg.start(lambda task_status: sampler.run(tree_pids=lambda: {os.getpid()}, task_status=task_status))
-        await wait_for(lambda: sampler.samples >= 3, timeout=60)
+        await wait_for_async(lambda: sampler.samples >= 3, timeout=60)
         tg.cancel_scope.cancel()
     start = events.of("gpu-start")[0]
     assert start["backend"] == "nvml" and start["devices"]

@@ -15,8 +15,10 @@ from supervisor.gpu._nvml import NvmlBackend
 from supervisor.gpu.fake import (NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_LIBRARY_NOT_FOUND, NVML_ERROR_NO_PERMISSION,
                                  FakeGpu, FakeNvml, eight_gpus, fake_uuid)
 from supervisor.proctree import descendants
+from tests.support.emit import Events
+from tests.support.wait import wait_for_async
 
-from .conftest import Events, read_csv, wait_for
+from ._util import read_csv
 
 
 async def run_sampler(tmp_path: Path, events: Events, fake: FakeNvml, *, until, every: float = 0.05,
@@ -27,7 +29,7 @@ async def run_sampler(tmp_path: Path, events: Events, fake: FakeNvml, *, until, 
                          _backend_override=NvmlBackend(fake))
     async with anyio.create_task_group() as tg:
         await tg.start(lambda task_status: sampler.run(tree_pids=tree, task_status=task_status))
-        await wait_for(lambda: until(sampler), timeout=timeout)
+        await wait_for_async(lambda: until(sampler), timeout=timeout)
         tg.cancel_scope.cancel()
     return sampler
 
@@ -146,7 +148,7 @@ async def test_gpu_stop_during_slow_nvml_call_is_not_delayed(tmp_path: Path, eve
     sampler = GpuSampler(run_dir=tmp_path, emit=events, every=0.1, env={}, _backend_override=NvmlBackend(fake))
     async with anyio.create_task_group() as tg:
         await tg.start(lambda task_status: sampler.run(tree_pids=set, task_status=task_status))
-        await wait_for(lambda: fake.slow_entered >= 1)
+        await wait_for_async(lambda: fake.slow_entered >= 1)
         t0 = time.monotonic()
         tg.cancel_scope.cancel()
     took = time.monotonic() - t0
@@ -163,7 +165,7 @@ async def test_gpu_end_stats_are_bounded_when_nvml_hangs(tmp_path: Path, events:
     sampler = GpuSampler(run_dir=tmp_path, emit=events, every=0.05, env={}, _backend_override=NvmlBackend(fake))
     async with anyio.create_task_group() as tg:
         await tg.start(lambda task_status: sampler.run(tree_pids=set, task_status=task_status))
-        await wait_for(lambda: sampler.samples >= 2)
+        await wait_for_async(lambda: sampler.samples >= 2)
         fake.gpus[0].slow = {"ecc": 30.0}  # the driver hangs just as the job ends
         t0 = time.monotonic()
         tg.cancel_scope.cancel()
@@ -204,7 +206,7 @@ async def test_gpu_none_here_says_why(tmp_path: Path, events: Events) -> None:
     (none,) = events.of("gpu-none")
     assert "NVML Shared Library Not Found" in none["reason"]
     assert "nvidia-smi not found on PATH" in none["reason"]
-    assert len(events.events) == 1
+    assert len(events) == 1
 
 
 @pytest.mark.asyncio
@@ -213,7 +215,7 @@ async def test_gpu_sampling_off_when_every_is_zero(tmp_path: Path, events: Event
     sampler = GpuSampler(run_dir=tmp_path, emit=events, every=0, env={}, _backend_override=NvmlBackend(fake))
     with anyio.fail_after(5):
         await sampler.run(tree_pids=set)
-    assert [e["kind"] for e in events.events] == ["gpu-none"]
+    assert [e["kind"] for e in events] == ["gpu-none"]
     assert fake.calls == 0
 
 
@@ -360,7 +362,7 @@ async def test_gpu_backend_crashing_on_open_or_tick_is_journaled_not_raised(tmp_
     sampler = GpuSampler(run_dir=tmp_path, emit=events2, every=0.02, env={}, _backend_override=backend)
     async with anyio.create_task_group() as tg:
         await tg.start(lambda task_status: sampler.run(tree_pids=set, task_status=task_status))
-        await wait_for(lambda: len(ticks) >= 5)  # the error is journaled once, then backed off
+        await wait_for_async(lambda: len(ticks) >= 5)  # the error is journaled once, then backed off
         tg.cancel_scope.cancel()
     gaps = [b - a for a, b in zip(ticks, ticks[1:])]
     assert gaps[-1] > gaps[0] * 1.5  # backing off

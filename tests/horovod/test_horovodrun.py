@@ -30,8 +30,9 @@ import pytest
 
 from supervisor.journal import read_journal
 from supervisor.launchers import catches
-from tests.conftest import supervise_argv, wait_for
-from tests.horovod.conftest import HOROVODRUN
+from tests.support.horovod import HOROVODRUN
+from tests.support.supervise import supervise_argv
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.torch
 

@@ -7,10 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from tests.conftest import ROOT, start_supervise, wait_for
+from tests.support.paths import ROOT
+from tests.support.wait import wait_for
 
 TRAINER = ROOT / "tests" / "helpers" / "trainer.py"
 TRACEBACK = "Traceback (most recent call last)"
@@ -98,5 +98,4 @@ def env_with(tag: str, bindir: Path | None = None, **extra: str) -> dict[str, st
     return env
 
 
-__all__ = ["ROOT", "TRACEBACK", "events", "finish", "kinds", "marked", "none_left", "kill_marked", "start_supervise",
-           "trainer", "wait_for", "fake_tool", "env_with", "time"]
+__all__ = ["TRACEBACK", "events", "finish", "kinds", "marked", "none_left", "kill_marked", "trainer", "fake_tool", "env_with"]

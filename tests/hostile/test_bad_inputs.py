@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_supervise
 from tests.hostile._util import TRACEBACK
+from tests.support.supervise import run_supervise
+
 
 # (name, flags before --, config file text or None, env, words the one line must contain)
 SIGNALS = [

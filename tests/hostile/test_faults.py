@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.hostile._util import (TRACEBACK, env_with, events, fake_tool, finish, kill_marked, kinds, marked,
-                                 none_left, start_supervise, trainer, wait_for)
+from tests.hostile._util import (TRACEBACK, env_with, events, fake_tool, finish, kill_marked, kinds, marked, none_left,
+                                 trainer)
+from tests.support.supervise import start_supervise
+from tests.support.wait import wait_for
 
 HUNG_RSYNC = 'case "$*" in *--version*) exec /usr/bin/rsync --version;; esac\nexec sleep 100000\n'
 STALL = "1"  # SUPERVISE_COPIER_STALL for the hung-copier cases: seconds without I/O before the kill

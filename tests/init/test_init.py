@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_supervise
+from tests.support.supervise import run_supervise
 
 TORCHRUN = ["torchrun", "--standalone", "--nproc-per-node", "2", "train.py", "--lr", "3e-4"]
 

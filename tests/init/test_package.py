@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.init._wheel import ROOT, build_wheel, fresh_venv
+from tests.support.paths import ROOT
+from tests.support.wheel import build_wheel, fresh_venv
 
 
 @pytest.fixture(scope="module")

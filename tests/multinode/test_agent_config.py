@@ -22,9 +22,10 @@ from supervisor.config import AGENT_GROUPS, KEYS, Config, SyncPair, agent_view, 
 from supervisor.conduct.fleet import agent_argv
 from supervisor.errors import UsageError
 from supervisor.journal import read_journal
-from tests.conftest import start_supervise, wait_for
+from tests.support.supervise import start_supervise
 
 # Every option of the leader's mirroring and sampling groups, with a value that is not its
+from tests.support.wait import wait_for
 # default. A new option there fails test_every_sync_option_of_the_leader_reaches_the_agent
 # until it is added here, and then it must reach the agent.
 OPTIONS: dict[str, list[str]] = {

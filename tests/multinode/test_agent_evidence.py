@@ -21,9 +21,10 @@ import pytest
 
 from supervisor.journal import read_journal
 from supervisor.sync._parts import manifest_path
-from tests.conftest import run_supervise, start_supervise, wait_for
+from tests.support.supervise import run_supervise, start_supervise
 
 # A rank that writes a single-file checkpoint (a zip, as torch.save's) into a file it keeps
+from tests.support.wait import wait_for
 # open until told, then keeps running (the training goes on); told again, it exits.
 RANK = """
 import sys, zipfile

@@ -34,64 +34,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.multinode.conftest import REPO, Cluster, down, events, wait_for
-
-sys.path.insert(0, str(Path(__file__).parent))
-import train_dcp  # noqa: E402
-
-STEPS, SAVE_EVERY = 40, 5
-SHARDS = {".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"}
-
-JOB = """#!/bin/bash
-#SBATCH --nodes=2
-#SBATCH --ntasks-per-node=1
-#SBATCH --requeue
-#SBATCH --open-mode=append
-cd {repo}
-HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -1)
-exec {python} -m supervisor --config {cfg} --run-dir {run} -- \\
-  srun --ntasks-per-node=1 {torchrun} --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d \\
-  --rdzv-endpoint=$HEAD:29500 --rdzv-id=$SLURM_JOB_ID-$SLURM_RESTART_COUNT {train} --out {local}/ckpt \\
-  --steps {steps} --save-every {every} --step-sleep 0.3 --progress {progress} --final {final}
-"""
+from tests.multinode._dcp_job import SHARDS, STEPS, PublishedWatch, published, submit_job
+from tests.multinode.train_dcp import reference
+from tests.support.journal import events
+from tests.support.slurm import NODES_POLL, SlurmCluster, down
+from tests.support.wait import wait_for
 
 
-def published(c: Cluster) -> dict[str, set[str]]:
-    dst = c.shared / "persist" / "ckpt"
-    if not dst.exists():
-        return {}
-    return {d.name: {f.name for f in d.iterdir()} for d in dst.iterdir() if d.is_dir() and not d.name.startswith(".")}
-
-
-class PublishedWatch:
-    """``published(c)`` each time it is called, remembering every checkpoint it ever saw on
-    persistent storage without all of its ranks' shards (``torn``: must stay empty)."""
-
-    def __init__(self, c: Cluster) -> None:
-        self.c = c
-        self.torn: list[str] = []
-
-    def __call__(self) -> dict[str, set[str]]:
-        now = published(self.c)
-        self.torn.extend(f"{n}: {sorted(SHARDS - files)}" for n, files in now.items() if not SHARDS <= files)
-        return now
-
-
-def submit_job(c: Cluster) -> tuple[str, Path, Path, Path]:
-    """The 2-node torchrun DCP job; (job id, run dir, progress file, final weights file).
-    Skipped at run time without torch (the job's torchrun and the check need it)."""
-    pytest.importorskip("torch", reason="the 2-node DCP job runs torchrun: torch is not installed")
-    run, progress, final = c.shared / "run", c.shared / "progress.jsonl", c.shared / "final.pt"
-    cfg = c.shared / "run.toml"
-    cfg.write_text(f'[[sync]]\nname = "ckpt"\nfrom = "{c.local}/ckpt"\nto = "{c.shared}/persist/ckpt"\n'
-                   'nodes = 2\nsettle = "2s"\nrestore = true\n')
-    script = JOB.format(repo=REPO, python=sys.executable, cfg=cfg, run=run, torchrun=Path(sys.executable).parent / "torchrun",
-                        train=Path(__file__).parent / "train_dcp.py", local=c.local, steps=STEPS, every=SAVE_EVERY,
-                        progress=progress, final=final)
-    return c.submit(script, "-o", str(c.shared / "job.out")), run, progress, final
-
-
-def test_requeue_and_node_death(cluster3: Cluster, tmp_path: Path) -> None:
+def test_requeue_and_node_death(cluster3: SlurmCluster, tmp_path: Path) -> None:
     c = cluster3
     t0 = time.monotonic()
     job, run, progress, final = submit_job(c)
@@ -103,7 +53,7 @@ def test_requeue_and_node_death(cluster3: Cluster, tmp_path: Path) -> None:
         return [e["checkpoint"] for e in events(leader) if e.get("kind") == "publish" and e["attempt"] == attempt]
 
     # 1. attempt 1 on n1+n2: a checkpoint published, then n1 busy and a requeue
-    wait_for(lambda: len(publishes(1)) >= 2, 150, lambda: f"two publishes in attempt 1; job {c.state(job)}")
+    wait_for(lambda: len(publishes(1)) >= 2, 150, lambda: f"two publishes in attempt 1; job {c.state(job)}", interval=NODES_POLL)
     assert c.show(job)["NodeList"] == "n[1-2]"
     # requeuehold: the requeue, held until n1 is excluded (a plain requeue restarts at once, on n1 again)
     c.run("scontrol", "requeuehold", job)
@@ -113,15 +63,16 @@ def test_requeue_and_node_death(cluster3: Cluster, tmp_path: Path) -> None:
 
     # 2. attempt 2 on n2+n3: restored on both nodes; a checkpoint waits for n3's part when n3 dies
     print(f"bar: {time.monotonic() - t0:.1f}s requeued with n1 excluded", flush=True)
-    wait_for(lambda: any(e.get("kind") == "start" and e["attempt"] == 2 for e in events(leader)), 90, "attempt 2")
+    wait_for(lambda: any(e.get("kind") == "start" and e["attempt"] == 2 for e in events(leader)), 90, "attempt 2",
+             interval=NODES_POLL)
     assert c.show(job)["NodeList"] == "n[2-3]", c.show(job)
 
     # After a publish in attempt 2, n3 stalls (its agent SIGSTOPped) and then dies: the next
     # checkpoint surely waits for n3's part. (Killing n3 while a checkpoint merely waited for its
     # part raced with that part's copy, 0.2-1 s: once the part landed first and the checkpoint
     # was rightly published whole, with nothing left to lose.)
-    wait_for(lambda: publishes(2), 150, lambda: f"a publish in attempt 2; job {c.state(job)}")
-    stalled = wait_for(lambda: c.agent_pids("n3"), 10, "node 1's agent on n3")
+    wait_for(lambda: publishes(2), 150, lambda: f"a publish in attempt 2; job {c.state(job)}", interval=NODES_POLL)
+    stalled = wait_for(lambda: c.agent_pids("n3"), 10, "node 1's agent on n3", interval=NODES_POLL)
     for pid in stalled:
         os.kill(pid, signal.SIGSTOP)
     since = time.time()
@@ -136,7 +87,7 @@ def test_requeue_and_node_death(cluster3: Cluster, tmp_path: Path) -> None:
         return None
 
     victim = wait_for(waiting_for_n3, 120, lambda: f"a checkpoint waiting for n3 after its agent stalled; job {c.state(job)}",
-                      every=0.05)
+                      interval=0.05)
     print(f"bar: {time.monotonic() - t0:.1f}s n3 killed while {victim} waits for its part", flush=True)
     c.kill_node("n3")
     assert not (c.shared / "persist" / "ckpt" / victim).exists()
@@ -148,25 +99,25 @@ def test_requeue_and_node_death(cluster3: Cluster, tmp_path: Path) -> None:
     if not c.wait_down("n3", 90):
         print(f"bar: n3 still {c.node_state('n3')} after 90 s: set DOWN by hand", flush=True)
         c.run("scontrol", "update", "NodeName=n3", "State=DOWN", "Reason=killed-by-the-test")
-    wait_for(lambda: c.is_down("n3"), 60, lambda: f"n3 down: {c.node_state('n3')}")
+    wait_for(lambda: c.is_down("n3"), 60, lambda: f"n3 down: {c.node_state('n3')}", interval=NODES_POLL)
     print(f"bar: {time.monotonic() - t0:.1f}s n3 {c.node_state('n3')}, job {c.state(job)}", flush=True)
     # The requeued job stays COMPLETING while its epilog waits on the dead node (seen for 80 s);
     # an admin's DOWN of that node ends it at once.
     try:
         wait_for(lambda: c.state(job) in ("PENDING", "REQUEUED") or c.show(job).get("RestartCnt") == "2"
-                 and c.state(job) != "COMPLETING", 30, "the requeued job done completing")
+                 and c.state(job) != "COMPLETING", 30, "the requeued job done completing", interval=NODES_POLL)
     except AssertionError:
         print(f"bar: job still {c.state(job)} on dead n3 after 30 s: n3 set DOWN by hand", flush=True)
         c.run("scontrol", "update", "NodeName=n3", "State=DOWN", "Reason=killed-by-the-test")
     wait_for(lambda: c.state(job) in ("PENDING", "REQUEUED", "COMPLETING") or c.show(job).get("RestartCnt") == "2", 60,
-             lambda: f"requeued after n3 died: {c.state(job)}")
+             lambda: f"requeued after n3 died: {c.state(job)}", interval=NODES_POLL)
     print(f"bar: {time.monotonic() - t0:.1f}s n3 {c.node_state('n3')}, job {c.state(job)}", flush=True)
     c.run("scontrol", "update", f"JobId={job}", "ExcNodeList=")  # n1 may serve again
     c.release(job)
 
     # 3. attempt 3 on n1+n2 finishes
     print(f"bar: {time.monotonic() - t0:.1f}s attempt 3 released", flush=True)
-    wait_for(lambda: c.state(job) == "COMPLETED", 240, lambda: f"job {job} completed; {c.state(job)}", every=0.5)
+    wait_for(lambda: c.state(job) == "COMPLETED", 240, lambda: f"job {job} completed; {c.state(job)}", interval=0.5)
     watch_published()
     attempts = {e["attempt"]: e for e in events(leader) if e.get("kind") == "start"}
     assert sorted(attempts) == [1, 2, 3]
@@ -198,7 +149,7 @@ def test_requeue_and_node_death(cluster3: Cluster, tmp_path: Path) -> None:
 
     # the resume is exact: the final weights are the uninterrupted run's
     torch = pytest.importorskip("torch")
-    assert torch.equal(torch.load(final), train_dcp.reference(STEPS))
+    assert torch.equal(torch.load(final), reference(STEPS))
 
     # the checkpoint only n3 could complete: never published in attempt 2, reported lost with n3
     assert victim not in [e["checkpoint"] for e in ev if e.get("kind") == "publish" and e["attempt"] == 2]
@@ -231,5 +182,5 @@ def test_requeue_and_node_death(cluster3: Cluster, tmp_path: Path) -> None:
     # nothing of the cluster is left
     gone = down(c)
     assert gone.returncode == 0, gone.stderr
-    assert wait_for(lambda: not c.leftovers(), 15, lambda: f"nothing left: {c.leftovers()}")
+    assert wait_for(lambda: not c.leftovers(), 15, lambda: f"nothing left: {c.leftovers()}", interval=NODES_POLL)
     print(f"bar: {time.monotonic() - t0:.1f}s", flush=True)

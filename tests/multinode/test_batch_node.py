@@ -20,25 +20,28 @@ from pathlib import Path
 
 import pytest
 
-from tests.multinode.conftest import Cluster, events, wait_for
-from tests.multinode.test_bar import SHARDS, STEPS, published, submit_job, train_dcp
+from tests.multinode._dcp_job import SHARDS, STEPS, published, submit_job
+from tests.multinode.train_dcp import reference
+from tests.support.journal import events
+from tests.support.slurm import NODES_POLL, SlurmCluster
+from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not os.environ.get("SUPERVISE_LONG"), reason="the long set: SUPERVISE_LONG=1")]
 
 
-def test_batch_node_dies(cluster3: Cluster, tmp_path: Path) -> None:
+def test_batch_node_dies(cluster3: SlurmCluster, tmp_path: Path) -> None:
     c = cluster3
     job, run, progress, final = submit_job(c)
     leader = run / "events.jsonl"
     wait_for(lambda: len([e for e in events(leader) if e.get("kind") == "publish"]) >= 2, 180,
-             lambda: f"two publishes; job {c.state(job)}")
+             lambda: f"two publishes; job {c.state(job)}", interval=NODES_POLL)
     assert c.show(job)["NodeList"] == "n[1-2]"
     c.kill_node("n1")
-    wait_for(lambda: c.is_down("n1"), 180, lambda: f"n1 down: {c.node_state('n1')}")
-    wait_for(lambda: c.state(job) in ("PENDING", "REQUEUED"), 120, lambda: f"requeued: {c.state(job)}")
+    wait_for(lambda: c.is_down("n1"), 180, lambda: f"n1 down: {c.node_state('n1')}", interval=NODES_POLL)
+    wait_for(lambda: c.state(job) in ("PENDING", "REQUEUED"), 120, lambda: f"requeued: {c.state(job)}", interval=NODES_POLL)
     c.release(job)
-    wait_for(lambda: c.state(job) == "COMPLETED", 300, lambda: f"job {job} completed; {c.state(job)}", every=0.5)
+    wait_for(lambda: c.state(job) == "COMPLETED", 300, lambda: f"job {job} completed; {c.state(job)}", interval=0.5)
 
     ev = events(leader)
     starts = {e["attempt"]: e for e in ev if e.get("kind") == "start"}
@@ -49,7 +52,7 @@ def test_batch_node_dies(cluster3: Cluster, tmp_path: Path) -> None:
     restore = next(e for e in ev if e.get("kind") == "restore" and e["attempt"] == 2)
     assert restore["checkpoint"] == max(e["checkpoint"] for e in ev if e.get("kind") == "publish" and e["attempt"] == 1)
     torch = pytest.importorskip("torch")
-    assert torch.equal(torch.load(final), train_dcp.reference(STEPS))
+    assert torch.equal(torch.load(final), reference(STEPS))
     lost = [e for e in ev if e.get("kind") == "node-lost"]
     assert [(e["attempt"], e["node"], e["index"]) for e in lost] == [(2, "n1", 0)], lost
     report = subprocess.run([sys.executable, "-m", "supervisor", "report", str(run)], capture_output=True, text=True,

@@ -30,7 +30,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.multinode.conftest import REPO, Cluster, attempts_of, events
+from tests.support.journal import events
+from tests.support.paths import ROOT
+from tests.support.slurm import SlurmCluster, attempts_of
 
 EPOCHS, EVERY = 60, 1
 # By hand, the tutorial's own script (pytorch/examples distributed/ddp-tutorial-series/multinode.py,
@@ -58,7 +60,7 @@ exec {python} -m supervisor --config {cfg} --run-dir {run} -- \\
 """
 
 
-def test_the_ddp_tutorial_pattern_through_the_four_interruptions(cluster4: Cluster, tmp_path: Path) -> None:
+def test_the_ddp_tutorial_pattern_through_the_four_interruptions(cluster4: SlurmCluster, tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     c = cluster4
     t0 = time.monotonic()
@@ -67,7 +69,7 @@ def test_the_ddp_tutorial_pattern_through_the_four_interruptions(cluster4: Clust
     cfg.write_text('requeue = true\nmax_requeues = 8\n\n'
                    f'[[sync]]\nname = "ckpt"\nfrom = "{c.local}/ckpt"\nto = "{dst}"\n'
                    'nodes = "auto"\nsettle = "1s"\nrestore = true\n')
-    job = c.submit(JOB.format(repo=REPO, python=sys.executable, cfg=cfg, run=run, local=c.local,
+    job = c.submit(JOB.format(repo=ROOT, python=sys.executable, cfg=cfg, run=run, local=c.local,
                               torchrun=TORCHRUN, train=SCRIPT, epochs=EPOCHS, every=EVERY),
                  "-o", str(out))
     leader = run / "events.jsonl"

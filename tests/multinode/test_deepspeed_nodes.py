@@ -31,7 +31,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.multinode.conftest import REPO, Cluster, attempts_of, events, wait_for
+from tests.support.journal import events
+from tests.support.paths import ROOT
+from tests.support.slurm import SlurmCluster, attempts_of
+from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not os.environ.get("SUPERVISE_LONG"), reason="the long set: SUPERVISE_LONG=1")]
@@ -57,7 +60,7 @@ exec {python} -m supervisor --config {cfg} --run-dir {run} -- \\
 """
 
 
-def test_deepspeed_node_local_checkpoints_through_a_requeue_and_two_node_deaths(cluster4: Cluster, tmp_path: Path) -> None:
+def test_deepspeed_node_local_checkpoints_through_a_requeue_and_two_node_deaths(cluster4: SlurmCluster, tmp_path: Path) -> None:
     pytest.importorskip("deepspeed")
     torch = pytest.importorskip("torch")
     c = cluster4
@@ -66,7 +69,7 @@ def test_deepspeed_node_local_checkpoints_through_a_requeue_and_two_node_deaths(
     dst = c.shared / "persist" / "checkpoints"
     cfg.write_text(f'[[sync]]\nname = "ckpt"\nfrom = "{c.local}/checkpoints"\nto = "{dst}"\n'
                    'nodes = "auto"\nsettle = "1s"\nrestore = true\n')
-    job = c.submit(JOB.format(repo=REPO, python=sys.executable, cfg=cfg, run=run, local=c.local, torchrun=TORCHRUN,
+    job = c.submit(JOB.format(repo=ROOT, python=sys.executable, cfg=cfg, run=run, local=c.local, torchrun=TORCHRUN,
                               train=TRAIN, steps=STEPS, every=EVERY), "-o", str(out))
     leader = run / "events.jsonl"
 
@@ -82,24 +85,24 @@ def test_deepspeed_node_local_checkpoints_through_a_requeue_and_two_node_deaths(
         c.node_dies(job, node)
 
     # 1. attempt 1 on n1+n2: every save published as it is made; then requeued off n1
-    wait_for(lambda: len(publishes(1)) >= 3, 300, lambda: f"three checkpoints published in attempt 1; {said()}", every=0.5)
+    wait_for(lambda: len(publishes(1)) >= 3, 300, lambda: f"three checkpoints published in attempt 1; {said()}", interval=0.5)
     assert c.hosts(job) == ["n1", "n2"]
     c.requeue_off(job, "n1")
     print(f"deepspeed: {time.monotonic() - t0:.1f}s requeued off n1", flush=True)
 
     # 2. attempt 2 on two other nodes: after two more checkpoints, its non-batch node dies
-    wait_for(lambda: len(publishes(2)) >= 2, 300, lambda: f"two checkpoints published in attempt 2; {said()}", every=0.5)
+    wait_for(lambda: len(publishes(2)) >= 2, 300, lambda: f"two checkpoints published in attempt 2; {said()}", interval=0.5)
     second = c.hosts(job)
     assert "n1" not in second, second
     dies(second[1])
 
     # 3. attempt 3: after two more checkpoints, its batch node dies (the leader with it: no end)
-    wait_for(lambda: len(publishes(3)) >= 2, 300, lambda: f"two checkpoints published in attempt 3; {said()}", every=0.5)
+    wait_for(lambda: len(publishes(3)) >= 2, 300, lambda: f"two checkpoints published in attempt 3; {said()}", interval=0.5)
     third = c.hosts(job)
     dies(third[0])
 
     # 4. attempt 4 on the two nodes left finishes
-    wait_for(lambda: c.state(job) == "COMPLETED", 400, lambda: f"job {job} completed; {said()}", every=0.5)
+    wait_for(lambda: c.state(job) == "COMPLETED", 400, lambda: f"job {job} completed; {said()}", interval=0.5)
     fourth = c.hosts(job)
     print(f"deepspeed: {time.monotonic() - t0:.1f}s completed; nodes {['n1', 'n2'], second, third, fourth}", flush=True)
     assert second[1] not in third + fourth and third[0] not in fourth

@@ -16,21 +16,23 @@ import sys
 import time
 from pathlib import Path
 
-from tests.multinode.conftest import Cluster, events, wait_for
-from tests.multinode.test_bar import SHARDS, PublishedWatch, submit_job
+from tests.multinode._dcp_job import SHARDS, PublishedWatch, submit_job
+from tests.support.journal import events
+from tests.support.slurm import NODES_POLL, SlurmCluster
+from tests.support.wait import wait_for
 
 
-def slurmd_pid(c: Cluster, node: str) -> int:
+def slurmd_pid(c: SlurmCluster, node: str) -> int:
     return int((c.root / "run" / f"slurmd-{node}.bg").read_text())
 
 
-def in_node(c: Cluster, node: str, *argv: str) -> subprocess.CompletedProcess[str]:
+def in_node(c: SlurmCluster, node: str, *argv: str) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` in ``node``'s mount namespace (where its local directory is)."""
     return subprocess.run(["nsenter", "-t", str(slurmd_pid(c, node)), "-m", *argv], capture_output=True, text=True,
                           timeout=30)
 
 
-def test_a_full_local_disk_on_one_node_publishes_nothing_partial(cluster3: Cluster, tmp_path: Path) -> None:
+def test_a_full_local_disk_on_one_node_publishes_nothing_partial(cluster3: SlurmCluster, tmp_path: Path) -> None:
     c = cluster3
     t0 = time.monotonic()
     mount = in_node(c, "n2", "mount", "-t", "tmpfs", "-o", "size=20k", "tmpfs", str(c.local))
@@ -44,9 +46,9 @@ def test_a_full_local_disk_on_one_node_publishes_nothing_partial(cluster3: Clust
         return c.state(job) not in ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING", None) \
             or any(e.get("kind") == "end" for e in events(leader))
 
-    wait_for(ended, 180, lambda: f"the job's end; job {c.state(job)}", every=0.2)
+    wait_for(ended, 180, lambda: f"the job's end; job {c.state(job)}", interval=0.2)
     print(f"disk-full: {time.monotonic() - t0:.1f}s job {c.state(job)}", flush=True)
-    wait_for(lambda: any(e.get("kind") == "end" for e in events(leader)), 30, "the leader's end")
+    wait_for(lambda: any(e.get("kind") == "end" for e in events(leader)), 30, "the leader's end", interval=NODES_POLL)
     ev = events(leader)
     node1 = events(run / "nodes" / "node-1" / "events.jsonl")
 

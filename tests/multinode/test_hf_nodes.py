@@ -31,7 +31,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.multinode.conftest import REPO, Cluster, attempts_of, events
+from tests.support.journal import events
+from tests.support.paths import ROOT
+from tests.support.slurm import SlurmCluster, attempts_of
 
 MAX_STEPS, SAVE_STEPS = 160, 5
 TRAIN = Path(__file__).parent / "hf_nodes.py"
@@ -60,7 +62,7 @@ LONG = pytest.mark.skipif(not os.environ.get("SUPERVISE_LONG"), reason="the long
 
 @pytest.mark.parametrize("each", [pytest.param(False, marks=LONG), pytest.param(True, marks=LONG)],
                          ids=["rank0-node", "each-node"])
-def test_hf_trainer_across_nodes_through_the_four_interruptions(cluster4: Cluster, tmp_path: Path, each: bool) -> None:
+def test_hf_trainer_across_nodes_through_the_four_interruptions(cluster4: SlurmCluster, tmp_path: Path, each: bool) -> None:
     pytest.importorskip("transformers")
     safetensors = pytest.importorskip("safetensors.torch")
     c = cluster4
@@ -70,7 +72,7 @@ def test_hf_trainer_across_nodes_through_the_four_interruptions(cluster4: Cluste
     cfg.write_text('requeue = true\nmax_requeues = 8\n\n'
                    f'[[sync]]\nname = "out"\nfrom = "{c.local}/out"\nto = "{dst}"\n'
                    'nodes = "auto"\nsettle = "1s"\nrestore = true\n')
-    job = c.submit(JOB.format(repo=REPO, python=sys.executable, cfg=cfg, run=run, local=c.local, torchrun=TORCHRUN,
+    job = c.submit(JOB.format(repo=ROOT, python=sys.executable, cfg=cfg, run=run, local=c.local, torchrun=TORCHRUN,
                               train=TRAIN, steps=MAX_STEPS, every=SAVE_STEPS, each=int(each)), "-o", str(out))
     leader = run / "events.jsonl"
 

@@ -52,7 +52,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.multinode.conftest import REPO, Cluster, attempts_of, events, wait_for
+from tests.support.journal import events
+from tests.support.paths import ROOT
+from tests.support.slurm import SlurmCluster, attempts_of
+from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not os.environ.get("SUPERVISE_LONG"), reason="the long set: SUPERVISE_LONG=1")]
@@ -82,7 +85,7 @@ def epoch_of(name: str) -> int:
     return int(m.group(1))
 
 
-def test_horovodrun_across_nodes_through_a_requeue_and_a_node_death(cluster3_ssh: Cluster, tmp_path: Path) -> None:
+def test_horovodrun_across_nodes_through_a_requeue_and_a_node_death(cluster3_ssh: SlurmCluster, tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     pytest.importorskip("horovod.torch")
     if not HOROVODRUN.exists():
@@ -93,7 +96,7 @@ def test_horovodrun_across_nodes_through_a_requeue_and_a_node_death(cluster3_ssh
     dst = c.shared / "persist" / "ckpt"
     cfg.write_text(f'[[sync]]\nname = "ckpt"\nfrom = "{c.local}/ckpt"\nto = "{dst}"\n'
                    'nodes = "auto"\nsettle = "1s"\nrestore = true\n')
-    job = c.submit(JOB.format(repo=REPO, python=sys.executable, cfg=cfg, run=run, local=c.local, horovodrun=HOROVODRUN,
+    job = c.submit(JOB.format(repo=ROOT, python=sys.executable, cfg=cfg, run=run, local=c.local, horovodrun=HOROVODRUN,
                               train=Path(__file__).parent / "train_hvd.py", epochs=EPOCHS, progress=progress),
                    "-o", str(out))
     leader = run / "events.jsonl"
@@ -106,20 +109,20 @@ def test_horovodrun_across_nodes_through_a_requeue_and_a_node_death(cluster3_ssh
         return f"job {c.state(job)}; {out.read_text()[-2500:] if out.exists() else ''}"
 
     # 1. attempt 1 on n1+n2; three versions published, then requeued off n1
-    wait_for(lambda: len(publishes(1)) >= 3, 300, lambda: f"three versions published in attempt 1; {said()}", every=0.5)
+    wait_for(lambda: len(publishes(1)) >= 3, 300, lambda: f"three versions published in attempt 1; {said()}", interval=0.5)
     assert c.hosts(job) == ["n1", "n2"]
     c.requeue_off(job, "n1")
     print(f"hvd: {time.monotonic() - t0:.1f}s requeued off n1", flush=True)
 
     # 2. attempt 2 on n2+n3: after two more versions, its non-batch node dies
-    wait_for(lambda: len(publishes(2)) >= 2, 300, lambda: f"two versions published in attempt 2; {said()}", every=0.5)
+    wait_for(lambda: len(publishes(2)) >= 2, 300, lambda: f"two versions published in attempt 2; {said()}", interval=0.5)
     second = c.hosts(job)
     assert "n1" not in second, second
     print(f"hvd: {time.monotonic() - t0:.1f}s {second[1]} dies", flush=True)
     c.node_dies(job, second[1])
 
     # 3. attempt 3 on the nodes left finishes
-    wait_for(lambda: c.state(job) == "COMPLETED", 400, lambda: f"job {job} completed; {said()}", every=0.5)
+    wait_for(lambda: c.state(job) == "COMPLETED", 400, lambda: f"job {job} completed; {said()}", interval=0.5)
     third = c.hosts(job)
     print(f"hvd: {time.monotonic() - t0:.1f}s completed; nodes {['n1', 'n2'], second, third}", flush=True)
     assert second[1] not in third

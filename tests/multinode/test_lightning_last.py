@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_supervise
-from tests.multinode.conftest import events
+from tests.support.journal import events
+from tests.support.supervise import run_supervise
 
 TRAIN = Path(__file__).parent / "lightning_last.py"
 

@@ -25,7 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.multinode.conftest import REPO, Cluster, attempts_of, events
+from tests.support.journal import events
+from tests.support.paths import ROOT
+from tests.support.slurm import SlurmCluster, attempts_of
 
 EPOCHS = 40
 TRAIN = Path(__file__).parent / "lightning_nodes.py"
@@ -44,14 +46,14 @@ exec {python} -m supervisor --checkpoints {local}/checkpoints {dst} --nodes auto
 """
 
 
-def test_lightning_across_nodes_through_the_four_interruptions(cluster4: Cluster, tmp_path: Path) -> None:
+def test_lightning_across_nodes_through_the_four_interruptions(cluster4: SlurmCluster, tmp_path: Path) -> None:
     pytest.importorskip("lightning")
     torch = pytest.importorskip("torch")
     c = cluster4
     t0 = time.monotonic()
     run, out = c.shared / "run", c.shared / "job.out"
     dst = c.shared / "persist" / "checkpoints"
-    job = c.submit(JOB.format(repo=REPO, python=sys.executable, dst=dst, run=run, local=c.local,
+    job = c.submit(JOB.format(repo=ROOT, python=sys.executable, dst=dst, run=run, local=c.local,
                               train=TRAIN, epochs=EPOCHS), "-o", str(out))
     leader = run / "events.jsonl"
 

@@ -18,7 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.multinode.conftest import REPO, Cluster, events, wait_for
+from tests.support.journal import events
+from tests.support.paths import ROOT
+from tests.support.slurm import SlurmCluster
+from tests.support.wait import wait_for
 
 STEPS, SAVE_EVERY = 20, 5
 
@@ -33,7 +36,7 @@ exec {python} -m supervisor --config {cfg} --run-dir {run} -- \\
 """
 
 
-def test_mpiexec_rank0_off_the_batch_node_is_published(cluster3: Cluster, tmp_path: Path) -> None:
+def test_mpiexec_rank0_off_the_batch_node_is_published(cluster3: SlurmCluster, tmp_path: Path) -> None:
     pytest.importorskip("mpi4py")
     torch = pytest.importorskip("torch")
     if shutil.which("mpiexec") is None:
@@ -44,13 +47,13 @@ def test_mpiexec_rank0_off_the_batch_node_is_published(cluster3: Cluster, tmp_pa
     cfg.write_text(f'[[sync]]\nname = "ckpt"\nfrom = "{c.local}/ckpt"\nto = "{c.shared}/persist/ckpt"\n'
                    'nodes = 2\nsettle = "1s"\nrestore = true\n')
     rankfile.write_text("rank 0=n2 slot=0\nrank 1=n1 slot=0\n")
-    job = c.submit(JOB.format(repo=REPO, python=sys.executable, cfg=cfg, run=run, rankfile=rankfile,
+    job = c.submit(JOB.format(repo=ROOT, python=sys.executable, cfg=cfg, run=run, rankfile=rankfile,
                               train=Path(__file__).parent / "train_mpi.py", local=c.local, steps=STEPS,
                               every=SAVE_EVERY, progress=progress), "-o", str(c.shared / "job.out"))
     leader = run / "events.jsonl"
     wait_for(lambda: any(e.get("kind") == "end" for e in events(leader)), 150,
              lambda: f"the leader's end; job {c.state(job)}; {(c.shared / 'job.out').read_text()[-1500:] if (c.shared / 'job.out').exists() else ''}",
-             every=0.5)
+             interval=0.5)
     print(f"mpi: {time.monotonic() - t0:.1f}s", flush=True)
     ev = events(leader)
     end = next(e for e in ev if e.get("kind") == "end")

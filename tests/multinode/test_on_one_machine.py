@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.multinode.conftest import events
+from tests.support.journal import events
 
 STAND_IN = Path(__file__).parent / "stand_in"
 

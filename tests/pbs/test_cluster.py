@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import pid_alive
-from tests.pbs.conftest import DOWN, UP, PbsCluster, why_not
+from tests.support.pbs import DOWN, UP, PbsCluster, why_not
+from tests.support.supervise import pid_alive
 
 
 def test_a_two_node_job_of_the_job_user_is_read_as_pbs(pbs: PbsCluster) -> None:

@@ -30,11 +30,13 @@ from pathlib import Path
 import pytest
 
 from supervisor.journal import read_journal
-from tests.conftest import wait_for
-from tests.pbs.conftest import REPO, PbsCluster
+from tests.support.journal import events
+from tests.support.paths import ROOT
+from tests.support.pbs import PbsCluster
+from tests.support.wait import wait_for
 
-VENV = Path(os.environ.get("EZPZ_VENV", REPO / ".venv-ezpz"))
-TRAIN = REPO / "tests" / "pbs" / "ezpz_train.py"
+VENV = Path(os.environ.get("EZPZ_VENV", ROOT / ".venv-ezpz"))
+TRAIN = ROOT / "tests" / "pbs" / "ezpz_train.py"
 TMRSH = '#!/bin/sh\nh=$1; shift\nexec pbs_tmrsh "$h" /bin/sh -c "$*"\n'  # OpenMPI's rsh agent over PBS's TM
 
 
@@ -58,10 +60,6 @@ def ezpz() -> Path:
     if reason:
         pytest.skip(reason)
     return VENV
-
-
-def events(path: Path, kind: str) -> list[dict]:
-    return [e for e in read_journal(path).events if e.get("kind") == kind]
 
 
 def test_ezpz_launch_under_supervise_runs_ranks_on_both_nodes_and_a_qdel_leaves_a_durable_checkpoint(

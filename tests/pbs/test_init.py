@@ -11,10 +11,13 @@ import sys
 from pathlib import Path
 
 from supervisor.journal import read_journal
-from tests.conftest import run_supervise, wait_for
-from tests.pbs.conftest import REPO, PbsCluster
+from tests.support.journal import events
+from tests.support.paths import ROOT
+from tests.support.pbs import PbsCluster
+from tests.support.supervise import run_supervise
+from tests.support.wait import wait_for
 
-TRAINER = REPO / "tests" / "helpers" / "trainer.py"
+TRAINER = ROOT / "tests" / "helpers" / "trainer.py"
 # 300 steps of 0.05 s: about 15 s, long enough to qsig it while it runs.
 COMMAND = ["python", str(TRAINER), "$LOCAL_DIR/checkpoints", "--steps", "300", "--step-time", "0.05"]
 
@@ -28,7 +31,7 @@ def write_script(pbs: PbsCluster, name: str) -> tuple[Path, Path]:
     r = run_supervise("init", "--scheduler", "pbs", "--dir", str(work), "--nodes", "1", "--time", "00:10:00",
                       "--select", "ncpus=1", "--queue", "", "--filesystems", "",
                       "--local", "$TMPDIR/local", "--persistent", str(work / "persistent"), "--", *COMMAND,
-                      env={"PYTHONPATH": str(REPO)}, cwd=work)  # this checkout's supervise, from any cwd
+                      env={"PYTHONPATH": str(ROOT)}, cwd=work)  # this checkout's supervise, from any cwd
     assert r.returncode == 0, r.stderr
     pbs.own(work)
     return work, work / "train.pbs"
@@ -38,10 +41,6 @@ def journal(work: Path) -> Path:
     """The run directory the script names: PERSISTENT_DIR/supervise-JOBNUM."""
     return wait_for(lambda: next((work / "persistent").glob("supervise-*/events.jsonl"), None), 60,
                     "the run's journal")  # type: ignore[return-value]
-
-
-def events(path: Path, kind: str) -> list[dict]:
-    return [e for e in read_journal(path).events if e.get("kind") == kind]
 
 
 def supervise_pid(path: Path) -> int:
@@ -59,7 +58,7 @@ def test_init_script_is_checked_submitted_as_it_says_and_survives_qsig_usr1(pbs:
     assert "submit: ./train.pbs" in header and "qsig kills it" in header
 
     dirs = {"LOCAL_DIR": str(work / "check-local"), "PERSISTENT_DIR": str(work / "persistent"),
-            "PYTHONPATH": str(REPO)}
+            "PYTHONPATH": str(ROOT)}
     check = run_supervise("check", "--config", str(work / "train.toml"), "--script", str(script), "--",
                           *COMMAND, env=dirs, cwd=work)
     assert check.returncode == 0, check.stdout + check.stderr
@@ -67,7 +66,7 @@ def test_init_script_is_checked_submitted_as_it_says_and_survives_qsig_usr1(pbs:
     assert not [ln for ln in check.stdout.splitlines() if ln.startswith("warn  script")], check.stdout
 
     # As the header says: run it (PYTHONPATH: the job runs this checkout's supervise and trainer).
-    jobid = pbs.user(f"./{script.name}", "-v", f"PYTHONPATH={REPO}", cwd=work).stdout.strip()
+    jobid = pbs.user(f"./{script.name}", "-v", f"PYTHONPATH={ROOT}", cwd=work).stdout.strip()
     info = pbs.job(jobid)
     assert info["Rerunable"] == "True" and info["Resource_List"]["select"] == "1:ncpus=1"
     assert info["Job_Name"] == "train"
@@ -93,7 +92,7 @@ def test_the_same_script_submitted_with_qsub_dies_of_qsig(pbs: PbsCluster) -> No
     """What the header's one-line warning says, measured: a script job's leader is the user's
     login shell, which USR1 kills, and PBS then kills the whole job."""
     work, script = write_script(pbs, "init-qsub")
-    jobid = pbs.user("qsub", "-v", f"PYTHONPATH={REPO}", script.name, cwd=work).stdout.strip()
+    jobid = pbs.user("qsub", "-v", f"PYTHONPATH={ROOT}", script.name, cwd=work).stdout.strip()
     events_file = journal(work)
     pid = supervise_pid(events_file)
     leader = Path(f"/proc/{os.getsid(pid)}/cmdline").read_bytes().split(b"\0")[0]

@@ -34,9 +34,10 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.journal import read_journal
-from tests.conftest import wait_for
-from tests.pbs.conftest import REPO, PbsCluster
+from tests.support.journal import events
+from tests.support.paths import ROOT
+from tests.support.pbs import PbsCluster
+from tests.support.wait import wait_for
 
 HERE = Path(__file__).resolve().parent
 MPIRUN = ("mpirun --mca plm_rsh_agent {tmrsh} --hostfile $PBS_NODEFILE -np 2 --map-by node "
@@ -55,10 +56,6 @@ export MASTER_ADDR=$(head -1 $PBS_NODEFILE) MASTER_PORT=29{port}
 echo "run on $(sort -u $PBS_NODEFILE | paste -sd' ')" >> {work}/runs.txt
 exec {python} -m supervisor --config {work}/run.toml --run-dir {work}/run -- {mpirun}
 """
-
-
-def events(path: Path) -> list[dict]:
-    return read_journal(path).events
 
 
 def number(evs: list[dict], nth: int) -> int | None:
@@ -89,7 +86,7 @@ def setup_job(pbs: PbsCluster, name: str, sync_to: str, train: str, port: int, e
     (work / "run.toml").write_text(f'{extra}\n[[sync]]\nname = "ckpt"\nfrom = "{local}/ckpt"\nto = "{work}/{sync_to}"\n'
                                    'nodes = "auto"\nsettle = "1s"\nrestore = true\n')
     mpirun = MPIRUN.format(tmrsh=HERE / "tmrsh", python=sys.executable, rank=HERE / "ompi_rank.py", logs=logs)
-    script = JOB.format(work=work, repo=REPO, python=sys.executable, port=port, mpirun=f"{mpirun} {train.format(local=local, work=work)}")
+    script = JOB.format(work=work, repo=ROOT, python=sys.executable, port=port, mpirun=f"{mpirun} {train.format(local=local, work=work)}")
     (work / "job.pbs").write_text(script)
     pbs.own(work)
     return work, local
@@ -104,7 +101,7 @@ def test_shards_rerun_and_a_dead_sister(pbs: PbsCluster) -> None:
     pbs.qmgr("set queue workq kill_delay = 5", "set server operators = alice@*")
     steps = 36
     work, local = setup_job(
-        pbs, "shards", "persist", f"{REPO}/tests/multinode/train_dcp.py --out {{local}}/ckpt --steps {steps} "
+        pbs, "shards", "persist", f"{ROOT}/tests/multinode/train_dcp.py --out {{local}}/ckpt --steps {steps} "
         "--save-every 3 --step-sleep 0.25 --progress {work}/progress.jsonl --final {work}/final.pt", port=501,
         extra='grace = "3s"\nrequeue = true\nrequeue_on_failure = true\nmax_requeues = 2\n')
     script = (work / "job.pbs").read_text()  # train_dcp.py loads what supervise restored, on every node
@@ -192,7 +189,7 @@ def test_rank0_in_place_moves_node_then_qdel(pbs: PbsCluster) -> None:
     # the stop's budget after qdel is the kill delay less MoM's early KILL (with 5: 2.8 s, measured), too
     # little for the ranks' last save after their TERM, grace 3 s and the last flush; with 10 it fits
     pbs.qmgr("set queue workq kill_delay = 10")
-    work, local = setup_job(pbs, "ddp", "persist", f"--chdir {{local}}/ckpt --term-after 1 {REPO}/tests/multinode/ddp_tutorial.py 400 1",
+    work, local = setup_job(pbs, "ddp", "persist", f"--chdir {{local}}/ckpt --term-after 1 {ROOT}/tests/multinode/ddp_tutorial.py 400 1",
                             port=502, extra='grace = "3s"\n')
     jobid = pbs.qsub(work, str(work / "job.pbs"))
     leader, logs = work / "run" / "events.jsonl", work / "logs"

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.pbs.conftest import PbsCluster
-from tests.pbs.test_signals import KILL_DELAY, complete_checkpoints, first_publish_after, submit
+from tests.pbs._supervised import KILL_DELAY, complete_checkpoints, submit
+from tests.support.pbs import PbsCluster
+from tests.support.runs import first_publish_after
 
 WALLTIME = "00:00:30"
 CONFIG = 'grace = "5s"\nrequeue = true\nmax_requeues = 1'

@@ -37,7 +37,8 @@ sys.path.insert(0, str(ROOT))
 from supervisor.gpu import GpuSampler  # noqa: E402
 from supervisor.gpu._nvml import NvmlBackend  # noqa: E402
 from supervisor.gpu.fake import FakeGpu, FakeNvml, fake_uuid  # noqa: E402
-from supervisor.journal import Journal, read_journal  # noqa: E402
+from supervisor.journal import Journal  # noqa: E402
+from tests.support.journal import events  # noqa: E402
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 TRAINER = [sys.executable, str(ROOT / "tests" / "helpers" / "trainer.py")]
@@ -64,25 +65,21 @@ def env() -> dict[str, str]:
     return e
 
 
-def _events(run: Path) -> list[dict[str, Any]]:
-    return read_journal(run).events if (run / "events.jsonl").exists() else []
-
-
 async def _attempt(run: Path, args: list[str], gpus: list[FakeGpu] | None, *, term_after: float | None,
                    every: float) -> int:
     """One attempt: the agent as a subprocess, the fake-GPU sampler beside it until the child exits."""
-    before = max((e["attempt"] for e in _events(run)), default=0)
+    before = max((e["attempt"] for e in events(run)), default=0)
     proc = subprocess.Popen([sys.executable, "-m", "supervisor", "--run-dir", str(run), *args], env=env(),
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    while not any(e["kind"] == "spawn" and e["attempt"] > before for e in _events(run)):
+    while not any(e["kind"] == "spawn" and e["attempt"] > before for e in events(run)):
         if proc.poll() is not None:
             raise SystemExit(f"supervise exited early: {proc.returncode}")
         await anyio.sleep(0.02)
-    attempt = max(e["attempt"] for e in _events(run))
+    attempt = max(e["attempt"] for e in events(run))
     t0 = time.monotonic()
 
     def child_gone() -> bool:
-        return proc.poll() is not None or any(e["kind"] == "child-exit" and e["attempt"] == attempt for e in _events(run))
+        return proc.poll() is not None or any(e["kind"] == "child-exit" and e["attempt"] == attempt for e in events(run))
 
     async with anyio.create_task_group() as tg:
         if gpus is not None:

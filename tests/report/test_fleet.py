@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.journal import read_journal
-from tests.conftest import run_supervise, start_supervise
+from tests.support.supervise import run_supervise, start_supervise
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"

@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 
 from supervisor.journal import read_journal
-from tests.conftest import HELPERS, ROOT, start_supervise, wait_for
+from tests.support.paths import HELPERS, ROOT
+from tests.support.supervise import start_supervise
+from tests.support.wait import wait_for
 
 TRAINER = [sys.executable, str(HELPERS / "trainer.py")]
 

@@ -30,10 +30,11 @@ from typing import Iterator
 
 import pytest
 
-from tests.support.runs import RunJournal
-from tests.test_notify import Server
+from tests.support.runs import RunJournal, first_publish_after
+from tests.support.slurm import ACTIVE, SLURM_POLL, Slurm
+from tests.support.wait import wait_for
+from tests.support.webhook import Server
 from supervisor.launchers import catches
-from tests.slurm.conftest import ACTIVE, Slurm
 
 pytestmark = pytest.mark.slurm
 
@@ -96,13 +97,13 @@ class Job(RunJournal):
                 if all(e.get(k) == v for k, v in match.items()):
                     return e
             return None
-        return self.slurm.wait_for(found, timeout, lambda: f"a {kind} event {match} in {self.run}\n{self.tail()}")
+        return wait_for(found, timeout, lambda: f"a {kind} event {match} in {self.run}\n{self.tail()}", interval=SLURM_POLL)
 
     def wait_running_trainer(self, timeout: float = 90) -> int:
         """Until the training runs and catches USR1 (supervisor.training's handler): its pid."""
         spawn = self.wait_event("spawn", timeout)
-        self.slurm.wait_for(lambda: catches(spawn["pid"], signal.SIGUSR1), 30,
-                            lambda: f"the trainer's USR1 handler (pid {spawn['pid']})\n{self.tail()}")
+        wait_for(lambda: catches(spawn["pid"], signal.SIGUSR1), 30,
+                 lambda: f"the trainer's USR1 handler (pid {spawn['pid']})\n{self.tail()}", interval=SLURM_POLL)
         return spawn["pid"]
 
     def finish(self, timeout: float = 180) -> str:
@@ -112,8 +113,9 @@ class Job(RunJournal):
         def final() -> str | None:
             state = self.slurm.show(self.jobid).get("JobState")
             return state if state and state not in ACTIVE else None
-        self.final_state = self.slurm.wait_for(
-            final, timeout, lambda: f"job {self.jobid} still {self.slurm.show(self.jobid).get('JobState')}\n{self.tail()}")
+        self.final_state = wait_for(
+            final, timeout, lambda: f"job {self.jobid} still {self.slurm.show(self.jobid).get('JobState')}\n{self.tail()}",
+            interval=SLURM_POLL)
         return self.final_state
 
 
@@ -185,11 +187,6 @@ def complete_checkpoints(persist: Path) -> list[int]:
     return steps
 
 
-def first_publish_after(job: Job, t: float, attempt: int | None = None) -> dict | None:
-    pubs = [e for e in job.events("publish", attempt) if not e.get("pointer") and e["t"] >= t]
-    return min(pubs, key=lambda e: e["t"]) if pubs else None
-
-
 def record(case: str, **figures: object) -> None:
     """Print one case's figures; append them to $SUPERVISE_SLURM_BENCH when set."""
     row = {"case": case, **{k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}}
@@ -251,10 +248,10 @@ def scancel_job(slurm: Slurm, tmp_path_factory: pytest.TempPathFactory) -> Job:
     for n in (1, 2):
         job.marks[f"usr1_{n}"] = time.time()
         slurm.cancel(job.jobid, "--signal=USR1", "--batch")
-        request = slurm.wait_for(lambda: len(job.events("checkpoint-request")) >= n and job.events("checkpoint-request")[n - 1],
-                                 30, lambda: f"checkpoint request {n}\n{job.tail()}")
-        slurm.wait_for(lambda: first_publish_after(job, request["t"]), 30,
-                       lambda: f"the requested checkpoint {n} on persistent storage\n{job.tail()}")
+        request = wait_for(lambda: len(job.events("checkpoint-request")) >= n and job.events("checkpoint-request")[n - 1],
+                           30, lambda: f"checkpoint request {n}\n{job.tail()}", interval=SLURM_POLL)
+        wait_for(lambda: first_publish_after(job, request["t"]), 30,
+                 lambda: f"the requested checkpoint {n} on persistent storage\n{job.tail()}", interval=SLURM_POLL)
         job.marks[f"state_after_usr1_{n}"] = slurm.state(job.jobid)  # type: ignore[assignment]
     job.marks["stops_after_usr1"] = len(job.events("stop"))
     job.marks["cancel"] = time.time()
@@ -314,8 +311,8 @@ def stubborn_job(slurm: Slurm, d: Path, *supervise: str) -> Job:
     job = submit(slurm, d, "stubborn", supervise=["--warn-before", "1m", "--grace", "2s", *supervise],
                  sbatch=["--time=10"], command=[PY, str(RECORDER), str(d / "signals.log"), "--on-term", "ignore"])
     job.wait_event("spawn")
-    slurm.wait_for(lambda: "ready" in (d / "signals.log").read_text() if (d / "signals.log").exists() else False,
-                   30, "the recorder's handlers")
+    wait_for(lambda: "ready" in (d / "signals.log").read_text() if (d / "signals.log").exists() else False,
+             30, "the recorder's handlers", interval=SLURM_POLL)
     job.marks["cancel"] = time.time()
     slurm.cancel(job.jobid)
     job.finish(timeout=120)
@@ -366,8 +363,7 @@ def hooks() -> Iterator[Server]:
     """A webhook on 127.0.0.1 for the jobs (they run on this machine)."""
     server = Server()
     yield server
-    server.httpd.shutdown()
-    server.httpd.server_close()
+    server.close()
 
 
 @pytest.fixture(scope="module")

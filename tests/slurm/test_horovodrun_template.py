@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.horovod.conftest import HOROVODRUN, built_controllers
-from tests.slurm.conftest import ACTIVE, Slurm, journal_events, model_digest
-from tests.slurm.test_templates import local_copy
+from tests.support import journal
+from tests.support.horovod import HOROVODRUN, built_controllers
+from tests.support.slurm import ACTIVE, SLURM_POLL, Slurm, local_copy, model_digest
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -70,19 +71,19 @@ def test_horovodrun_template_preempted_requeued_and_resumed(slurm: Slurm, horovo
         return out.read_text()[-4000:] if out.exists() else "(no output yet)"
 
     ckpt = persistent / "checkpoints"
-    slurm.wait_for(lambda: (ckpt / "step_10" / ".metadata").exists() or slurm.state(job) not in ("PENDING", "RUNNING"),
-                   240, lambda: f"no step_10 on the persistent side; job {slurm.state(job)}\n{output()}")
+    wait_for(lambda: (ckpt / "step_10" / ".metadata").exists() or slurm.state(job) not in ("PENDING", "RUNNING"),
+             240, lambda: f"no step_10 on the persistent side; job {slurm.state(job)}\n{output()}", interval=SLURM_POLL)
     assert slurm.state(job) == "RUNNING", output()
     slurm.cancel(job, "--signal=TERM", "--batch")       # what a site's preemption does to the batch shell
-    slurm.wait_for(lambda: slurm.show(job).get("Restarts") == "1" and slurm.state(job) == "PENDING", 120,
-                   lambda: f"job {job} not requeued: {slurm.state(job)}\n{output()}")
+    wait_for(lambda: slurm.show(job).get("Restarts") == "1" and slurm.state(job) == "PENDING", 120,
+             lambda: f"job {job} not requeued: {slurm.state(job)}\n{output()}", interval=SLURM_POLL)
     slurm.release(job)
     reference = uninterrupted_digest(tmp_path)             # while the cluster starts attempt 2
-    state = slurm.wait_for(lambda: (s := slurm.show(job).get("JobState")) not in ACTIVE and s, 240,
-                           lambda: f"job {job} still {slurm.show(job).get('JobState')}\n{output()}")
+    state = wait_for(lambda: (s := slurm.show(job).get("JobState")) not in ACTIVE and s, 240,
+                     lambda: f"job {job} still {slurm.show(job).get('JobState')}\n{output()}", interval=SLURM_POLL)
     assert state == "COMPLETED", f"{state}\n{output()}"
 
-    ev = journal_events(persistent / f"supervise-{job}")
+    ev = journal.events(persistent / f"supervise-{job}")
     starts = [e for e in ev if e["kind"] == "start"]
     assert [e["launcher"] for e in starts] == ["horovodrun", "horovodrun"], starts  # no --gloo/--mpi: cautious
     stops = [(e["attempt"], e["reason"]) for e in ev if e["kind"] == "stop"]

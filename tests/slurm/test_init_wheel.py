@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.init._wheel import ROOT, build_wheel, fresh_venv
-from tests.slurm.conftest import Slurm, journal_events
+from tests.support import journal
+from tests.support.paths import ROOT
+from tests.support.slurm import Slurm
+from tests.support.wheel import build_wheel, fresh_venv
 
 pytestmark = pytest.mark.slurm
 STEPS = 30
@@ -51,7 +53,7 @@ def test_init_from_the_wheel_runs_under_slurm(slurm: Slurm, tmp_path: Path) -> N
     ckpt = tmp_path / "persistent" / "checkpoints"
     assert (ckpt / "latest").read_text() == f"step_{STEPS}"
     assert (ckpt / f"step_{STEPS}" / ".metadata").is_file()
-    ev = journal_events(tmp_path / "persistent" / f"supervise-{job}")
+    ev = journal.events(tmp_path / "persistent" / f"supervise-{job}")
     start = next(e for e in ev if e["kind"] == "start")
     assert start["launcher"] == "torchrun", start
     assert [(e["reason"], e["exit_status"]) for e in ev if e["kind"] == "end"] == [("child-exit", 0)]

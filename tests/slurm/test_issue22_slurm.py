@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
-from tests.slurm.conftest import ACTIVE, Slurm, journal_events
+from tests.support import journal
+from tests.support.paths import ROOT
+from tests.support.slurm import ACTIVE, SLURM_POLL, Slurm
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -40,8 +42,8 @@ def _env() -> dict[str, str]:
 
 
 def _finished(slurm: Slurm, job: str, timeout: float = 120) -> str:
-    return slurm.wait_for(lambda: (s := slurm.show(job).get("JobState")) not in ACTIVE and s, timeout,
-                          lambda: f"job {job} still {slurm.show(job).get('JobState')}")
+    return wait_for(lambda: (s := slurm.show(job).get("JobState")) not in ACTIVE and s, timeout,
+                    lambda: f"job {job} still {slurm.show(job).get('JobState')}", interval=SLURM_POLL)
 
 
 def _srun_job(slurm: Slurm, tmp: Path, *supervise_args: str) -> tuple[str, Path, Path]:
@@ -51,12 +53,12 @@ def _srun_job(slurm: Slurm, tmp: Path, *supervise_args: str) -> tuple[str, Path,
               f"exec {sys.executable} -m supervisor --run-dir {run} --gpu-every 0 --grace 8s {' '.join(supervise_args)} "
               f"-- srun --ntasks=1 {sys.executable} {task} {log}\n")
     job = slurm.submit(script, "--ntasks=1", cwd=tmp, env=_env())
-    slurm.wait_for(lambda: log.exists() and "start" in log.read_text(), 120, "the srun task to start")
+    wait_for(lambda: log.exists() and "start" in log.read_text(), 120, "the srun task to start", interval=SLURM_POLL)
     return job, log, run
 
 
 def _stop_child(run: Path) -> dict:
-    return next(e for e in journal_events(run) if e["kind"] == "stop-step" and e["step"] == "stop-child")
+    return next(e for e in journal.events(run) if e["kind"] == "stop-step" and e["step"] == "stop-child")
 
 
 def test_srun_tasks_get_the_stop_term_through_slurm(slurm: Slurm, tmp_path: Path) -> None:
@@ -105,11 +107,11 @@ def test_a_scancel_is_labelled_cancelled_in_the_stop_table(slurm: Slurm, tmp_pat
     job = slurm.submit(script, "--ntasks=1", cwd=tmp_path, env=_env())
     # Cancelled once supervise has read the job's end: a scancel while that query is in flight
     # moves EndTime to the cancel time, which reads as a time limit reached (ci29b: `deadline`).
-    slurm.wait_for(lambda: (run / "events.jsonl").exists() and
-                   {"spawn", "deadline"} <= {e["kind"] for e in journal_events(run)}, 120, "the training to start")
+    wait_for(lambda: (run / "events.jsonl").exists() and
+             {"spawn", "deadline"} <= {e["kind"] for e in journal.events(run)}, 120, "the training to start", interval=SLURM_POLL)
     slurm.cancel(job)
-    slurm.wait_for(lambda: any(e["kind"] == "end" for e in journal_events(run)), 60, "the end event")
-    ends = [e for e in journal_events(run) if e["kind"] == "end"]
+    wait_for(lambda: any(e["kind"] == "end" for e in journal.events(run)), 60, "the end event", interval=SLURM_POLL)
+    ends = [e for e in journal.events(run) if e["kind"] == "end"]
     assert [e["reason"] for e in ends] == ["cancelled"], (ends, (tmp_path / f"job-{job}.out").read_text()[-3000:])
     r = subprocess.run([sys.executable, "-m", "supervisor", "report", str(run)], capture_output=True, text=True,
                        timeout=60, env={**_env(), "NO_COLOR": "1"})
@@ -153,7 +155,7 @@ def test_a_two_minute_job_gets_its_warning_in_time(slurm: Slurm, tmp_path: Path)
                        cwd=tmp_path, env=_env())
     _finished(slurm, job, timeout=400)
     run = tmp_path / "persistent" / f"supervise-{job}"
-    events = journal_events(run)
+    events = journal.events(run)
     end_time = slurm.show(job).get("EndTime")
     usr2 = [e for e in events if e["kind"] == "signal" and e["signal"] == "SIGUSR2"]
     start = next(e for e in events if e["kind"] == "start")

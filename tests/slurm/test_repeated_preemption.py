@@ -55,7 +55,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.conftest import ACTIVE, Slurm, journal_events, model_digest
+from tests.support import journal
+from tests.support.slurm import ACTIVE, SLURM_POLL, Slurm, model_digest
+from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.torch]
 
@@ -108,8 +110,8 @@ def output(tmp: Path, job: str) -> str:
 
 def final_state(slurm: Slurm, job: str, timeout: float) -> str:
     """Poll scontrol only: ``sacct -c`` also has rows of the earlier, requeued attempts."""
-    return slurm.wait_for(lambda: (s := slurm.show(job).get("JobState")) not in ACTIVE and s, timeout,
-                          lambda: f"job {job} still {slurm.show(job).get('JobState')}")
+    return wait_for(lambda: (s := slurm.show(job).get("JobState")) not in ACTIVE and s, timeout,
+                    lambda: f"job {job} still {slurm.show(job).get('JobState')}", interval=SLURM_POLL)
 
 
 def steps_logged(local: Path) -> list[int]:
@@ -215,26 +217,26 @@ class Preempted:
                                      env=job_env(self.tmp, STEP_SLEEP=STEP_SLEEP))
         for a, kind in enumerate(self.kinds):
             # This attempt's training is running: it logged a step.
-            first = self.slurm.wait_for(lambda: steps_logged(self.local(a))[:1], 180,
-                                        lambda: self.why(f"attempt {a + 1} logged no step"))[0]
+            first = wait_for(lambda: steps_logged(self.local(a))[:1], 180,
+                             lambda: self.why(f"attempt {a + 1} logged no step"), interval=SLURM_POLL)[0]
             if kind == "deadline":
                 def stopped() -> bool:
-                    return any(e["kind"] == "stop" and e["attempt"] == a + 1 for e in journal_events(self.run_dir))
-                self.slurm.wait_for(lambda: stopped() or max(steps_logged(self.local(a))) >= STEPS, 120,
-                                    lambda: self.why(f"no stop in attempt {a + 1} "
-                                                     f"(--time-limit {self.time_limits[a]}s)"))
+                    return any(e["kind"] == "stop" and e["attempt"] == a + 1 for e in journal.events(self.run_dir))
+                wait_for(lambda: stopped() or max(steps_logged(self.local(a))) >= STEPS, 120,
+                         lambda: self.why(f"no stop in attempt {a + 1} "
+                                          f"(--time-limit {self.time_limits[a]}s)"), interval=SLURM_POLL)
                 self.stopped_at[a] = max(steps_logged(self.local(a)))
                 assert stopped() and self.stopped_at[a] < STEPS, self.why("the training ended before its time limit")
             else:
                 target = first - 1 + self.offsets[a]
-                self.slurm.wait_for(lambda: max(steps_logged(self.local(a)), default=0) >= target, 120,
-                                    lambda: self.why(f"attempt {a + 1} never reached step {target}"))
+                wait_for(lambda: max(steps_logged(self.local(a)), default=0) >= target, 120,
+                         lambda: self.why(f"attempt {a + 1} never reached step {target}"), interval=SLURM_POLL)
                 self.stopped_at[a] = max(steps_logged(self.local(a)))
                 assert self.stopped_at[a] < STEPS, self.why("the training ended before its stop")
                 self.slurm.run("scontrol", "requeue", self.job)
-            self.slurm.wait_for(lambda: self.slurm.show(self.job).get("Restarts") == str(a + 1)
-                                and self.slurm.state(self.job) == "PENDING", 120,
-                                lambda: self.why(f"not requeued after the {kind} stop of attempt {a + 1}"))
+            wait_for(lambda: self.slurm.show(self.job).get("Restarts") == str(a + 1)
+                     and self.slurm.state(self.job) == "PENDING", 120,
+                     lambda: self.why(f"not requeued after the {kind} stop of attempt {a + 1}"), interval=SLURM_POLL)
             self.slurm.release(self.job)  # after the requeue's second (see Slurm.release)
         state = final_state(self.slurm, self.job, 300)
         self.seconds = time.monotonic() - t0
@@ -266,7 +268,7 @@ def test_every_persistent_checkpoint_is_complete(preempted: Preempted) -> None:
 
 
 def test_journal_four_attempts_three_stops_three_restores(preempted: Preempted) -> None:
-    ev = journal_events(preempted.run_dir)
+    ev = journal.events(preempted.run_dir)
     why = preempted.why
     starts = [e for e in ev if e["kind"] == "start"]
     assert [e["attempt"] for e in starts] == [1, 2, 3, 4], why(f"starts {[e['attempt'] for e in starts]}")
@@ -324,7 +326,7 @@ def test_goodput_agrees_with_the_training_step_log(preempted: Preempted) -> None
         kept_to = logs[a + 1][0][0] - 1 if a + 1 < len(logs) else log[-1][0]
         kept = [t for s, t in log if s <= kept_to]
         productive += kept[-1] - (log[0][1] - step_s)
-    ev = journal_events(preempted.run_dir)
+    ev = journal.events(preempted.run_dir)
     starts = {e["attempt"]: e["t"] for e in ev if e["kind"] == "start"}
     ends = {e["attempt"]: e["t"] for e in ev if e["kind"] == "end"}
     wall = max(e["t"] for e in ev if e["kind"] == "end") - min(starts.values())

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.journal import read_journal
-from tests.examples._util import TRAIN, digest_of, train
-from tests.slurm.conftest import ACTIVE, Slurm
+from tests.support.ddp_example import TRAIN, digest_of, train
+from tests.support.slurm import ACTIVE, Slurm
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.torch,
               pytest.mark.skipif(not os.environ.get("SUPERVISE_LONG"), reason="the long set: SUPERVISE_LONG=1")]

@@ -11,7 +11,7 @@ import pytest
 
 from supervisor.sched import Job
 from supervisor.sched.slurm import parse_slurm_time
-from tests.slurm.conftest import Slurm
+from tests.support.slurm import Slurm
 
 pytestmark = pytest.mark.slurm
 JOBINFO = Path(__file__).with_name("jobinfo.py")

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.conftest import Slurm
+from tests.support.slurm import SLURM_POLL, Slurm
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.slurm
 SIGLOG = Path(__file__).with_name("siglog.py")
@@ -69,7 +70,7 @@ def job_script(log: Path, *flags: str, sbatch: tuple[str, ...] = ()) -> str:
 
 
 def wait_started(slurm: Slurm, run: Run, n: int = 2, timeout: float = 90) -> None:
-    slurm.wait_for(lambda: len(run.starts()) >= n, timeout, lambda: f"{n} starts in {run.log}")
+    wait_for(lambda: len(run.starts()) >= n, timeout, lambda: f"{n} starts in {run.log}", interval=SLURM_POLL)
 
 
 # ------------------------------------------------------------------------- scancel scenario
@@ -95,24 +96,24 @@ def scancel_run(slurm: Slurm, tmp_path_factory: pytest.TempPathFactory) -> Scanc
     jobid = slurm.submit(job_script(run.log, "--child"), "-o", str(d / "out.txt"))
     wait_started(slurm, run)
     slurm.cancel(jobid, "--signal=USR1", "--batch")
-    slurm.wait_for(lambda: run.has("batch", "SIGUSR1"), 30, "USR1 at the batch process")
+    wait_for(lambda: run.has("batch", "SIGUSR1"), 30, "USR1 at the batch process", interval=SLURM_POLL)
     slurm.cancel(jobid, "--signal=TERM", "--batch")
-    slurm.wait_for(lambda: run.has("batch", "SIGTERM"), 30, "TERM at the batch process")
+    wait_for(lambda: run.has("batch", "SIGTERM"), 30, "TERM at the batch process", interval=SLURM_POLL)
     slurm.cancel(jobid, "--signal=USR2")
     # Slurm handles one job's signal requests in order: once HUP (sent after USR2) arrived,
     # USR2 has had its chance.
     slurm.cancel(jobid, "--signal=HUP", "--batch")
-    slurm.wait_for(lambda: run.has("batch", "SIGHUP"), 30, "HUP at the batch process")
+    wait_for(lambda: run.has("batch", "SIGHUP"), 30, "HUP at the batch process", interval=SLURM_POLL)
     state = slurm.state(jobid)
     full_sent = time.time()
     slurm.cancel(jobid, "--signal=ALRM", "--full")
-    slurm.wait_for(lambda: run.has("batch", "SIGALRM"), 30, "ALRM at the batch process")
+    wait_for(lambda: run.has("batch", "SIGALRM"), 30, "ALRM at the batch process", interval=SLURM_POLL)
     slurm.cancel(jobid, "--signal=QUIT", "--batch")  # a fence after --full, as HUP above
-    slurm.wait_for(lambda: run.has("batch", "SIGQUIT"), 30, "QUIT at the batch process")
+    wait_for(lambda: run.has("batch", "SIGQUIT"), 30, "QUIT at the batch process", interval=SLURM_POLL)
     sent = time.time()
     slurm.cancel(jobid)
     final = slurm.wait_gone(jobid, timeout=120)
-    slurm.wait_for(lambda: (d / "out.txt").exists(), 10, "job output")
+    wait_for(lambda: (d / "out.txt").exists(), 10, "job output", interval=SLURM_POLL)
     return Scancel(run, jobid, state, full_sent, sent, final, (d / "out.txt").read_text())
 
 
@@ -163,7 +164,7 @@ def requeue_run(slurm: Slurm, tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = d / "out.txt"
     jobid = slurm.submit(job_script(run.log, "--child", "--requeue-self", "--exit-after-start"),
                          "--requeue", "--open-mode=append", "-o", str(out), "--time=10")
-    slurm.wait_for(lambda: any(ln.what == "requeue" for ln in run.lines()), 90, "the self-requeue")
+    wait_for(lambda: any(ln.what == "requeue" for ln in run.lines()), 90, "the self-requeue", interval=SLURM_POLL)
     pending = slurm.wait_state(jobid, "PENDING", timeout=60)
     info = slurm.show(jobid)
     import time
@@ -248,7 +249,7 @@ def test_slurm_leaves_a_detached_child_running_when_the_batch_process_exits(slur
     try:
         # Alive well after the job ended: its heartbeat keeps moving.
         first = run.last_alive("child")
-        slurm.wait_for(lambda: run.last_alive("child") > first + 0.5, 10, "the orphan's heartbeat")
+        wait_for(lambda: run.last_alive("child") > first + 0.5, 10, "the orphan's heartbeat", interval=SLURM_POLL)
     finally:
         try:
             os.kill(pid, signal.SIGKILL)

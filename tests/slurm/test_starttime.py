@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.conftest import Slurm
+from tests.support.slurm import SLURM_POLL, Slurm
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -22,7 +23,8 @@ def test_starttime_now_after_the_requeues_second_restarts_the_job(slurm: Slurm, 
               "if [ -z \"$SLURM_RESTART_COUNT\" ]; then exec sleep 300; fi\n")
     jobid = slurm.submit(script, "--requeue", "--open-mode=append", "-o", str(out))
     slurm.wait_state(jobid, "RUNNING", timeout=60)
-    slurm.wait_for(lambda: "attempt 0" in (out.read_text() if out.exists() else ""), 60, "the first attempt's line")
+    wait_for(lambda: "attempt 0" in (out.read_text() if out.exists() else ""), 60, "the first attempt's line",
+             interval=SLURM_POLL)
     slurm.run("scontrol", "requeue", jobid)
     requeued = time.time()
     slurm.wait_state(jobid, "PENDING", timeout=60)

@@ -18,16 +18,15 @@ import pytest
 
 from supervisor import suspects
 from supervisor.journal import read_journal
-from tests.conftest import run_supervise
+from tests.support.journal import events
+from tests.support.slurm import SLURM_POLL
+from tests.support.supervise import run_supervise
+from tests.support.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_NVML = REPO / "tests" / "chaos" / "_fakenvml"
 XID_79 = json.dumps({"gpus": [{"xids": [[0.5, 79]]}]})
 NODE = os.uname().nodename.split(".")[0]  # this_node() outside Slurm
-
-
-def _events(run: Path, kind: str = "suspect-nodes") -> list[dict]:
-    return [e for e in read_journal(run).events if e.get("kind") == kind]
 
 
 def _quick(tmp_path: Path, name: str, *flags: str) -> tuple[Path, str]:
@@ -46,13 +45,13 @@ def test_a_suspect_node_goes_on_the_list_and_the_next_run_reads_it_at_start(tmp_
                       sys.executable, str(REPO / "tests" / "helpers" / "trainer.py"), str(tmp_path / "local"),
                       env=env, timeout=90)
     assert r.returncode == 0, r.stderr[-3000:]
-    added = [e for e in _events(tmp_path / "a") if e["action"] == "added"]
-    assert added and added[0]["node"] == NODE and added[0]["why"] == "XID 79 on GPU 0", _events(tmp_path / "a")
+    added = [e for e in events(tmp_path / "a", "suspect-nodes") if e["action"] == "added"]
+    assert added and added[0]["node"] == NODE and added[0]["why"] == "XID 79 on GPU 0", events(tmp_path / "a", "suspect-nodes")
     entry = json.loads(listing.read_text().splitlines()[0])
     assert entry["node"] == NODE and entry["run_dir"] == str(tmp_path / "a")
 
     run, stderr = _quick(tmp_path, "b", "--suspect-nodes", str(listing))
-    read = _events(run)[0]
+    read = events(run, "suspect-nodes")[0]
     assert read["action"] == "read" and read["when"] == "start" and read["nodes"] == [NODE] and read["here"] is True
     assert f"this node, {NODE}, is on the shared suspect-node list" in stderr
 
@@ -63,10 +62,10 @@ def test_suspect_nodes_ttl_expires_an_entry_for_the_real_supervise(tmp_path: Pat
     listing.write_text(json.dumps({"node": "old-node", "t": now - 2 * 3600, "why": "XID 79"}) + "\n"
                        + json.dumps({"node": "fresh-node", "t": now - 60, "why": "hang"}) + "\n")
     run, _ = _quick(tmp_path, "run", "--suspect-nodes", str(listing), "--suspect-nodes-ttl", "1h")
-    read = _events(run)[0]
+    read = events(run, "suspect-nodes")[0]
     assert read["nodes"] == ["fresh-node"] and read["expired"] == 1, read
     run, _ = _quick(tmp_path, "default", "--suspect-nodes", str(listing))  # 24 h by default: both hold
-    assert _events(run)[0]["nodes"] == ["fresh-node", "old-node"]
+    assert events(run, "suspect-nodes")[0]["nodes"] == ["fresh-node", "old-node"]
 
 
 def test_a_hostile_list_is_ignored_with_a_warning_and_never_followed(tmp_path: Path) -> None:
@@ -77,26 +76,26 @@ def test_a_hostile_list_is_ignored_with_a_warning_and_never_followed(tmp_path: P
     link = tmp_path / "link.jsonl"
     link.symlink_to(target)
     run, stderr = _quick(tmp_path, "link", "--suspect-nodes", str(link))
-    assert "symbolic link" in (_events(run)[0]["ignored"] or "") and "list ignored" in stderr
+    assert "symbolic link" in (events(run, "suspect-nodes")[0]["ignored"] or "") and "list ignored" in stderr
     assert target.read_text() == ""
 
     wide = tmp_path / "wide.jsonl"
     wide.write_text(good + "\n")
     wide.chmod(0o666)
     run, _ = _quick(tmp_path, "wide", "--suspect-nodes", str(wide))
-    assert "writable by everyone" in _events(run)[0]["ignored"] and _events(run)[0]["nodes"] == []
+    assert "writable by everyone" in events(run, "suspect-nodes")[0]["ignored"] and events(run, "suspect-nodes")[0]["nodes"] == []
 
     binary = tmp_path / "binary.jsonl"
     binary.write_bytes(os.urandom(64) + b"\0")
     run, _ = _quick(tmp_path, "binary", "--suspect-nodes", str(binary))
-    assert "binary" in _events(run)[0]["ignored"]
+    assert "binary" in events(run, "suspect-nodes")[0]["ignored"]
 
     hostile = tmp_path / "hostile.jsonl"
     bad = [{"node": "n[1-999]", "t": now}, {"node": "a,b", "t": now}, {"node": "n8", "t": now + 86400},
            {"node": "n9", "t": float("nan")}, {"node": "-x", "t": now}, [1, 2], "{not json"]
     hostile.write_text("\n".join(json.dumps(b) if not isinstance(b, str) else b for b in bad) + "\n" + good + "\n")
     run, stderr = _quick(tmp_path, "hostile", "--suspect-nodes", str(hostile))
-    read = _events(run)[0]
+    read = events(run, "suspect-nodes")[0]
     assert read["nodes"] == ["n7"] and read["bad_lines"] == len(bad) and read["ignored"] is None, read
     assert "7 line(s) ignored" in stderr
 
@@ -112,8 +111,8 @@ def test_a_link_planted_as_the_list_is_never_written_through(tmp_path: Path) -> 
                       "--suspect-nodes", str(link), "--time-limit", "3s", "--warn-before", "1s", "--grace", "2s", "--",
                       sys.executable, "-c", "import time; time.sleep(30)", env=env, timeout=60)
     assert r.returncode == 143, r.stderr[-2000:]  # the sleep died of the stop's TERM
-    failed = [e for e in _events(tmp_path / "run") if e["action"] == "add-failed"]
-    assert failed and "symbolic link" in failed[0]["error"], _events(tmp_path / "run")
+    failed = [e for e in events(tmp_path / "run", "suspect-nodes") if e["action"] == "add-failed"]
+    assert failed and "symbolic link" in failed[0]["error"], events(tmp_path / "run", "suspect-nodes")
     assert target.read_text() == "keep\n"
 
 
@@ -169,7 +168,8 @@ def test_the_list_written_by_one_job_excludes_the_node_in_another_jobs_requeue(s
     listing = tmp_path / "shared" / "suspect-nodes.jsonl"
     a = slurm.submit(_job(tmp_path, "a", listing, f"CHAOS_FAKE_NVML='{XID_79}'"))
     try:
-        step = slurm.wait_for(lambda: _requeue_step(tmp_path / "a"), 120, lambda: (tmp_path / "a.txt").read_text()[-3000:])
+        step = wait_for(lambda: _requeue_step(tmp_path / "a"), 120, lambda: (tmp_path / "a.txt").read_text()[-3000:],
+                        interval=SLURM_POLL)
         node = step["excluded"][0]
         assert step["requeued"] is True and step["suspect"] == ["XID 79 on GPU 0"], step
     finally:
@@ -178,11 +178,12 @@ def test_the_list_written_by_one_job_excludes_the_node_in_another_jobs_requeue(s
 
     b = slurm.submit(_job(tmp_path, "b", listing, "CHAOS_FAKE_NVML='{\"gpus\": [{}]}'"))
     try:
-        step = slurm.wait_for(lambda: _requeue_step(tmp_path / "b"), 120, lambda: (tmp_path / "b.txt").read_text()[-3000:])
+        step = wait_for(lambda: _requeue_step(tmp_path / "b"), 120, lambda: (tmp_path / "b.txt").read_text()[-3000:],
+                        interval=SLURM_POLL)
         assert step["requeued"] is True and step["suspect"] == [], step
         assert step["listed"] == [node] and step["excluded"] == [node], step
         assert slurm.show(b).get("ExcNodeList") == node
-        start = next(e for e in _events(tmp_path / "b") if e.get("when") == "start")
+        start = next(e for e in events(tmp_path / "b", "suspect-nodes") if e.get("when") == "start")
         assert start["nodes"] == [node] and start["here"] is True, start
         assert not any(e["kind"] == "gpu-xid" for e in read_journal(tmp_path / "b").events)
     finally:

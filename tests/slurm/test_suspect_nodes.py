@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.journal import read_journal
-from tests.slurm.conftest import Slurm
+from tests.support.slurm import SLURM_POLL, Slurm
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[2]
@@ -34,7 +35,7 @@ exec {sys.executable} -m supervisor --run-dir {tmp_path}/run --gpu-backend nvml 
     node = _node_of(slurm, jobid)
     requeue_step = partial(_requeue_step, tmp_path / "run")
 
-    step = slurm.wait_for(requeue_step, 90, lambda: (tmp_path / "out.txt").read_text())
+    step = wait_for(requeue_step, 90, lambda: (tmp_path / "out.txt").read_text(), interval=SLURM_POLL)
     try:
         assert step["requeued"] is True, step
         assert step["excluded"] == [node] and step["suspect"] == ["XID 79 on GPU 0"], step
@@ -68,7 +69,7 @@ exec {sys.executable} -m supervisor --run-dir {tmp_path}/run --gpu-every 0 --log
     requeue_step = partial(_requeue_step, tmp_path / "run")
 
     try:
-        step = slurm.wait_for(requeue_step, 240, lambda: (tmp_path / "out.txt").read_text()[-3000:])
+        step = wait_for(requeue_step, 240, lambda: (tmp_path / "out.txt").read_text()[-3000:], interval=SLURM_POLL)
         assert step["requeued"] is True and step["excluded"] == [node] and step["suspect"] == ["hang"], step
         assert slurm.show(jobid).get("ExcNodeList") == node
         events = read_journal(tmp_path / "run").events
@@ -81,8 +82,8 @@ exec {sys.executable} -m supervisor --run-dir {tmp_path}/run --gpu-every 0 --log
 
 def _node_of(slurm, jobid: str) -> str:
     """The node the job runs on, once it has one."""
-    return slurm.wait_for(lambda: slurm.show(jobid).get("NodeList") not in (None, "", "(null)")
-                          and slurm.show(jobid)["NodeList"], 60, "the job to get a node")
+    return wait_for(lambda: slurm.show(jobid).get("NodeList") not in (None, "", "(null)")
+                    and slurm.show(jobid)["NodeList"], 60, "the job to get a node", interval=SLURM_POLL)
 
 
 def _requeue_step(run: Path) -> dict | None:

@@ -14,22 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.conftest import ACTIVE, Slurm, journal_events, model_digest
+from tests.support import journal
+from tests.support.slurm import ACTIVE, SLURM_POLL, Slurm, local_copy, model_digest
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts"
-SITE_ONLY = re.compile(r"^#SBATCH --(gres|gpus-per-node|constraint|partition)\b")
 STEPS = 60
-
-
-def local_copy(name: str) -> str:
-    """The template's text without the lines naming hardware this cluster lacks."""
-    lines = (SCRIPTS / name).read_text().splitlines(keepends=True)
-    kept = [ln for ln in lines if not SITE_ONLY.match(ln)]
-    assert len(lines) - len(kept) <= 4
-    return "".join(kept)
 
 
 def job_env(tmp: Path, **extra: str) -> dict[str, str]:
@@ -58,10 +51,10 @@ def uninterrupted(slurm: Slurm, tmp_path_factory: pytest.TempPathFactory) -> str
     state = slurm.wait_gone(job, timeout=240)
     assert state == "COMPLETED", f"{state}\n{output(tmp, 'ddp-torchrun', job)[-4000:]}"
     final = finished_checkpoint(tmp)
-    ends = [e for e in journal_events(tmp / "persistent" / f"supervise-{job}") if e["kind"] == "end"]
+    ends = [e for e in journal.events(tmp / "persistent" / f"supervise-{job}") if e["kind"] == "end"]
     assert [(e["reason"], e["exit_status"]) for e in ends] == [("child-exit", 0)]
     out = output(tmp, "ddp-torchrun", job)
-    assert "scheduler" in out and "slurm" in json.dumps(journal_events(tmp / "persistent" / f"supervise-{job}")[0])
+    assert "scheduler" in out and "slurm" in json.dumps(journal.events(tmp / "persistent" / f"supervise-{job}")[0])
     return model_digest(final)
 
 
@@ -74,7 +67,7 @@ def test_srun_template_trains_the_same_weights(slurm: Slurm, uninterrupted: str,
                        cwd=tmp_path, env=job_env(tmp_path))
     state = slurm.wait_gone(job, timeout=240)
     assert state == "COMPLETED", f"{state}\n{output(tmp_path, 'ddp-srun', job)[-4000:]}"
-    start = journal_events(tmp_path / "persistent" / f"supervise-{job}")[0]
+    start = journal.events(tmp_path / "persistent" / f"supervise-{job}")[0]
     assert start["kind"] == "start" and start["launcher"] == "srun"
     assert model_digest(finished_checkpoint(tmp_path)) == uninterrupted
 
@@ -85,21 +78,22 @@ def test_torchrun_template_preempted_requeued_and_resumed(slurm: Slurm, uninterr
     job = slurm.submit(local_copy("slurm-torchrun.sbatch"), "--cpus-per-task=2", cwd=tmp_path,
                        env=job_env(tmp_path, STEP_SLEEP="0.1"))
     ckpt = tmp_path / "persistent" / "checkpoints"
-    slurm.wait_for(lambda: (ckpt / "step_20" / ".metadata").exists() or slurm.state(job) not in ("PENDING", "RUNNING"),
-                   240, lambda: f"no step_20 on the persistent side; job {slurm.state(job)}")
+    wait_for(lambda: (ckpt / "step_20" / ".metadata").exists() or slurm.state(job) not in ("PENDING", "RUNNING"),
+             240, lambda: f"no step_20 on the persistent side; job {slurm.state(job)}", interval=SLURM_POLL)
     assert slurm.state(job) == "RUNNING", output(tmp_path, "ddp-torchrun", job)[-4000:]
     slurm.cancel(job, "--signal=TERM", "--batch")
     # supervise requeues the job itself; it comes back PENDING (BeginTime), and we let it start.
-    slurm.wait_for(lambda: slurm.show(job).get("Restarts") == "1" and slurm.state(job) == "PENDING", 120,
-                   lambda: f"job {job} not requeued: {slurm.state(job)}\n{output(tmp_path, 'ddp-torchrun', job)[-3000:]}")
+    wait_for(lambda: slurm.show(job).get("Restarts") == "1" and slurm.state(job) == "PENDING", 120,
+             lambda: f"job {job} not requeued: {slurm.state(job)}\n{output(tmp_path, 'ddp-torchrun', job)[-3000:]}",
+             interval=SLURM_POLL)
     slurm.release(job)
     # Poll scontrol only: `sacct -c` holds attempt 1's own row, which is not the job's end.
-    state = slurm.wait_for(lambda: (s := slurm.show(job).get("JobState")) not in ACTIVE and s, 240,
-                           lambda: f"job {job} still {slurm.show(job).get('JobState')}")
+    state = wait_for(lambda: (s := slurm.show(job).get("JobState")) not in ACTIVE and s, 240,
+                     lambda: f"job {job} still {slurm.show(job).get('JobState')}", interval=SLURM_POLL)
     logs = "".join(f.read_text()[-3000:] for f in sorted((slurm.root / "log").glob("slurm*.log")))
     assert state == "COMPLETED", f"{state} {slurm.show(job)}\n{output(tmp_path, 'ddp-torchrun', job)[-3000:]}\n{logs}"
 
-    ev = journal_events(tmp_path / "persistent" / f"supervise-{job}")
+    ev = journal.events(tmp_path / "persistent" / f"supervise-{job}")
     stops = [(e["attempt"], e["reason"]) for e in ev if e["kind"] == "stop"]
     assert stops == [(1, "preempted"), (2, "child-exit")], stops
     steps1 = {e["step"]: e for e in ev if e["kind"] == "stop-step" and e["attempt"] == 1}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from supervisor.journal import read_journal
+from tests.support import journal
 
 
 class RunJournal:
@@ -19,10 +19,7 @@ class RunJournal:
         raise NotImplementedError
 
     def events(self, kind: str | None = None, attempt: int | None = None) -> list[dict]:
-        if not (self.run / "events.jsonl").exists():
-            return []
-        return [e for e in read_journal(self.run).events
-                if (kind is None or e["kind"] == kind) and (attempt is None or e.get("attempt") == attempt)]
+        return [e for e in journal.events(self.run, kind) if attempt is None or e.get("attempt") == attempt]
 
     def one(self, kind: str, attempt: int | None = None, **match: object) -> dict:
         """The one event of ``kind`` (in ``attempt``) whose fields match; fails if not exactly one."""
@@ -32,3 +29,9 @@ class RunJournal:
 
     def step(self, name: str, attempt: int | None = None) -> dict:
         return self.one("stop-step", attempt, step=name)
+
+
+def first_publish_after(job: RunJournal, t: float, attempt: int | None = None) -> dict | None:
+    """The first checkpoint (not a pointer) the run published at or after ``t``, or None."""
+    pubs = [e for e in job.events("publish", attempt) if not e.get("pointer") and e["t"] >= t]
+    return min(pubs, key=lambda e: e["t"]) if pubs else None

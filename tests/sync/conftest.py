@@ -9,6 +9,8 @@ from typing import Any, Iterator
 
 import pytest
 
+from tests.support.emit import Events
+
 BACKENDS = ["rsync", "python"]
 
 
@@ -17,18 +19,6 @@ def backend(request: pytest.FixtureRequest) -> str:
     if request.param == "rsync" and shutil.which("rsync") is None:
         pytest.skip("rsync is not on PATH (apt-get install rsync); the python backend still runs")
     return request.param
-
-
-class Events(list):
-    """An Emit that keeps what it is given."""
-
-    def __call__(self, kind: str, /, *, durable: bool = False, **fields: Any) -> dict[str, Any]:
-        ev = {"kind": kind, **fields}
-        self.append(ev)
-        return ev
-
-    def of(self, kind: str) -> list[dict[str, Any]]:
-        return [e for e in self if e["kind"] == kind]
 
 
 @pytest.fixture

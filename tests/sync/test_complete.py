@@ -8,8 +8,7 @@ from pathlib import Path
 
 from supervisor.sync._complete import Context, classify, natural_key, newest_complete
 from supervisor.sync._writers import open_for_write
-
-from ._util import write_checkpoint
+from tests.support.checkpoints import write_checkpoint
 
 
 def judge(root: Path, **kw):

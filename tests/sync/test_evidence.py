@@ -17,12 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.journal import read_journal
-from tests.conftest import run_supervise, start_supervise, wait_for
-
-
-def events(run: Path, kind: str) -> list[dict]:
-    return [e for e in read_journal(run).events if e.get("kind") == kind]
+from tests.support.journal import events
+from tests.support.supervise import run_supervise, start_supervise
+from tests.support.wait import wait_for
 
 
 def zip_bytes(tag: str, size: int = 20000) -> bytes:

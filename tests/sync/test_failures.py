@@ -18,8 +18,10 @@ import pytest
 
 from supervisor.config import SyncPair
 from supervisor.sync import Mirror
+from tests.support.checkpoints import problems, write_checkpoint
+from tests.support.wait import wait_for_async
 
-from ._util import many_files, poll, problems, running, visible, write_checkpoint
+from ._util import many_files, running, visible
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,14 +47,14 @@ async def test_read_only_destination_is_retried_and_recovers(tmp_path, backend, 
                         retry_base=0.2, retry_cap=0.8)
         async with running(mirror):
             write_checkpoint(src, "step_001", style="dcp", shards=2, size=100_000)
-            await poll(lambda: len(events.of("sync-failed")) >= 3, 20, what="three failed attempts")
+            await wait_for_async(lambda: len(events.of("sync-failed")) >= 3, 20, what="three failed attempts")
             fails = events.of("sync-failed")
             assert {f["errno"] for f in fails} == {"EROFS"}
             assert [f["retry_in"] for f in fails[:3]] == [0.2, 0.4, 0.8]  # capped exponential backoff
             assert any("step_001 (complete, not yet on persistent storage)" in p for p in mirror.pending())
             assert train.poll() is None, "the training must keep running"
             tmpfs.remount(mnt, "rw")
-            await poll(lambda: mirror.published >= 1, 20, what="publish after the destination came back")
+            await wait_for_async(lambda: mirror.published >= 1, 20, what="publish after the destination came back")
         assert events.of("sync-recovered")
         assert problems(dst, style="dcp", shards=2, size=100_000) == []
         assert visible(dst) == ["step_001"]
@@ -71,13 +73,13 @@ async def test_full_destination_is_retried_and_recovers(tmp_path, backend, event
     src.mkdir()
     async with running(mirror):
         write_checkpoint(src, "step_001", style="dcp", shards=3, size=2 << 20)  # 6 MB into 4 MB
-        await poll(lambda: len(events.of("sync-failed")) >= 2, 30, what="two failed attempts")
+        await wait_for_async(lambda: len(events.of("sync-failed")) >= 2, 30, what="two failed attempts")
         assert {f["errno"] for f in events.of("sync-failed")} == {"ENOSPC"}
         assert visible(dst) == []  # nothing torn became visible
-        await poll(lambda: not any(n.startswith(".supervise-staging") for n in os.listdir(dst)), 10,
-                   what="failed staging removed, its space given back")
+        await wait_for_async(lambda: not any(n.startswith(".supervise-staging") for n in os.listdir(dst)), 10,
+                             what="failed staging removed, its space given back")
         tmpfs.remount(mnt, "size=32m")
-        await poll(lambda: mirror.published >= 1, 30, what="publish once there is room")
+        await wait_for_async(lambda: mirror.published >= 1, 30, what="publish once there is room")
     assert problems(dst, style="dcp", shards=3, size=2 << 20) == []
     assert events.of("sync-recovered")
 
@@ -115,8 +117,8 @@ def test_sigkill_mid_transfer_leaves_only_complete_checkpoints(tmp_path, backend
     async def next_run() -> None:
         mirror = Mirror([SyncPair("c", "checkpoint", src, dst)], emit=events, sync_every=3600, backend=backend)
         async with running(mirror):
-            await poll(lambda: visible(dst) == ["step_001", "step_002", "step_003"], 60, what="all published")
-            await poll(lambda: not [n for n in os.listdir(dst) if n.startswith(".")], 10, what="staging cleaned")
+            await wait_for_async(lambda: visible(dst) == ["step_001", "step_002", "step_003"], 60, what="all published")
+            await wait_for_async(lambda: not [n for n in os.listdir(dst) if n.startswith(".")], 10, what="staging cleaned")
 
     anyio.run(next_run)
     assert events.of("sync-cleanup")
@@ -136,7 +138,7 @@ async def test_checkpoint_rotated_away_during_copy_is_not_a_failure(tmp_path, ba
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(flush)
-        await poll(lambda: (dst / ".supervise-staging-step_001").exists(), 10, 0.001, "copy under way")
+        await wait_for_async(lambda: (dst / ".supervise-staging-step_001").exists(), 10, "copy under way", interval=0.001)
         await anyio.to_thread.run_sync(shutil.rmtree, d)
     assert not events.of("sync-failed"), events.of("sync-failed")
     assert result["pairs"]["c"]["ok"]
@@ -156,7 +158,7 @@ async def test_rotated_log_files_are_not_a_failure(tmp_path, backend, events):
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(flush)
-        await poll(lambda: dst.exists() and len(os.listdir(dst)) > 10, 10, 0.001, "copy under way")
+        await wait_for_async(lambda: dst.exists() and len(os.listdir(dst)) > 10, 10, "copy under way", interval=0.001)
         for i in range(1500, 3000):
             (src / f"f{i:05d}").unlink()
     assert not events.of("sync-failed"), events.of("sync-failed")
@@ -172,7 +174,7 @@ async def test_flush_cut_short_leaves_the_destination_consistent(tmp_path, backe
     mirror = Mirror([SyncPair("c", "checkpoint", src, dst)], emit=events, backend=backend)
     async with anyio.create_task_group() as tg:
         tg.start_soon(mirror.flush, "deadline")
-        await poll(lambda: (dst / ".supervise-staging-step_001").exists(), 10, 0.001, "copy under way")
+        await wait_for_async(lambda: (dst / ".supervise-staging-step_001").exists(), 10, "copy under way", interval=0.001)
         tg.cancel_scope.cancel()
     assert visible(dst) == []
     assert any("step_001" in p for p in mirror.pending())
@@ -216,7 +218,7 @@ async def test_copy_cut_short_in_staging_is_redone(tmp_path, backend, events):
     mirror = Mirror([SyncPair("c", "checkpoint", src, dst)], emit=events, backend=backend, nice=0, ionice="none")
     async with anyio.create_task_group() as tg:
         tg.start_soon(mirror.flush, "deadline")
-        await poll(partial, 30, 0.0005, "model.bin half-written at its own name in staging")
+        await wait_for_async(partial, 30, "model.bin half-written at its own name in staging", interval=0.0005)
         tg.cancel_scope.cancel()
     assert visible(dst) == [] and 0 < shard.stat().st_size < size
     result = await mirror.flush("again")
@@ -274,7 +276,7 @@ async def test_a_stop_waiting_for_its_checkpoint_does_not_wait_out_the_backoff(t
                     retry_base=60.0, retry_cap=60.0)
     async with running(mirror):
         write_checkpoint(src, "step_001", style="dcp", shards=2, size=10_000)
-        await poll(lambda: events.of("sync-failed"), 20, what="a failed pass, then 60 s of backoff")
+        await wait_for_async(lambda: events.of("sync-failed"), 20, what="a failed pass, then 60 s of backoff")
         tmpfs.remount(mnt, "rw")
         write_checkpoint(src, "step_002", style="dcp", shards=2, size=10_000)
         await anyio.sleep(1.5)
@@ -282,7 +284,7 @@ async def test_a_stop_waiting_for_its_checkpoint_does_not_wait_out_the_backoff(t
         tmpfs.remount(mnt, "ro")
         asked = time.time()
         with mirror.hurry("stop-checkpoint"):
-            await poll(lambda: len(events.of("sync-failed")) >= 2, 20, what="the stop's pass, failed: backing off again")
+            await wait_for_async(lambda: len(events.of("sync-failed")) >= 2, 20, what="the stop's pass, failed: backing off again")
             tmpfs.remount(mnt, "rw")
             write_checkpoint(src, "step_003", style="dcp", shards=2, size=10_000)
             with anyio.fail_after(10):

@@ -14,9 +14,10 @@ import pytest
 from supervisor.config import SyncPair
 from supervisor.sync import Mirror, _pair
 from supervisor.sync._pair import LOG_BATCH
-from tests.conftest import run_supervise
+from tests.support.supervise import run_supervise
+from tests.support.wait import wait_for_async
 
-from ._util import many_files, poll, running
+from ._util import many_files, running
 
 
 @pytest.mark.asyncio
@@ -30,14 +31,14 @@ async def test_a_busy_log_is_copied_in_batches_and_only_what_grew(tmp_path, back
     mirror = Mirror([SyncPair("tb", "log", src, dst)], emit=events, sync_every=3600, backend=backend)
     target = dst / "run" / log.name
     async with running(mirror):
-        await poll(lambda: target.exists() and len(list((dst / "static").iterdir())) == 200, 20, what="first copy")
+        await wait_for_async(lambda: target.exists() and len(list((dst / "static").iterdir())) == 200, 20, what="first copy")
         inode = target.stat().st_ino
         t0 = time.monotonic()
         while time.monotonic() - t0 < 4.0:  # a point every 0.05 s for 4 s
             with open(log, "ab") as f:
                 f.write(b"p" * 100)
             await anyio.sleep(0.05)
-        await poll(lambda: target.stat().st_size == log.stat().st_size, 10, what="the last batch")
+        await wait_for_async(lambda: target.stat().st_size == log.stat().st_size, 10, what="the last batch")
         assert target.stat().st_ino == inode  # grown in place: TensorBoard's open handle reads on
     batched = [e for e in events.of("sync") if e["trigger"] in ("watch", "settle") and e["files"]]
     # ~80 writes over 4 s: about one copy per second (gaps and scheduling allow a few more)
@@ -53,7 +54,7 @@ async def test_a_flush_does_not_wait_for_the_batch(tmp_path, backend, events):
     (src / "a.log").write_bytes(b"x" * 10)
     mirror = Mirror([SyncPair("tb", "log", src, dst)], emit=events, sync_every=3600, backend=backend)
     async with running(mirror):
-        await poll(lambda: (dst / "a.log").exists(), 10, what="first copy")
+        await wait_for_async(lambda: (dst / "a.log").exists(), 10, what="first copy")
         with open(src / "a.log", "ab") as f:
             f.write(b"y" * 10)
         t0 = time.monotonic()

@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -26,13 +24,14 @@ from supervisor.journal import read_journal
 from supervisor.plan import make_plan
 from supervisor.sync import Mirror
 from supervisor.sync._parts import PARTS_DIR
-from tests.conftest import start_supervise, wait_for
-from ._util import SHARD, pattern, poll, write_shard
+from tests.support.checkpoints import SHARD, pattern, write_shard
+from tests.support.journal import events
+from tests.support.two_nodes import TwoNodeJob
+from tests.support.wait import wait_for, wait_for_async
 
 SIZE = 192 << 10
 NODE_SHARDS = {0: (0, 1), 1: (2, 3)}  # global rank → shard, two ranks a node
 ALL_SHARDS = (0, 1, 2, 3)
-TRAINING = (sys.executable, "-c", "import time; time.sleep(600)")
 
 
 def write_part(local: Path, name: str, node: int, *, delay: float = 0.002) -> None:
@@ -101,61 +100,6 @@ class Watcher(threading.Thread):
             self.looks += 1
 
 
-def write_config(path: Path, local: Path, persist: Path, backend: str) -> Path:
-    path.write_text(
-        f'sync_backend = "{backend}"\ngpu_every = 0\ncheckpoint_timeout = "1s"\ngrace = "3s"\n'
-        f'[[sync]]\nname = "ckpt"\nfrom = "{local}"\nto = "{persist}"\nnodes = 2\nsettle = "1s"\n')
-    return path
-
-
-def events(path: Path, kind: str) -> list[dict]:
-    return [e for e in read_journal(path).events if e["kind"] == kind] if path.exists() else []
-
-
-class Job:
-    """A leader (``supervise``, node 0) and a node agent (node 1) on this machine."""
-
-    def __init__(self, tmp: Path, backend: str, reaper: list[int]) -> None:
-        self.tmp, self.backend, self.reaper = tmp, backend, reaper
-        self.local = {0: tmp / "node0-local", 1: tmp / "node1-local"}
-        self.persist = tmp / "persistent" / "ckpt"
-        self.run = tmp / "run"
-        self.leader_journal = self.run / "events.jsonl"
-        self.node_journal = self.run / "nodes" / "node-1" / "events.jsonl"
-        self.leader: subprocess.Popen | None = None
-        self.node: subprocess.Popen | None = None
-
-    def start_node(self) -> subprocess.Popen:
-        cfg = write_config(self.tmp / "node1.toml", self.local[1], self.persist, self.backend)
-        self.node = start_supervise("node-agent", "--config", str(cfg), "--run-dir", str(self.run),
-                                    env={"SUPERVISE_NODE_RANK": "1"})
-        self.reaper.append(self.node.pid)
-        return self.node
-
-    def start_leader(self) -> subprocess.Popen:
-        cfg = write_config(self.tmp / "leader.toml", self.local[0], self.persist, self.backend)
-        self.leader = start_supervise("--config", str(cfg), "--run-dir", str(self.run), "--", *TRAINING)
-        self.reaper.append(self.leader.pid)
-        return self.leader
-
-    def wait_ready(self, *, node_started_at: int = 1) -> None:
-        wait_for(lambda: any(e.get("trigger") == "start" for e in events(self.leader_journal, "sync")),
-                 timeout=30, what="the leader's first sync pass")
-        wait_for(lambda: len([e for e in events(self.node_journal, "sync") if e.get("trigger") == "start"])
-                 >= node_started_at, timeout=30, what="the node agent's first sync pass")
-
-    def stop_leader(self) -> dict:
-        assert self.leader is not None
-        self.leader.send_signal(signal.SIGTERM)
-        try:
-            self.leader.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.leader.kill()
-            raise AssertionError("the leader did not end within 60 s of SIGTERM") from None
-        (end,) = events(self.leader_journal, "end")
-        return end
-
-
 def published(journal: Path, name: str) -> list[dict]:
     return [e for e in events(journal, "publish") if e.get("checkpoint") == name]
 
@@ -165,7 +109,7 @@ def waiting_for(journal: Path, name: str, missing: list[int]) -> bool:
 
 
 def test_published_only_after_both_parts_land(tmp_path, backend, reaper):
-    job = Job(tmp_path, backend, reaper)
+    job = TwoNodeJob(tmp_path, backend, reaper)
     job.start_node()
     job.start_leader()
     job.wait_ready()
@@ -216,7 +160,7 @@ def test_published_only_after_both_parts_land(tmp_path, backend, reaper):
 
 
 def test_killed_node_agent_means_not_published(tmp_path, backend, reaper):
-    job = Job(tmp_path, backend, reaper)
+    job = TwoNodeJob(tmp_path, backend, reaper)
     node = job.start_node()
     job.start_leader()
     job.wait_ready()
@@ -246,7 +190,7 @@ def test_killed_node_agent_means_not_published(tmp_path, backend, reaper):
 
 def test_restarted_node_agent_completes_the_checkpoint(tmp_path, backend, reaper):
     """A node agent killed mid-run and started again: its part lands, the leader publishes."""
-    job = Job(tmp_path, backend, reaper)
+    job = TwoNodeJob(tmp_path, backend, reaper)
     node = job.start_node()
     job.start_leader()
     job.wait_ready()
@@ -287,7 +231,7 @@ async def _two_nodes(tmp_path: Path, backend: str, write, until) -> tuple[list, 
         await tg.start(m0.run)
         await tg.start(m1.run)
         await anyio.to_thread.run_sync(write)
-        await poll(lambda: until(ev0), timeout=30, what="the leader's verdict")
+        await wait_for_async(lambda: until(ev0), timeout=30, what="the leader's verdict")
         tg.cancel_scope.cancel()
     return ev0, ev1
 

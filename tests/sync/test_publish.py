@@ -18,8 +18,10 @@ import pytest
 
 from supervisor.config import SyncPair
 from supervisor.sync import Mirror
+from tests.support.checkpoints import ckpt_name, pattern, problems, write_checkpoint
+from tests.support.wait import wait_for_async
 
-from ._util import ckpt_name, pattern, poll, problems, running, write_checkpoint
+from ._util import running
 
 N, SHARDS, SIZE = 4, 3, 256 << 10
 
@@ -79,11 +81,11 @@ async def test_slow_writer_never_shows_partial_checkpoint(tmp_path, backend, eve
     with Watcher(dst, style) as w:
         async with running(mirror):
             await anyio.to_thread.run_sync(writer)
-            await poll(lambda: mirror.published >= N, 30, what="every checkpoint published")
+            await wait_for_async(lambda: mirror.published >= N, 30, what="every checkpoint published")
             if style in ("deepspeed", "megatron"):
                 ptr = "latest" if style == "deepspeed" else "latest_checkpointed_iteration.txt"
-                await poll(lambda: (dst / ptr).exists() and (dst / ptr).read_text() == (src / ptr).read_text(),
-                           10, what="pointer published")
+                await wait_for_async(lambda: (dst / ptr).exists() and (dst / ptr).read_text() == (src / ptr).read_text(),
+                                     10, what="pointer published")
     assert w.rounds > 50, "the watcher did not get to look"
     assert w.seen == []
     assert problems(dst, style=style, shards=SHARDS, size=SIZE) == []
@@ -114,7 +116,7 @@ async def test_settled_checkpoint_is_published_by_the_timer(tmp_path, backend, e
     mirror = Mirror([SyncPair("q", "checkpoint", src, dst, settle=0.5)], emit=events, sync_every=3600, backend=backend)
     async with running(mirror):
         await anyio.to_thread.run_sync(lambda: write_checkpoint(src, "step_001", style="quiet", shards=2, size=1000))
-        await poll(lambda: mirror.published >= 1, 10, what="settled checkpoint published")
+        await wait_for_async(lambda: mirror.published >= 1, 10, what="settled checkpoint published")
     (pub,) = events.of("publish")
     assert pub["why"] == "settled" and pub["trigger"] == "settle"
     assert problems(dst, style="quiet", shards=2, size=1000) == []
@@ -131,7 +133,7 @@ async def test_file_changed_while_copied_is_copied_again(tmp_path, backend, even
     mirror = Mirror([SyncPair("c", "checkpoint", src, dst)], emit=events, backend=backend)
     async with anyio.create_task_group() as tg:
         tg.start_soon(mirror.flush, "test")
-        await poll(lambda: (dst / ".supervise-staging-step_001").exists(), 10, 0.001, "copy under way")
+        await wait_for_async(lambda: (dst / ".supervise-staging-step_001").exists(), 10, "copy under way", interval=0.001)
         with open(d / "a.bin", "ab") as f:
             f.write(b"+new")
     assert (dst / "step_001" / "a.bin").read_bytes() == b"old+new"
@@ -163,10 +165,10 @@ async def test_a_newer_checkpoint_is_not_kept_waiting_behind_a_pass_of_older_one
         return [e["checkpoint"] for e in events.of("publish") if not e.get("pointer")]
 
     async with running(mirror):
-        await poll(lambda: order(), 60, what="the first publish of the pass")
+        await wait_for_async(lambda: order(), 60, what="the first publish of the pass")
         assert order() == ["step_006"], order()
         await anyio.to_thread.run_sync(lambda: write_checkpoint(src, "step_007", style="dcp", shards=2, size=4096))
-        await poll(lambda: len(order()) == 7, 120, what="every checkpoint published")
+        await wait_for_async(lambda: len(order()) == 7, 120, what="every checkpoint published")
     published = order()
     assert published.index("step_007") < published.index("step_002"), published
     assert sorted(published) == [f"step_{k:03d}" for k in range(1, 8)], published
@@ -202,8 +204,8 @@ def test_files_beside_the_checkpoints_never_starve_the_newest(tmp_path: Path) ->
     global_stepN waited 10 s and more. Now they are plain files beside the checkpoints, and
     the newest durable checkpoint stays within a copy time + 1 s of the newest complete one."""
     from supervisor.journal import read_journal
-    from tests.conftest import start_supervise
-    from tests.staleness import staleness
+    from tests.support.supervise import start_supervise
+    from tests.support.staleness import staleness
 
     run, local, persistent = tmp_path / "run", tmp_path / "local", tmp_path / "persistent"
     local.mkdir()

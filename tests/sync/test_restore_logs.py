@@ -13,8 +13,10 @@ from supervisor.errors import ConfigError
 from supervisor.proctree import descendants
 from supervisor.sync import Mirror
 from supervisor.sync._pair import LOG_BATCH
+from tests.support.checkpoints import problems, write_checkpoint
+from tests.support.wait import wait_for_async
 
-from ._util import many_files, poll, problems, running, visible, write_checkpoint
+from ._util import many_files, running, visible
 
 
 # ---- restore ------------------------------------------------------------------------
@@ -70,15 +72,15 @@ async def test_tensorboard_event_file_grows_in_place(tmp_path, backend, events):
     mirror = Mirror([SyncPair("tb", "log", src, dst)], emit=events, sync_every=3600, backend=backend)
     target = dst / "run1" / ev.name
     async with running(mirror):
-        await poll(lambda: target.exists() and target.stat().st_size == 1000, 10, what="first copy")
+        await wait_for_async(lambda: target.exists() and target.stat().st_size == 1000, 10, what="first copy")
         inode = target.stat().st_ino
         with open(target, "rb") as reader:  # TensorBoard keeps the file open and reads on
             assert reader.read() == b"A" * 1000
             for chunk in (b"B" * 500, b"C" * 300):
                 with open(ev, "ab") as f:
                     f.write(chunk)
-                await poll(lambda: target.stat().st_size == ev.stat().st_size, 10 + LOG_BATCH,
-                           what="watcher-driven growth (batched)")
+                await wait_for_async(lambda: target.stat().st_size == ev.stat().st_size, 10 + LOG_BATCH,
+                                     what="watcher-driven growth (batched)")
             assert reader.read() == b"B" * 500 + b"C" * 300  # new points through the old handle
         assert target.stat().st_ino == inode
     assert target.read_bytes() == ev.read_bytes()
@@ -134,16 +136,16 @@ async def test_requests_during_a_transfer_coalesce_into_one_more(tmp_path, backe
     src.mkdir()
     mirror = Mirror([SyncPair("c", "checkpoint", src, dst)], emit=events, sync_every=3600, backend=backend)
     async with running(mirror):
-        await poll(lambda: mirror.pending() == [], 10, what="first pass")
+        await wait_for_async(lambda: mirror.pending() == [], 10, what="first pass")
         build = tmp_path / "build" / "step_001"
         many_files(build, 3000)
         (build / ".metadata").write_bytes(b"m")
         os.rename(build, src / "step_001")  # appears whole: the watcher starts a pass
-        await poll(lambda: (dst / ".supervise-staging-step_001").exists(), 20, 0.001, "transfer under way")
+        await wait_for_async(lambda: (dst / ".supervise-staging-step_001").exists(), 20, "transfer under way", interval=0.001)
         for i in range(10):
             mirror.request(f"r{i}")
-        await poll(lambda: any(e["kind"] == "sync" and e["trigger"].startswith("request") for e in events), 20,
-                   what="the coalesced pass")
+        await wait_for_async(lambda: any(e["kind"] == "sync" and e["trigger"].startswith("request") for e in events), 20,
+                             what="the coalesced pass")
         await anyio.sleep(0.5)  # would-be extra passes have time to show up
     passes = [e for e in events.of("sync") if e["trigger"].startswith("request")]
     assert len(passes) == 1, passes
@@ -165,7 +167,7 @@ async def test_published_count_and_last_activity(tmp_path, backend, events):
                 await anyio.sleep(0.2)
                 await anyio.to_thread.run_sync(lambda: write_checkpoint(src, "step_001", style="dcp", size=100))
             tg.start_soon(write)
-            await poll(lambda: mirror.published > before, 20, what="the checkpoint published")
+            await wait_for_async(lambda: mirror.published > before, 20, what="the checkpoint published")
     assert mirror.published == before + 1
     assert mirror.last_activity() is not None and mirror.last_activity() >= t0
 
@@ -204,7 +206,7 @@ async def test_missing_source_is_created_at_start(tmp_path, backend, events):
     async with running(mirror):
         assert src.is_dir()
         write_checkpoint(src, "step_001", style="dcp", size=10)
-        await poll(lambda: mirror.published == 1, 10, what="publish")
+        await wait_for_async(lambda: mirror.published == 1, 10, what="publish")
     assert events.of("sync-source")[0]["action"] == "created"
 
 
@@ -242,5 +244,5 @@ async def test_copier_runs_at_lowered_priority(tmp_path, backend, events):
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(mirror.flush, "test")
-        await poll(look, 20, 0.001, "the copier process")
+        await wait_for_async(look, 20, "the copier process", interval=0.001)
     assert seen == {7}, seen

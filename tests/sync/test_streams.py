@@ -18,9 +18,10 @@ from supervisor import proctree
 from supervisor.config import SyncPair
 from supervisor.sync import Mirror
 from supervisor.sync._backend import share
-from tests.conftest import run_supervise, start_supervise
+from tests.support.supervise import run_supervise, start_supervise
+from tests.support.wait import wait_for_async
 
-from ._util import poll, running, visible
+from ._util import running, visible
 
 MB = 1 << 20
 
@@ -140,7 +141,7 @@ async def test_every_file_lands_and_the_streams_copy_at_once(tmp_path, backend, 
     async with running(mirror):
         with Copiers() as seen:
             d = await anyio.to_thread.run_sync(lambda: write_tree(src, "step_001", big=max(2, streams)))
-            await poll(lambda: mirror.published >= 1, 60, what="the checkpoint published")
+            await wait_for_async(lambda: mirror.published >= 1, 60, what="the checkpoint published")
     assert visible(dst) == ["step_001"]
     assert same_tree(d, dst / "step_001") == []
     assert (dst / "step_001" / "optim").stat().st_mtime_ns // 10**9 == 1_600_000_000, "directory times kept"
@@ -162,15 +163,15 @@ async def test_a_stream_killed_fails_the_publish_and_nothing_partial_lands(tmp_p
     async with running(mirror):
         with Copiers(kill_at=2) as copiers:
             d = await anyio.to_thread.run_sync(lambda: write_tree(src, "step_001", big=2, big_size=96 * MB))
-            await poll(lambda: events.of("sync-failed") or mirror.published, 60, what="the publish to fail")
+            await wait_for_async(lambda: events.of("sync-failed") or mirror.published, 60, what="the publish to fail")
             copiers._stop.set()
         assert copiers.killed is not None, "a copier was killed while two ran"
         assert mirror.published == 0, "a publish with a stream killed must fail"
         failed = events.of("sync-failed")[0]
         assert "killed by SIGKILL" in failed["error"], failed
         assert os.listdir(dst) == [], "no checkpoint and no staging left on the persistent side"
-        await poll(lambda: not copiers.alive(), 10, what="every copier gone")
-        await poll(lambda: mirror.published >= 1, 60, what="the retry to publish")
+        await wait_for_async(lambda: not copiers.alive(), 10, what="every copier gone")
+        await wait_for_async(lambda: mirror.published >= 1, 60, what="the retry to publish")
     assert same_tree(d, dst / "step_001") == []
     assert events.of("sync-recovered")
 

@@ -1,8 +1,8 @@
-"""Helpers for the example tests: run examples/ddp_train.py under a launcher, read its digest."""
+"""examples/ddp_train.py run to completion under a launcher (torchrun, mpiexec, python), and its
+digests (tests/examples, tests/slurm/test_seed_long.py)."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import socket
@@ -10,17 +10,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-TRAIN = REPO / "examples" / "ddp_train.py"
-INSPECT = REPO / "examples" / "inspect_run.py"
+from tests.support.paths import ROOT
+from tests.support.supervise import clean_env
+
+TRAIN = ROOT / "examples" / "ddp_train.py"
+INSPECT = ROOT / "examples" / "inspect_run.py"
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 DIGEST = re.compile(r"final weights sha256 ([0-9a-f]{64})")
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    """The environment without any scheduler or supervise variables, one thread per rank."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SUPERVISE_", "SLURM_", "PBS_", "OMPI_COMM_WORLD", "PMI_"))
+def launch_env(**extra: str) -> dict[str, str]:
+    """``clean_env`` without an outer launcher's rank variables either, one thread per rank."""
+    env = {k: v for k, v in clean_env().items()
+           if not k.startswith(("OMPI_COMM_WORLD", "PMI_"))
            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env["OMP_NUM_THREADS"] = "1"
     env.update(extra)
@@ -50,7 +52,7 @@ def train(kind: str, work: Path, *args: str, env: dict[str, str] | None = None,
           timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Run the example to completion with checkpoints in work/ckpt and logs in work/logs."""
     argv = [*launcher(kind), "--ckpt-dir", str(work / "ckpt"), "--log-dir", str(work / "logs"), *args]
-    e = clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(),
+    e = launch_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(),
                   OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", **(env or {}))
     return subprocess.run(argv, env=e, capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL, cwd=work)

@@ -1,5 +1,5 @@
-"""Issue 22, item 8: what ``supervise report`` says about restores and checkpoint completeness,
-on run directories the real supervise made (the scancel label: tests/slurm/test_issue22_slurm.py)."""
+"""What ``supervise report`` says about restores and checkpoint completeness, on run directories
+the real supervise made (issue 22, item 8; the scancel label: tests/slurm/test_issue22_slurm.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import HELPERS, ROOT, run_supervise, supervise_argv
+from tests.support.paths import HELPERS, ROOT
+from tests.support.supervise import run_supervise, supervise_argv
 
 TRAINER = [sys.executable, str(HELPERS / "trainer.py")]
 HF_LIKE = [sys.executable, str(ROOT / "tests" / "report" / "hf_like.py")]

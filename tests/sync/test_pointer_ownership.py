@@ -1,5 +1,5 @@
-"""Issue 22, items 2 and 9: pointers and links this run published are its own whatever they
-turn into; pointers it never published (another run's ``latest``) are refused like checkpoints."""
+"""Pointers and links this run published are its own whatever they turn into; pointers it never
+published (another run's ``latest``) are refused like checkpoints. (Issue 22, items 2 and 9.)"""
 
 from __future__ import annotations
 
@@ -8,12 +8,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-from supervisor.journal import read_journal
-from tests.conftest import killed_on_exit, run_supervise, start_supervise, wait_for
-
-
-def _kinds(run: Path, kind: str) -> list[dict]:
-    return [e for e in read_journal(run).events if e["kind"] == kind]
+from tests.support.journal import events
+from tests.support.supervise import killed_on_exit, run_supervise, start_supervise
+from tests.support.wait import wait_for
 
 
 def test_another_runs_pointer_is_never_replaced(tmp_path: Path) -> None:
@@ -29,9 +26,9 @@ def test_another_runs_pointer_is_never_replaced(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert (persistent / "step_000001" / ".metadata").read_text() == "ours", "our checkpoint is published"
     assert (persistent / "latest").read_text() == "step_000007", "another run's pointer was replaced"
-    refused = _kinds(run, "sync-refused")
+    refused = events(run, "sync-refused")
     assert [(e["checkpoint"], e["what"]) for e in refused] == [("latest", "pointer")]
-    assert any(line.startswith("local: latest (refused") for line in _kinds(run, "end")[0]["not_durable"])
+    assert any(line.startswith("local: latest (refused") for line in events(run, "end")[0]["not_durable"])
 
 
 # Lightning's ModelCheckpoint(save_last="link") keeps last.ckpt a link to the newest
@@ -73,9 +70,9 @@ def test_a_link_this_run_published_may_become_a_checkpoint(tmp_path: Path) -> No
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=60)
     assert "requested" in out, (out, err)
-    ck = next(e for e in _kinds(run, "stop-step") if e["step"] == "checkpoint")
+    ck = next(e for e in events(run, "stop-step") if e["step"] == "checkpoint")
     assert ck["outcome"] == "published" and ck["answer"] == "last.ckpt", ck
-    assert not _kinds(run, "sync-refused")
+    assert not events(run, "sync-refused")
     # Published as the checkpoint it became (the training may link it again afterwards).
-    assert [e for e in _kinds(run, "publish") if e["checkpoint"] == "last.ckpt" and not e.get("pointer")]
-    assert _kinds(run, "end")[0]["not_durable"] == []
+    assert [e for e in events(run, "publish") if e["checkpoint"] == "last.ckpt" and not e.get("pointer")]
+    assert events(run, "end")[0]["not_durable"] == []
