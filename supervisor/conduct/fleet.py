@@ -140,7 +140,8 @@ class Fleet:
         more = {"spawn_failed": {str(k): v for k, v in sorted(self.spawn_failed.items())}} if self.spawn_failed else {}
         self.emit("node-agents", started=True, nodes=list(self.nodes), pid=self.agents.pid,
                   argv=self.agents.argv(), launcher=self.agents.launcher,
-                  ready=sorted(self.ready), missing=missing, seconds=round(time.monotonic() - self._t0, 3), **more)
+                  ready=sorted(self.ready), ready_s={str(k): s for k, s in sorted(self.ready.items())},
+                  missing=missing, seconds=round(time.monotonic() - self._t0, 3), **more)
         if missing:
             log.warning("node agents not ready after %.0fs on node(s) %s; their parts may be missing",
                         time.monotonic() - self._t0, ", ".join(str(k) for k in missing))

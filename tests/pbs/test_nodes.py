@@ -222,6 +222,9 @@ def test_rank0_in_place_moves_node_then_qdel(pbs: PbsCluster) -> None:
     evs = events(leader)
     assert [s["nodes"] for s in kinds(evs, "start")] == [["n1", "n2"], ["n2", "n3"]], said()
     assert [a["ready"] for a in kinds(evs, "node-agents")] == [[1], [1]], kinds(evs, "node-agents")
+    # each agent's ready time after the launch, within the leader's wait (bench/scale.py reads it)
+    assert all(list(a["ready_s"]) == ["1"] and 0 < a["ready_s"]["1"] <= a["seconds"]
+               for a in kinds(evs, "node-agents")), kinds(evs, "node-agents")
 
     # (b) attempt 1: rank 0 on n1 rewrote snapshot.pt there; attempt 2: rank 0 on n2, n3 new, and
     # every rank loaded the same, newest epoch: the last one rank 0 saved before the rerun
