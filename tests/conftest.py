@@ -66,7 +66,14 @@ def pytest_collection_modifyitems(config, items):  # noqa: ANN001, ANN201
 
 
 def pytest_configure(config):  # noqa: ANN001, ANN201
-    """Refuse --dist loadgroup where it would not group: the serial tests would run in parallel."""
+    """Refuse --dist loadgroup where it would not group: the serial tests would run in parallel.
+    Start every test process (and so every supervise it runs) with the signals the tests send
+    at their defaults: a shell that starts the suite in the background ignores SIGINT (and
+    ``nohup`` SIGHUP), an ignored signal is discarded even while blocked, and the tests of what
+    supervise does with an early INT or HUP would then test the shell that started them."""
+    for sig, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGHUP, signal.SIG_DFL)):
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, default)
     if config.getvalue("dist") == "loadgroup" and _version(pytest.__version__) >= (9, 2):
         raise pytest.UsageError(
             f"pytest {pytest.__version__} drops the node-id suffix --dist loadgroup groups by"
