@@ -28,8 +28,11 @@ def script(tmp_path: Path, body: str) -> list[str]:
 
 
 def test_a_checkpoint_that_keeps_changing_while_copied_is_deferred(tmp_path: Path) -> None:
-    """Rewritten (open, write, close) every few milliseconds after its marker: every copy's
-    re-scan differs, three times in a pass, so the pass defers it rather than publish a mix."""
+    """Replaced (written beside, renamed in) every few milliseconds after its marker, so no file
+    of the checkpoint is ever open: every copy's re-scan differs, three times in a pass, so the
+    pass defers it rather than publish a mix. (Rewritten in place, the file was open at nearly
+    every scan, "being written", and the pass copied it too seldom to defer it: 1 run in 14
+    published it without a deferral.)"""
     local, run = tmp_path / "local", tmp_path / "run"
     cmd = script(tmp_path, f"""
         d = Path({str(local)!r}) / "step_1"; d.mkdir(parents=True)
@@ -37,8 +40,9 @@ def test_a_checkpoint_that_keeps_changing_while_copied_is_deferred(tmp_path: Pat
         end = time.time() + 4
         n = 0
         while time.time() < end:
-            with open(d / "shard.bin", "wb") as f:
+            with open(d.parent / "shard.tmp", "wb") as f:
                 f.write(bytes([n % 256]) * (4 << 20))
+            os.replace(d.parent / "shard.tmp", d / "shard.bin")
             n += 1
     """)
     r = run_supervise("--run-dir", str(run), "--checkpoints", str(local), str(tmp_path / "p"), "--gpu-every", "0",
