@@ -30,8 +30,11 @@ from typing import TYPE_CHECKING, Any, Callable
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from supervisor.bell import Bell
+from supervisor.conduct.link import LeaderLine
 from supervisor.config import Config, agent_view
 from supervisor.journal import EVENTS_FILE, Emit, JournalTail, node_dir
+from supervisor.ports import MirrorPort
 from supervisor.sched import GONE_STATES, AgentLaunch, Scheduler
 
 if TYPE_CHECKING:
@@ -80,6 +83,31 @@ class Fleet:
         self.agents = agents  # how its scheduler starts and hears them
         self._heard_any = anyio.Event()
         self._t0 = time.monotonic()
+        self.line = LeaderLine(run_dir, len(nodes), heard=self._said, linked=self._linked)
+        self._answers = Bell()  # a node said it journaled an answer (``journal`` on the line)
+        self._mirror: MirrorPort | None = None
+
+    def connect(self, mirror: MirrorPort) -> None:
+        """The leader's mirror hears the nodes' words (``part``) and says its own (``go``,
+        ``taken``) on the line; its last flush waits for node K's last part."""
+        self._mirror = mirror
+        mirror.link(self.line.ring)
+        mirror.attach_nodes(self.flush_nodes)
+
+    def _said(self, node: int, word: str) -> None:
+        if word == "journal":
+            self._answers.ring()
+        elif self._mirror is not None:
+            self._mirror.heard(word)
+
+    def _linked(self, whole: bool) -> None:
+        if self._mirror is not None:
+            self._mirror.link(on=whole)
+
+    async def _answer_pause(self) -> None:
+        """Until a node says it answered, or a look at their journals anyway: rarely while every
+        node is on the line, else every ``ANSWER_POLL_S``."""
+        await self._answers.wait(LINKED_ANSWER_S if self.line.whole else ANSWER_POLL_S)
 
     @classmethod
     def from_plan(cls, plan: Plan, emit: Emit) -> Fleet | None:
@@ -108,13 +136,15 @@ class Fleet:
         """Start the agents; ``started`` once every node other than the leader's has offered
         its versions (or the wait ran out: ``agree`` says which); then hear them until their
         launch ends (srun: a node died, or srun could not reach one) or the run does."""
-        self._t0 = t0 = time.monotonic()
-        error = await self.agents.start()
-        if error is not None:
-            self.emit("node-agents", started=False, error=error, nodes=list(self.nodes))
-            task_status.started()
-            return
         async with anyio.create_task_group() as tg:
+            await tg.start(self.line.run)  # served before any agent looks for it
+            self._t0 = t0 = time.monotonic()
+            error = await self.agents.start()
+            if error is not None:
+                self.emit("node-agents", started=False, error=error, nodes=list(self.nodes))
+                task_status.started()
+                tg.cancel_scope.cancel()
+                return
             tg.start_soon(self.agents.hear, lambda line: self._heard(line, t0), self._poke)
             await self._until(lambda: self.want <= set(self.offered) | set(self.spawn_failed), self.ready_timeout)
             task_status.started()
@@ -135,13 +165,14 @@ class Fleet:
         """Tell every agent the leader's choice (one version per pair, for every node) and
         wait until each has restored exactly it and said what it holds (``ready``)."""
         await anyio.to_thread.run_sync(_write_choice, self.choice_path, choice)
+        self.line.ring("choice")
         await self._until(lambda: self.want <= set(self.ready) | set(self.spawn_failed), self.ready_timeout)
         missing = sorted(self.want - set(self.ready))
         more = {"spawn_failed": {str(k): v for k, v in sorted(self.spawn_failed.items())}} if self.spawn_failed else {}
         self.emit("node-agents", started=True, nodes=list(self.nodes), pid=self.agents.pid,
                   argv=self.agents.argv(), launcher=self.agents.launcher,
                   ready=sorted(self.ready), ready_s={str(k): s for k, s in sorted(self.ready.items())},
-                  missing=missing, seconds=round(time.monotonic() - self._t0, 3), **more)
+                  missing=missing, seconds=round(time.monotonic() - self._t0, 3), linked=self.line.connected, **more)
         if missing:
             log.warning("node agents not ready after %.0fs on node(s) %s; their parts may be missing",
                         time.monotonic() - self._t0, ", ".join(str(k) for k in missing))
@@ -160,6 +191,7 @@ class Fleet:
         nodes = sorted(set(self.ready) & self.want)  # node 0's "leader" line is no agent
         watches = {k: JournalTail(node_dir(self.run_dir, k) / EVENTS_FILE) for k in nodes}
         self.emit("nodes-flush", request=request, reason=reason, exited=exited, nodes=nodes, durable=True)
+        self.line.ring("journal")
         t0 = time.monotonic()
         answers: dict[int, dict[str, Any]] = {}
         down: dict[int, str] = {}  # nodes the scheduler calls down (PBS: their agent, a TM task, is gone with the mom)
@@ -180,7 +212,7 @@ class Fleet:
                         down.update(await self.agents.down([k for k in nodes if k not in answers and k not in down]))
                         if all(k in answers or k in down for k in nodes):
                             break
-                    await anyio.sleep(ANSWER_POLL_S)
+                    await self._answer_pause()
         missing = [k for k in nodes if k not in answers]
         pending = [line for k in sorted(answers) for line in answers[k].get("not_durable") or []]
         pending += [f"node {k}: did not answer the final flush in {within:.1f}s; its newest part may be missing"
@@ -206,6 +238,7 @@ class Fleet:
         name = signal.Signals(sig).name
         watches = {k: JournalTail(node_dir(self.run_dir, k) / EVENTS_FILE) for k in nodes}
         self.emit("nodes-signal", request=request, signal=name, nodes=nodes, durable=True)
+        self.line.ring("journal")
         t0 = time.monotonic()
         answers: dict[int, dict[str, Any]] = {}
         with anyio.move_on_after(within):
@@ -215,7 +248,7 @@ class Fleet:
                         if ev.get("kind") == "node-signal" and ev.get("request") == request:
                             answers[k] = ev
                 if len(answers) < len(nodes):
-                    await anyio.sleep(ANSWER_POLL_S)
+                    await self._answer_pause()
         missing = [k for k in nodes if k not in answers]
         if missing:
             log.warning("the node agents of node(s) %s did not say in %.1fs that they sent %s to their ranks",
@@ -249,6 +282,7 @@ class Fleet:
 
 
 ANSWER_POLL_S = 0.1  # the leader, while it waits for the agents' answers to its last flush
+LINKED_ANSWER_S = 1.0  # the same while every agent is on the line: each says when it answered
 DOWN_POLL_S = 1.0  # how often that wait asks the scheduler whether a silent node is down (PBS: pbsnodes)
 
 
@@ -358,7 +392,7 @@ async def start(plan: Plan, tg: TaskGroup, guarded: Callable[..., Any], emit: Em
         await plan.mirror.prepare(previous_start=plan.previous_start, host=os.uname().nodename)
     fleet = Fleet.from_plan(plan, emit)
     if fleet is not None:
-        await tg.start(guarded("node-agents", fleet.run))
         if plan.mirror is not None:
-            plan.mirror.attach_nodes(fleet.flush_nodes)  # the last flush waits for node K's last part
+            fleet.connect(plan.mirror)
+        await tg.start(guarded("node-agents", fleet.run))
     return fleet

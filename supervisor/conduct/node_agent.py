@@ -35,9 +35,11 @@ from typing import Any, Awaitable, Callable, Mapping
 import anyio
 from anyio.abc import TaskGroup
 
-from supervisor import logs
+from supervisor import logs, proctree
+from supervisor.bell import LINKED_LOOK_S, Bell
 from supervisor.conduct.fleet import CHOICE_VAR, READY_TIMEOUT_S, SAY_VAR, read_choice
 from supervisor.conduct.guard import guarded
+from supervisor.conduct.link import LINK, NodeLine
 from supervisor.errors import ConfigError
 from supervisor.jobprocs import JobProcesses, signal_ranks
 from supervisor.journal import EVENTS_FILE, Journal, JournalTail
@@ -61,6 +63,9 @@ class NodeAgent:
         self.plan, self.cfg, self.rank, self.mirror = plan, plan.cfg, plan.node_rank, plan.mirror
         self.state = NodeState()
         self.training = JobProcesses.from_env(plan.env)  # None outside a job: no writer can be seen, quiet time decides
+        self.line = NodeLine(plan.run_dir, self.rank, heard=self._heard, linked=self._linked)
+        self.journal_said = Bell()  # the leader journaled something for the nodes (or the line was made or lost)
+        self.choice_said = Bell()   # the leader wrote its choice
 
     async def run(self) -> int:
         where = self.plan.journal_dir
@@ -85,16 +90,18 @@ class NodeAgent:
     async def _conduct(self) -> int:
         plan, mirror, journal, state, rank = self.plan, self.mirror, self.journal, self.state, self.rank
         mirror.attach(journal.emit, writers=self.training)
+        mirror.link(self.line.say)
         journal.emit("node-start", durable=True, **node_start_fields(
             plan, self.training.describe() if self.training is not None else None))
         log.info("node agent %d of %d on %s, journal %s", rank, plan.nodes, socket.gethostname(), plan.journal_dir)
         t0 = time.monotonic()
         leader = JournalTail(plan.run_dir / EVENTS_FILE)  # from here: what the leader says while we restore counts
         try:
-            await mirror.prepare(previous_start=plan.previous_start, host=socket.gethostname())
-            await self._restore()
-            holds = await anyio.to_thread.run_sync(mirror.holds)
             async with anyio.create_task_group() as tg:
+                await tg.start(self.line.run)
+                await mirror.prepare(previous_start=plan.previous_start, host=socket.gethostname())
+                await self._restore()
+                holds = await anyio.to_thread.run_sync(mirror.holds)
                 await tg.start(self._guarded("sync", mirror.run))
                 # the leader that started us (conduct/fleet.py) compares what every node holds, then spawns the training
                 _say("ready", rank, json.dumps(holds, separators=(",", ":")))
@@ -110,6 +117,24 @@ class NodeAgent:
         journal.emit("node-end", node=rank, reason=state.reason, detail=state.detail,
                      seconds=round(time.monotonic() - t0, 3), not_durable=mirror.pending())
         return 0 if state.reason != "error" else 1
+
+    def _heard(self, word: str) -> None:
+        """A word on the leader's line: who looks now (``LINK``: the line was made or lost, so
+        everyone looks, as a word may have been said while it was not there)."""
+        if word in ("journal", LINK):
+            self.journal_said.ring()
+        if word in ("choice", LINK):
+            self.choice_said.ring()
+        if word != "journal" and word != "choice":
+            self.mirror.heard(word)
+
+    def _linked(self, on: bool) -> None:
+        self.mirror.link(on=on)
+        self.journal.emit("node-link", node=self.rank, linked=on)
+        log.info("node %d: the leader's line %s", self.rank, "is made" if on else "is lost: looking at shared storage instead")
+
+    def _pause(self, fast: float) -> float:
+        return LINKED_LOOK_S if self.line.linked else fast
 
     def _guarded(self, name: str, run: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[None]]:
         return partial(guarded, name, run, self.journal.emit)
@@ -147,7 +172,7 @@ class NodeAgent:
         choice = None
         with anyio.move_on_after(2 * READY_TIMEOUT_S):
             while (choice := await anyio.to_thread.run_sync(read_choice, Path(path))) is None:
-                await anyio.sleep(CHOICE_POLL_S)
+                await self.choice_said.wait(self._pause(CHOICE_POLL_S))
         if choice is None:
             log.warning("no choice from the leader in %.0fs (%s): restoring the newest published version",
                         2 * READY_TIMEOUT_S, path)
@@ -156,21 +181,27 @@ class NodeAgent:
     async def _follow_training(self, training: JobProcesses) -> None:
         """The job's processes on this node, looked for every ``TRAINING_POLL_S``: once found and
         then all gone, the training here has exited, and nothing can change its files any more
-        (``node-training``); found again (the leader restarted it in place), it runs again."""
+        (``node-training``); found again (the leader restarted it in place), it runs again.
+        While it runs, a look reads only the processes found (``_still_there``); all of /proc
+        is read again only once one of them is gone, so an idle agent beside a long training
+        costs next to nothing (issue 33)."""
         running = False
+        found: dict[int, int] = {}
         while True:
-            pids = await anyio.to_thread.run_sync(training)
-            if bool(pids) != running:
-                running = bool(pids)
-                if running:
-                    self.mirror.training_resumed()
-                else:
-                    self.mirror.training_exited()
-                    self.mirror.request("training-exited")  # what waited for quiet time is judged now
-                self.journal.emit("node-training", node=self.rank, state="running" if running else "exited",
-                                  processes=len(pids))
-                log.info("node %d: the training's processes here %s", self.rank,
-                         f"found ({len(pids)})" if running else "are gone: it has exited")
+            if not running or not await anyio.to_thread.run_sync(_still_there, found):
+                pids = await anyio.to_thread.run_sync(training)
+                found = await anyio.to_thread.run_sync(_starts, pids)
+                if bool(pids) != running:
+                    running = bool(pids)
+                    if running:
+                        self.mirror.training_resumed()
+                    else:
+                        self.mirror.training_exited()
+                        self.mirror.request("training-exited")  # what waited for quiet time is judged now
+                    self.journal.emit("node-training", node=self.rank, state="running" if running else "exited",
+                                      processes=len(pids))
+                    log.info("node %d: the training's processes here %s", self.rank,
+                             f"found ({len(pids)})" if running else "are gone: it has exited")
             await anyio.sleep(TRAINING_POLL_S)
 
     async def _signals(self) -> None:
@@ -203,11 +234,12 @@ class NodeAgent:
                     done = await anyio.to_thread.run_sync(signal_ranks, self.training, str(ev.get("signal")))
                     self.journal.emit("node-signal", request=ev.get("request"), signal=ev.get("signal"), node=self.rank,
                                       durable=True, **done)
+                    self.line.say("journal")
                     log.info("node %d: the leader's %s sent to %s", self.rank, ev.get("signal"), done["pids"] or "nobody")
                 elif ev.get("kind") == "end":
                     self.state.end("leader-ended", f"leader attempt {ev.get('attempt')}: {ev.get('reason')}")
                     return
-            await anyio.sleep(LEADER_POLL_S)
+            await self.journal_said.wait(self._pause(LEADER_POLL_S))
 
     async def _answer(self, ev: Mapping[str, Any]) -> None:
         if ev.get("exited"):
@@ -216,6 +248,7 @@ class NodeAgent:
         self.journal.emit("node-flush", request=ev.get("request"), ok=result["ok"], seconds=result["seconds"],
                           pairs=result["pairs"], not_durable=[f"node {self.rank}: {line}" for line in self.mirror.pending()],
                           durable=True)
+        self.line.say("journal")
 
     async def _stop(self) -> None:
         """The node's stop: one last flush, bounded (``FINAL_FLUSH_S``), so a part that lands
@@ -241,6 +274,17 @@ class NodeState:
 
     def fail(self, detail: str) -> None:
         self.reason, self.detail = "error", detail
+
+
+def _starts(pids: set[int]) -> dict[int, int]:
+    """Each process's start time (with its pid, it names one process over time)."""
+    return {pid: info.start for pid in pids if (info := proctree.read_stat(pid)) is not None}
+
+
+def _still_there(found: dict[int, int]) -> bool:
+    """Is every process found still there (the same one: pids are reused)? Blocking."""
+    return bool(found) and all((info := proctree.read_stat(pid)) is not None and info.start == start
+                               and info.state != "Z" for pid, start in found.items())
 
 
 def leaders_node() -> int:

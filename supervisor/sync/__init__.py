@@ -138,6 +138,16 @@ class Mirror:
             if eng.pair.kind == "checkpoint":
                 eng.writers = writers
 
+    def link(self, tell: Callable[[str], None] | None = None, *, on: bool = False) -> None:
+        """The leader's line (conduct/link.py): where per-node pairs speak; ``on``: it carries words."""
+        for eng in self._engines:
+            eng.role.link(tell, linked=on)
+
+    def heard(self, word: str) -> None:
+        """A word from the line's other side: per-node pairs look at shared storage now."""
+        for eng in self._engines:
+            eng.role.heard(word)
+
     @property
     def pairs(self) -> tuple[SyncPair, ...]:
         """The pairs this mirror handles (a node agent: only the per-node checkpoint pairs)."""

@@ -44,12 +44,14 @@ class Assembly:
     """The leader's ``Gather``: go files, assembly once every part is there, the pointers
     after it, and what is still missing. ``trigger``: a pass once its own part is staged."""
 
-    def __init__(self, pub: PartPublisher, trigger: Callable[[str], None]) -> None:
+    def __init__(self, pub: PartPublisher, trigger: Callable[[str], None],
+                 tell: Callable[[str], None] = lambda word: None) -> None:
         self.pub = pub
         self.pair, self.emit, self.state = pub.pair, pub.emit, pub.state
         self.nodes = pub.nodes
         self.node = pub.node
         self.trigger = trigger
+        self.tell = tell                           # a word to the nodes (conduct/link.py): go, taken
         self.missing: dict[str, list[int]] = {}    # checkpoint → nodes whose part is not there
         self._told_missing: dict[str, tuple[int, ...]] = {}
         self.conflicts: dict[str, str] = {}
@@ -62,6 +64,7 @@ class Assembly:
     async def before_stage(self, e: Entry) -> None:
         if self._go_applies(e):
             await to_thread(write_go, self.pair.dst, e.name)
+            self.tell("go")
 
     def staged(self) -> None:
         self.trigger("parts")
@@ -151,6 +154,7 @@ class Assembly:
             self.pub.parted.pop(name, None)
             self.pub.stale.pop(name, None)
             await to_thread(release_parts, p.dst, name, manifests)
+            self.tell("taken")
             lag = round(time.time() - got.done_at, 3) if got.done_at else None
             self.emit("publish", pair=p.name, checkpoint=name, trigger=trigger, files=got.files, bytes=got.bytes,
                       why=f"all {self.nodes} parts" if not single else f"whole on node {min(manifests)}",

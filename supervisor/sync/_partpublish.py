@@ -270,8 +270,9 @@ class Handover:
     taken one (its manifest gone: published, or superseded by a newer version), this node
     owes nothing more for that version and tidies its part directory away."""
 
-    def __init__(self, pub: PartPublisher) -> None:
+    def __init__(self, pub: PartPublisher, tell: Callable[[str], None] = lambda word: None) -> None:
         self.pub = pub
+        self.tell = tell  # a word to the leader (conduct/link.py): a part is staged
 
     async def begin(self) -> None:
         """Inside the pass: never while this node stages."""
@@ -285,7 +286,7 @@ class Handover:
         return None
 
     def staged(self) -> None:
-        return None
+        self.tell("part")
 
     async def finish(self, trigger: str, published: list[str], listing: Listing) -> None:
         return None

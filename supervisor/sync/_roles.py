@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Collection, Mapping, Protocol
 
-import anyio
 
+from supervisor.bell import LINKED_LOOK_S, Bell
 from supervisor.sync import _fsops
 from supervisor.sync._aside import set_aside, set_aside_versions
 from supervisor.sync._assembly import Assembly
@@ -98,6 +98,12 @@ class Role(Protocol):
         """Before the spawn: a checkpoint back to local disk; its local path, or None."""
     def holds(self) -> dict[str, Any]:
         """Pair name → what this node holds of the restored version ({}: not compared). Blocking."""
+    def link(self, tell: Callable[[str], None] | None, linked: bool) -> None:
+        """The leader's line (conduct/link.py): ``tell`` says a word to the other side (None:
+        keep the one given before); ``linked``: its words arrive, so the shared-storage looks
+        that stand in for them can be rare."""
+    def heard(self, word: str) -> None:
+        """A word from the other side: look now (``go``, ``taken``, ``part``)."""
 
 
 class Single:
@@ -151,6 +157,16 @@ class Single:
     def holds(self) -> dict[str, Any]:
         return {}
 
+    def link(self, tell: Callable[[str], None] | None, linked: bool) -> None:
+        return None
+
+    def heard(self, word: str) -> None:
+        return None
+
+
+def _silent(word: str) -> None:
+    return None
+
 
 class _PerNode:
     """What the leader and node K share: this node's parts, its disk, one version restored."""
@@ -164,6 +180,22 @@ class _PerNode:
         self.parts_poll = parts_poll
         self.space = SpaceWatch()                  # this node's local disk: will the next checkpoint fit?
         self.restored: Path | None = None          # the version this node restored (``holds``)
+        self.bell = Bell()                         # a word from the other side: look now
+        self.tell: Callable[[str], None] = _silent
+        self.linked = False
+
+    def link(self, tell: Callable[[str], None] | None, linked: bool) -> None:
+        if tell is not None:
+            self.tell = tell
+        self.linked = linked
+
+    def heard(self, word: str) -> None:
+        self.bell.ring()
+
+    def _pause(self, fast: float) -> float:
+        """How long a watcher waits for a word before it looks anyway: ``fast`` while no line
+        carries the words (every look is then a poll of shared storage), else rarely."""
+        return LINKED_LOOK_S if self.linked else fast
 
     def _gather(self, pub: PartPublisher) -> Gather:
         """The role's piece of the parts publisher (the leader's assembly, node K's hand-over)."""
@@ -262,7 +294,7 @@ class Leader(_PerNode):
         super().__init__(0, parts_poll)
 
     def _gather(self, pub: PartPublisher) -> Assembly:
-        self.assembly = Assembly(pub, trigger=self.host.trigger)  # a pass once its own part is staged
+        self.assembly = Assembly(pub, trigger=self.host.trigger, tell=lambda word: self.tell(word))
         return self.assembly
 
     def judged(self, listing: Listing, *, settle: float, finished: bool, whole_local: bool) -> None:
@@ -272,12 +304,17 @@ class Leader(_PerNode):
         return [self.parts_watch]
 
     async def parts_watch(self) -> None:
-        """A pass whenever a node's manifest appears or goes (polled: other nodes' writes on a
-        network filesystem raise no inotify event here), more often while a checkpoint waits
-        for parts."""
+        """A pass whenever a node says it staged a part (``part``, on the leader's line), or
+        its manifest appears or goes: other nodes' writes on a network filesystem raise no
+        inotify event here, so without the line the parts are polled, more often while a
+        checkpoint waits for them; with it, a listing of every node's manifests is rare
+        (``bell.LINKED_LOOK_S``), so the leader's looks grow with the checkpoints, not with time."""
         last: dict[str, dict[int, float]] | None = None
         while True:
-            await anyio.sleep(min(self.parts_poll, WAITING_POLL_S) if self.assembly.missing else self.parts_poll)
+            fast = min(self.parts_poll, WAITING_POLL_S) if self.assembly.missing else self.parts_poll
+            if await self.bell.wait(self._pause(fast)):
+                self.host.trigger("parts")  # the pass reads the manifests it needs; no listing here
+                continue
             try:
                 now = await to_thread(waiting, self.pair.dst)
             except OSError:
@@ -317,7 +354,7 @@ class Node(_PerNode):
         self.awaiting_go: set[str] = set()         # directories not complete yet (the leader may say go)
 
     def _gather(self, pub: PartPublisher) -> Handover:
-        return Handover(pub)
+        return Handover(pub, tell=lambda word: self.tell(word))
 
     def judged(self, listing: Listing, *, settle: float, finished: bool, whole_local: bool) -> None:
         """``settled_here``, with the leader's word for the checkpoints it gave it (blocking:
@@ -334,10 +371,11 @@ class Node(_PerNode):
     async def parts_watch(self) -> None:
         """A pass when the leader says a checkpoint this node is waiting on is complete
         (``GO_FILE``), or has taken a part of this node's (its manifest gone: the pass tidies
-        the part directory away)."""
+        the part directory away). The leader's words ``go`` and ``taken`` on its line say when
+        to look; without the line, it looks every ``GO_POLL_S`` while a part waits."""
         told: set[str] = set()
         while True:
-            await anyio.sleep(GO_POLL_S if self.awaiting_go else self.parts_poll)
+            await self.bell.wait(self._pause(GO_POLL_S if self.awaiting_go else self.parts_poll))
             names = set(self.awaiting_go) - told
             said = {n for n in names if await to_thread(go_path(self.pair.dst, n).exists)}
             if said or await to_thread(taken, self.pair.dst, list(self.parts.parted), self.node):

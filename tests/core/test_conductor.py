@@ -191,6 +191,12 @@ class FakeMirror:
     def attach_nodes(self, flush_nodes) -> None:
         self.calls.append("attach-nodes")
 
+    def link(self, tell=None, *, on: bool = False) -> None:
+        self.calls.append(f"link:{on}")
+
+    def heard(self, word: str) -> None:
+        self.calls.append(f"heard:{word}")
+
     async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         self.calls.append("prepared")
         async with anyio.create_task_group() as tg:

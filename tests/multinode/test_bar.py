@@ -151,6 +151,11 @@ def test_requeue_and_node_death(cluster3: SlurmCluster, tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     assert torch.equal(torch.load(final), reference(STEPS))
 
+    # every attempt's agent joined the leader's line (conduct/link.py) before it was ready, and said so
+    assert [e["linked"] for e in ev if e.get("kind") == "node-agents"] == [[1], [1], [1]]
+    node1_links = [e for e in events(run / "nodes" / "node-1" / "events.jsonl") if e.get("kind") == "node-link"]
+    assert sorted({e["attempt"] for e in node1_links if e["linked"]}) == [1, 2, 3], node1_links
+
     # the checkpoint only n3 could complete: never published in attempt 2, reported lost with n3
     assert victim not in [e["checkpoint"] for e in ev if e.get("kind") == "publish" and e["attempt"] == 2]
     lost = [e for e in ev if e.get("kind") == "node-lost"]

@@ -225,6 +225,8 @@ def test_rank0_in_place_moves_node_then_qdel(pbs: PbsCluster) -> None:
     # each agent's ready time after the launch, within the leader's wait (bench/scale.py reads it)
     assert all(list(a["ready_s"]) == ["1"] and 0 < a["ready_s"]["1"] <= a["seconds"]
                for a in kinds(evs, "node-agents")), kinds(evs, "node-agents")
+    # under PBS too, every agent was on the leader's line (conduct/link.py) before it was ready
+    assert [a["linked"] for a in kinds(evs, "node-agents")] == [[1], [1]], kinds(evs, "node-agents")
 
     # (b) attempt 1: rank 0 on n1 rewrote snapshot.pt there; attempt 2: rank 0 on n2, n3 new, and
     # every rank loaded the same, newest epoch: the last one rank 0 saved before the rerun
