@@ -11,10 +11,12 @@ Printed per N, from the journals and /proc:
   ready time after the launch (``ready_s``: p50, max);
 - publish latency: the leader's ``publish`` of a checkpoint after the last node's ``part`` of it
   (p50, max), and staleness: that publish after the training's marker (p50, max);
-- CPU (% of one core) of one node agent and of the leader over an idle stretch between two
-  checkpoints, and over the whole run;
-- shared-storage file operations of one node agent (``strace -f -e trace=%file,getdents64`` on
-  it, counting calls whose path is on the shared directory), per checkpoint and per idle second;
+- CPU (% of one core) of one node agent and of the leader once the saves are done and the
+  training idles (``--idle`` seconds, no tracer attached);
+- shared-storage file operations of one node agent and of the leader (``strace -f -y -e
+  trace=%file,getdents64`` on every thread of each, counting calls that name a path on the
+  shared directory), per checkpoint while the saves go on, and per second while idle;
+- whether every agent joined the leader's line (conduct/link.py: ``node-agents`` ``linked``);
 - resident memory of one agent and of the leader; the cluster's start and stop.
 
 Ratios are against the smallest N of the invocation (what grows with N). Runs by hand, as root:
@@ -116,6 +118,24 @@ def supervise_pid(pfx: str, node: str, agent: bool) -> int | None:
     return None
 
 
+def tids(pid: int) -> list[int]:
+    return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+
+
+def publishes(run: Path) -> list[dict[str, Any]]:
+    return [e for e in events(run / "events.jsonl", "publish") if not e.get("pointer")]
+
+
+def shared_ops(trace: Path, shared: Path) -> list[tuple[float, str, str]]:
+    """(time, call, line) of each traced call that names a path on the shared directory."""
+    out = []
+    for line in trace.read_text(errors="replace").splitlines():
+        m = re.match(r"\d+\s+([\d.]+)\s+(\w+)\(", line)
+        if m and str(shared) in line:
+            out.append((float(m[1]), m[2], line))
+    return out
+
+
 def pct(values: list[float], q: float) -> float:
     return sorted(values)[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
@@ -141,59 +161,65 @@ def one(n: int, a: argparse.Namespace) -> dict[str, Any]:
         agents = wait(lambda: events(run / "events.jsonl", "node-agents"), 300, "the node agents")[0]
         leader = wait(lambda: supervise_pid(pfx, "n1", agent=False), 30, "the leader's pid")
         agent = wait(lambda: supervise_pid(pfx, "n2", agent=True), 30, "node 1's agent")
-        # one agent under strace for the run's middle checkpoints; an idle stretch measured inside it
-        trace = root / "agent.strace"
-        strace = subprocess.Popen(["strace", "-f", "-qq", "-e", "trace=%file,getdents64", "-o", str(trace),
-                                   "-p", str(agent)], stderr=subprocess.DEVNULL)
-        first = wait(lambda: [e for e in events(run / "events.jsonl", "publish") if not e.get("pointer")], 300,
-                     "the first publish", 0.05)
-        traced_from = first[-1]["t"]
-        # idle: just after a publish, for half the interval (no checkpoint is written then)
-        idle = a.every / 2
+        start_cpu = cpu_s(agent)  # its start to ready, and little after: what one node spends to join
+        wait(lambda: publishes(run), 300, "the first publish", 0.05)
+        # every thread of one agent and of the leader under strace (their worker threads exist already)
+        traces = {who: root / f"{who}.strace" for who in ("agent", "leader")}
+        tracers = [subprocess.Popen(["strace", "-f", "-qq", "-ttt", "-y", "-e", "trace=%file,getdents64", "-o", str(t),
+                                     *[a for tid in tids(pid) for a in ("-p", str(tid))]], stderr=subprocess.DEVNULL)
+                   for pid, t in ((agent, traces["agent"]), (leader, traces["leader"]))]
+        traced_from = time.time()
+        last = wait(lambda: (got := publishes(run)) and len(got) >= a.saves and got, a.every * (a.saves + 4) + 120,
+                    f"all {a.saves} publishes", 0.2)
+        ckpt_to = time.time()
+        time.sleep(3.0)  # the last checkpoint's tail (its parts tidied away)
+        idle_from = time.time()
+        time.sleep(a.idle)  # the saves done: nothing to publish, the training idle
+        idle_to = time.time()
+        for t in tracers:
+            t.terminate()
+            t.wait(timeout=30)
+        # idle CPU without strace (it slows every traced call)
         c_agent, c_leader, t_idle = cpu_s(agent), cpu_s(leader), time.monotonic()
-        time.sleep(idle)
+        time.sleep(a.idle)
         idle_agent = (cpu_s(agent) - c_agent) / (time.monotonic() - t_idle) * 100
         idle_leader = (cpu_s(leader) - c_leader) / (time.monotonic() - t_idle) * 100
-        # the traced window: until 3 more checkpoints are published
-        wait(lambda: len([e for e in events(run / "events.jsonl", "publish") if not e.get("pointer")]) >= len(first) + 3,
-             a.every * 6 + 120, "3 more publishes", 0.2)
-        traced_to = time.time()
         rss_agent, rss_leader = rss_mib(agent), rss_mib(leader)
-        total_agent, total_leader = cpu_s(agent), cpu_s(leader)
-        strace.terminate()
-        strace.wait(timeout=30)
         subprocess.run([str(root / "in-cluster"), "scancel", jobid], capture_output=True)
         wait(lambda: events(run / "events.jsonl", "end"), 180, "the leader's end")
-        start = events(run / "events.jsonl", "start")[0]
-        run_s = events(run / "events.jsonl", "end")[-1]["t"] - start["t"]
 
         # publish latency and staleness, per checkpoint
-        publishes = {e["checkpoint"]: e["t"] for e in events(run / "events.jsonl", "publish") if not e.get("pointer")}
+        published = {e["checkpoint"]: e["t"] for e in last}
         parts: dict[str, list[float]] = {}
         for j in [run / "events.jsonl", *sorted((run / "nodes").glob("node-*/events.jsonl"))]:
             for e in events(j, "part"):
                 parts.setdefault(e["checkpoint"], []).append(e["t"])
         marks = {f"step_{m['step']:06d}": m["marker_at"] for m in events(shared / "marks.jsonl")}
-        latency = [publishes[c] - max(ts) for c, ts in parts.items() if c in publishes and len(ts) == n]
-        stale = [publishes[c] - marks[c] for c in publishes if c in marks]
-        # the agent's shared-storage file operations, in the traced window
-        ops = [line for line in trace.read_text(errors="replace").splitlines() if str(shared) in line]
-        kinds: dict[str, int] = {}
-        for line in ops:
-            m = re.match(r"\d+\s+(\w+)\(", line)
-            if m:
-                kinds[m[1]] = kinds.get(m[1], 0) + 1
-        window = traced_to - traced_from
-        ckpts = max(1, len([c for c, t in publishes.items() if traced_from < t <= traced_to]))
+        latency = [published[c] - max(ts) for c, ts in parts.items() if c in published and len(ts) == n]
+        stale = [published[c] - marks[c] for c in published if c in marks]
+        ckpts = max(1, len([c for c, t in published.items() if traced_from < t <= ckpt_to]))
+        ops = {who: shared_ops(t, shared) for who, t in traces.items()}
+        linked = events(run / "events.jsonl", "node-agents")[0].get("linked")
         ready = list((agents.get("ready_s") or {}).values())
-        return {"n": n, "up_s": up_s, "agents_wait_s": agents.get("seconds"), "missing": agents.get("missing"),
-                "ready_p50": pct(ready, 0.5), "ready_max": max(ready) if ready else float("nan"),
-                "latency_p50": pct(latency, 0.5), "latency_max": max(latency) if latency else float("nan"),
-                "stale_p50": pct(stale, 0.5), "stale_max": max(stale) if stale else float("nan"),
-                "checkpoints": len(latency), "idle_agent_pct": idle_agent, "idle_leader_pct": idle_leader,
-                "run_agent_pct": total_agent / run_s * 100, "run_leader_pct": total_leader / run_s * 100,
-                "ops": len(ops), "ops_per_ckpt": len(ops) / ckpts, "ops_per_s": len(ops) / window, "op_kinds": kinds,
-                "rss_agent": rss_agent, "rss_leader": rss_leader}
+        out = {"n": n, "up_s": up_s, "agents_wait_s": agents.get("seconds"), "missing": agents.get("missing"),
+               "linked": len(linked) if isinstance(linked, list) else None,
+               "ready_p50": pct(ready, 0.5), "ready_max": max(ready) if ready else float("nan"),
+               "latency_p50": pct(latency, 0.5), "latency_max": max(latency) if latency else float("nan"),
+               "stale_p50": pct(stale, 0.5), "stale_max": max(stale) if stale else float("nan"),
+               "checkpoints": len(latency), "traced_checkpoints": ckpts, "agent_start_cpu_s": start_cpu,
+               "idle_agent_pct": idle_agent, "idle_leader_pct": idle_leader,
+               "rss_agent": rss_agent, "rss_leader": rss_leader}
+        for who, got in ops.items():
+            during = [k for t, k, _ in got if traced_from <= t <= ckpt_to]
+            idle = [k for t, k, _ in got if idle_from < t <= idle_to]
+            out[f"{who}_idle_sample"] = [line[:160] for t, _, line in got if idle_from < t <= idle_to][:8]
+            out[f"{who}_ops_per_ckpt"] = len(during) / ckpts
+            out[f"{who}_idle_ops_per_s"] = len(idle) / max(1e-9, idle_to - idle_from)
+            kinds: dict[str, int] = {}
+            for k in during:
+                kinds[k] = kinds.get(k, 0) + 1
+            out[f"{who}_op_kinds"] = kinds
+        return out
     finally:
         t1 = time.monotonic()
         subprocess.run(["bash", str(SCRIPTS / "slurm-down.sh"), str(root), "--nodes"], capture_output=True, timeout=600)
@@ -205,7 +231,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, nargs="+", default=[4, 16, 64])
     p.add_argument("--every", type=float, default=5.0, help="seconds between checkpoints")
-    p.add_argument("--saves", type=int, default=8)
+    p.add_argument("--saves", type=int, default=6)
+    p.add_argument("--idle", type=float, default=10.0, help="seconds of each idle measure, after the saves")
     a = p.parse_args()
     rows = []
     for n in a.nodes:
@@ -213,21 +240,24 @@ def main() -> None:
         rows.append(one(n, a))
         print(json.dumps(rows[-1], default=str), flush=True)
     base = rows[0]
-    print(f"\n{'N':>4} {'up':>6} {'wait':>6} {'ready p50/max':>14} {'publish p50/max':>16} {'stale p50/max':>14} "
-          f"{'agent%':>7} {'leader%':>8} {'ops/ckpt':>9} {'ops/s':>6} {'agent MiB':>9} {'leader MiB':>10}")
+    print(f"\n{'N':>4} {'up':>6} {'wait':>6} {'linked':>6} {'ready p50/max':>14} {'publish p50/max':>16} "
+          f"{'stale p50/max':>14} {'agent%':>7} {'leader%':>8} {'agent ops/ckpt':>14} {'agent ops/s':>11} "
+          f"{'leader ops/ckpt':>15} {'leader ops/s':>12} {'agent MiB':>9} {'leader MiB':>10}")
     for r in rows:
-        print(f"{r['n']:>4} {r['up_s']:>5.1f}s {r['agents_wait_s'] or 0:>5.1f}s "
+        print(f"{r['n']:>4} {r['up_s']:>5.1f}s {r['agents_wait_s'] or 0:>5.1f}s {r['linked'] or 0:>6} "
               f"{r['ready_p50']:>6.2f}/{r['ready_max']:<6.2f}s {r['latency_p50']:>7.2f}/{r['latency_max']:<7.2f}s "
               f"{r['stale_p50']:>6.2f}/{r['stale_max']:<6.2f}s {r['idle_agent_pct']:>6.2f} {r['idle_leader_pct']:>7.2f} "
-              f"{r['ops_per_ckpt']:>9.1f} {r['ops_per_s']:>6.1f} {r['rss_agent']:>9.1f} {r['rss_leader']:>10.1f}")
+              f"{r['agent_ops_per_ckpt']:>14.1f} {r['agent_idle_ops_per_s']:>11.2f} {r['leader_ops_per_ckpt']:>15.1f} "
+              f"{r['leader_idle_ops_per_s']:>12.2f} {r['rss_agent']:>9.1f} {r['rss_leader']:>10.1f}")
     for r in rows[1:]:
-        print(f"N={r['n']} / N={base['n']}: nodes x{r['n'] / base['n']:.0f}, leader idle CPU "
-              f"x{r['idle_leader_pct'] / max(base['idle_leader_pct'], 1e-9):.2f}, leader memory "
-              f"x{r['rss_leader'] / base['rss_leader']:.2f}, agents' wait x{(r['agents_wait_s'] or 0) / max(base['agents_wait_s'] or 0, 1e-9):.2f}, "
+        print(f"N={r['n']} / N={base['n']}: nodes x{r['n'] / base['n']:.0f}, leader ops per checkpoint "
+              f"x{r['leader_ops_per_ckpt'] / max(base['leader_ops_per_ckpt'], 1e-9):.2f}, leader memory "
+              f"x{r['rss_leader'] / base['rss_leader']:.2f}, agents' wait "
+              f"x{(r['agents_wait_s'] or 0) / max(base['agents_wait_s'] or 0, 1e-9):.2f}, "
               f"publish p50 x{r['latency_p50'] / max(base['latency_p50'], 1e-9):.2f}")
-    print("\nstatistics: " + json.dumps({"ops_kinds_last": rows[-1]["op_kinds"],
-                                         "median_ops_per_s": statistics.median(r["ops_per_s"] for r in rows)}))
-
+    print("\nstatistics: " + json.dumps({"agent_op_kinds_last": rows[-1]["agent_op_kinds"],
+                                         "leader_op_kinds_last": rows[-1]["leader_op_kinds"],
+                                         "median_agent_ops_per_ckpt": statistics.median(r["agent_ops_per_ckpt"] for r in rows)}))
 
 if __name__ == "__main__":
     main()
