@@ -101,7 +101,10 @@ def test_the_ddp_tutorial_pattern_through_the_four_interruptions(cluster4: Slurm
             # every rank on every node resumed from the same epoch, the newest published before
             assert len(resumed) == 4 and len(set(resumed)) == 1, (a, resumed)
             if a in (2, 3):
-                assert resumed[0] == before[-1], (resumed, before)  # a clean stop: the last save is durable
+                # a clean stop: the last save is durable. Its "saved" line may be missing: the stop's
+                # SIGTERM can land between the tutorial's torch.save and its print, and a rank killed
+                # then never flushes it (seen once: 23 resumed, the last line said 22, 23 published)
+                assert resumed[0] in (before[-1], before[-1] + EVERY), (resumed, before)
             else:
                 assert resumed[0] in before[-2:], (resumed, before)  # a node died: at most its last save
             starts.append(resumed[0])
