@@ -52,7 +52,8 @@ JOB = """#!/bin/bash
 #SBATCH --time=1
 cd {repo}
 echo "attempt ${{SLURM_RESTART_COUNT:-0}} on $SLURM_JOB_NODELIST"
-export EPOCH_SLEEP=1.0 OMP_NUM_THREADS=1
+# unbuffered: a rank killed with its node has printed its "Resuming" line already (CI once had 3 of 4)
+export EPOCH_SLEEP=1.0 OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -1)
 exec {python} -m supervisor --config {cfg} --run-dir {run} -- \\
   srun --ntasks-per-node=1 --chdir={local}/ckpt {torchrun} --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d \\
