@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Collection, Mapping, Protocol
 
-
 from supervisor.bell import LINKED_LOOK_S, Bell
 from supervisor.sync import _fsops
 from supervisor.sync._aside import set_aside, set_aside_versions
