@@ -240,14 +240,12 @@ async def _hello(stream: SocketStream, token: str, want: set[int]) -> int | None
         with anyio.fail_after(HELLO_S):
             words = (await reader.receive_until(b"\n", MAX_LINE)).decode("ascii", "replace").split()
             ok = (len(words) == 3 and words[0] == "hello" and secrets.compare_digest(words[1], token)
-                  and words[2].isdigit() and int(words[2]) in want)
+                  and words[2].isdigit() and int(words[2]) in want and not reader.buffer)  # nothing before our answer
             if not ok:
                 return None
             await stream.send(b"ok\n")
     except (TimeoutError, *_GONE):
         return None
-    if reader.buffer:
-        return None  # nothing may follow the hello before the answer
     return int(words[2])
 
 
