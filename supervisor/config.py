@@ -29,9 +29,48 @@ SYNC_KINDS = ("checkpoint", "log")
 LAUNCHERS = ("auto", "horovodrun", "mpiexec", "srun", "torchrun", "deepspeed", "csrun", "python", "generic")
 
 
+STORE_SCHEMES = ("s3://",)
+STORE_KEYS = ("endpoint", "region", "aws_profile", "access_key_id", "secret_access_key")  # [[sync]] keys of an s3:// pair
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """Where an object-store pair's persistent side is: ``s3://bucket/prefix`` and how to reach
+    it. Unset fields come from the usual AWS variables and files when the store is opened
+    (``supervisor/sync/_store.py``). The secret never shows in a repr, a log or the journal."""
+
+    url: str
+    bucket: str
+    prefix: str
+    endpoint: str | None = None
+    region: str | None = None
+    aws_profile: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: str | None = field(default=None, repr=False)
+
+    @staticmethod
+    def parse(url: str) -> StoreSpec:
+        """``s3://bucket[/prefix]``; ValueError (what would be right) otherwise."""
+        if not url.startswith("s3://"):
+            raise ValueError("an s3://bucket/prefix URL")
+        bucket, _, prefix = url[len("s3://"):].partition("/")
+        if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket):
+            raise ValueError("s3://BUCKET/prefix with a bucket name of 3 to 63 lowercase letters, digits, dots and hyphens")
+        prefix = prefix.strip("/")
+        if any(part in ("", ".", "..") for part in prefix.split("/")) and prefix:
+            raise ValueError("s3://bucket/prefix without empty, . or .. path segments")
+        return StoreSpec(url=f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}", bucket=bucket, prefix=prefix)
+
+
+def is_store(text: object) -> bool:
+    """Is a pair's ``to`` an object store (``s3://``) rather than a directory?"""
+    return isinstance(text, str) and text.startswith(STORE_SCHEMES)
+
+
 @dataclass(frozen=True)
 class SyncPair:
-    """One local → persistent mirror. ``kind`` decides the semantics (docs/sync.md)."""
+    """One local → persistent mirror. ``kind`` decides the semantics (docs/sync.md). ``store``:
+    the persistent side is an object store (``to = "s3://…"``); ``dst`` then only names it."""
 
     name: str
     kind: str
@@ -47,6 +86,12 @@ class SyncPair:
     nodes: int = 1  # > 1: every node writes its own part; published once all parts are durable (0: auto, see for_job)
     profile: str = "auto"  # the framework's layout (supervisor/sync/_profiles.py), or auto: detected
     origin: str = field(default="", compare=False)  # the file that set it: the plan's errors name it
+    store: StoreSpec | None = None
+
+    @property
+    def where(self) -> str:
+        """The persistent side as the user wrote it: a directory, or the ``s3://`` URL."""
+        return self.store.url if self.store is not None else str(self.dst)
 
     def for_job(self, job_nodes: int) -> SyncPair:
         """``nodes = "auto"`` (0) made the job's node count: the plan knows the job, config does not."""
@@ -325,7 +370,7 @@ SCALAR_KEYS: dict[str, Callable[[Any], Any]] = {k.name: k.convert for k in KEYS}
 DEFAULT: dict[str, Any] = {k.name: k.default for k in KEYS}
 SECRET_KEYS = frozenset({"notify"})
 SYNC_KEYS = ("name", "kind", "from", "to", "markers", "every", "restore", "exclude", "keep_local", "settle", "fsync", "profile",
-             "nodes")
+             "nodes", *STORE_KEYS)
 TOP_LEVEL_TABLES = ("sync",)
 
 
@@ -486,9 +531,19 @@ def _sync_table(t: Mapping[str, Any], index: int, path: Path) -> SyncPair:
 
     kind = conv("kind", _choice(*SYNC_KINDS), "checkpoint")
     src = conv("from", _path, None)
-    dst = conv("to", _path, None)
+    store = conv("to", StoreSpec.parse, None) if is_store(t["to"]) else None
+    dst = Path(store.url) if store is not None else conv("to", _path, None)
     src = src if src.is_absolute() else base / src
-    dst = dst if dst.is_absolute() else base / dst
+    dst = dst if dst.is_absolute() or store is not None else base / dst
+    given = {k: t[k] for k in STORE_KEYS if k in t}
+    for key, value in given.items():
+        if store is None:
+            raise ConfigError(f"{where}.{key}", "<hidden>" if "secret" in key else value,
+                              "only for an object-store pair (to = \"s3://bucket/prefix\")", source)
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(f"{where}.{key}", "<hidden>" if "secret" in key else value, "a non-empty string", source)
+    if store is not None:
+        store = replace(store, **given)
     return SyncPair(
         name=conv("name", lambda v: v if isinstance(v, str) and v.strip() else (_ for _ in ()).throw(ValueError("a non-empty name")), ""),
         kind=kind, src=src, dst=dst,
@@ -502,6 +557,7 @@ def _sync_table(t: Mapping[str, Any], index: int, path: Path) -> SyncPair:
         nodes=conv("nodes", _nodes, _PAIR.nodes),
         profile=conv("profile", _profile, _PAIR.profile),
         origin=source,
+        store=store,
     )
 
 
@@ -528,7 +584,7 @@ def _resolve_pairs(pairs: list[SyncPair]) -> tuple[SyncPair, ...]:
     out: list[SyncPair] = []
     names = {p.name for p in pairs if p.name}
     for i, p in enumerate(pairs):
-        src, dst = p.src.absolute(), p.dst.absolute()
+        src, dst = p.src.absolute(), p.dst if p.store is not None else p.dst.absolute()
         if p.nodes != 1 and p.kind != "checkpoint":
             raise ConfigError(f"sync {p.name or i}.nodes", p.nodes or "auto",
                               "only checkpoint pairs are mirrored per node; log pairs are the leader's", p.origin)
@@ -615,7 +671,9 @@ def build_config(
             raise ConfigError("nodes", flag_nodes, f"expected {e}", "--nodes") from None
     extra = _checkpoint_flags(pair_flags or {})
     for kind, local, persistent in flag_pairs:
-        pairs.append(SyncPair(name="", kind=kind, src=_abs(local, cwd), dst=_abs(persistent, cwd),
+        store = _store_flag(kind, persistent)
+        pairs.append(SyncPair(name="", kind=kind, src=_abs(local, cwd), dst=Path(store.url) if store else _abs(persistent, cwd),
+                              store=store,
                               nodes=nodes if kind == "checkpoint" else 1, **(extra if kind == "checkpoint" else {})))
 
     if require_command and not command:
@@ -705,6 +763,16 @@ def _checkpoint_flags(raw: Mapping[str, Any]) -> dict[str, Any]:
     if raw.get("markers"):
         out["markers"] = tuple(raw["markers"])
     return out
+
+
+def _store_flag(kind: str, persistent: str) -> StoreSpec | None:
+    """``--checkpoints LOCAL s3://bucket/prefix``: an object store, reached through the AWS variables."""
+    if not is_store(persistent):
+        return None
+    try:
+        return StoreSpec.parse(persistent)
+    except ValueError as e:
+        raise ConfigError(f"--{kind}s", persistent, f"expected {e}") from None
 
 
 def _abs(p: str | Path, cwd: Path) -> Path:

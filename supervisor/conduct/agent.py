@@ -132,7 +132,7 @@ class Agent:
         if run.mirror is not None:
             run.mirror.attach(self.journal.emit, writers=run.tree_pids)
             self.journal.emit("sync-start", backend=run.mirror.backend_name,
-                              pairs=[{"name": p.name, "kind": p.kind, "from": str(p.src), "to": str(p.dst), "nodes": p.nodes,
+                              pairs=[{"name": p.name, "kind": p.kind, "from": str(p.src), "to": p.where, "nodes": p.nodes,
                                       "profile": p.profile} for p in cfg.sync])
             with anyio.CancelScope() as restore_scope:
                 tg.start_soon(cancel_when, self._stop_wanted, restore_scope)

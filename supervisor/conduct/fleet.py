@@ -315,7 +315,7 @@ async def journal_lost_nodes(plan: Plan, emit: Emit) -> None:
     sched = plan.job.sched
     if not sched.is_batch or plan.nodes < 2:
         return
-    dsts = [p.dst for p in plan.cfg.sync if p.kind == "checkpoint" and p.nodes > 1]
+    dsts = [p.dst for p in plan.cfg.sync if p.kind == "checkpoint" and p.nodes > 1 and p.store is None]
     for lost in await anyio.to_thread.run_sync(lost_nodes, plan.previous_events, plan.job.nodes, dsts, sched.node_state):
         emit("node-lost", scheduler=plan.job.scheduler, **lost)
         log.warning("node %s of attempt %s is gone (%s: %s%s)%s", lost["node"], lost["in_attempt"],

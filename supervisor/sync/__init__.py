@@ -62,6 +62,22 @@ class Published:
         return self.completed_at if self.completed_at is not None else self.published_at
 
 
+def _probe(p: SyncPair, store: Any) -> None:
+    """An object-store pair: can this run list, write and delete under its prefix? One line,
+    exit 2, nothing started, when it cannot (the extra missing, no bucket, a wrong key, no
+    endpoint); the secret is never part of it."""
+    key = f"sync {p.name}.to"
+    if store is None:
+        raise ConfigError(key, p.where, "an s3:// persistent side needs the s3 extra: pip install 'supervise-hpc[s3]' (obstore)",
+                          p.origin)
+    from supervisor.sync._store import PROBE_RETRIES, Store, StoreError
+
+    try:
+        Store(p.store, retries=PROBE_RETRIES).probe()
+    except StoreError as e:
+        raise ConfigError(key, p.where, str(e).removeprefix(f"{p.where}: "), p.origin) from None
+
+
 class Mirror:
     """Mirrors every sync pair until cancelled; the agent asks it for restores and flushes.
 
@@ -99,7 +115,7 @@ class Mirror:
             self._engines.append(PairEngine(p, self._backend, emit, every=sync_every, retry_base=retry_base,
                                             retry_cap=retry_cap, on_publish=self._count_publish,
                                             writers=writers if p.kind == "checkpoint" else None, ours=ours,
-                                            role=role_for(p.kind, p.nodes, node_rank, parts_poll)))
+                                            role=role_for(p.kind, p.nodes, node_rank, parts_poll, store=p.store is not None)))
 
     @staticmethod
     def published_in(events: Iterable[Mapping[str, Any]]) -> dict[str, set[str]]:
@@ -182,6 +198,9 @@ class Mirror:
         for p in self._pairs:
             if p.kind == "checkpoint" and p.nodes > 1 and self.node_rank >= p.nodes:
                 raise ConfigError("node_rank", self.node_rank, f"expected 1 to {p.nodes - 1}: sync {p.name} has nodes = {p.nodes}")
+        for eng in self._engines:
+            if eng.pair.store is not None:
+                _probe(eng.pair, eng.state.store)
         return warnings
 
     async def prepare(self, *, previous_start: Mapping[str, Any] | None, host: str) -> list[str]:
@@ -301,12 +320,12 @@ class Mirror:
         out = []
         for eng in self._engines:
             p = eng.pair
-            text = f"{p.kind} {p.src} -> {p.dst}"
+            text = f"{p.kind} {p.src} -> {p.where}"
             if p.kind != "checkpoint":
                 out.append(("ok", f"{p.name}: {text}, grows files in place"))
                 continue
             prof, evidence = eng.profile, "set" if eng.profile is not None else ""
-            for root in (p.src, p.dst):
+            for root in (p.src,) if p.store is not None else (p.src, p.dst):
                 if prof is None:
                     listing = classify(root, exclude=p.exclude, now=time.time())
                     prof, evidence = listing.profile, f"detected from {root / listing.evidence}" if listing.profile else ""

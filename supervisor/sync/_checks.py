@@ -67,25 +67,10 @@ def check_pairs(pairs: Sequence[SyncPair], env: dict[str, str] | None = None) ->
         if p.kind == "checkpoint" and p.exclude:
             _check_markers_kept(p, key)
         names.add(p.name)
-        src, dst = Path(os.path.realpath(p.src)), Path(os.path.realpath(p.dst))
-        if src == dst:
-            raise ConfigError(key, f"{p.src} -> {p.dst}", "local and persistent sides are the same path", p.origin)
-        if dst.is_relative_to(src) or src.is_relative_to(dst):
-            raise ConfigError(key, f"{p.src} -> {p.dst}", "one side is inside the other; mirror into a separate directory", p.origin)
-        for other in pairs[:i]:
-            o = Path(os.path.realpath(other.dst))
-            if o == dst or o.is_relative_to(dst) or dst.is_relative_to(o):
-                raise ConfigError(key, str(p.dst), f"persistent side overlaps that of sync {other.name}", p.origin)
-        if p.src.exists() and not p.src.is_dir():
-            raise ConfigError(f"{key}.from", str(p.src), "exists and is not a directory", p.origin)
-        if p.dst.exists() and not p.dst.is_dir():
-            raise ConfigError(f"{key}.to", str(p.dst), "exists and is not a directory", p.origin)
-        if p.dst.is_dir():
-            from supervisor.journal import check_run_dir_safe
-
-            unsafe = check_run_dir_safe(p.dst)  # issue 14: staging and temp names live there
-            if unsafe:
-                raise ConfigError(f"{key}.to", str(p.dst), f"persistent side {unsafe}", p.origin)
+        if p.store is not None:
+            _check_store_side(p, key, pairs[:i])
+        else:
+            _check_dir_side(p, key, pairs[:i])
         if p.keep_local is not None and p.kind != "checkpoint":
             raise ConfigError(f"{key}.keep_local", p.keep_local, "only checkpoint pairs keep a number of local copies", p.origin)
         if not p.src.exists():
@@ -95,21 +80,70 @@ def check_pairs(pairs: Sequence[SyncPair], env: dict[str, str] | None = None) ->
             else:
                 warnings.append(f"sync {p.name}: local side {p.src} does not exist and cannot be created here; "
                                 "waiting for the training to create it")
-        anc = _existing(p.dst)
-        if not os.access(anc, os.W_OK):
-            warnings.append(f"sync {p.name}: persistent side {p.dst} is not writable ({anc}); syncs will fail and be retried")
-        mnt, fstype = _mount_of(p.dst)
-        sdst = str(dst)
-        if fstype in ("tmpfs", "ramfs") or any(sdst == h or sdst.startswith(h + "/") for h in (*LOCAL_HINTS, *local_dirs)):
-            warnings.append(f"sync {p.name}: persistent side {p.dst} looks node-local ({fstype} at {mnt}); "
-                            "it will not outlive the node")
-        elif p.src.exists() and p.dst.exists() and os.stat(p.src).st_dev == os.stat(p.dst).st_dev:
-            warnings.append(f"sync {p.name}: local and persistent sides are on the same filesystem ({fstype} at {mnt}); "
-                            "the copy protects against nothing if that disk goes")
-        elif fstype not in SHARED_FS and fstype != "?":
-            warnings.append(f"sync {p.name}: persistent side {p.dst} is on {fstype} at {mnt}, not a shared filesystem; "
-                            "check that it outlives the node")
+        if p.store is None:
+            warnings += _dir_side_doubts(p, local_dirs)
     return warnings
+
+
+def _check_dir_side(p: SyncPair, key: str, before: Sequence[SyncPair]) -> None:
+    """A directory as the persistent side: apart from the local side and every other pair's."""
+    src, dst = Path(os.path.realpath(p.src)), Path(os.path.realpath(p.dst))
+    if src == dst:
+        raise ConfigError(key, f"{p.src} -> {p.dst}", "local and persistent sides are the same path", p.origin)
+    if dst.is_relative_to(src) or src.is_relative_to(dst):
+        raise ConfigError(key, f"{p.src} -> {p.dst}", "one side is inside the other; mirror into a separate directory", p.origin)
+    for other in before:
+        if other.store is not None:
+            continue
+        o = Path(os.path.realpath(other.dst))
+        if o == dst or o.is_relative_to(dst) or dst.is_relative_to(o):
+            raise ConfigError(key, str(p.dst), f"persistent side overlaps that of sync {other.name}", p.origin)
+    if p.src.exists() and not p.src.is_dir():
+        raise ConfigError(f"{key}.from", str(p.src), "exists and is not a directory", p.origin)
+    if p.dst.exists() and not p.dst.is_dir():
+        raise ConfigError(f"{key}.to", str(p.dst), "exists and is not a directory", p.origin)
+    if p.dst.is_dir():
+        from supervisor.journal import check_run_dir_safe
+
+        unsafe = check_run_dir_safe(p.dst)  # issue 14: staging and temp names live there
+        if unsafe:
+            raise ConfigError(f"{key}.to", str(p.dst), f"persistent side {unsafe}", p.origin)
+
+
+def _dir_side_doubts(p: SyncPair, local_dirs: list[str]) -> list[str]:
+    """Will a directory outlive the node, and can we write it?"""
+    warnings: list[str] = []
+    dst = Path(os.path.realpath(p.dst))
+    anc = _existing(p.dst)
+    if not os.access(anc, os.W_OK):
+        warnings.append(f"sync {p.name}: persistent side {p.dst} is not writable ({anc}); syncs will fail and be retried")
+    mnt, fstype = _mount_of(p.dst)
+    sdst = str(dst)
+    if fstype in ("tmpfs", "ramfs") or any(sdst == h or sdst.startswith(h + "/") for h in (*LOCAL_HINTS, *local_dirs)):
+        warnings.append(f"sync {p.name}: persistent side {p.dst} looks node-local ({fstype} at {mnt}); "
+                        "it will not outlive the node")
+    elif p.src.exists() and p.dst.exists() and os.stat(p.src).st_dev == os.stat(p.dst).st_dev:
+        warnings.append(f"sync {p.name}: local and persistent sides are on the same filesystem ({fstype} at {mnt}); "
+                        "the copy protects against nothing if that disk goes")
+    elif fstype not in SHARED_FS and fstype != "?":
+        warnings.append(f"sync {p.name}: persistent side {p.dst} is on {fstype} at {mnt}, not a shared filesystem; "
+                        "check that it outlives the node")
+    return warnings
+
+
+def _check_store_side(p: SyncPair, key: str, before: Sequence[SyncPair]) -> None:
+    """An object store as the persistent side (``s3://bucket/prefix``): no other pair's prefix
+    overlaps it. Whether it can be reached and written is ``Mirror.check``'s probe."""
+    assert p.store is not None
+    mine = f"{p.store.bucket}/{p.store.prefix}".rstrip("/") + "/"
+    for other in before:
+        if other.store is None:
+            continue
+        theirs = f"{other.store.bucket}/{other.store.prefix}".rstrip("/") + "/"
+        if mine.startswith(theirs) or theirs.startswith(mine):
+            raise ConfigError(f"{key}.to", p.store.url, f"persistent side overlaps that of sync {other.name}", p.origin)
+    if p.keep_local is not None and p.nodes > 1:
+        raise ConfigError(f"{key}.keep_local", p.keep_local, "not yet for a per-node pair on an object store", p.origin)
 
 
 def _check_markers_kept(p: SyncPair, key: str) -> None:

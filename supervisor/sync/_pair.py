@@ -35,6 +35,8 @@ from supervisor.sync._restore import Restorer
 from supervisor.sync._roles import Role, Single
 from supervisor.sync._schedule import Schedule
 from supervisor.sync._state import PairState, to_thread
+from supervisor.sync._storelogs import StoreLogs
+from supervisor.sync._storepub import StoreRestorer
 from supervisor.sync._writers import open_for_write
 
 LOG_BATCH = 10.0  # s: while logs are written, a log pair copies what grew at most this often
@@ -64,8 +66,13 @@ class PairEngine:
         self._newest_ns = 0
         self.schedule = Schedule(self.state, every=pair.every or every, retry_base=retry_base, retry_cap=retry_cap)
         self.publisher = self.role.compose(self, on_publish=on_publish, ours=ours)
-        self.logs = LogPass(self.state, recheck=self.schedule.recheck)
-        self.restorer = Restorer(self.state, judge=self._judge_side, adopt_profile=self.adopt_profile)
+        store = self.state.store
+        if store is None:
+            self.logs: LogPass | StoreLogs = LogPass(self.state, recheck=self.schedule.recheck)
+            self.restorer = Restorer(self.state, judge=self._judge_side, adopt_profile=self.adopt_profile)
+        else:  # an object store (``to = "s3://…"``): its own log uploads and restore
+            self.logs = StoreLogs(self.state, store, recheck=self.schedule.recheck)
+            self.restorer = StoreRestorer(self.state, store, judge=self._judge_side, adopt_profile=self.adopt_profile)
 
     # ---- what the mirror reads ------------------------------------------------------
 
@@ -125,7 +132,8 @@ class PairEngine:
             if not await to_thread(self.pair.src.is_dir):
                 self.state.pending = [f"{self.pair.name}: local side {self.pair.src} does not exist"]
                 return {"ok": True, "files": 0, "bytes": 0, "published": [], "seconds": 0.0}
-            await to_thread(self.pair.dst.mkdir, parents=True, exist_ok=True)
+            if self.state.store is None:
+                await to_thread(self.pair.dst.mkdir, parents=True, exist_ok=True)
             if self.pair.kind == "checkpoint":
                 listing = await self._pass_listing(trigger)
                 await self.publisher.run(listing, trigger, stats, published)
@@ -139,7 +147,7 @@ class PairEngine:
             self.emit("sync-recovered", pair=self.pair.name, after_failures=failures)
         if stats.files or published or not trigger.startswith(("watch", "periodic", "settle", "parts")):
             self.emit("sync", pair=self.pair.name, trigger=trigger, files=stats.files, bytes=stats.bytes,
-                      seconds=seconds, published=published, backend=self.state.backend.name)
+                      seconds=seconds, published=published, backend="s3" if self.state.store else self.state.backend.name)
         return {"ok": True, "files": stats.files, "bytes": stats.bytes, "published": published, "seconds": seconds}
 
     def _failed(self, trigger: str, e: Exception, seconds: float) -> dict[str, Any]:

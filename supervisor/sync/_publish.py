@@ -65,7 +65,6 @@ class Publisher:
     async def run(self, listing: Listing, trigger: str, stats: CopyResult, published: list[str]) -> None:
         """One checkpoint pass over ``listing``, the local side as the engine just scanned it:
         copies add to ``stats``, the names published now to ``published``."""
-        p = self.pair
         self._journal_torn(listing)
         todo: list[Entry] = []
         for e in complete_newest_first(listing):
@@ -73,7 +72,7 @@ class Publisher:
             if prev is not None and prev.same_content(e.snap):
                 continue
             if prev is None:  # already there from an earlier attempt?
-                there = await to_thread(snapshot, p.dst / e.name, within(e.name, p.exclude))
+                there = await self._there(e.name)
                 if matches(there, e.snap):
                     self.state.published[e.name] = e.snap
                     if e.name in listing.sigs:
@@ -93,13 +92,12 @@ class Publisher:
                 # over older ones took 11 s after a stop's checkpoint (chaos trial, CI load).
                 # Each pass publishes at least one, so the older ones still get their turn.
                 break
-            staging = p.dst / f"{STAGING_PREFIX}{e.name}"
             try:
                 ok = await self._publish(e, trigger, stats)
             except (OSError, CopyError):
                 # Never published, so ours to drop: a full disk gets its space back for the retry.
                 with anyio.CancelScope(shield=True):
-                    await to_thread(_fsops.remove_ours, staging)
+                    await self._drop(e.name)
                 raise
             if ok:
                 published.append(e.name)
@@ -110,6 +108,27 @@ class Publisher:
             self._note_pending(listing)
         await self.publish_pointers(listing)
         await self._end_pass(listing)
+
+    # ---- the persistent side: a directory here (``_storepub.StorePublisher``: an object store) ----
+
+    async def _there(self, name: str) -> Snap | None:
+        """What the persistent side holds under ``name`` (None: nothing)."""
+        return await to_thread(snapshot, self.pair.dst / name, within(name, self.pair.exclude))
+
+    async def _drop(self, name: str) -> None:
+        """A failed publish's leftovers (never published, so ours)."""
+        await to_thread(_fsops.remove_ours, self.pair.dst / f"{STAGING_PREFIX}{name}")
+
+    async def _pointer_there(self, name: str) -> bool:
+        return await to_thread(os.path.lexists, self.pair.dst / name)
+
+    async def _write_pointer(self, ptr: Pointer, target: str) -> bool:
+        """The pointer or link on the persistent side, as the local one; False: it was there already."""
+        p = self.pair
+        if ptr.link:
+            return await to_thread(_fsops.write_link, p.dst / ptr.name, target)
+        return await to_thread(_fsops.write_atomic, p.dst / ptr.name, ptr.content, ptr.mtime_ns, fsync=p.fsync,
+                               mode=ptr.mode)
 
     def _beside_due(self, todo: list[Entry], flushing: bool) -> list[Entry]:
         """The files beside the checkpoints that are due: one published less than
@@ -223,16 +242,12 @@ class Publisher:
             cur = listing.entries.get(target)
             if cur is not None and not self.state.published[target].same_content(cur.snap):
                 continue
-            if not self._owns(ptr.name) and await to_thread(os.path.lexists, p.dst / ptr.name):
+            if not self._owns(ptr.name) and await self._pointer_there(ptr.name):
                 self._refuse(ptr.name, "pointer")  # another run's `latest` sharing the directory
                 continue
             if await to_thread(self._behind, ptr):
                 continue
-            if ptr.link:
-                wrote = await to_thread(_fsops.write_link, p.dst / ptr.name, target)
-            else:
-                wrote = await to_thread(_fsops.write_atomic, p.dst / ptr.name, ptr.content, ptr.mtime_ns, fsync=p.fsync,
-                                        mode=ptr.mode)
+            wrote = await self._write_pointer(ptr, target)
             self.pointers_done[ptr.name] = ptr.content
             if wrote:
                 self.emit("publish", pair=p.name, checkpoint=ptr.name, pointer=True, target=target,
@@ -271,7 +286,7 @@ class Publisher:
         for e in done[p.keep_local:]:
             if e.name in named or e.name not in self.state.published or not self.state.published[e.name].same_content(e.snap):
                 continue
-            there = await to_thread(snapshot, p.dst / e.name, within(e.name, p.exclude))
+            there = await self._there(e.name)
             if not self._holds(there, e.snap):
                 continue
             await to_thread(_remove_local, p.src / e.name)

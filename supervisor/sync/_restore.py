@@ -40,7 +40,7 @@ class Restorer:
         persistent storage (a multi-node leader's choice for every node)."""
         listing: Listing = await to_thread(self.judge, self.pair.dst)
         self.adopt_profile(listing, "persistent")
-        best = _newest(listing, self.state.profile)
+        best = newest(listing, self.state.profile)
         return best.name if best is not None else None
 
     async def run(self, want: str | None = None, *, keep_newer: bool = True) -> Path | None:
@@ -58,7 +58,7 @@ class Restorer:
         listing: Listing = await to_thread(self.judge, p.dst)
         self.adopt_profile(listing, "persistent")
         local: Listing = await to_thread(self.judge, p.src)
-        best, mine = _newest(listing, self.state.profile), _newest(local, self.state.profile)
+        best, mine = newest(listing, self.state.profile), newest(local, self.state.profile)
         if want is not None:
             best = listing.entries.get(want) if want in listing.entries and listing.entries[want].complete else None
         if not keep_newer:
@@ -67,7 +67,7 @@ class Restorer:
             e.torn for e in listing.entries.values()) else {}
         if listing.outside:
             skipped["links_out"] = sorted(listing.outside)
-        if mine is not None and (best is None or _newer(mine, best)):
+        if mine is not None and (best is None or is_newer(mine, best)):
             why = (f"the local {mine.name} is newer than the persistent {best.name}" if best is not None
                    else f"nothing on persistent storage; the local {mine.name} is complete")
             repointed = await to_thread(self._repoint, local, mine)
@@ -166,7 +166,7 @@ def _copy_local(src: Path, dst: Path) -> None:
     os.replace(tmp, dst)
 
 
-def _newest(listing: Listing, profile: Profile | None) -> Entry | None:
+def newest(listing: Listing, profile: Profile | None) -> Entry | None:
     """``newest_complete``; with Lightning, a complete ``last.ckpt`` written after the newest
     ``step=N`` file is the newest (Lightning saves it after the top-k ones)."""
     best = newest_complete(listing)
@@ -178,7 +178,7 @@ def _newest(listing: Listing, profile: Profile | None) -> Entry | None:
     return max(later, key=written) if later else best
 
 
-def _newer(a: Entry, b: Entry) -> bool:
+def is_newer(a: Entry, b: Entry) -> bool:
     """Is local checkpoint ``a`` newer than persistent ``b``? The same name: a different,
     later-written version; otherwise the later step (or name)."""
     if a.name == b.name:

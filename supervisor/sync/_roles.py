@@ -386,8 +386,15 @@ class Node(_PerNode):
         return []
 
 
-def role_for(kind: str, nodes: int, node_rank: int, parts_poll: float = 1.0) -> Role:
-    """The role of a pair of ``kind`` written by ``nodes`` nodes, on node ``node_rank``."""
+def role_for(kind: str, nodes: int, node_rank: int, parts_poll: float = 1.0, *, store: bool = False) -> Role:
+    """The role of a pair of ``kind`` written by ``nodes`` nodes, on node ``node_rank``;
+    ``store``: its persistent side is an object store (``_storeroles.py``)."""
+    if store:
+        from supervisor.sync._storeroles import StoreLeader, StoreNode, StoreSingle
+
+        if kind != "checkpoint" or nodes <= 1:
+            return StoreSingle()
+        return StoreLeader(parts_poll) if node_rank == 0 else StoreNode(node_rank, parts_poll)
     if kind != "checkpoint" or nodes <= 1:
         return Single()
     return Leader(parts_poll) if node_rank == 0 else Node(node_rank, parts_poll)

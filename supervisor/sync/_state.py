@@ -37,3 +37,19 @@ class PairState:
         self.sigs: dict[str, Any] = {}         # its top-level stat then, to skip re-walking it
         self.pending: list[str] = [f"{pair.name}: not synced yet"]  # what is not yet durable, a line each
         self.last_activity: float | None = None  # time.monotonic() of the last local change seen
+        self.store = open_store(pair)             # the object store of an s3:// pair (_store.py), else None
+
+
+def open_store(pair: SyncPair) -> Any:
+    """The client of a pair's object store; None for a directory, or when the s3 extra
+    (obstore) is not installed, which ``Mirror.check`` says before anything starts."""
+    if pair.store is None:
+        return None
+    try:
+        from supervisor.sync._store import Store
+    except ImportError:
+        return None
+    try:
+        return Store(pair.store)
+    except ImportError:
+        return None

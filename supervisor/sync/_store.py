@@ -1,0 +1,332 @@
+"""An object store as a pair's persistent side (``to = "s3://bucket/prefix"``): the client.
+
+A small async surface over obstore (Rust ``object_store``; the ``supervise-hpc[s3]`` extra),
+imported only when a pair names a store: keys under the pair's prefix, whole-file uploads that
+hash as they read (concurrent multipart past ``CHUNK``, memory bounded by ``CHUNK`` ×
+``PARTS_AT_ONCE`` per file and ``BIG_AT_ONCE`` files), conditional puts (``create``: refused
+when the key exists; ``if_match``: refused when it changed), streaming downloads that verify.
+Every failure is a ``StoreError``, an ``OSError`` whose ``code`` names what happened, so the
+pair engine journals and retries it as any copy failure (docs/sync.md, "Object stores").
+
+Credentials, endpoint and region: the pair's own keys, else ``AWS_ACCESS_KEY_ID`` /
+``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN``, ``AWS_ENDPOINT_URL_S3`` /
+``AWS_ENDPOINT_URL``, ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, else the profile
+(``aws_profile``, ``AWS_PROFILE``, ``default``) of ``~/.aws/credentials`` and ``~/.aws/config``.
+No message this module makes holds the secret.
+"""
+
+from __future__ import annotations
+
+import configparser
+import datetime
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Mapping, Sequence
+
+import anyio
+
+from supervisor.config import StoreSpec
+
+CHUNK = 8 << 20          # bytes: a multipart part, and what one read hands the uploader
+PARTS_AT_ONCE = 4        # parts of one file in flight
+BIG_AT_ONCE = 2          # files of CHUNK or more uploading at once (memory: about CHUNK × PARTS × BIG, twice over)
+SMALL_AT_ONCE = 32       # smaller files at once (each read whole: at most 32 × CHUNK)
+CONNECT_TIMEOUT = "5s"
+REQUEST_TIMEOUT = "120s"  # one request (a part of CHUNK bytes at 1 MB/s takes 8 s)
+RETRIES = 4              # on 5xx, throttling and dropped connections, with backoff (obstore's)
+RETRY_WITHIN_S = 60.0    # and never longer than this per request: the stop's budget bounds the rest
+PROBE_RETRIES = 1
+
+
+class StoreError(OSError):
+    """A store operation failed; ``code`` as an errno name where one fits (``EACCES``,
+    ``ENOENT``, ``ECONNREFUSED``, ``EEXIST``) or ``S3``."""
+
+    def __init__(self, message: str, code: str = "S3") -> None:
+        super().__init__(message)
+        self.code = code
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class Exists(StoreError):
+    """A ``create`` put found the key there already."""
+
+
+class Changed(StoreError):
+    """An ``if_match`` put found the key changed (or gone) since it was read."""
+
+
+@dataclass(frozen=True)
+class Access:
+    """The resolved way in: never printed whole (the secret is left out of the repr)."""
+
+    endpoint: str | None
+    region: str
+    key_id: str | None
+    secret: str | None
+    token: str | None
+
+    def __repr__(self) -> str:
+        return f"Access(endpoint={self.endpoint!r}, region={self.region!r}, key_id={self.key_id!r})"
+
+
+def resolve(spec: StoreSpec, env: Mapping[str, str] | None = None) -> Access:
+    """The pair's keys, else the AWS variables, else the AWS files' profile."""
+    env = os.environ if env is None else env
+    profile = spec.aws_profile or env.get("AWS_PROFILE") or "default"
+    creds = _ini(Path(env.get("AWS_SHARED_CREDENTIALS_FILE") or Path.home() / ".aws" / "credentials"), profile)
+    conf = _ini(Path(env.get("AWS_CONFIG_FILE") or Path.home() / ".aws" / "config"),
+                profile if profile == "default" else f"profile {profile}")
+    key_id = spec.access_key_id or env.get("AWS_ACCESS_KEY_ID") or creds.get("aws_access_key_id")
+    secret = spec.secret_access_key or env.get("AWS_SECRET_ACCESS_KEY") or creds.get("aws_secret_access_key")
+    token = None if spec.access_key_id else env.get("AWS_SESSION_TOKEN") or creds.get("aws_session_token")
+    endpoint = spec.endpoint or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or conf.get("endpoint_url")
+    region = spec.region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or conf.get("region") or "us-east-1"
+    return Access(endpoint, region, key_id, secret, token)
+
+
+def _ini(path: Path, section: str) -> dict[str, str]:
+    parser = configparser.RawConfigParser()
+    try:
+        parser.read(path)
+    except (OSError, configparser.Error):
+        return {}
+    return dict(parser[section]) if parser.has_section(section) else {}
+
+
+def _seconds(s: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=s)
+
+
+class Store:
+    """One pair's bucket and prefix. ``key(rel)`` is the object key of a path under the prefix."""
+
+    def __init__(self, spec: StoreSpec, env: Mapping[str, str] | None = None, *, retries: int = RETRIES) -> None:
+        from obstore.store import S3Store  # the s3 extra: imported only for a store pair
+
+        self.spec = spec
+        self.url = spec.url
+        self.access = resolve(spec, env)
+        a = self.access
+        kw: dict[str, Any] = {"region": a.region}
+        if a.endpoint:
+            kw["endpoint"] = a.endpoint
+            kw["virtual_hosted_style_request"] = False
+        if a.key_id and a.secret:
+            kw["access_key_id"], kw["secret_access_key"] = a.key_id, a.secret
+            if a.token:
+                kw["session_token"] = a.token
+        else:
+            kw["skip_signature"] = True  # a public bucket; a private one answers 403 at the probe
+        self._store = S3Store(
+            spec.bucket,
+            client_options={"allow_http": True, "connect_timeout": CONNECT_TIMEOUT, "timeout": REQUEST_TIMEOUT},
+            retry_config={"max_retries": retries, "retry_timeout": _seconds(RETRY_WITHIN_S),
+                          "backoff": {"init_backoff": _seconds(0.2), "max_backoff": _seconds(10.0), "base": 2}},
+            **kw)
+        self.big = anyio.CapacityLimiter(BIG_AT_ONCE)
+        self.small = anyio.CapacityLimiter(SMALL_AT_ONCE)
+
+    def key(self, rel: str) -> str:
+        return f"{self.spec.prefix}/{rel}" if self.spec.prefix else rel
+
+    def rel(self, key: str) -> str:
+        return key[len(self.spec.prefix) + 1:] if self.spec.prefix else key
+
+    # ---- reads --------------------------------------------------------------------
+
+    async def get(self, key: str) -> tuple[bytes, str] | None:
+        """The object's bytes and ETag, or None when there is none."""
+        import obstore
+
+        try:
+            got = await self._call(obstore.get_async(self._store, key), key)
+            data = bytes(await self._call(got.bytes_async(), key))
+        except StoreError as e:
+            if e.code == "ENOENT" and not isinstance(e, Exists):
+                return None
+            raise
+        return data, str(got.meta.get("e_tag") or "")
+
+    async def list(self, rel_prefix: str) -> list[dict[str, Any]]:
+        """Every object under ``prefix/rel_prefix`` (``path``, ``size``, ``e_tag``)."""
+        import obstore
+
+        out: list[dict[str, Any]] = []
+        batches = obstore.list(self._store, prefix=self.key(rel_prefix), chunk_size=1000)
+        while (batch := await self._call(_next(batches), self.key(rel_prefix))) is not None:
+            out.extend(batch)
+        return out
+
+    async def download(self, key: str, dest: Path, sha256: str | None, size: int | None) -> int:
+        """Stream ``key`` into ``dest`` (a new file), checking its size and hash; bytes written."""
+        import obstore
+
+        h = hashlib.sha256()
+        n = 0
+        got = await self._call(obstore.get_async(self._store, key), key)
+        f = await anyio.to_thread.run_sync(lambda: open(dest, "xb"))
+        try:
+            chunks = got.stream(min_chunk_size=CHUNK)
+            while True:
+                chunk = await self._call(_next(chunks), key)
+                if chunk is None:
+                    break
+                data = bytes(chunk)
+                await anyio.to_thread.run_sync(_write_hashed, f, h, data)
+                n += len(data)
+        finally:
+            await anyio.to_thread.run_sync(f.close)
+        if (size is not None and n != size) or (sha256 is not None and h.hexdigest() != sha256):
+            raise StoreError(f"{self.url}: {key} is not what its manifest says ({n} bytes, sha256 {h.hexdigest()[:12]}…)",
+                             "EBADMSG")
+        return n
+
+    async def head_bytes(self, key: str, n: int) -> bytes:
+        """The first ``n`` bytes of an object (fewer when it is shorter)."""
+        import obstore
+
+        if n <= 0:
+            return b""
+        return bytes(await self._call(obstore.get_range_async(self._store, key, start=0, length=n), key))
+
+    async def range_bytes(self, key: str, start: int, end: int) -> bytes:
+        import obstore
+
+        return bytes(await self._call(obstore.get_range_async(self._store, key, start=start, end=end), key))
+
+    async def copy(self, src: str, dst: str) -> None:
+        """A server-side copy (an object store's way to keep one aside: it has no rename)."""
+        import obstore
+
+        await self._call(obstore.copy_async(self._store, src, dst), src)
+
+    async def _call(self, awaitable: Any, key: str) -> Any:
+        """Await one obstore call; its failure as a ``StoreError`` (obstore raises its own
+        classes and some builtins: a missing key is a ``FileNotFoundError``)."""
+        try:
+            return await awaitable
+        except Exception as e:  # noqa: BLE001 - every obstore failure, mapped
+            raise _mapped(e, self.url, key) from None
+
+    # ---- writes -------------------------------------------------------------------
+
+    async def put_bytes(self, key: str, data: bytes, *, create: bool = False, if_match: str | None = None) -> str:
+        """One small object; ``create``: only if absent (``Exists``), ``if_match``: only if its
+        ETag is still that (``Changed``). Its new ETag."""
+        import obstore
+
+        mode: Any = "create" if create else {"e_tag": if_match} if if_match else "overwrite"
+        got = await self._call(obstore.put_async(self._store, key, data, mode=mode, use_multipart=False), key)
+        return str(got.get("e_tag") or "")
+
+    async def put_file(self, path: Path, key: str) -> tuple[int, str]:
+        """Upload a whole local file, hashing what it reads; (bytes, sha256 hex)."""
+        import obstore
+
+        size = (await anyio.to_thread.run_sync(os.stat, path)).st_size
+        h = hashlib.sha256()
+        if size < CHUNK:
+            async with self.small:
+                data = await anyio.to_thread.run_sync(_read_hashed, path, h)
+                await self._call(obstore.put_async(self._store, key, data, use_multipart=False), key)
+            return len(data), h.hexdigest()
+        async with self.big:
+            sent = [0]
+            await self._call(obstore.put_async(self._store, key, _chunks(path, h, sent), chunk_size=CHUNK,
+                                               max_concurrency=PARTS_AT_ONCE), key)
+            return sent[0], h.hexdigest()
+
+    async def delete(self, keys: Sequence[str]) -> None:
+        import obstore
+
+        if not keys:
+            return
+        try:
+            await self._call(obstore.delete_async(self._store, [*keys]), keys[0])
+        except StoreError as e:
+            if e.code != "ENOENT":
+                raise
+
+    # ---- before anything starts -------------------------------------------------------
+
+    def probe(self) -> None:
+        """Can this run read and write the prefix? A listing and a small put and delete,
+        bounded (seconds); ``StoreError`` in one line otherwise. Blocking: before the start."""
+        import obstore
+
+        key = self.key(f".supervise/probe-{os.getpid()}-{os.urandom(4).hex()}")
+        try:
+            next(iter(obstore.list(self._store, prefix=self.key(".supervise/"), chunk_size=1)), None)
+            obstore.put(self._store, key, b"supervise probe", use_multipart=False)
+            obstore.delete(self._store, key)
+        except Exception as e:  # noqa: BLE001
+            raise _mapped(e, self.url, key) from None
+
+
+async def _next(stream: Any) -> Any:
+    """The next item of an obstore async stream, or None at its end."""
+    try:
+        return await stream.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+def _read_hashed(path: Path, h: Any) -> bytes:
+    with open(path, "rb") as f:
+        data = f.read()
+    h.update(data)
+    return data
+
+
+def _write_hashed(f: Any, h: Any, data: bytes) -> None:
+    h.update(data)
+    f.write(data)
+
+
+async def _chunks(path: Path, h: Any, sent: list[int]) -> AsyncIterator[bytes]:
+    """A file's bytes, CHUNK at a time, read (and hashed) in a worker thread."""
+    f = await anyio.to_thread.run_sync(lambda: open(path, "rb"))
+    try:
+        while True:
+            data = await anyio.to_thread.run_sync(_read_chunk, f, h)
+            if not data:
+                return
+            sent[0] += len(data)
+            yield data
+    finally:
+        await anyio.to_thread.run_sync(f.close)
+
+
+def _read_chunk(f: Any, h: Any) -> bytes:
+    data = f.read(CHUNK)
+    h.update(data)
+    return data
+
+
+def _mapped(e: Exception, url: str, key: str) -> StoreError:
+    """obstore's error as one line that names the store and what would help; never a header."""
+    from obstore import exceptions as ox
+
+    first = str(e).split("\n", 1)[0]
+    text = str(e)
+    if isinstance(e, ox.AlreadyExistsError):
+        return Exists(f"{url}: {key} exists already", "EEXIST")
+    if isinstance(e, ox.PreconditionError):
+        return Changed(f"{url}: {key} changed since it was read", "ECHANGED")
+    if "NoSuchBucket" in text or (" 404 Not Found" in text and "list request" in text):
+        return StoreError(f"{url}: the bucket does not exist (create it, or check the endpoint)", "ENOENT")
+    if isinstance(e, (ox.NotFoundError, FileNotFoundError)):
+        return StoreError(f"{url}: {key} not found", "ENOENT")
+    if isinstance(e, (ox.PermissionDeniedError, PermissionError, ox.UnauthenticatedError)) or "403 Forbidden" in text \
+            or "SignatureDoesNotMatch" in text or "InvalidAccessKeyId" in text:
+        return StoreError(f"{url}: access denied (check the access key id and secret key, and the bucket's policy)",
+                          "EACCES")
+    if "error sending request" in text or "Connection refused" in text or "dns error" in text or "timed out" in text:
+        where = first.split(" http", 1)[-1].split(" ", 1)[0] if " http" in first else url
+        return StoreError(f"{url}: cannot reach the endpoint (http{where})", "ECONNREFUSED")
+    return StoreError(f"{url}: {first[:300]}", "S3")

@@ -1,0 +1,336 @@
+"""Checkpoint publishing and restore where the persistent side is an object store.
+
+The publisher is ``_publish.Publisher`` with another destination: a checkpoint's files are
+uploaded concurrently under their keys, checked against the local side once more, and only
+then does its manifest land (``_manifest.py``), with ``If-None-Match: *`` for a name this run
+never published and ``If-Match`` on the ETag read before for a new version of its own. A
+second run writing the same prefix is refused, never overwritten (``sync-refused``). Pointers
+are manifests too, moved the same way. The restorer chooses among the manifests, downloads in
+parallel into a local staging name, verifies each file's size and sha256, and renames it into
+place. Rules: docs/sync.md, "Object stores".
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import anyio
+
+from supervisor.sync import _fsops
+from supervisor.sync._backend import CopyResult
+from supervisor.sync._complete import STAGING_PREFIX, Entry, Listing, Pointer, Snap, matches
+from supervisor.sync._manifest import (
+    MANIFESTS, POINTERS, checkpoint_doc, data_rel, dumps, entry_of, loads, manifest_rel, pointer_doc, pointer_of,
+    pointer_rel, profile_of,
+)
+from supervisor.sync._publish import RECOPY_TRIES, Publisher
+from supervisor.sync._restore import Restorer, is_newer, newest
+from supervisor.sync._state import PairState, to_thread
+from supervisor.sync._store import Changed, Exists, Store
+
+
+async def upload(store: Store, root: Path, e: Entry, name: str, token: str | None) -> dict[str, dict[str, Any]]:
+    """Every file of ``e`` (under ``root``) to its key, concurrently: rel → key, size, sha256,
+    mtime_ns (the snapshot's: what was judged complete). A file gone under the upload raises
+    ``FileNotFoundError`` (the caller tells a rotated checkpoint from a failure)."""
+    out: dict[str, dict[str, Any]] = {}
+
+    async def one(rel: str, mtime_ns: int) -> None:
+        key = store.key(data_rel(name, rel, token))
+        size, digest = await store.put_file(root / rel if rel else root, key)
+        out[rel] = {"key": key, "size": size, "sha256": digest, "mtime_ns": mtime_ns}
+
+    async with anyio.create_task_group() as tg:
+        for rel, (_size, mtime_ns) in e.snap.files.items():
+            tg.start_soon(one, rel, mtime_ns)
+    return out
+
+
+def uploaded_whole(files: Mapping[str, Mapping[str, Any]], snap: Snap) -> bool:
+    """Did every upload read as many bytes as the snapshot says (nothing rewritten meanwhile)?"""
+    return files.keys() == snap.files.keys() and all(int(files[r]["size"]) == snap.files[r][0] for r in snap.files)
+
+
+class StoreManifests:
+    """The manifests of one pair's prefix, read as the publisher and the restorer need them."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    async def read(self, rel: str) -> tuple[dict[str, Any], str] | None:
+        got = await self.store.get(self.store.key(rel))
+        if got is None:
+            return None
+        doc = loads(got[0])
+        return (doc, got[1]) if doc is not None else None
+
+    async def listing(self) -> tuple[Listing, dict[str, dict[str, Any]]]:
+        """Every manifest as a listing of complete entries (and pointers), with the documents."""
+        listing, docs = Listing(), {}
+        for meta in await self.store.list(MANIFESTS):
+            rel = self.store.rel(meta["path"])
+            got = await self.read(rel)
+            if got is None:
+                continue
+            doc = got[0]
+            e = entry_of(doc)
+            listing.entries[e.name], docs[e.name] = e, doc
+            if listing.profile is None and profile_of(doc) is not None:
+                listing.profile, listing.evidence = profile_of(doc), rel
+        for meta in await self.store.list(POINTERS):
+            got = await self.read(self.store.rel(meta["path"]))
+            if got is not None:
+                ptr = pointer_of(got[0])
+                listing.pointers[ptr.name] = ptr
+        return listing, docs
+
+
+class StoreSide:
+    """The persistent side of a publisher as an object store: what ``Publisher`` asks of a
+    directory (``_there``, ``_drop``, ``_pointer_there``, ``_write_pointer``), answered from
+    manifests, and the conditional put of one (``commit``)."""
+
+    pair: Any
+    _owns: Any
+    _refuse: Any
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.manifests = StoreManifests(store)
+        self.etags: dict[str, str] = {}          # manifest (rel) → its ETag when we wrote or read it
+        self.docs: dict[str, dict[str, Any]] = {}  # checkpoint → its manifest on the store
+
+    async def _there(self, name: str) -> Snap | None:
+        return await self.there(name)
+
+    async def there(self, name: str) -> Snap | None:
+        """The published version of ``name`` (its manifest, read now; kept in ``docs``), or None."""
+        got = await self.manifests.read(manifest_rel(name))
+        if got is None:
+            self.docs.pop(name, None)
+            self.etags.pop(manifest_rel(name), None)
+            return None
+        self.docs[name], self.etags[manifest_rel(name)] = got
+        return entry_of(got[0]).snap
+
+    async def _drop(self, name: str) -> None:
+        return None  # objects without a manifest are never restored; the next upload writes over them
+
+    async def _pointer_there(self, name: str) -> bool:
+        got = await self.manifests.read(pointer_rel(name))
+        if got is not None:
+            self.etags[pointer_rel(name)] = got[1]
+            self.docs[pointer_rel(name)] = got[0]
+        return got is not None
+
+    async def _write_pointer(self, ptr: Pointer, target: str) -> bool:
+        rel = pointer_rel(ptr.name)
+        if rel not in self.etags:
+            await self._pointer_there(ptr.name)
+        was = self.docs.get(rel)
+        if was is not None and was.get("target") == target and pointer_of(was).content == ptr.content:
+            return False  # that very pointer is there (a restored ``latest``)
+        if await self.commit(rel, dumps(pointer_doc(ptr, target)), self.etags.get(rel)) is None:
+            self._refuse(ptr.name, "pointer")
+            return False
+        # the pointer's own bytes beside its checkpoint, for a reader by hand (the manifest decides)
+        await self.store.put_bytes(self.store.key(ptr.name), target.encode() if ptr.link else ptr.content)
+        return True
+
+    async def commit(self, rel: str, data: bytes, etag: str | None) -> str | None:
+        """Put a manifest: created where none was read, else moved from the ETag read. None:
+        refused (another writer's is there, or it moved since)."""
+        try:
+            new = await self.store.put_bytes(self.store.key(rel), data, create=etag is None, if_match=etag)
+        except (Exists, Changed):
+            return None
+        self.etags[rel] = new
+        return new
+
+    async def superseded(self, before: Mapping[str, Any] | None, now: Mapping[str, Any]) -> None:
+        """The objects of the version a new manifest replaced, which it no longer names."""
+        if before is None:
+            return
+        keep = {f["key"] for f in now["files"].values()}
+        await self.store.delete([f["key"] for f in before["files"].values() if f["key"] not in keep])
+
+    def may_replace(self, name: str) -> bool:
+        """This run directory published ``name`` before (``Publisher._owns``)."""
+        return bool(self._owns(name))
+
+    def refuse(self, name: str) -> None:
+        self._refuse(name)
+
+
+class StorePublisher(StoreSide, Publisher):
+    """``Publisher`` whose persistent side is an object store (``pair.store``)."""
+
+    def __init__(self, state: PairState, store: Store, **kw: Any) -> None:
+        Publisher.__init__(self, state, **kw)
+        StoreSide.__init__(self, store)
+
+    async def _publish(self, e: Entry, trigger: str, stats: CopyResult) -> bool:
+        """Upload, re-check the local side, then the manifest. False: the checkpoint vanished,
+        stopped being complete, kept changing, or another writer's manifest is there."""
+        p = self.pair
+        rel = manifest_rel(e.name)
+        await self.there(e.name)  # the manifest there now, and its ETag: what a new version moves
+        before = self.docs.get(e.name)
+        if before is not None and not self._owns(e.name):
+            self._refuse(e.name)
+            return False
+        token = None if before is None else secrets.token_hex(6)
+        for _attempt in range(RECOPY_TRIES):
+            try:
+                files = await upload(self.store, p.src / e.name, e, e.name, token)
+            except FileNotFoundError:
+                if await to_thread(os.path.lexists, p.src / e.name):
+                    raise
+                return False  # rotated away under the upload: not a failure
+            again: Listing = await to_thread(self.rescan, e.name)
+            now = again.entries.get(e.name)
+            if now is None or not now.complete:
+                return False
+            if now.snap.files != e.snap.files or not uploaded_whole(files, e.snap):
+                e = now  # changed while uploaded: again, before it counts
+                continue
+            stats.files += len(files)
+            stats.bytes += sum(int(f["size"]) for f in files.values())
+            doc = checkpoint_doc(e, files, profile=self.state.profile)
+            if await self.commit(rel, dumps(doc), self.etags.get(rel)) is None:
+                self._refuse(e.name)  # another run's manifest landed first
+                return False
+            await self.superseded(before, doc)
+            self.docs[e.name] = doc
+            self._published(e, again, trigger)
+            return True
+        self.emit("sync-deferred", pair=p.name, checkpoint=e.name,
+                  reason=f"changed while being uploaded, {RECOPY_TRIES} times; trying again on the next pass")
+        return False
+
+    def _published(self, e: Entry, again: Listing, trigger: str) -> None:
+        self.state.published[e.name] = e.snap
+        if e.name in again.sigs:
+            self.state.sigs[e.name] = again.sigs[e.name]
+        lag = round(time.time() - e.done_at, 3) if e.done_at else None
+        stray = {} if e.restorable else {"restorable": False}
+        self.emit("publish", pair=self.pair.name, checkpoint=e.name, trigger=trigger, files=len(e.snap.files),
+                  bytes=e.snap.bytes, why=e.why, lag_s=lag, manifest=self.store.key(manifest_rel(e.name)), **stray)
+        if e.restorable:
+            self.on_publish(e.done_at, (e.name, again.sigs[e.name][0]) if e.name in again.sigs else None)
+
+
+class StoreRestorer(Restorer):
+    """``Restorer`` from an object store: the manifests are the persistent side's listing."""
+
+    def __init__(self, state: PairState, store: Store, **kw: Any) -> None:
+        super().__init__(state, **kw)
+        self.store = store
+        self.manifests = StoreManifests(store)
+
+    async def choose(self) -> str | None:
+        listing, _docs = await self.manifests.listing()
+        self.adopt_profile(listing, "persistent")
+        best = newest(listing, self.state.profile)
+        return best.name if best is not None else None
+
+    async def run(self, want: str | None = None, *, keep_newer: bool = True) -> Path | None:
+        p = self.pair
+        t0 = time.monotonic()
+        listing, docs = await self.manifests.listing()
+        self.adopt_profile(listing, "persistent")
+        local: Listing = await to_thread(self.judge, p.src)
+        best, mine = newest(listing, self.state.profile), newest(local, self.state.profile)
+        if want is not None:
+            best = listing.entries.get(want)
+        if not keep_newer:
+            mine = None
+        if mine is not None and (best is None or is_newer(mine, best)):
+            why = (f"the local {mine.name} is newer than the persistent {best.name}" if best is not None
+                   else f"nothing on persistent storage; the local {mine.name} is complete")
+            self.emit("restore", pair=p.name, checkpoint=None, kept=mine.name, reason=f"{why}: kept, and published first")
+            return p.src / mine.name
+        if best is None:
+            self.emit("restore", pair=p.name, checkpoint=None, reason="no complete checkpoint on persistent storage")
+            return None
+        doc = docs[best.name]
+        dest = p.src / best.name
+        have = await to_thread(_snapshot_of, dest)
+        same = matches(have, best.snap) and (keep_newer or await to_thread(_hashes_match, dest, doc))
+        stats = CopyResult()
+        if not same:
+            stats = await self._download(doc, dest)
+        links = await to_thread(self._restore_pointers, listing, local, best)
+        repointed = await to_thread(self._repoint, listing, best)
+        self.emit("restore", pair=p.name, checkpoint=best.name, source=self.store.key(manifest_rel(best.name)), to=dest,
+                  files=stats.files, bytes=stats.bytes, seconds=round(time.monotonic() - t0, 3),
+                  copied=bool(stats.files), why=best.why, step=best.step, pointers=links, **repointed)
+        return dest
+
+    async def _download(self, doc: Mapping[str, Any], dest: Path) -> CopyResult:
+        """Every object the manifest names, in parallel, into a local staging name, each
+        checked against its size and sha256; then renamed into place."""
+        p = self.pair
+        await to_thread(p.src.mkdir, parents=True, exist_ok=True)
+        staging = p.src / f"{STAGING_PREFIX}{dest.name}"
+        await to_thread(_fsops.remove_ours, staging)
+        is_dir = bool(doc["is_dir"])
+        stats = CopyResult()
+        limit = anyio.CapacityLimiter(16)
+
+        async def one(rel: str, f: Mapping[str, Any]) -> None:
+            target = staging / rel if rel else staging
+            async with limit:
+                await to_thread(target.parent.mkdir, parents=True, exist_ok=True)
+                n = await self.store.download(f["key"], target, f["sha256"], int(f["size"]))
+                stats.bytes += n
+                await to_thread(os.utime, target, ns=(int(f["mtime_ns"]), int(f["mtime_ns"])))
+                stats.files += 1
+
+        try:
+            if is_dir:
+                await to_thread(staging.mkdir, mode=0o700)
+            async with anyio.create_task_group() as tg:
+                for rel, f in doc["files"].items():
+                    tg.start_soon(one, rel, f)
+            if is_dir:
+                await to_thread(os.chmod, staging, 0o755)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await to_thread(_fsops.remove_ours, staging)
+            raise
+        await to_thread(_fsops.swap_in, staging, dest, is_dir=is_dir, fsync=False)
+        return stats
+
+
+def _snapshot_of(path: Path) -> Snap | None:
+    from supervisor.sync._complete import snapshot
+
+    return snapshot(path)
+
+
+def file_is(path: Path, doc: Mapping[str, Any]) -> bool:
+    """Is the local single-file checkpoint at ``path`` the very version ``doc`` names? Blocking."""
+    return _hashes_match(path, doc)
+
+
+def _hashes_match(dest: Path, doc: Mapping[str, Any]) -> bool:
+    """Is the local copy that very version (each file's sha256 as the manifest's)? Blocking."""
+    import hashlib
+
+    for rel, f in doc["files"].items():
+        h = hashlib.sha256()
+        try:
+            with open(dest / rel if rel else dest, "rb") as fh:
+                while chunk := fh.read(1 << 20):
+                    h.update(chunk)
+        except OSError:
+            return False
+        if h.hexdigest() != f["sha256"]:
+            return False
+    return True
+

@@ -1,0 +1,419 @@
+"""The roles of a pair whose persistent side is an object store (``to = "s3://…"``).
+
+``StoreSingle`` publishes this node's checkpoints whole (``_storepub.StorePublisher``).
+A per-node pair needs no shared filesystem at all: every node uploads its own part straight
+to the bucket, under the checkpoint's keys, then its part manifest
+(``.supervise/parts/<checkpoint>/node-K.json``); the leader (``StoreLeader``) publishes the
+checkpoint's manifest, the union of every node's, once all N are there (one, for a single
+file such as rank 0's ``snapshot.pt``), then removes the part manifests: their nodes see that
+as "taken". Node 0's word that a checkpoint is complete (rank 0's marker is written on node 0
+only) is an object too (``.supervise/parts/<checkpoint>/go``). The words on the leader's line
+(``part``, ``go``, ``taken``) say when to look, as for a directory. Rules: docs/sync.md,
+"Object stores"; the roles they extend: ``_roles.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from supervisor.sync._backend import CopyResult
+from supervisor.sync._complete import Entry, Listing, Pointer, Snap, natural_key
+from supervisor.sync._manifest import PARTS, checkpoint_doc, dumps, entry_of, go_rel, loads, manifest_rel, part_rel
+from supervisor.sync._partpublish import PartPublisher
+from supervisor.sync._publish import RECOPY_TRIES, Publisher, complete_newest_first
+from supervisor.sync._roles import WAITING_POLL_S, GO_POLL_S, Host, Leader, Node, Single, settled_here
+from supervisor.sync._state import to_thread
+from supervisor.sync._storepub import StoreSide, file_is, upload, uploaded_whole
+from supervisor.sync._store import Store
+from supervisor.sync._versions import contains, written
+
+
+class StoreSingle(Single):
+    """A pair mirrored from this node alone into an object store."""
+
+    def compose(self, host: Host, *, on_publish: Callable[..., None], ours: set[str] | None) -> Publisher:
+        from supervisor.sync._storepub import StorePublisher
+
+        self.host = host
+        return StorePublisher(host.state, host.state.store, rescan=host.rescan, recheck=host.schedule.recheck,
+                              on_publish=on_publish, ours=ours, wanted=host.schedule.wanted)
+
+    def leftovers(self) -> list[Path]:
+        return []  # nothing of ours is visible on a store without a manifest
+
+
+async def parts_there(store: Store) -> dict[str, set[str]]:
+    """Checkpoint → the names under ``.supervise/parts/<checkpoint>/`` (``node-K.json``, ``go``): one listing."""
+    out: dict[str, set[str]] = {}
+    for meta in await store.list(PARTS):
+        name, _, leaf = store.rel(meta["path"])[len(PARTS):].partition("/")
+        out.setdefault(name, set()).add(leaf)
+    return out
+
+
+class StorePartPublisher(StoreSide, PartPublisher):
+    """A per-node pair's parts, uploaded to the store: this node's files, then its part manifest."""
+
+    def __init__(self, state: Any, store: Store, **kw: Any) -> None:
+        PartPublisher.__init__(self, state, **kw)
+        StoreSide.__init__(self, store)
+
+    async def run(self, listing: Listing, trigger: str, stats: CopyResult, published: list[str]) -> None:
+        await self.gather.begin()
+        todo: list[Entry] = []
+        for e in complete_newest_first(listing):
+            if self._accounted(e):
+                continue
+            there = await self.there(e.name)
+            if there is not None:
+                doc = self.docs[e.name]
+                same = contains(there, e.snap) if e.is_dir else await to_thread(file_is, self.pair.src / e.name, doc)
+                if not self._new_version(e, there, same, listing):
+                    continue
+            todo.append(e)
+        self._note_pending(listing)
+        for e in todo:  # newest first: the one most at risk
+            await self.gather.before_stage(e)
+            await self._stage_part(e, trigger, stats)
+            self._note_pending(listing)
+        await self.gather.finish(trigger, published, listing)
+        await self._end_pass(listing)
+
+    async def _stage_part(self, e: Entry, trigger: str, stats: CopyResult) -> bool:
+        """This node's files of ``e`` uploaded, checked, then its part manifest."""
+        p, name = self.pair, e.name
+        rel = part_rel(name, self.node)
+        old = await self.manifests.read(rel)
+        if old is not None and entry_of(old[0]).snap.same_content(e.snap) and old[0].get("nodes") == self.nodes:
+            self.parted[name] = self.seen[name] = e.snap  # written by an earlier attempt, from these very files
+            return True
+        if old is not None:
+            await self.store.delete([self.store.key(rel)])
+            self.emit("part-withdrawn", pair=p.name, checkpoint=name, node=self.node,
+                      reason="this node's files changed after its part was written; uploading it again")
+        self.parted.pop(name, None)
+        token = self._token(name)
+        for _attempt in range(RECOPY_TRIES):
+            try:
+                files = await upload(self.store, p.src / name, e, name, token)
+            except FileNotFoundError:
+                if await to_thread(Path.exists, p.src / name):
+                    raise
+                return False
+            again: Listing = await to_thread(self.rescan, name)
+            now = again.entries.get(name)
+            if now is None or not now.complete:
+                return False
+            if not now.snap.same_content(e.snap) or not uploaded_whole(files, e.snap):
+                e = now
+                continue
+            stats.files += len(files)
+            stats.bytes += sum(int(f["size"]) for f in files.values())
+            doc = checkpoint_doc(e, files, profile=self.state.profile, nodes=self.nodes, extra={"node": self.node})
+            await self.store.put_bytes(self.store.key(rel), dumps(doc))
+            self.parted[name] = self.seen[name] = e.snap
+            if name in again.sigs:
+                self.state.sigs[name] = again.sigs[name]
+            lag = round(time.time() - e.done_at, 3) if e.done_at else None
+            self.emit("part", pair=p.name, checkpoint=name, node=self.node, nodes=self.nodes, trigger=trigger,
+                      files=len(e.snap.files), bytes=e.snap.bytes, why=e.why, lag_s=lag, durable=True)
+            self.gather.staged()
+            return True
+        self.emit("sync-deferred", pair=p.name, checkpoint=name, node=self.node,
+                  reason=f"changed while being uploaded, {RECOPY_TRIES} times; trying again on the next pass")
+        return False
+
+    def _token(self, name: str) -> str | None:
+        """A new version of a published name goes to a fresh place (the published one stays
+        whole); the first version to the checkpoint's own keys."""
+        import secrets
+
+        return secrets.token_hex(6) if name in self.docs else None
+
+    def _holds(self, there: Snap | None, local: Snap) -> bool:
+        return contains(there, local)
+
+
+class StoreAssembly:
+    """The leader's ``Gather`` on a store: the go objects, the checkpoint's manifest once
+    every part manifest is there, the pointers after it, and what is still missing."""
+
+    def __init__(self, pub: StorePartPublisher, trigger: Callable[[str], None], tell: Callable[[str], None]) -> None:
+        self.pub = pub
+        self.store = pub.store
+        self.pair, self.emit, self.state = pub.pair, pub.emit, pub.state
+        self.nodes = pub.nodes
+        self.trigger = trigger
+        self.tell = tell
+        self.missing: dict[str, list[int]] = {}
+        self._told_missing: dict[str, tuple[int, ...]] = {}
+        self.conflicts: dict[str, str] = {}
+        self._went: set[str] = set()
+
+    async def begin(self) -> None:
+        return None
+
+    async def before_stage(self, e: Entry) -> None:
+        prof = self.state.profile
+        go = bool(e.is_dir and not self.pair.markers and prof is not None and prof.needs_marker
+                  and e.why.startswith(("marker ", "pointer ", "older than ")))
+        if go and e.name not in self._went:
+            await self.store.put_bytes(self.store.key(go_rel(e.name)), b"node 0 saw it complete\n")
+            self._went.add(e.name)
+            self.tell("go")
+
+    def staged(self) -> None:
+        self.trigger("parts")
+
+    async def finish(self, trigger: str, published: list[str], listing: Listing) -> None:
+        await self._assemble_ready(trigger, published, listing)
+        await self.pub.publish_pointers(listing)
+
+    def conflict(self, name: str) -> str | None:
+        return self.conflicts.get(name)
+
+    def waiting(self, name: str) -> str | None:
+        missing = self.missing.get(name)
+        if missing is None:
+            return None
+        return ("node " if len(missing) == 1 else "nodes ") + ", ".join(map(str, missing)) + " missing" if missing \
+            else "all parts there, not yet published"
+
+    def pending(self, listing: Listing, local: set[str]) -> list[str]:
+        out = [f"{self.pair.name}: {name} (waiting for parts: {self.waiting(name)})"
+               for name in sorted(self.missing, key=natural_key) if name not in local]
+        for ptr in listing.pointers.values():
+            if self.pub.pointers_done.get(ptr.name) != ptr.content:
+                out.append(f"{self.pair.name}: {ptr.name} (pointer to {ptr.target or 'a missing checkpoint'})")
+        return out
+
+    def behind(self, ptr: Pointer) -> bool:
+        return False
+
+    async def _assemble_ready(self, trigger: str, published: list[str], listing: Listing) -> None:
+        p = self.pair
+        self.missing = {}
+        for name, leaves in sorted((await parts_there(self.store)).items(), key=lambda kv: natural_key(kv[0]), reverse=True):
+            manifests = await self._current(name, leaves)
+            if not manifests:
+                continue
+            single = all(m.get("is_dir") is False for m in manifests.values())
+            if single and len(manifests) > 1:  # one file whole on each of several nodes: the newest is the checkpoint
+                newest = max(manifests, key=lambda k: written(entry_of(manifests[k]).snap))
+                manifests = {newest: manifests[newest]}
+            missing = [] if single else [k for k in range(self.nodes) if k not in manifests]
+            if missing:
+                self.missing[name] = missing
+                if self._told_missing.get(name) != tuple(missing):
+                    self._told_missing[name] = tuple(missing)
+                    self.emit("parts-waiting", pair=p.name, checkpoint=name, nodes=self.nodes,
+                              have=sorted(manifests), missing=missing)
+                continue
+            merged = self._merge(name, manifests)
+            if merged is None:
+                continue
+            if not await self._commit_whole(name, merged, manifests, trigger, single, listing):
+                continue
+            published.append(name)
+
+    async def _current(self, name: str, leaves: set[str]) -> dict[int, dict[str, Any]]:
+        """The part manifests of ``name`` holding a version not yet published; those the
+        published manifest already holds (or a newer one replaced) are removed here."""
+        manifests: dict[int, dict[str, Any]] = {}
+        for k in range(self.nodes):
+            if f"node-{k}.json" in leaves:
+                got = await self.store.get(self.store.key(part_rel(name, k)))
+                doc = loads(got[0]) if got is not None else None
+                if doc is not None and doc.get("nodes") == self.nodes:
+                    manifests[k] = doc
+        there = await self.pub.there(name)
+        if not manifests or there is None:
+            return manifests
+        pub_files = self.pub.docs[name]["files"]
+        old = [k for k, m in manifests.items()
+               if all(pub_files.get(r, {}).get("sha256") == f["sha256"] for r, f in m["files"].items())
+               or written(entry_of(m).snap) <= written(there)]
+        await self.store.delete([self.store.key(part_rel(name, k)) for k in old])
+        return {k: m for k, m in manifests.items() if k not in old}
+
+    def _merge(self, name: str, manifests: Mapping[int, Mapping[str, Any]]) -> dict[str, Any] | None:
+        """Every node's files together; two nodes holding one path with other bytes: a conflict."""
+        files: dict[str, dict[str, Any]] = {}
+        owner: dict[str, int] = {}
+        for k in sorted(manifests):
+            for rel, f in manifests[k]["files"].items():
+                if rel in files and files[rel]["sha256"] != f["sha256"]:
+                    error = f"{name}: {rel or name} differs between nodes {owner[rel]}, {k}"
+                    if self.conflicts.get(name) != error:
+                        self.emit("part-conflict", pair=self.pair.name, checkpoint=name, path=rel,
+                                  nodes=[owner[rel], k], error=error)
+                    self.conflicts[name] = error
+                    return None
+                files.setdefault(rel, dict(f))
+                owner.setdefault(rel, k)
+        self.conflicts.pop(name, None)
+        return files
+
+    async def _commit_whole(self, name: str, files: dict[str, Any], manifests: Mapping[int, Mapping[str, Any]],
+                            trigger: str, single: bool, listing: Listing) -> bool:
+        p = self.pair
+        first = manifests[min(manifests)]
+        docs = list(manifests.values())
+        done = [d["done_at"] for d in docs if d.get("done_at")]
+        e = Entry(name=name, is_dir=bool(first["is_dir"]), snap=Snap({}, max(int(d["newest_ns"]) for d in docs), 0),
+                  complete=True, why=f"all {self.nodes} parts" if not single else f"whole on node {min(manifests)}",
+                  done_at=max(done) if done else None, step=first.get("step"),
+                  markers=tuple(sorted({m for d in docs for m in d.get("markers") or ()})),
+                  restorable=bool(first.get("restorable", True)))
+        doc = checkpoint_doc(e, files, profile=self.state.profile, nodes=self.nodes,
+                             extra={"parts": {str(k): len(m["files"]) for k, m in manifests.items()}})
+        rel = manifest_rel(name)
+        before = self.pub.docs.get(name)
+        if before is not None and not self.pub.may_replace(name):
+            self.pub.refuse(name)
+            return False
+        if await self.pub.commit(rel, dumps(doc), self.pub.etags.get(rel) if before is not None else None) is None:
+            self.pub.refuse(name)
+            return False
+        await self.pub.superseded(before, doc)
+        self.pub.docs[name] = doc
+        self._told_missing.pop(name, None)
+        version = entry_of(doc).snap
+        local = listing.entries.get(name)
+        mine = local is not None and local.complete and contains(version, local.snap)
+        self.state.published[name] = local.snap if mine and local is not None else version
+        if mine and name in listing.sigs:
+            self.state.sigs[name] = listing.sigs[name]
+        self.pub.parted.pop(name, None)
+        self.pub.stale.pop(name, None)
+        await self.store.delete([self.store.key(part_rel(name, k)) for k in manifests] + [self.store.key(go_rel(name))])
+        self._went.discard(name)
+        self.tell("taken")
+        lag = round(time.time() - e.done_at, 3) if e.done_at else None
+        self.emit("publish", pair=p.name, checkpoint=name, trigger=trigger, files=len(files), bytes=doc["bytes"],
+                  why=e.why, lag_s=lag, nodes=self.nodes, parts=doc["parts"], manifest=self.store.key(rel))
+        self.pub.on_publish(e.done_at)
+        return True
+
+
+class StoreHandover:
+    """Node K's ``Gather`` on a store: once the leader has taken a part (its manifest gone),
+    this node owes nothing more for that version."""
+
+    def __init__(self, pub: StorePartPublisher, tell: Callable[[str], None]) -> None:
+        self.pub = pub
+        self.tell = tell
+
+    async def begin(self) -> None:
+        pub = self.pub
+        if not pub.parted:
+            return
+        there = await parts_there(pub.store)
+        for name in [n for n in pub.parted if f"node-{pub.node}.json" not in there.get(n, set())]:
+            pub.state.published[name] = pub.parted.pop(name)
+
+    async def before_stage(self, e: Entry) -> None:
+        return None
+
+    def staged(self) -> None:
+        self.tell("part")
+
+    async def finish(self, trigger: str, published: list[str], listing: Listing) -> None:
+        return None
+
+    def conflict(self, name: str) -> str | None:
+        return None
+
+    def waiting(self, name: str) -> str | None:
+        return None
+
+    def pending(self, listing: Listing, local: set[str]) -> list[str]:
+        return []
+
+    def behind(self, ptr: Pointer) -> bool:
+        return False
+
+
+class _OnStore:
+    """What the leader and node K share on a store: their publisher, no leftovers."""
+
+    host: Host
+    node: int
+    parts: PartPublisher
+
+    def compose(self, host: Host, *, on_publish: Callable[..., None], ours: set[str] | None) -> Publisher:
+        self.host = host
+        self.pair, self.emit = host.state.pair, host.state.emit
+        self.store: Store = host.state.store
+        self.parts = StorePartPublisher(host.state, self.store, node=self.node, rescan=host.rescan,
+                                        recheck=host.schedule.recheck, on_publish=on_publish,
+                                        gather=self._gather)  # type: ignore[attr-defined]
+        return self.parts
+
+    def leftovers(self) -> list[Path]:
+        return []
+
+
+class StoreLeader(_OnStore, Leader):
+    """Node 0 of a per-node pair on a store."""
+
+    def _gather(self, pub: PartPublisher) -> StoreAssembly:  # type: ignore[override]
+        assert isinstance(pub, StorePartPublisher)
+        assembly = StoreAssembly(pub, trigger=self.host.trigger, tell=lambda word: self.tell(word))
+        self.assembly = assembly  # type: ignore[assignment]  # what parts_watch reads of it: ``missing``
+        return assembly
+
+    async def parts_watch(self) -> None:
+        """A pass when a node says it uploaded a part, else when the part manifests change
+        (one listing of ``.supervise/parts/`` per look)."""
+        last: dict[str, set[str]] | None = None
+        while True:
+            fast = min(self.parts_poll, WAITING_POLL_S) if self.assembly.missing else self.parts_poll
+            if await self.bell.wait(self._pause(fast)):
+                self.host.trigger("parts")
+                continue
+            try:
+                now = await parts_there(self.store)
+            except OSError:
+                continue
+            if now != last:
+                last = now
+                if any(any(leaf.startswith("node-") for leaf in leaves) for leaves in now.values()):
+                    self.host.trigger("parts")
+
+
+class StoreNode(_OnStore, Node):
+    """Node K > 0 of a per-node pair on a store."""
+
+    def __init__(self, node: int, parts_poll: float = 1.0) -> None:
+        super().__init__(node, parts_poll)
+        self.went: set[str] = set()   # checkpoints node 0 saw complete (their go objects)
+
+    def _gather(self, pub: PartPublisher) -> StoreHandover:  # type: ignore[override]
+        assert isinstance(pub, StorePartPublisher)
+        return StoreHandover(pub, tell=lambda word: self.tell(word))
+
+    def judged(self, listing: Listing, *, settle: float, finished: bool, whole_local: bool) -> None:
+        go = {n for n, e in listing.entries.items() if not e.complete and e.is_dir and n in self.went}
+        settled_here(listing, settle, time.time(), finished=finished, go=go)
+        if whole_local:
+            self.awaiting_go = {n for n, e in listing.entries.items() if not e.complete and e.is_dir}
+
+    async def parts_watch(self) -> None:
+        """A pass when node 0 says a checkpoint this node waits on is complete, or the leader
+        took a part of this node's (its part manifest gone)."""
+        while True:
+            await self.bell.wait(self._pause(GO_POLL_S if self.awaiting_go else self.parts_poll))
+            if not self.awaiting_go and not self.parts.parted:
+                continue
+            try:
+                there = await parts_there(self.store)
+            except OSError:
+                continue
+            said = {n for n in self.awaiting_go if "go" in there.get(n, set())} - self.went
+            taken = [n for n in self.parts.parted if f"node-{self.node}.json" not in there.get(n, set())]
+            if said or taken:
+                self.went |= said
+                self.host.trigger("parts")

