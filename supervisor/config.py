@@ -47,6 +47,7 @@ class StoreSpec:
     aws_profile: str | None = None
     access_key_id: str | None = None
     secret_access_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)  # from the leader (``store_keys_path``), not a key
 
     @staticmethod
     def parse(url: str) -> StoreSpec:
@@ -728,11 +729,44 @@ def agent_view(cfg: Config) -> dict[str, Any]:
 
 
 def pair_view(p: SyncPair) -> dict[str, Any]:
-    """One pair as a ``[[sync]]`` table (None: left out, the default); ``nodes = "auto"`` as such."""
+    """One pair as a ``[[sync]]`` table (None: left out, the default); ``nodes = "auto"`` as such.
+    An object store's URL as written, with its settings but never its secret key: this goes on
+    the agents' command line, which every user of a node can read (``store_keys`` carries it)."""
     out = {_FILE_NAMES.get(f.name, f.name): _file_form(getattr(p, f.name)) for f in fields(p)
-           if f.name != "origin" and getattr(p, f.name) is not None}
+           if f.name not in ("origin", "store") and getattr(p, f.name) is not None}
     if p.nodes == 0:
         out["nodes"] = "auto"
+    if p.store is not None:
+        out["to"] = p.store.url
+        out.update({k: getattr(p.store, k) for k in STORE_KEYS if k != "secret_access_key" and getattr(p.store, k)})
+    return out
+
+
+STORE_KEYS_FILE = "store-keys.json"  # RUN/nodes/: how the leader reached each object store (mode 0600; sync/_store.py)
+
+
+def store_keys_path(run_dir: Path) -> Path:
+    return run_dir / "nodes" / STORE_KEYS_FILE
+
+
+def _with_store_keys(pairs: list[SyncPair], run_dir: Path) -> list[SyncPair]:
+    """A node agent's pairs with the way in its leader resolved for each object store (endpoint,
+    region, keys: ``Mirror.share_access``), where the pair sets none itself: the agent then
+    needs no AWS variable (pbsdsh forwards none; no secret goes on a command line)."""
+    if not any(p.store is not None for p in pairs):
+        return pairs
+    try:
+        known = json.loads(store_keys_path(run_dir).read_text())
+    except (OSError, ValueError):
+        return pairs
+    out = []
+    for p in pairs:
+        got = known.get(p.name) if p.store is not None and isinstance(known, dict) else None
+        if p.store is not None and isinstance(got, dict):
+            fill = {k: v for k, v in got.items() if k in (*STORE_KEYS, "session_token") and isinstance(v, str) and v
+                    and not getattr(p.store, k, None)}
+            p = replace(p, store=replace(p.store, **fill))
+        out.append(p)
     return out
 
 
@@ -748,7 +782,7 @@ def from_leader(text: str, run_dir: Path, verbosity: int = 0) -> Config:
     if not isinstance(data, dict):
         raise ConfigError("--leader-config", text[:80], "expected a JSON object")
     values, pairs = _from_file(data, Path(LEADER_SOURCE))
-    return Config(run_dir=run_dir, sync=_resolve_pairs(pairs), verbosity=verbosity, **values)
+    return Config(run_dir=run_dir, sync=_resolve_pairs(_with_store_keys(pairs, run_dir)), verbosity=verbosity, **values)
 
 
 def _checkpoint_flags(raw: Mapping[str, Any]) -> dict[str, Any]:

@@ -393,6 +393,7 @@ async def start(plan: Plan, tg: TaskGroup, guarded: Callable[..., Any], emit: Em
     fleet = Fleet.from_plan(plan, emit)
     if fleet is not None:
         if plan.mirror is not None:
+            await anyio.to_thread.run_sync(plan.mirror.share_access, plan.run_dir)  # before any agent reads its pairs
             fleet.connect(plan.mirror)
         await tg.start(guarded("node-agents", fleet.run))
     return fleet

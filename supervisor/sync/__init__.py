@@ -154,6 +154,14 @@ class Mirror:
             if eng.pair.kind == "checkpoint":
                 eng.writers = writers
 
+    def share_access(self, run_dir: Path) -> None:
+        """Before the node agents start: how this leader reaches each object store, for them
+        (``RUN/nodes/store-keys.json``, 0600; ``_store.share_access``). Blocking."""
+        if any(p.store is not None for p in self._pairs):
+            from supervisor.sync._store import share_access
+
+            share_access(run_dir, self._pairs)
+
     def link(self, tell: Callable[[str], None] | None = None, *, on: bool = False) -> None:
         """The leader's line (conduct/link.py): where per-node pairs speak; ``on``: it carries words."""
         for eng in self._engines:

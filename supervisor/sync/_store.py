@@ -20,6 +20,7 @@ from __future__ import annotations
 import configparser
 import datetime
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Any, AsyncIterator, Mapping, Sequence
 
 import anyio
 
-from supervisor.config import StoreSpec
+from supervisor.config import StoreSpec, SyncPair
 
 CHUNK = 8 << 20          # bytes: a multipart part, and what one read hands the uploader
 PARTS_AT_ONCE = 4        # parts of one file in flight
@@ -83,10 +84,34 @@ def resolve(spec: StoreSpec, env: Mapping[str, str] | None = None) -> Access:
                 profile if profile == "default" else f"profile {profile}")
     key_id = spec.access_key_id or env.get("AWS_ACCESS_KEY_ID") or creds.get("aws_access_key_id")
     secret = spec.secret_access_key or env.get("AWS_SECRET_ACCESS_KEY") or creds.get("aws_secret_access_key")
-    token = None if spec.access_key_id else env.get("AWS_SESSION_TOKEN") or creds.get("aws_session_token")
+    token = spec.session_token or (None if spec.access_key_id else env.get("AWS_SESSION_TOKEN") or creds.get("aws_session_token"))
     endpoint = spec.endpoint or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or conf.get("endpoint_url")
     region = spec.region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or conf.get("region") or "us-east-1"
     return Access(endpoint, region, key_id, secret, token)
+
+
+def share_access(run_dir: Path, pairs: Sequence[SyncPair]) -> None:
+    """The leader, before its node agents start: how it reaches each object store (the
+    endpoint, region and keys it resolved) in ``RUN/nodes/store-keys.json``, which only this
+    user reads (0600), so the agents reach it alike whatever their environment (``pbsdsh``
+    forwards no variable) and no secret goes on their command line. Nothing when no pair is one."""
+    from supervisor.config import store_keys_path
+    from supervisor.journal import open_own_file
+
+    known = {}
+    for p in pairs:
+        if p.store is not None:
+            a = resolve(p.store)
+            known[p.name] = {k: v for k, v in (("endpoint", a.endpoint), ("region", a.region), ("access_key_id", a.key_id),
+                                               ("secret_access_key", a.secret), ("session_token", a.token)) if v}
+    if not known:
+        return
+    path = store_keys_path(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    with os.fdopen(open_own_file(tmp, append=False, mode=0o600), "w") as f:
+        f.write(json.dumps(known))
+    os.replace(tmp, path)
 
 
 def _ini(path: Path, section: str) -> dict[str, str]:

@@ -197,6 +197,9 @@ class FakeMirror:
     def heard(self, word: str) -> None:
         self.calls.append(f"heard:{word}")
 
+    def share_access(self, run_dir: Path) -> None:
+        self.calls.append("share-access")
+
     async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         self.calls.append("prepared")
         async with anyio.create_task_group() as tg:

@@ -9,12 +9,14 @@ REQUIRE_ALL_COMPONENTS turns a skip into a failure).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -77,33 +79,55 @@ class S3Server:
         return Bucket(self, name)
 
 
+def _store(bucket: str, env: dict[str, str]) -> Any:
+    from obstore.store import S3Store
+
+    return S3Store(bucket, endpoint=env["AWS_ENDPOINT_URL"], access_key_id=env["AWS_ACCESS_KEY_ID"],
+                   secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region=env["AWS_REGION"],
+                   client_options={"allow_http": True})
+
+
+def _keys(store: Any, prefix: str) -> dict[str, int]:
+    import obstore
+
+    return {m["path"]: m["size"] for batch in obstore.list(store, prefix=prefix or None) for m in batch}
+
+
+def _get(store: Any, key: str) -> bytes | None:
+    import obstore
+
+    try:
+        return bytes(obstore.get(store, key).bytes())
+    except FileNotFoundError:
+        return None
+
+
 class Bucket:
-    """What is in one bucket, read with obstore's own calls (as a user's reader would)."""
+    """What is in one bucket, read with obstore's own calls (as a user's reader would); for a
+    server inside a network namespace (the test cluster's), from a process in that namespace."""
 
     def __init__(self, server: S3Server, name: str) -> None:
-        from obstore.store import S3Store
-
         self.server, self.name = server, name
-        env = server.env
-        self.store = S3Store(name, endpoint=env["AWS_ENDPOINT_URL"], access_key_id=env["AWS_ACCESS_KEY_ID"],
-                             secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region=env["AWS_REGION"],
-                             client_options={"allow_http": True})
+        self.store = None if server.netns else _store(name, server.env)
 
     def url(self, prefix: str) -> str:
         return f"s3://{self.name}/{prefix}"
 
-    def keys(self, prefix: str = "") -> dict[str, int]:
-        import obstore
+    def _inside(self, *args: str) -> Any:
+        proc = subprocess.run(["ip", "netns", "exec", self.server.netns, sys.executable, "-m", "tests.support.s3",
+                               self.name, *args], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                              env={**os.environ, **self.server.env})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout)
 
-        return {m["path"]: m["size"] for batch in obstore.list(self.store, prefix=prefix or None) for m in batch}
+    def keys(self, prefix: str = "") -> dict[str, int]:
+        return self._inside("keys", prefix) if self.store is None else _keys(self.store, prefix)
 
     def get(self, key: str) -> bytes | None:
-        import obstore
-
-        try:
-            return bytes(obstore.get(self.store, key).bytes())
-        except FileNotFoundError:
-            return None
+        if self.store is None:
+            got = self._inside("get", key)
+            return None if got is None else base64.b64decode(got)
+        return _get(self.store, key)
 
     def manifest(self, prefix: str, name: str) -> dict[str, Any] | None:
         data = self.get(f"{prefix}/.supervise/manifests/{name}.json")
@@ -138,6 +162,16 @@ class Bucket:
         return to
 
 
+def _main(bucket: str, what: str, arg: str) -> None:
+    """``python -m tests.support.s3 BUCKET keys PREFIX | get KEY``: a reader inside a namespace."""
+    store = _store(bucket, dict(os.environ))
+    if what == "keys":
+        print(json.dumps(_keys(store, arg)))
+    else:
+        got = _get(store, arg)
+        print(json.dumps(None if got is None else base64.b64encode(got).decode()))
+
+
 def skip_without_s3() -> None:
     """Skip (with the reason) where the server or the client is not installed here."""
     if shutil.which("weed") is None and not (ROOT / ".venv" / "bin" / "weed").exists():
@@ -145,3 +179,7 @@ def skip_without_s3() -> None:
     if shutil.which("curl") is None:
         pytest.skip("no curl (scripts/s3-up.sh creates buckets with it)")
     pytest.importorskip("obstore", reason="no obstore (pip install 'supervise-hpc[s3]')")
+
+
+if __name__ == "__main__":
+    _main(*sys.argv[1:4])
