@@ -43,20 +43,26 @@ if [ -n "$AGAIN" ]; then
 fi
 PRE=(); [ -z "$NETNS" ] || PRE=(ip netns exec "$NETNS")
 in_ns() { "${PRE[@]}" "$@"; }
-free_port() {  # free here (or in the namespace), and with its gRPC port (+10000) free too
+# Ports from a block of this script's own (from its pid), walked past any in use: two servers
+# started at the same moment (the test workers') never pick the same one. Each also needs its
+# gRPC port (+10000) free, and no leftover socket of that port in /tmp.
+NEXT=$(( 20000 + ($$ % 1000) * 10 ))
+free_port() {
   local p
-  for _ in $(seq 200); do
-    p=$(( 20000 + RANDOM % 20000 ))
+  for _ in $(seq 2000); do
+    p=$NEXT; NEXT=$(( NEXT + 1 )); [ "$NEXT" -lt 30000 ] || NEXT=20000
     if ! in_ns bash -c "(exec 3<>/dev/tcp/$ADDR/$p) 2>/dev/null || (exec 3<>/dev/tcp/$ADDR/$((p + 10000))) 2>/dev/null" \
-        && ! grep -qs -- "-$p.sock\|-$((p + 10000)).sock" <(ls /tmp 2>/dev/null); then
+        && ! ls /tmp 2>/dev/null | grep -qs -- "-$p.sock\|-$((p + 10000)).sock"; then
       echo "$p"; return
     fi
   done
   echo 0
 }
 if [ -z "$AGAIN" ]; then
-  S3=$(free_port); MASTER=$(free_port); VOLUME=$(free_port); FILER=$(free_port)
-  ICEBERG=$(free_port); LANCE=$(free_port); ADMIN=$(free_port)
+  # $(free_port) runs in a subshell, where NEXT moves for nothing: each next one starts past the last
+  S3=$(free_port); NEXT=$((S3 + 1)); MASTER=$(free_port); NEXT=$((MASTER + 1)); VOLUME=$(free_port); NEXT=$((VOLUME + 1))
+  FILER=$(free_port); NEXT=$((FILER + 1)); ICEBERG=$(free_port); NEXT=$((ICEBERG + 1)); LANCE=$(free_port)
+  NEXT=$((LANCE + 1)); ADMIN=$(free_port)
   KEY="supervise-$(head -c 6 /dev/urandom | od -An -tx1 | tr -d ' \n')"
   SECRET=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
   ( umask 077; for v in NETNS ADDR S3 MASTER VOLUME FILER ICEBERG LANCE ADMIN KEY SECRET; do echo "$v=${!v}"; done >"$ROOT/settings" )

@@ -172,7 +172,7 @@ def _mirror(cfg: Config, rank: int, parts_poll: float, previous: list[dict[str, 
 
     return Mirror(cfg.sync, emit=lambda kind, **f: f, sync_every=cfg.sync_every, backend=cfg.sync_backend,
                   nice=cfg.sync_nice, ionice=cfg.sync_ionice, writers=set, streams=cfg.sync_streams,
-                  node_rank=rank, parts_poll=parts_poll,
+                  node_rank=rank, parts_poll=parts_poll, owner=str(cfg.run_dir),
                   # another run's are never replaced (the leader's own checkpoints; a node publishes none)
                   published_before=Mirror.published_in(previous) if previous is not None else None)
 

@@ -83,7 +83,8 @@ class Mirror:
 
     ``node_rank`` is this node's place in a multi-node job: 0 (the default) is the leader,
     which mirrors every pair and assembles the parts of per-node pairs (``nodes > 1``); a node
-    agent (K > 0) mirrors only the per-node checkpoint pairs, as parts.
+    agent (K > 0) mirrors only the per-node checkpoint pairs, as parts. ``owner``: this run's
+    identity on an object store (its run directory), which claims a checkpoint name's keys.
     """
 
     def __init__(self, pairs: Sequence[SyncPair], *, emit: Emit, sync_every: float = 600.0,
@@ -91,7 +92,7 @@ class Mirror:
                  streams: int = DEFAULT["sync_streams"],
                  retry_base: float = 2.0, retry_cap: float = 120.0, node_rank: int = 0,
                  parts_poll: float = 1.0, writers: Callable[[], set[int]] | None = None,
-                 published_before: Mapping[str, Iterable[str]] | None = None) -> None:
+                 published_before: Mapping[str, Iterable[str]] | None = None, owner: str = "") -> None:
         self.node_rank = node_rank
         self._pairs = tuple(p for p in pairs if node_rank == 0 or (p.kind == "checkpoint" and p.nodes > 1))
         self._sink = emit
@@ -116,6 +117,7 @@ class Mirror:
                                             retry_cap=retry_cap, on_publish=self._count_publish,
                                             writers=writers if p.kind == "checkpoint" else None, ours=ours,
                                             role=role_for(p.kind, p.nodes, node_rank, parts_poll, store=p.store is not None)))
+            self._engines[-1].state.owner = owner
 
     @staticmethod
     def published_in(events: Iterable[Mapping[str, Any]]) -> dict[str, set[str]]:

@@ -9,6 +9,7 @@ manifest, which names every object with its size and sha256. Layout under the pa
     <checkpoint>[/<path>]                          its files (the first version of that name)
     .supervise/data/<checkpoint>/<token>/<path>    a later version's files (a name rewritten)
     .supervise/manifests/<checkpoint>.json         the manifest: the commit point
+    .supervise/claims/<checkpoint>                 the run whose a name's own keys are (the first to claim it)
     .supervise/pointers/<pointer>.json             a pointer (``latest``, ``last.ckpt``): its target
     <pointer>                                      the pointer's own content, for a reader by hand
     .supervise/parts/<checkpoint>/node-<K>.json    node K's part of a per-node checkpoint
@@ -31,6 +32,7 @@ MANIFESTS = f"{ROOT}/manifests/"
 POINTERS = f"{ROOT}/pointers/"
 PARTS = f"{ROOT}/parts/"
 DATA = f"{ROOT}/data/"
+CLAIMS = f"{ROOT}/claims/"
 
 
 def manifest_rel(name: str) -> str:
@@ -43,6 +45,10 @@ def pointer_rel(name: str) -> str:
 
 def part_rel(name: str, node: int) -> str:
     return f"{PARTS}{name}/node-{node}.json"
+
+
+def claim_rel(name: str) -> str:
+    return f"{CLAIMS}{name}"
 
 
 def go_rel(name: str) -> str:

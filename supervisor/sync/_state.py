@@ -38,6 +38,7 @@ class PairState:
         self.pending: list[str] = [f"{pair.name}: not synced yet"]  # what is not yet durable, a line each
         self.last_activity: float | None = None  # time.monotonic() of the last local change seen
         self.store = open_store(pair)             # the object store of an s3:// pair (_store.py), else None
+        self.owner = ""                           # this run on a store (its run directory): whose a name's keys are
 
 
 def open_store(pair: SyncPair) -> Any:

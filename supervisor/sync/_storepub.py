@@ -24,7 +24,7 @@ from supervisor.sync import _fsops
 from supervisor.sync._backend import CopyResult
 from supervisor.sync._complete import STAGING_PREFIX, Entry, Listing, Pointer, Snap, matches
 from supervisor.sync._manifest import (
-    MANIFESTS, POINTERS, checkpoint_doc, data_rel, dumps, entry_of, loads, manifest_rel, pointer_doc, pointer_of,
+    MANIFESTS, POINTERS, checkpoint_doc, claim_rel, data_rel, dumps, entry_of, loads, manifest_rel, pointer_doc, pointer_of,
     pointer_rel, profile_of,
 )
 from supervisor.sync._publish import RECOPY_TRIES, Publisher
@@ -103,6 +103,8 @@ class StoreSide:
         self.manifests = StoreManifests(store)
         self.etags: dict[str, str] = {}          # manifest (rel) → its ETag when we wrote or read it
         self.docs: dict[str, dict[str, Any]] = {}  # checkpoint → its manifest on the store
+        self.pointer_docs: dict[str, dict[str, Any]] = {}  # pointer → its manifest on the store
+        self.claimed: set[str] = set()            # names whose own keys this run holds
 
     async def _there(self, name: str) -> Snap | None:
         return await self.there(name)
@@ -124,14 +126,14 @@ class StoreSide:
         got = await self.manifests.read(pointer_rel(name))
         if got is not None:
             self.etags[pointer_rel(name)] = got[1]
-            self.docs[pointer_rel(name)] = got[0]
+            self.pointer_docs[name] = got[0]
         return got is not None
 
     async def _write_pointer(self, ptr: Pointer, target: str) -> bool:
         rel = pointer_rel(ptr.name)
         if rel not in self.etags:
             await self._pointer_there(ptr.name)
-        was = self.docs.get(rel)
+        was = self.pointer_docs.get(ptr.name)
         if was is not None and was.get("target") == target and pointer_of(was).content == ptr.content:
             return False  # that very pointer is there (a restored ``latest``)
         if await self.commit(rel, dumps(pointer_doc(ptr, target)), self.etags.get(rel)) is None:
@@ -158,6 +160,26 @@ class StoreSide:
         keep = {f["key"] for f in now["files"].values()}
         await self.store.delete([f["key"] for f in before["files"].values() if f["key"] not in keep])
 
+    async def place(self, name: str, owner: str) -> str | None | bool:
+        """Where a version of ``name`` goes: ``None``, its own keys (the first version; the name
+        claimed for this run first, with ``If-None-Match``: a second run's upload never writes
+        over the first's objects, whatever the timing), a fresh token for a later version, or
+        ``False``: another run holds the name (refused)."""
+        if name in self.docs:
+            return secrets.token_hex(6)
+        if name in self.claimed:
+            return None
+        key = self.store.key(claim_rel(name))
+        mine = dumps({"v": 1, "owner": owner})
+        try:
+            await self.store.put_bytes(key, mine, create=True)
+        except Exists:
+            got = await self.store.get(key)
+            if got is None or got[0] != mine:
+                return False
+        self.claimed.add(name)
+        return None
+
     def may_replace(self, name: str) -> bool:
         """This run directory published ``name`` before (``Publisher._owns``)."""
         return bool(self._owns(name))
@@ -180,10 +202,10 @@ class StorePublisher(StoreSide, Publisher):
         rel = manifest_rel(e.name)
         await self.there(e.name)  # the manifest there now, and its ETag: what a new version moves
         before = self.docs.get(e.name)
-        if before is not None and not self._owns(e.name):
-            self._refuse(e.name)
+        token = await self.place(e.name, self.state.owner) if before is None or self._owns(e.name) else False
+        if token is False:
+            self._refuse(e.name)  # another run's manifest or claim is there
             return False
-        token = None if before is None else secrets.token_hex(6)
         for _attempt in range(RECOPY_TRIES):
             try:
                 files = await upload(self.store, p.src / e.name, e, e.name, token)

@@ -94,7 +94,10 @@ class StorePartPublisher(StoreSide, PartPublisher):
             self.emit("part-withdrawn", pair=p.name, checkpoint=name, node=self.node,
                       reason="this node's files changed after its part was written; uploading it again")
         self.parted.pop(name, None)
-        token = self._token(name)
+        token = await self.place(name, self.state.owner)
+        if token is False:
+            self._refuse(name)  # another run's claim on the name
+            return False
         for _attempt in range(RECOPY_TRIES):
             try:
                 files = await upload(self.store, p.src / name, e, name, token)
@@ -124,13 +127,6 @@ class StorePartPublisher(StoreSide, PartPublisher):
         self.emit("sync-deferred", pair=p.name, checkpoint=name, node=self.node,
                   reason=f"changed while being uploaded, {RECOPY_TRIES} times; trying again on the next pass")
         return False
-
-    def _token(self, name: str) -> str | None:
-        """A new version of a published name goes to a fresh place (the published one stays
-        whole); the first version to the checkpoint's own keys."""
-        import secrets
-
-        return secrets.token_hex(6) if name in self.docs else None
 
     def _holds(self, there: Snap | None, local: Snap) -> bool:
         return contains(there, local)

@@ -150,6 +150,25 @@ def test_a_second_run_on_the_same_prefix_is_refused_never_overwrites(bucket: Buc
     assert r.returncode == 0 and not _of(a / "run", "sync-refused"), r.stderr[-2000:]
 
 
+def test_a_name_another_run_claimed_is_never_uploaded_over(bucket: Bucket, s3_server: S3Server, tmp_path: Path) -> None:
+    """Two runs starting the same name at once: whichever claims it first (If-None-Match) owns its
+    keys; the other never writes an object there, even before any manifest exists."""
+    prefix = "race/ckpt"
+    claim = f"{prefix}/.supervise/claims/step_000010"
+    import obstore
+
+    assert bucket.store is not None
+    obstore.put(bucket.store, claim, b'{"owner": "/another/run"}', mode="create")
+    r = run_supervise("--run-dir", str(tmp_path / "run"), "--checkpoints", str(tmp_path / "local"), bucket.url(prefix),
+                      *_train(tmp_path / "local", "--steps", "20", "--every", "10"), env=s3_server.env, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    refused = [e["checkpoint"] for e in _of(tmp_path / "run", "sync-refused")]
+    assert refused == ["step_000010"], refused
+    assert not [k for k in bucket.keys(prefix) if k.startswith(f"{prefix}/step_000010")]
+    assert sorted(bucket.manifests(prefix)) == ["step_000020"]
+    assert bucket.get(claim) == b'{"owner": "/another/run"}'
+
+
 def test_logs_go_up_as_they_grow_and_every_attempts_log_is_kept(bucket: Bucket, s3_server: S3Server,
                                                                tmp_path: Path) -> None:
     logs, run, prefix = tmp_path / "logs", tmp_path / "run", "run1/logs"
