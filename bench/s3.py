@@ -5,8 +5,9 @@ Two shapes (issue 34): a few large files (8 × 128 MiB = 1 GiB) and many small o
 whole benchmark. Each run, in turn:
 
 1. the client's limit: obstore's own ``put_async`` of every file at once (a ``Path``, which
-   obstore reads in Rust: concurrent multipart for the large files, at most 64 files in flight
-   for the small ones), in a fresh Python process (timed inside it; its peak RSS);
+   obstore reads in Rust: concurrent multipart for the large files; as many files in flight as
+   supervise puts small files, ``SMALL_AT_ONCE``), in a fresh Python process (timed inside it;
+   its peak RSS);
 2. the real ``supervise --checkpoints LOCAL s3://…``, started with the checkpoint already on
    disk and no marker (``--settle 1h``: quiet time never completes it), then DCP's marker
    ``.metadata`` is written and the time until the checkpoint's manifest is in the bucket is
@@ -54,7 +55,9 @@ def _put_all(directory: str, bucket: str, prefix: str) -> None:
     files = sorted(p for p in Path(directory).rglob("*") if p.is_file())
 
     async def main() -> float:
-        gate = asyncio.Semaphore(64)
+        from supervisor.sync._store import SMALL_AT_ONCE
+
+        gate = asyncio.Semaphore(SMALL_AT_ONCE)  # as many files in flight as supervise puts small files
 
         async def one(p: Path) -> None:
             async with gate:
@@ -114,7 +117,8 @@ def supervised(where: Path, ckpt: Path, bucket: object, url: str, prefix: str, e
     try:
         journal = run / "events.jsonl"
         deadline = time.monotonic() + 120
-        while not (journal.exists() and '"trigger": "start"' in journal.read_text()):
+        while not (journal.exists() and any(json.loads(line).get("trigger") == "start"
+                                            for line in journal.read_text().splitlines() if line.startswith("{"))):
             assert time.monotonic() < deadline and p.poll() is None, p.stderr.read() if p.poll() is not None else "no start"
             time.sleep(0.05)
         key = f"{prefix}/.supervise/manifests/{ckpt.name}.json"

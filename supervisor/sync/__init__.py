@@ -33,7 +33,7 @@ from supervisor.sync._aside import role_before
 from supervisor.sync._pair import PairEngine
 from supervisor.sync._parts import missing_from
 from supervisor.sync._profiles import GENERIC
-from supervisor.sync._roles import role_for
+from supervisor.sync._roles import Leader, Node, Role, Single
 
 __all__ = ["Mirror"]
 
@@ -62,6 +62,20 @@ class Published:
         return self.completed_at if self.completed_at is not None else self.published_at
 
 
+def _role_for(kind: str, nodes: int, node_rank: int, parts_poll: float = 1.0, *, store: bool = False) -> Role:
+    """The role of a pair of ``kind`` written by ``nodes`` nodes, on node ``node_rank``;
+    ``store``: its persistent side is an object store (``_storeroles.py``)."""
+    if store:
+        from supervisor.sync._storeroles import StoreLeader, StoreNode, StoreSingle
+
+        if kind != "checkpoint" or nodes <= 1:
+            return StoreSingle()
+        return StoreLeader(parts_poll) if node_rank == 0 else StoreNode(node_rank, parts_poll)
+    if kind != "checkpoint" or nodes <= 1:
+        return Single()
+    return Leader(parts_poll) if node_rank == 0 else Node(node_rank, parts_poll)
+
+
 def _probe(p: SyncPair, store: Any) -> None:
     """An object-store pair: can this run list, write and delete under its prefix? One line,
     exit 2, nothing started, when it cannot (the extra missing, no bucket, a wrong key, no
@@ -76,6 +90,25 @@ def _probe(p: SyncPair, store: Any) -> None:
         Store(p.store, retries=PROBE_RETRIES).probe()
     except StoreError as e:
         raise ConfigError(key, p.where, str(e).removeprefix(f"{p.where}: "), p.origin) from None
+
+
+def _logged(emit: Emit) -> Emit:
+    """What a person must hear of (a torn checkpoint, a restore refused or failed, a pair
+    that relies on quiescence alone) goes to the log as well as the journal."""
+    def logged(kind: str, /, **fields: Any) -> Any:
+        if kind == "torn":
+            log.warning("sync %s: %s is torn (%s); it is never published", fields["pair"], fields["checkpoint"], fields["why"])
+        elif kind == "restore-failed":
+            log.warning("sync %s: restore failed: %s; starting without it", fields["pair"], fields["error"])
+        elif kind == "restore" and fields.get("checkpoint") is None:
+            log.warning("sync %s: nothing restored: %s", fields["pair"], fields.get("reason"))
+        elif kind == "sync-profile":
+            how = ("relies on quiescence alone (settle): set markers, or profile" if fields["quiescence"]
+                   else f"complete by evidence (writers {fields['writers']})")
+            (log.warning if fields["quiescence"] else log.info)(
+                "sync %s: profile %s (from %s); %s", fields["pair"], fields["profile"], fields["evidence"], how)
+        return emit(kind, **fields)
+    return logged
 
 
 class Mirror:
@@ -96,7 +129,7 @@ class Mirror:
         self.node_rank = node_rank
         self._pairs = tuple(p for p in pairs if node_rank == 0 or (p.kind == "checkpoint" and p.nodes > 1))
         self._sink = emit
-        self._emit = self._logged(lambda kind, **fields: self._sink(kind, **fields))
+        self._emit = _logged(lambda kind, **fields: self._sink(kind, **fields))
         emit = self._emit
         self._backend_error: ConfigError | None = None
         try:
@@ -116,7 +149,7 @@ class Mirror:
             self._engines.append(PairEngine(p, self._backend, emit, every=sync_every, retry_base=retry_base,
                                             retry_cap=retry_cap, on_publish=self._count_publish,
                                             writers=writers if p.kind == "checkpoint" else None, ours=ours,
-                                            role=role_for(p.kind, p.nodes, node_rank, parts_poll, store=p.store is not None)))
+                                            role=_role_for(p.kind, p.nodes, node_rank, parts_poll, store=p.store is not None)))
             self._engines[-1].state.owner = owner
 
     @staticmethod
@@ -128,25 +161,6 @@ class Mirror:
             if e.get("kind") == "publish" and isinstance(e.get("pair"), str) and isinstance(e.get("checkpoint"), str):
                 out.setdefault(e["pair"], set()).add(e["checkpoint"])
         return out
-
-    @staticmethod
-    def _logged(emit: Emit) -> Emit:
-        """What a person must hear of (a torn checkpoint, a restore refused or failed, a pair
-        that relies on quiescence alone) goes to the log as well as the journal."""
-        def logged(kind: str, /, **fields: Any) -> Any:
-            if kind == "torn":
-                log.warning("sync %s: %s is torn (%s); it is never published", fields["pair"], fields["checkpoint"], fields["why"])
-            elif kind == "restore-failed":
-                log.warning("sync %s: restore failed: %s; starting without it", fields["pair"], fields["error"])
-            elif kind == "restore" and fields.get("checkpoint") is None:
-                log.warning("sync %s: nothing restored: %s", fields["pair"], fields.get("reason"))
-            elif kind == "sync-profile":
-                how = ("relies on quiescence alone (settle): set markers, or profile" if fields["quiescence"]
-                       else f"complete by evidence (writers {fields['writers']})")
-                (log.warning if fields["quiescence"] else log.info)(
-                    "sync %s: profile %s (from %s); %s", fields["pair"], fields["profile"], fields["evidence"], how)
-            return emit(kind, **fields)
-        return logged
 
     def attach(self, emit: Emit, writers: Callable[[], set[int]] | None = None) -> None:
         """Before ``run``: the journal to write to (a plan builds the mirror before the journal

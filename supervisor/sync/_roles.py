@@ -386,20 +386,6 @@ class Node(_PerNode):
         return []
 
 
-def role_for(kind: str, nodes: int, node_rank: int, parts_poll: float = 1.0, *, store: bool = False) -> Role:
-    """The role of a pair of ``kind`` written by ``nodes`` nodes, on node ``node_rank``;
-    ``store``: its persistent side is an object store (``_storeroles.py``)."""
-    if store:
-        from supervisor.sync._storeroles import StoreLeader, StoreNode, StoreSingle
-
-        if kind != "checkpoint" or nodes <= 1:
-            return StoreSingle()
-        return StoreLeader(parts_poll) if node_rank == 0 else StoreNode(node_rank, parts_poll)
-    if kind != "checkpoint" or nodes <= 1:
-        return Single()
-    return Leader(parts_poll) if node_rank == 0 else Node(node_rank, parts_poll)
-
-
 def local_profile(profile: Profile | None, marker_here: bool, *, local: bool = True) -> Profile | None:
     """The rules a node's own files are judged by. DCP's ``.metadata``, DeepSpeed's and
     Megatron's pointers are written by global rank 0, on node 0: on node K they never appear

@@ -2,8 +2,9 @@
 
 A small async surface over obstore (Rust ``object_store``; the ``supervise-hpc[s3]`` extra),
 imported only when a pair names a store: keys under the pair's prefix, whole-file uploads that
-hash as they read (concurrent multipart past ``CHUNK``, memory bounded by ``CHUNK`` ×
-``PARTS_AT_ONCE`` per file and ``BIG_AT_ONCE`` files), conditional puts (``create``: refused
+hash as they read, their memory bounded: small files in batches (``BATCHES_HELD`` ×
+``BATCH_BYTES``), mid-size ones whole (``MID_AT_ONCE`` × ``CHUNK``), large ones as concurrent
+multipart uploads (``CHUNK`` × ``PARTS_AT_ONCE`` per file, ``BIG_AT_ONCE`` files), conditional puts (``create``: refused
 when the key exists; ``if_match``: refused when it changed), streaming downloads that verify.
 Every failure is a ``StoreError``, an ``OSError`` whose ``code`` names what happened, so the
 pair engine journals and retries it as any copy failure (docs/sync.md, "Object stores").
@@ -31,9 +32,13 @@ import anyio
 from supervisor.config import StoreSpec, SyncPair
 
 CHUNK = 8 << 20          # bytes: a multipart part, and what one read hands the uploader
-PARTS_AT_ONCE = 4        # parts of one file in flight
+PARTS_AT_ONCE = 3        # parts of one file in flight
 BIG_AT_ONCE = 2          # files of CHUNK or more uploading at once (memory: about CHUNK × PARTS × BIG, twice over)
-SMALL_AT_ONCE = 32       # smaller files at once (each read whole: at most 32 × CHUNK)
+SMALL_AT_ONCE = 128      # small files' PUTs in flight at once
+SMALL = 1 << 20          # bytes: a file this small is read whole, in a batch of others (one worker-thread call each)
+BATCH_FILES, BATCH_BYTES = 64, 8 << 20  # a batch of small files; at most BATCHES_HELD batches in memory at once
+BATCHES_HELD = 4
+MID_AT_ONCE = 8          # files from SMALL to CHUNK, each read whole: at most 8 × CHUNK held
 CONNECT_TIMEOUT = "5s"
 REQUEST_TIMEOUT = "120s"  # one request (a part of CHUNK bytes at 1 MB/s takes 8 s)
 RETRIES = 4              # on 5xx, throttling and dropped connections, with backoff (obstore's)
@@ -155,6 +160,8 @@ class Store:
             **kw)
         self.big = anyio.CapacityLimiter(BIG_AT_ONCE)
         self.small = anyio.CapacityLimiter(SMALL_AT_ONCE)
+        self.batches = anyio.CapacityLimiter(BATCHES_HELD)
+        self.mid = anyio.CapacityLimiter(MID_AT_ONCE)
 
     def key(self, rel: str) -> str:
         return f"{self.spec.prefix}/{rel}" if self.spec.prefix else rel
@@ -249,6 +256,25 @@ class Store:
         got = await self._call(obstore.put_async(self._store, key, data, mode=mode, use_multipart=False), key)
         return str(got.get("e_tag") or "")
 
+    async def put_small(self, items: Sequence[tuple[Path, str]]) -> Sequence[tuple[int, str]]:
+        """Small files (under ``SMALL``), read and hashed together in one worker-thread call (a
+        thread hop per 4 KiB file took 40 % of a 1 000-file upload), then put concurrently;
+        each (bytes, sha256 hex), in order. A file gone meanwhile raises FileNotFoundError."""
+        import obstore
+
+        async with self.batches:
+            read = await anyio.to_thread.run_sync(_read_all, [path for path, _key in items])
+            out = [(len(data), digest) for data, digest in read]
+
+            async def one(data: bytes, key: str) -> None:
+                async with self.small:
+                    await self._call(obstore.put_async(self._store, key, data, use_multipart=False), key)
+
+            async with anyio.create_task_group() as tg:
+                for (data, _digest), (_path, key) in zip(read, items):
+                    tg.start_soon(one, data, key)
+        return out
+
     async def put_file(self, path: Path, key: str) -> tuple[int, str]:
         """Upload a whole local file, hashing what it reads; (bytes, sha256 hex)."""
         import obstore
@@ -256,7 +282,7 @@ class Store:
         size = (await anyio.to_thread.run_sync(os.stat, path)).st_size
         h = hashlib.sha256()
         if size < CHUNK:
-            async with self.small:
+            async with self.mid:
                 data = await anyio.to_thread.run_sync(_read_hashed, path, h)
                 await self._call(obstore.put_async(self._store, key, data, use_multipart=False), key)
             return len(data), h.hexdigest()
@@ -299,6 +325,15 @@ async def _next(stream: Any) -> Any:
         return await stream.__anext__()
     except StopAsyncIteration:
         return None
+
+
+def _read_all(paths: Sequence[Path]) -> list[tuple[bytes, str]]:
+    out = []
+    for path in paths:
+        with open(path, "rb") as f:
+            data = f.read()
+        out.append((data, hashlib.sha256(data).hexdigest()))
+    return out
 
 
 def _read_hashed(path: Path, h: Any) -> bytes:

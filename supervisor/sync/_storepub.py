@@ -30,24 +30,50 @@ from supervisor.sync._manifest import (
 from supervisor.sync._publish import RECOPY_TRIES, Publisher
 from supervisor.sync._restore import Restorer, is_newer, newest
 from supervisor.sync._state import PairState, to_thread
-from supervisor.sync._store import Changed, Exists, Store
+from supervisor.sync._store import BATCH_BYTES, BATCH_FILES, SMALL, Changed, Exists, Store
 
 
 async def upload(store: Store, root: Path, e: Entry, name: str, token: str | None) -> dict[str, dict[str, Any]]:
     """Every file of ``e`` (under ``root``) to its key, concurrently: rel → key, size, sha256,
-    mtime_ns (the snapshot's: what was judged complete). A file gone under the upload raises
-    ``FileNotFoundError`` (the caller tells a rotated checkpoint from a failure)."""
+    mtime_ns (the snapshot's: what was judged complete). Small files go in batches, each read
+    in one worker-thread call; larger ones each on its own (multipart past ``CHUNK``). A file
+    gone under the upload raises ``FileNotFoundError`` (the caller tells a rotated checkpoint
+    from a failure)."""
     out: dict[str, dict[str, Any]] = {}
+    small = sorted(rel for rel, (size, _m) in e.snap.files.items() if size < SMALL)
+    path = lambda rel: root / rel if rel else root  # noqa: E731
 
-    async def one(rel: str, mtime_ns: int) -> None:
-        key = store.key(data_rel(name, rel, token))
-        size, digest = await store.put_file(root / rel if rel else root, key)
-        out[rel] = {"key": key, "size": size, "sha256": digest, "mtime_ns": mtime_ns}
+    def done(rel: str, size: int, digest: str) -> None:
+        out[rel] = {"key": store.key(data_rel(name, rel, token)), "size": size, "sha256": digest,
+                    "mtime_ns": e.snap.files[rel][1]}
+
+    async def one(rel: str) -> None:
+        done(rel, *await store.put_file(path(rel), store.key(data_rel(name, rel, token))))
+
+    async def batch(rels: list[str]) -> None:
+        got = await store.put_small([(path(rel), store.key(data_rel(name, rel, token))) for rel in rels])
+        for rel, (size, digest) in zip(rels, got):
+            done(rel, size, digest)
 
     async with anyio.create_task_group() as tg:
-        for rel, (_size, mtime_ns) in e.snap.files.items():
-            tg.start_soon(one, rel, mtime_ns)
+        for rel in sorted(set(e.snap.files) - set(small)):
+            tg.start_soon(one, rel)
+        for rels in _batches(small, e.snap):
+            tg.start_soon(batch, rels)
     return out
+
+
+def _batches(rels: list[str], snap: Snap) -> list[list[str]]:
+    out: list[list[str]] = [[]]
+    held = 0
+    for rel in rels:
+        size = snap.files[rel][0]
+        if out[-1] and (len(out[-1]) >= BATCH_FILES or held + size > BATCH_BYTES):
+            out.append([])
+            held = 0
+        out[-1].append(rel)
+        held += size
+    return [b for b in out if b]
 
 
 def uploaded_whole(files: Mapping[str, Mapping[str, Any]], snap: Snap) -> bool:
