@@ -126,11 +126,7 @@ class Assembly:
                 continue
             self.short.pop(name, None)
             if missing:
-                self.missing[name] = missing
-                if self._told_missing.get(name) != tuple(missing):
-                    self._told_missing[name] = tuple(missing)
-                    self.emit("parts-waiting", pair=p.name, checkpoint=name, nodes=self.nodes,
-                              have=sorted(manifests), missing=missing)
+                self.say_missing(name, sorted(manifests), missing)
                 continue
             try:
                 got = await to_thread(assemble, p.dst, name, manifests, fsync=p.fsync)
@@ -144,15 +140,7 @@ class Assembly:
                 self.missing[name] = []  # a node is copying its part again; its new manifest triggers us
                 continue
             self.conflicts.pop(name, None)
-            self._told_missing.pop(name, None)
-            version = assembled_snap(manifests)
-            local = listing.entries.get(name)
-            mine = local is not None and local.complete and contains(version, local.snap)
-            self.state.published[name] = local.snap if mine and local is not None else version
-            if mine and name in listing.sigs:
-                self.state.sigs[name] = listing.sigs[name]
-            self.pub.parted.pop(name, None)
-            self.pub.stale.pop(name, None)
+            self.now_published(name, assembled_snap(manifests), listing)
             await to_thread(release_parts, p.dst, name, manifests)
             self.tell("taken")
             lag = round(time.time() - got.done_at, 3) if got.done_at else None
@@ -162,6 +150,25 @@ class Assembly:
                       linked=got.linked, **({"differing": got.differing} if got.differing else {}))
             self.pub.on_publish(got.done_at)
             published.append(name)
+
+    def now_published(self, name: str, version: Snap, listing: Listing) -> None:
+        """``name`` is published as ``version``: this node's local copy, where the published
+        one holds it, is what is published now (its part is no longer owed)."""
+        self._told_missing.pop(name, None)
+        local = listing.entries.get(name)
+        mine = local is not None and local.complete and contains(version, local.snap)
+        self.state.published[name] = local.snap if mine and local is not None else version
+        if mine and name in listing.sigs:
+            self.state.sigs[name] = listing.sigs[name]
+        self.pub.parted.pop(name, None)
+        self.pub.stale.pop(name, None)
+
+    def say_missing(self, name: str, have: list[int], missing: list[int]) -> None:
+        """``name`` waits for the parts of ``missing``: journaled each time that set changes."""
+        self.missing[name] = missing
+        if self._told_missing.get(name) != tuple(missing):
+            self._told_missing[name] = tuple(missing)
+            self.emit("parts-waiting", pair=self.pair.name, checkpoint=name, nodes=self.nodes, have=have, missing=missing)
 
     def behind(self, ptr: Pointer) -> bool:
         """A local pointer naming an older checkpoint than the persistent one names

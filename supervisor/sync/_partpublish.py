@@ -203,18 +203,23 @@ class PartPublisher(Publisher):
                 await to_thread(_fsops.fsync_dir, pdir)
             await to_thread(write_manifest, p.dst, name, self.node, self.nodes, e.snap, is_dir=e.is_dir,
                             markers=e.markers, why=e.why, done_at=e.done_at)
-            self.parted[name] = self.seen[name] = e.snap
-            if name in again.sigs:
-                self.state.sigs[name] = again.sigs[name]
-            lag = round(time.time() - e.done_at, 3) if e.done_at else None
-            self.emit("part", pair=p.name, checkpoint=name, node=self.node, nodes=self.nodes, trigger=trigger,
-                      files=len(e.snap.files), bytes=e.snap.bytes, why=e.why, lag_s=lag, durable=True)
-            self.gather.staged()
+            self.part_durable(e, again, trigger)
             return True
         self.emit("sync-deferred", pair=p.name, checkpoint=name, node=self.node,
                   reason=f"changed while being copied, {RECOPY_TRIES} times; trying again on the next pass")
         return False
 
+
+    def part_durable(self, e: Entry, again: Listing, trigger: str) -> None:
+        """This node's part of ``e`` is durable with its manifest: noted, journaled (``part``), handed on."""
+        name = e.name
+        self.parted[name] = self.seen[name] = e.snap
+        if name in again.sigs:
+            self.state.sigs[name] = again.sigs[name]
+        lag = round(time.time() - e.done_at, 3) if e.done_at else None
+        self.emit("part", pair=self.pair.name, checkpoint=name, node=self.node, nodes=self.nodes, trigger=trigger,
+                  files=len(e.snap.files), bytes=e.snap.bytes, why=e.why, lag_s=lag, durable=True)
+        self.gather.staged()
 
     async def _look_inside_published(self, listing: Listing) -> None:
         """A directory incomplete by itself here may be this node's part of a checkpoint that

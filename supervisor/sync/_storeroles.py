@@ -21,7 +21,8 @@ from typing import Any, Callable, Mapping
 from supervisor.sync._backend import CopyResult
 from supervisor.sync._complete import Entry, Listing, Pointer, Snap, natural_key
 from supervisor.sync._manifest import PARTS, checkpoint_doc, dumps, entry_of, go_rel, loads, manifest_rel, part_rel
-from supervisor.sync._partpublish import PartPublisher
+from supervisor.sync._assembly import Assembly
+from supervisor.sync._partpublish import Handover, PartPublisher
 from supervisor.sync._publish import RECOPY_TRIES, Publisher, complete_newest_first
 from supervisor.sync._roles import WAITING_POLL_S, GO_POLL_S, Host, Leader, Node, Single, settled_here
 from supervisor.sync._state import to_thread
@@ -116,13 +117,7 @@ class StorePartPublisher(StoreSide, PartPublisher):
             stats.bytes += sum(int(f["size"]) for f in files.values())
             doc = checkpoint_doc(e, files, profile=self.state.profile, nodes=self.nodes, extra={"node": self.node})
             await self.store.put_bytes(self.store.key(rel), dumps(doc))
-            self.parted[name] = self.seen[name] = e.snap
-            if name in again.sigs:
-                self.state.sigs[name] = again.sigs[name]
-            lag = round(time.time() - e.done_at, 3) if e.done_at else None
-            self.emit("part", pair=p.name, checkpoint=name, node=self.node, nodes=self.nodes, trigger=trigger,
-                      files=len(e.snap.files), bytes=e.snap.bytes, why=e.why, lag_s=lag, durable=True)
-            self.gather.staged()
+            self.part_durable(e, again, trigger)
             return True
         self.emit("sync-deferred", pair=p.name, checkpoint=name, node=self.node,
                   reason=f"changed while being uploaded, {RECOPY_TRIES} times; trying again on the next pass")
@@ -132,64 +127,26 @@ class StorePartPublisher(StoreSide, PartPublisher):
         return contains(there, local)
 
 
-class StoreAssembly:
-    """The leader's ``Gather`` on a store: the go objects, the checkpoint's manifest once
-    every part manifest is there, the pointers after it, and what is still missing."""
+class StoreAssembly(Assembly):
+    """The leader's ``Gather`` on a store (``Assembly``'s, but for): the go objects, the
+    checkpoint's manifest once every part manifest is there, the pointers after it."""
 
     def __init__(self, pub: StorePartPublisher, trigger: Callable[[str], None], tell: Callable[[str], None]) -> None:
-        self.pub = pub
+        super().__init__(pub, trigger, tell)
+        self.spub = pub
         self.store = pub.store
-        self.pair, self.emit, self.state = pub.pair, pub.emit, pub.state
-        self.nodes = pub.nodes
-        self.trigger = trigger
-        self.tell = tell
-        self.missing: dict[str, list[int]] = {}
-        self._told_missing: dict[str, tuple[int, ...]] = {}
-        self.conflicts: dict[str, str] = {}
         self._went: set[str] = set()
 
-    async def begin(self) -> None:
-        return None
-
     async def before_stage(self, e: Entry) -> None:
-        prof = self.state.profile
-        go = bool(e.is_dir and not self.pair.markers and prof is not None and prof.needs_marker
-                  and e.why.startswith(("marker ", "pointer ", "older than ")))
-        if go and e.name not in self._went:
+        if self._go_applies(e) and e.name not in self._went:
             await self.store.put_bytes(self.store.key(go_rel(e.name)), b"node 0 saw it complete\n")
             self._went.add(e.name)
             self.tell("go")
 
-    def staged(self) -> None:
-        self.trigger("parts")
-
-    async def finish(self, trigger: str, published: list[str], listing: Listing) -> None:
-        await self._assemble_ready(trigger, published, listing)
-        await self.pub.publish_pointers(listing)
-
-    def conflict(self, name: str) -> str | None:
-        return self.conflicts.get(name)
-
-    def waiting(self, name: str) -> str | None:
-        missing = self.missing.get(name)
-        if missing is None:
-            return None
-        return ("node " if len(missing) == 1 else "nodes ") + ", ".join(map(str, missing)) + " missing" if missing \
-            else "all parts there, not yet published"
-
-    def pending(self, listing: Listing, local: set[str]) -> list[str]:
-        out = [f"{self.pair.name}: {name} (waiting for parts: {self.waiting(name)})"
-               for name in sorted(self.missing, key=natural_key) if name not in local]
-        for ptr in listing.pointers.values():
-            if self.pub.pointers_done.get(ptr.name) != ptr.content:
-                out.append(f"{self.pair.name}: {ptr.name} (pointer to {ptr.target or 'a missing checkpoint'})")
-        return out
-
     def behind(self, ptr: Pointer) -> bool:
-        return False
+        return False  # the leader's pointer follows what it published; never another node's
 
     async def _assemble_ready(self, trigger: str, published: list[str], listing: Listing) -> None:
-        p = self.pair
         self.missing = {}
         for name, leaves in sorted((await parts_there(self.store)).items(), key=lambda kv: natural_key(kv[0]), reverse=True):
             manifests = await self._current(name, leaves)
@@ -201,11 +158,7 @@ class StoreAssembly:
                 manifests = {newest: manifests[newest]}
             missing = [] if single else [k for k in range(self.nodes) if k not in manifests]
             if missing:
-                self.missing[name] = missing
-                if self._told_missing.get(name) != tuple(missing):
-                    self._told_missing[name] = tuple(missing)
-                    self.emit("parts-waiting", pair=p.name, checkpoint=name, nodes=self.nodes,
-                              have=sorted(manifests), missing=missing)
+                self.say_missing(name, sorted(manifests), missing)
                 continue
             merged = self._merge(name, manifests)
             if merged is None:
@@ -224,10 +177,10 @@ class StoreAssembly:
                 doc = loads(got[0]) if got is not None else None
                 if doc is not None and doc.get("nodes") == self.nodes:
                     manifests[k] = doc
-        there = await self.pub.there(name)
+        there = await self.spub.there(name)
         if not manifests or there is None:
             return manifests
-        pub_files = self.pub.docs[name]["files"]
+        pub_files = self.spub.docs[name]["files"]
         old = [k for k, m in manifests.items()
                if all(pub_files.get(r, {}).get("sha256") == f["sha256"] for r, f in m["files"].items())
                or written(entry_of(m).snap) <= written(there)]
@@ -266,24 +219,16 @@ class StoreAssembly:
         doc = checkpoint_doc(e, files, profile=self.state.profile, nodes=self.nodes,
                              extra={"parts": {str(k): len(m["files"]) for k, m in manifests.items()}})
         rel = manifest_rel(name)
-        before = self.pub.docs.get(name)
-        if before is not None and not self.pub.may_replace(name):
-            self.pub.refuse(name)
+        before = self.spub.docs.get(name)
+        if before is not None and not self.spub.may_replace(name):
+            self.spub.refuse(name)
             return False
-        if await self.pub.commit(rel, dumps(doc), self.pub.etags.get(rel) if before is not None else None) is None:
-            self.pub.refuse(name)
+        if await self.spub.commit(rel, dumps(doc), self.spub.etags.get(rel) if before is not None else None) is None:
+            self.spub.refuse(name)
             return False
-        await self.pub.superseded(before, doc)
-        self.pub.docs[name] = doc
-        self._told_missing.pop(name, None)
-        version = entry_of(doc).snap
-        local = listing.entries.get(name)
-        mine = local is not None and local.complete and contains(version, local.snap)
-        self.state.published[name] = local.snap if mine and local is not None else version
-        if mine and name in listing.sigs:
-            self.state.sigs[name] = listing.sigs[name]
-        self.pub.parted.pop(name, None)
-        self.pub.stale.pop(name, None)
+        await self.spub.superseded(before, doc)
+        self.spub.docs[name] = doc
+        self.now_published(name, entry_of(doc).snap, listing)
         await self.store.delete([self.store.key(part_rel(name, k)) for k in manifests] + [self.store.key(go_rel(name))])
         self._went.discard(name)
         self.tell("taken")
@@ -294,42 +239,21 @@ class StoreAssembly:
         return True
 
 
-class StoreHandover:
-    """Node K's ``Gather`` on a store: once the leader has taken a part (its manifest gone),
-    this node owes nothing more for that version."""
+class StoreHandover(Handover):
+    """Node K's ``Gather`` on a store: once the leader has taken a part (its part manifest
+    gone), this node owes nothing more for that version."""
 
     def __init__(self, pub: StorePartPublisher, tell: Callable[[str], None]) -> None:
-        self.pub = pub
-        self.tell = tell
+        super().__init__(pub, tell)
+        self.spub = pub
 
     async def begin(self) -> None:
-        pub = self.pub
+        pub = self.spub
         if not pub.parted:
             return
         there = await parts_there(pub.store)
         for name in [n for n in pub.parted if f"node-{pub.node}.json" not in there.get(n, set())]:
             pub.state.published[name] = pub.parted.pop(name)
-
-    async def before_stage(self, e: Entry) -> None:
-        return None
-
-    def staged(self) -> None:
-        self.tell("part")
-
-    async def finish(self, trigger: str, published: list[str], listing: Listing) -> None:
-        return None
-
-    def conflict(self, name: str) -> str | None:
-        return None
-
-    def waiting(self, name: str) -> str | None:
-        return None
-
-    def pending(self, listing: Listing, local: set[str]) -> list[str]:
-        return []
-
-    def behind(self, ptr: Pointer) -> bool:
-        return False
 
 
 class _OnStore:
