@@ -25,7 +25,8 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Mapping, Sequence
+from functools import partial
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 import anyio
 
@@ -270,9 +271,7 @@ class Store:
                 async with self.small:
                     await self._call(obstore.put_async(self._store, key, data, use_multipart=False), key)
 
-            async with anyio.create_task_group() as tg:
-                for (data, _digest), (_path, key) in zip(read, items):
-                    tg.start_soon(one, data, key)
+            await first_failure([partial(one, data, key) for (data, _digest), (_path, key) in zip(read, items)])
         return out
 
     async def put_file(self, path: Path, key: str) -> tuple[int, str]:
@@ -317,6 +316,27 @@ class Store:
             obstore.delete(self._store, key)
         except Exception as e:  # noqa: BLE001
             raise _mapped(e, self.url, key) from None
+
+
+async def first_failure(calls: Sequence[Callable[[], Awaitable[None]]]) -> None:
+    """Run ``calls`` concurrently; the first to fail cancels the rest, and its exception (a
+    ``StoreError``, a file gone) is raised as itself, not inside an exception group: the pair
+    engine retries an ``OSError`` and would take a group for a crash."""
+    failed: list[Exception] = []
+
+    async def one(call: Callable[[], Awaitable[None]], scope: anyio.CancelScope) -> None:
+        try:
+            await call()
+        except Exception as e:  # noqa: BLE001 - kept, raised below as itself
+            if not failed:
+                failed.append(e)
+            scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        for call in calls:
+            tg.start_soon(one, call, tg.cancel_scope)
+    if failed:
+        raise failed[0]
 
 
 async def _next(stream: Any) -> Any:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from functools import partial
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -30,7 +31,7 @@ from supervisor.sync._manifest import (
 from supervisor.sync._publish import RECOPY_TRIES, Publisher
 from supervisor.sync._restore import Restorer, is_newer, newest
 from supervisor.sync._state import PairState, to_thread
-from supervisor.sync._store import BATCH_BYTES, BATCH_FILES, SMALL, Changed, Exists, Store
+from supervisor.sync._store import BATCH_BYTES, BATCH_FILES, SMALL, Changed, Exists, Store, StoreError, first_failure
 
 
 async def upload(store: Store, root: Path, e: Entry, name: str, token: str | None) -> dict[str, dict[str, Any]]:
@@ -55,11 +56,8 @@ async def upload(store: Store, root: Path, e: Entry, name: str, token: str | Non
         for rel, (size, digest) in zip(rels, got):
             done(rel, size, digest)
 
-    async with anyio.create_task_group() as tg:
-        for rel in sorted(set(e.snap.files) - set(small)):
-            tg.start_soon(one, rel)
-        for rels in _batches(small, e.snap):
-            tg.start_soon(batch, rels)
+    await first_failure([partial(one, rel) for rel in sorted(set(e.snap.files) - set(small))]
+                        + [partial(batch, rels) for rels in _batches(small, e.snap)])
     return out
 
 
@@ -305,7 +303,27 @@ class StoreRestorer(Restorer):
         if best is None:
             self.emit("restore", pair=p.name, checkpoint=None, reason="no complete checkpoint on persistent storage")
             return None
-        doc = docs[best.name]
+        # The newest first; one whose objects are not what its manifest says (deleted by hand,
+        # overwritten by another tool) is skipped for the next newest, never restored torn.
+        # The leader's choice for every node (``want``) is that version or nothing.
+        order = [best] if want is not None else [best] + sorted(
+            (e for e in listing.entries.values() if e.restorable and e.name != best.name), key=lambda e: e.order,
+            reverse=True)
+        skipped: list[str] = []
+        for best in order:
+            try:
+                return await self._bring_back(best, docs[best.name], listing, local, keep_newer, t0, skipped)
+            except StoreError as err:
+                if want is not None or err.code not in ("EBADMSG", "ENOENT"):
+                    raise
+                skipped.append(best.name)
+        self.emit("restore", pair=p.name, checkpoint=None, torn=skipped,
+                  reason="no checkpoint on persistent storage whose objects match its manifest")
+        return None
+
+    async def _bring_back(self, best: Entry, doc: Mapping[str, Any], listing: Listing, local: Listing, keep_newer: bool,
+                          t0: float, skipped: list[str]) -> Path:
+        p = self.pair
         dest = p.src / best.name
         have = await to_thread(_snapshot_of, dest)
         same = matches(have, best.snap) and (keep_newer or await to_thread(_hashes_match, dest, doc))
@@ -316,7 +334,8 @@ class StoreRestorer(Restorer):
         repointed = await to_thread(self._repoint, listing, best)
         self.emit("restore", pair=p.name, checkpoint=best.name, source=self.store.key(manifest_rel(best.name)), to=dest,
                   files=stats.files, bytes=stats.bytes, seconds=round(time.monotonic() - t0, 3),
-                  copied=bool(stats.files), why=best.why, step=best.step, pointers=links, **repointed)
+                  copied=bool(stats.files), why=best.why, step=best.step, pointers=links,
+                  **({"torn": skipped} if skipped else {}), **repointed)
         return dest
 
     async def _download(self, doc: Mapping[str, Any], dest: Path) -> CopyResult:
@@ -342,9 +361,7 @@ class StoreRestorer(Restorer):
         try:
             if is_dir:
                 await to_thread(staging.mkdir, mode=0o700)
-            async with anyio.create_task_group() as tg:
-                for rel, f in doc["files"].items():
-                    tg.start_soon(one, rel, f)
+            await first_failure([partial(one, rel, f) for rel, f in doc["files"].items()])
             if is_dir:
                 await to_thread(os.chmod, staging, 0o755)
         except BaseException:

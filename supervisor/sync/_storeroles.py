@@ -14,6 +14,7 @@ only) is an object too (``.supervise/parts/<checkpoint>/go``). The words on the 
 
 from __future__ import annotations
 
+import secrets
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -26,7 +27,7 @@ from supervisor.sync._partpublish import Handover, PartPublisher
 from supervisor.sync._publish import RECOPY_TRIES, Publisher, complete_newest_first
 from supervisor.sync._roles import WAITING_POLL_S, GO_POLL_S, Host, Leader, Node, Single, settled_here
 from supervisor.sync._state import to_thread
-from supervisor.sync._storepub import StoreSide, file_is, upload, uploaded_whole
+from supervisor.sync._storepub import StorePublisher, StoreSide, file_is, upload, uploaded_whole
 from supervisor.sync._store import Store
 from supervisor.sync._versions import contains, written
 
@@ -35,8 +36,6 @@ class StoreSingle(Single):
     """A pair mirrored from this node alone into an object store."""
 
     def compose(self, host: Host, *, on_publish: Callable[..., None], ours: set[str] | None) -> Publisher:
-        from supervisor.sync._storepub import StorePublisher
-
         self.host = host
         return StorePublisher(host.state, host.state.store, rescan=host.rescan, recheck=host.schedule.recheck,
                               on_publish=on_publish, ours=ours, wanted=host.schedule.wanted)
@@ -74,6 +73,7 @@ class StorePartPublisher(StoreSide, PartPublisher):
                 if not self._new_version(e, there, same, listing):
                     continue
             todo.append(e)
+        await self._look_inside_published(listing)
         self._note_pending(listing)
         for e in todo:  # newest first: the one most at risk
             await self.gather.before_stage(e)
@@ -81,6 +81,15 @@ class StorePartPublisher(StoreSide, PartPublisher):
             self._note_pending(listing)
         await self.gather.finish(trigger, published, listing)
         await self._end_pass(listing)
+
+    async def _look_inside_published(self, listing: Listing) -> None:
+        """``PartPublisher``'s, asked of the published manifest: a directory incomplete here may
+        be this node's files of a checkpoint published whole (HF's ``rng_state_R.pth``)."""
+        for e in listing.entries.values():
+            known = self.inside.get(e.name)
+            if not (e.complete or not e.is_dir or (known is not None and known[0].same_content(e.snap))):
+                there = await self.there(e.name)
+                self.inside[e.name] = (e.snap, contains(there, e.snap))
 
     async def _stage_part(self, e: Entry, trigger: str, stats: CopyResult) -> bool:
         """This node's files of ``e`` uploaded, checked, then its part manifest."""
@@ -99,6 +108,10 @@ class StorePartPublisher(StoreSide, PartPublisher):
         if token is False:
             self._refuse(name)  # another run's claim on the name
             return False
+        if token is None and not e.is_dir:
+            # A single file may be whole on several nodes at once (each node's version of one
+            # name): each its own place, never one key that another node's upload overwrites.
+            token = f"node-{self.node}-{secrets.token_hex(4)}"
         for _attempt in range(RECOPY_TRIES):
             try:
                 files = await upload(self.store, p.src / name, e, name, token)

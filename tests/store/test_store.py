@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -87,6 +88,27 @@ def test_checkpoints_land_whole_in_the_bucket_and_come_back_on_an_empty_disk(buc
     assert restore["checkpoint"] == "step_000040" and restore["copied"] and restore["files"] == 3, restore
     assert restore["bytes"] == docs["step_000040"]["bytes"] and restore["pointers"] == ["latest"], restore
     assert "step_000050" in bucket.manifests(prefix) and bucket.get(f"{prefix}/latest") == b"step_000050"
+
+
+def test_a_checkpoint_whose_objects_no_longer_match_its_manifest_is_skipped_on_restore(
+        bucket: Bucket, s3_server: S3Server, tmp_path: Path) -> None:
+    import obstore
+
+    local, run, prefix = tmp_path / "local", tmp_path / "run", "skip/ckpt"
+    r = run_supervise("--run-dir", str(run), "--checkpoints", str(local), bucket.url(prefix),
+                      *_train(local, "--steps", "20", "--every", "10"), env=s3_server.env, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    newest = bucket.manifest(prefix, "step_000020")
+    assert newest is not None and bucket.store is not None
+    obstore.put(bucket.store, newest["files"]["shard_1.bin"]["key"], b"not what the manifest says")  # by hand, elsewhere
+    shutil.rmtree(local)
+    r = run_supervise("--run-dir", str(run), "--checkpoints", str(local), bucket.url(prefix), "--restore",
+                      *_train(local, "--steps", "30", "--every", "10"), env=s3_server.env, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "resumed 10" in r.stdout, r.stdout
+    restore = _of(run, "restore", 2)[0]
+    assert restore["checkpoint"] == "step_000010" and restore["torn"] == ["step_000020"], restore
+    assert not list(local.glob(".supervise-staging-*"))
 
 
 @pytest.mark.parametrize("fault", ["wrong secret", "unreachable endpoint", "missing bucket"])
