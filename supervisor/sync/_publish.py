@@ -104,6 +104,7 @@ class Publisher:
                 landed = landed or e.restorable
                 if not e.restorable:
                     self._beside_at[e.name] = time.monotonic()
+                self._note_pending(listing)  # before the pointers: a failure there must not leave this one owed
             await self.publish_pointers(listing)
             self._note_pending(listing)
         await self.publish_pointers(listing)
