@@ -76,15 +76,18 @@ def _role_for(kind: str, nodes: int, node_rank: int, parts_poll: float = 1.0, *,
     return Leader(parts_poll) if node_rank == 0 else Node(node_rank, parts_poll)
 
 
-def _probe(p: SyncPair, store: Any) -> None:
+def _probe(p: SyncPair) -> None:
     """An object-store pair: can this run list, write and delete under its prefix? One line,
     exit 2, nothing started, when it cannot (the extra missing, no bucket, a wrong key, no
     endpoint); the secret is never part of it."""
     key = f"sync {p.name}.to"
-    if store is None:
+    try:
+        from supervisor.sync._store import PROBE_RETRIES, Store, StoreError
+
+        import obstore  # noqa: F401 - the s3 extra
+    except ImportError:
         raise ConfigError(key, p.where, "an s3:// persistent side needs the s3 extra: pip install 'supervise-hpc[s3]' (obstore)",
-                          p.origin)
-    from supervisor.sync._store import PROBE_RETRIES, Store, StoreError
+                          p.origin) from None
 
     try:
         Store(p.store, retries=PROBE_RETRIES).probe()
@@ -224,7 +227,7 @@ class Mirror:
                 raise ConfigError("node_rank", self.node_rank, f"expected 1 to {p.nodes - 1}: sync {p.name} has nodes = {p.nodes}")
         for eng in self._engines:
             if eng.pair.store is not None:
-                _probe(eng.pair, eng.state.store)
+                _probe(eng.pair)
         return warnings
 
     async def prepare(self, *, previous_start: Mapping[str, Any] | None, host: str) -> list[str]:

@@ -47,10 +47,10 @@ def open_store(pair: SyncPair) -> Any:
     if pair.store is None:
         return None
     try:
-        from supervisor.sync._store import Store
+        from supervisor.sync._store import Store, StoreError
     except ImportError:
         return None
     try:
         return Store(pair.store)
-    except ImportError:
-        return None
+    except (ImportError, StoreError):
+        return None  # Mirror.check says why, in one line

@@ -129,6 +129,17 @@ def _ini(path: Path, section: str) -> dict[str, str]:
     return dict(parser[section]) if parser.has_section(section) else {}
 
 
+def _is_http_url(text: str) -> bool:
+    from urllib.parse import urlsplit
+
+    try:
+        u = urlsplit(text)
+        u.port  # noqa: B018 - raises ValueError for a port that is not one
+    except ValueError:
+        return False
+    return u.scheme in ("http", "https") and bool(u.hostname) and not any(c.isspace() for c in text)
+
+
 def _seconds(s: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=s)
 
@@ -143,6 +154,9 @@ class Store:
         self.url = spec.url
         self.access = resolve(spec, env)
         a = self.access
+        if a.endpoint is not None and not _is_http_url(a.endpoint):
+            # checked here: obstore takes any string, and its signer panics on the first request
+            raise StoreError(f"{spec.url}: the endpoint {a.endpoint!r} is not an http(s)://HOST[:PORT] URL", "EINVAL")
         kw: dict[str, Any] = {"region": a.region}
         if a.endpoint:
             kw["endpoint"] = a.endpoint

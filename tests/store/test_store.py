@@ -111,7 +111,7 @@ def test_a_checkpoint_whose_objects_no_longer_match_its_manifest_is_skipped_on_r
     assert not list(local.glob(".supervise-staging-*"))
 
 
-@pytest.mark.parametrize("fault", ["wrong secret", "unreachable endpoint", "missing bucket"])
+@pytest.mark.parametrize("fault", ["wrong secret", "unreachable endpoint", "missing bucket", "malformed endpoint"])
 @pytest.mark.parametrize("sub", ["run", "check"])
 def test_a_store_that_cannot_be_used_exits_2_in_one_line_before_anything_starts(
         fault: str, sub: str, bucket: Bucket, s3_server: S3Server, tmp_path: Path) -> None:
@@ -121,6 +121,8 @@ def test_a_store_that_cannot_be_used_exits_2_in_one_line_before_anything_starts(
         env["AWS_SECRET_ACCESS_KEY"] = "not-" + s3_server.secret
     elif fault == "unreachable endpoint":
         env["AWS_ENDPOINT_URL"] = "http://127.0.0.1:9"  # discard: nothing listens
+    elif fault == "malformed endpoint":
+        env["AWS_ENDPOINT_URL"] = "127.0.0.1:9000"  # no scheme: obstore's signer panicked on it
     else:
         url = "s3://no-such-bucket-here/p"
     marker = tmp_path / "started"
@@ -136,7 +138,7 @@ def test_a_store_that_cannot_be_used_exits_2_in_one_line_before_anything_starts(
     if sub == "run":
         assert len(lines) == 1, lines  # one line, nothing else
     want = {"wrong secret": "access denied", "unreachable endpoint": "cannot reach the endpoint",
-            "missing bucket": "bucket does not exist"}[fault]
+            "missing bucket": "bucket does not exist", "malformed endpoint": "is not an http(s)://HOST[:PORT] URL"}[fault]
     assert want in errors[0], errors
     for secret in (s3_server.secret, env["AWS_SECRET_ACCESS_KEY"]):
         assert secret not in r.stderr + r.stdout
