@@ -437,8 +437,13 @@ class Mirror:
         results: dict[str, Any] = {}
 
         async def one(eng: PairEngine) -> None:
-            async with eng.lock:
-                results[eng.pair.name] = await eng.run_pass(f"flush:{reason}")
+            try:
+                async with eng.lock:
+                    results[eng.pair.name] = await eng.run_pass(f"flush:{reason}")
+            finally:
+                if eng.pair.name not in results:  # cut short (a hung store or copier): owed, as things are now
+                    with anyio.CancelScope(shield=True):
+                        await eng.note_owed()
 
         async with anyio.create_task_group() as tg:
             for eng in self._engines:

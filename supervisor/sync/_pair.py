@@ -150,6 +150,16 @@ class PairEngine:
                       seconds=seconds, published=published, backend="s3" if self.state.store else self.state.backend.name)
         return {"ok": True, "files": stats.files, "bytes": stats.bytes, "published": published, "seconds": seconds}
 
+    async def note_owed(self) -> None:
+        """A flush cut short before its pass finished (a hung object store, a copier stuck in
+        the kernel): ``pending`` from the local side as it is now, so the end names a
+        checkpoint that never landed rather than what the last finished pass left there."""
+        if self.pair.kind != "checkpoint" or not await to_thread(self.pair.src.is_dir):
+            return
+        listing: Listing = await to_thread(lambda: self.scan(pids=self._pids()))
+        self.publisher.owed(listing)
+        self.state.pending.append(f"{self.pair.name}: the last pass did not finish in the time left")
+
     def _failed(self, trigger: str, e: Exception, seconds: float) -> dict[str, Any]:
         delay = self.schedule.failed()
         code = getattr(e, "code", None) or (_errno.errorcode.get(e.errno) if isinstance(e, OSError) and e.errno else None)

@@ -254,6 +254,10 @@ class Publisher:
                 self.emit("publish", pair=p.name, checkpoint=ptr.name, pointer=True, target=target,
                           lag_s=round(time.time() - ptr.mtime_ns / 1e9, 3))
 
+    def owed(self, listing: Listing) -> None:
+        """What is not yet durable, from ``listing`` (the local side judged now)."""
+        self._note_pending(listing)
+
     def _note_pending(self, listing: Listing) -> None:
         out = []
         for e in sorted(listing.entries.values(), key=lambda e: natural_key(e.name)):

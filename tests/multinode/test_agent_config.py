@@ -95,14 +95,18 @@ def test_pairs_that_differ_and_settings_from_file_or_environment_reach_the_agent
         "name": "a", "kind": "checkpoint", "src": tmp_path / "l", "dst": tmp_path / "p", "markers": ("done",),
         "every": 30.0, "restore": True, "exclude": ("*.tmp",), "keep_local": 2, "settle": 12.0, "fsync": True,
         "nodes": 0, "profile": "deepspeed"}
-    assert set(values) == {f.name for f in dataclasses.fields(SyncPair)} - {"origin"}, "give the new field a value"
+    # ``store`` (an s3:// persistent side, not a directory): pair "c" below carries every key of one
+    assert set(values) == {f.name for f in dataclasses.fields(SyncPair)} - {"origin", "store"}, "give the new field a value"
     cfg = tmp_path / "run.toml"
     cfg.write_text(f'sync_streams = 3\nsync_ionice = "best-effort"\ngpu_every = "4s"\n'
                    f'[[sync]]\nname = "a"\nfrom = "{tmp_path}/l"\nto = "{tmp_path}/p"\nmarkers = ["done"]\n'
                    f'every = "30s"\nrestore = true\nexclude = ["*.tmp"]\nkeep_local = 2\nsettle = "12s"\n'
                    f'fsync = true\nnodes = "auto"\nprofile = "deepspeed"\n'
                    f'[[sync]]\nname = "b"\nfrom = "{tmp_path}/l2"\nto = "{tmp_path}/p2"\nnodes = 4\n'
-                   f'[[sync]]\nkind = "log"\nfrom = "{tmp_path}/tb"\nto = "{tmp_path}/ptb"\n')
+                   f'[[sync]]\nkind = "log"\nfrom = "{tmp_path}/tb"\nto = "{tmp_path}/ptb"\n'
+                   f'[[sync]]\nname = "c"\nfrom = "{tmp_path}/l3"\nto = "s3://bkt/run/c"\nnodes = 2\n'
+                   f'endpoint = "http://s3.site:9000"\nregion = "eu-1"\naws_profile = "proj"\naccess_key_id = "AKID"\n'
+                   f'secret_access_key = "never-on-a-command-line"\n')
     for k in [k for k in os.environ if k.startswith(("SUPERVISE_", "SLURM_", "PBS_"))]:
         monkeypatch.delenv(k)
     monkeypatch.setenv("SUPERVISE_CONFIG", str(cfg))
@@ -115,12 +119,17 @@ def test_pairs_that_differ_and_settings_from_file_or_environment_reach_the_agent
     assert (leader.sync_nice, leader.dmon_log, leader.sync_streams, leader.sync_ionice) == (7, True, 6, "best-effort")
 
     argv = agent_argv(leader)
+    from supervisor.sync._store import share_access
+
+    share_access(tmp_path / "run", leader.sync)  # the leader, before its agents: how it reaches each store
     # srun hands the agent the leader's environment: its SUPERVISE_* must not undo the leader's flags
     agent = _agent_config(argv)
     _same_for_the_agent(leader, agent)
     assert agent.verbosity == 1 and agent.sync[1].nodes == 4 and agent.sync[0].nodes == 0
     assert agent_view(agent) == agent_view(leader)
     assert "notify" not in json.loads(argv[-1])  # secrets stay with the leader
+    assert agent.sync[3].store == leader.sync[3].store and leader.sync[3].store is not None
+    assert "never-on-a-command-line" not in " ".join(argv)  # the leader's store-keys.json carries it
 
 
 def test_the_leaders_configuration_is_the_whole_of_it(tmp_path: Path) -> None:
