@@ -317,6 +317,27 @@ def nul_list(names: Sequence[str]) -> Iterator[bytes]:
         yield b"".join(os.fsencode(n) + b"\0" for n in names[i:i + LIST_CHUNK])
 
 
+async def first_failure(calls: Sequence[Callable[[], Awaitable[None]]]) -> None:
+    """Run ``calls`` concurrently; the first to fail cancels the rest, and its exception (a
+    copier's error, a ``StoreError``, a file gone) is raised as itself, not inside an exception
+    group: the pair engine retries an ``OSError`` and would take a group for a crash."""
+    failed: list[Exception] = []
+
+    async def one(call: Callable[[], Awaitable[None]], scope: anyio.CancelScope) -> None:
+        try:
+            await call()
+        except Exception as e:  # noqa: BLE001 - re-raised below, after the others are stopped
+            if not failed:
+                failed.append(e)
+            scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        for call in calls:
+            tg.start_soon(one, call, tg.cancel_scope)
+    if failed:
+        raise failed[0]
+
+
 async def all_streams(jobs: Sequence[Callable[[], Awaitable[CopyResult]]]) -> CopyResult:
     """Run the copiers at once and add up what they did. The first to fail cancels the rest
     (``run_copier`` kills each one's process group) and its error is raised, as one copier's
@@ -325,21 +346,12 @@ async def all_streams(jobs: Sequence[Callable[[], Awaitable[CopyResult]]]) -> Co
     if len(jobs) == 1:
         total += await jobs[0]()
         return total
-    errors: list[Exception] = []
 
-    async def one(job: Callable[[], Awaitable[CopyResult]], scope: anyio.CancelScope) -> None:
+    async def one(job: Callable[[], Awaitable[CopyResult]]) -> None:
         nonlocal total
-        try:
-            total += await job()
-        except Exception as e:  # noqa: BLE001 - re-raised below, after the others are stopped
-            errors.append(e)
-            scope.cancel()
+        total += await job()
 
-    async with anyio.create_task_group() as tg:
-        for job in jobs:
-            tg.start_soon(one, job, tg.cancel_scope)
-    if errors:
-        raise errors[0]
+    await first_failure([partial(one, job) for job in jobs])
     return total
 
 

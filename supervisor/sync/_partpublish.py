@@ -85,17 +85,14 @@ class PartPublisher(Publisher):
         self.gather = gather(self)
 
     async def run(self, listing: Listing, trigger: str, stats: CopyResult, published: list[str]) -> None:
-        p = self.pair
         await self.gather.begin()
         todo: list[Entry] = []
         for e in complete_newest_first(listing):
             if self._accounted(e):
                 continue
-            if await to_thread(os.path.lexists, p.dst / e.name):
-                there = await to_thread(snapshot, p.dst / e.name, within(e.name, p.exclude))
-                same = await to_thread(self._same, e, there)
-                if not self._new_version(e, there, same, listing):
-                    continue
+            seen = await self._published_as(e)
+            if seen is not None and not self._new_version(e, *seen, listing):
+                continue
             todo.append(e)
         await self._look_inside_published(listing)
         self._note_pending(listing)
@@ -104,9 +101,8 @@ class PartPublisher(Publisher):
             try:
                 await self._stage_part(e, trigger, stats)
             except (OSError, CopyError):
-                # Never published: dropped, so that a full disk gets its space back for the retry.
                 with anyio.CancelScope(shield=True):
-                    await to_thread(shutil.rmtree, part_dir(p.dst, e.name, self.node), True)
+                    await self._drop_part(e.name)
                 raise
             self._note_pending(listing)
         await self.gather.finish(trigger, published, listing)
@@ -119,6 +115,21 @@ class PartPublisher(Publisher):
             if known is not None and known.same_content(e.snap):
                 return True
         return False
+
+    # ---- the persistent side: a directory here (``_storeroles.StorePartPublisher``: an object store) ----
+
+    async def _published_as(self, e: Entry) -> tuple[Snap | None, bool] | None:
+        """``e.name`` on persistent storage, if it is there: (its snapshot, whether it holds this
+        node's ``e``: ``_same``)."""
+        p = self.pair
+        if not await to_thread(os.path.lexists, p.dst / e.name):
+            return None
+        there = await to_thread(snapshot, p.dst / e.name, within(e.name, p.exclude))
+        return there, await to_thread(self._same, e, there)
+
+    async def _drop_part(self, name: str) -> None:
+        """A part that failed to stage (never published): dropped, a full disk gets its space back."""
+        await to_thread(shutil.rmtree, part_dir(self.pair.dst, name, self.node), True)
 
     def _same(self, e: Entry, there: Snap | None) -> bool:
         """Does the published ``e.name`` hold this node's ``e``? A directory: this node's files

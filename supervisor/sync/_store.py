@@ -26,11 +26,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from functools import partial
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, AsyncIterator, Mapping, Sequence
 
 import anyio
 
 from supervisor.config import StoreSpec, SyncPair
+from supervisor.sync._backend import first_failure
 
 CHUNK = 8 << 20          # bytes: a multipart part, and what one read hands the uploader
 PARTS_AT_ONCE = 3        # parts of one file in flight
@@ -330,27 +331,6 @@ class Store:
             obstore.delete(self._store, key)
         except Exception as e:  # noqa: BLE001
             raise _mapped(e, self.url, key) from None
-
-
-async def first_failure(calls: Sequence[Callable[[], Awaitable[None]]]) -> None:
-    """Run ``calls`` concurrently; the first to fail cancels the rest, and its exception (a
-    ``StoreError``, a file gone) is raised as itself, not inside an exception group: the pair
-    engine retries an ``OSError`` and would take a group for a crash."""
-    failed: list[Exception] = []
-
-    async def one(call: Callable[[], Awaitable[None]], scope: anyio.CancelScope) -> None:
-        try:
-            await call()
-        except Exception as e:  # noqa: BLE001 - kept, raised below as itself
-            if not failed:
-                failed.append(e)
-            scope.cancel()
-
-    async with anyio.create_task_group() as tg:
-        for call in calls:
-            tg.start_soon(one, call, tg.cancel_scope)
-    if failed:
-        raise failed[0]
 
 
 async def _next(stream: Any) -> Any:

@@ -31,7 +31,8 @@ from supervisor.sync._manifest import (
 from supervisor.sync._publish import RECOPY_TRIES, Publisher
 from supervisor.sync._restore import Restorer, is_newer, newest
 from supervisor.sync._state import PairState, to_thread
-from supervisor.sync._store import BATCH_BYTES, BATCH_FILES, SMALL, Changed, Exists, Store, StoreError, first_failure
+from supervisor.sync._backend import first_failure
+from supervisor.sync._store import BATCH_BYTES, BATCH_FILES, SMALL, Changed, Exists, Store, StoreError
 
 
 async def upload(store: Store, root: Path, e: Entry, name: str, token: str | None) -> dict[str, dict[str, Any]]:

@@ -24,7 +24,7 @@ from supervisor.sync._complete import Entry, Listing, Pointer, Snap, natural_key
 from supervisor.sync._manifest import PARTS, checkpoint_doc, dumps, entry_of, go_rel, loads, manifest_rel, part_rel
 from supervisor.sync._assembly import Assembly
 from supervisor.sync._partpublish import Handover, PartPublisher
-from supervisor.sync._publish import RECOPY_TRIES, Publisher, complete_newest_first
+from supervisor.sync._publish import RECOPY_TRIES, Publisher
 from supervisor.sync._roles import WAITING_POLL_S, GO_POLL_S, Host, Leader, Node, Single, settled_here
 from supervisor.sync._state import to_thread
 from supervisor.sync._storepub import StorePublisher, StoreSide, file_is, upload, uploaded_whole
@@ -60,27 +60,15 @@ class StorePartPublisher(StoreSide, PartPublisher):
         StoreSide.__init__(self, store)  # first: PartPublisher builds its gather, which reads the store
         PartPublisher.__init__(self, state, **kw)
 
-    async def run(self, listing: Listing, trigger: str, stats: CopyResult, published: list[str]) -> None:
-        await self.gather.begin()
-        todo: list[Entry] = []
-        for e in complete_newest_first(listing):
-            if self._accounted(e):
-                continue
-            there = await self.there(e.name)
-            if there is not None:
-                doc = self.docs[e.name]
-                same = contains(there, e.snap) if e.is_dir else await to_thread(file_is, self.pair.src / e.name, doc)
-                if not self._new_version(e, there, same, listing):
-                    continue
-            todo.append(e)
-        await self._look_inside_published(listing)
-        self._note_pending(listing)
-        for e in todo:  # newest first: the one most at risk
-            await self.gather.before_stage(e)
-            await self._stage_part(e, trigger, stats)
-            self._note_pending(listing)
-        await self.gather.finish(trigger, published, listing)
-        await self._end_pass(listing)
+    async def _published_as(self, e: Entry) -> tuple[Snap | None, bool] | None:
+        there = await self.there(e.name)
+        if there is None:
+            return None
+        same = contains(there, e.snap) if e.is_dir else await to_thread(file_is, self.pair.src / e.name, self.docs[e.name])
+        return there, same
+
+    async def _drop_part(self, name: str) -> None:
+        return None  # objects without a part manifest are never gathered; the next upload writes over them
 
     async def _look_inside_published(self, listing: Listing) -> None:
         """``PartPublisher``'s, asked of the published manifest: a directory incomplete here may
