@@ -17,7 +17,8 @@ CHECKPOINT_REQUEST = "SUPERVISE_CHECKPOINT_REQUEST"  # a path that appears when 
 CHECKPOINT_SIGNAL = "SUPERVISE_CHECKPOINT_SIGNAL"    # the signal that means the same, by name (USR1)
 RESTORED_FROM = "SUPERVISE_RESTORED_FROM"            # the restored checkpoint's local path
 NODE_RANK = "SUPERVISE_NODE_RANK"                    # a node agent's index (multi-node checkpoints)
-NAMES = frozenset({RUN_DIR, ATTEMPT, CHECKPOINT_REQUEST, CHECKPOINT_SIGNAL, RESTORED_FROM, NODE_RANK})
+JOB_NODES = "SUPERVISE_JOB_NODES"                    # the nodes this attempt runs on, when spares are kept aside
+NAMES = frozenset({RUN_DIR, ATTEMPT, CHECKPOINT_REQUEST, CHECKPOINT_SIGNAL, RESTORED_FROM, NODE_RANK, JOB_NODES})
 REQUEST_FILE = "checkpoint.request"
 
 

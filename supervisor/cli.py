@@ -317,7 +317,7 @@ def _hold_signals() -> None:
 def _run(ns: argparse.Namespace, command: list[str]) -> int:
     import anyio
 
-    from supervisor.conduct.agent import supervise
+    from supervisor.conduct.allocation import supervise
     from supervisor.child import become_subreaper
 
     from supervisor.config import check_run_dir

@@ -169,6 +169,11 @@ def _count(v: Any) -> int:
     return n
 
 
+def _opt_count(v: Any) -> int | None:
+    """A whole number, 0 or more; absent (None) means the key's documented default."""
+    return None if v is None else _count(v)
+
+
 def _status(v: Any) -> int | None:
     """An exit status 0-255, or "child": keep the launcher's own."""
     if isinstance(v, str) and v.strip().lower() == "child":
@@ -350,6 +355,11 @@ KEYS: tuple[Key, ...] = (
     Key("stopped_status", _status, 0, "the exit status when supervise stopped the training cleanly (checkpoint "
         "durable, no SIGKILL), whatever the launcher's; child: the launcher's own", "STATUS|child", _G_END),
     Key("max_restarts", _count, 0, "restart a crashed training in place up to N times", "N", _G_END),
+    Key("spare_nodes", _count, 0, "keep N of the job's nodes as spares: the training runs on the others, and a "
+        "node that dies is replaced by a spare inside the allocation, with no requeue (the job script needs "
+        "#SBATCH --no-kill; docs/multinode.md, \"Spare nodes\")", "N", _G_END),
+    Key("max_node_replacements", _opt_count, None, "replace at most N dead nodes inside the allocation, then "
+        "requeue as without spares", "N", _G_END, "the spares"),
     Key("restart_backoff", _duration, 10.0, "wait before an in-place restart, doubled each time", "DURATION", _G_END, "10s"),
     Key("hang_after", _hang_after, None, "no checkpoint, no log growth (and idle GPUs) this long → hang; the "
         "upper bound of the learned one (5x the longest normal gap); auto: the learned one alone; off", "DURATION",
@@ -412,6 +422,8 @@ class Config:
     no_progress_attempts: int = DEFAULT["no_progress_attempts"]
     stopped_status: int | None = DEFAULT["stopped_status"]  # None: the launcher's own status
     max_restarts: int = DEFAULT["max_restarts"]
+    spare_nodes: int = DEFAULT["spare_nodes"]
+    max_node_replacements: int | None = DEFAULT["max_node_replacements"]  # None: as many as the spares
     restart_backoff: float = DEFAULT["restart_backoff"]
     hang_after: float | None = DEFAULT["hang_after"]  # None: learned alone; 0.0: off
     hang_floor: float = DEFAULT["hang_floor"]

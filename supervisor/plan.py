@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
 
-from supervisor import __version__, childenv, deadline, launchers
+from supervisor import __version__, childenv, deadline, launchers, nodeset
 from supervisor._units import format_duration
 from supervisor.config import Config, SyncPair, agent_view, pair_view, public_view
 from supervisor.errors import ConfigError
@@ -68,6 +68,11 @@ class Plan:
         return node_dir(self.run_dir, self.node_rank) if self.node_rank else self.run_dir
 
     @property
+    def command(self) -> tuple[str, ...]:
+        """The command as this attempt runs it: on its nodes, when spares are kept aside (``nodeset.on_nodes``)."""
+        return nodeset.on_nodes(self.cfg.command, self.job.nodes, self.job.all_nodes)
+
+    @property
     def nodes(self) -> int:
         """How many nodes write parts of this run's checkpoints (1: no per-node pair)."""
         return max((p.nodes for p in per_node_pairs(self.cfg.sync)), default=1)
@@ -80,10 +85,11 @@ def per_node_pairs(pairs: Sequence[SyncPair]) -> tuple[SyncPair, ...]:
 
 
 def make_plan(cfg: Config, env: Mapping[str, str] | None = None, node_rank: int | None = None, *,
-              parts_poll: float = 1.0) -> Plan:
+              parts_poll: float = 1.0, lost: tuple[str, ...] = ()) -> Plan:
     """Build and validate the run; ConfigError for anything that would stop it. ``node_rank``
     None or 0: the leader's plan; K > 0: node K's agent's (``_node_plan``). ``parts_poll``:
-    how often a per-node pair looks for the other nodes' parts (a test's knob)."""
+    how often a per-node pair looks for the other nodes' parts (a test's knob). ``lost``: the
+    allocation's nodes that died in an earlier attempt of this allocation (spares replace them)."""
     env = dict(os.environ if env is None else env)
     job = detect_job(env)
     if node_rank:
@@ -91,6 +97,8 @@ def make_plan(cfg: Config, env: Mapping[str, str] | None = None, node_rank: int 
     runs = job.sched.restart_count_now(job)  # PBS counts reruns only in qstat -f (run_count), not the environment
     if runs is not None:
         job = replace(job, restart_count=runs)
+    if (cfg.spare_nodes or lost) and job.sched.is_batch:
+        job = _with_spares(cfg, job, env, lost)
     cfg = _for_job(cfg, job)
     assert cfg.run_dir is not None
     run_dir = cfg.run_dir
@@ -131,6 +139,24 @@ def _node_plan(cfg: Config, env: dict[str, str], job: Job, rank: int, parts_poll
     plan.node_rank, plan.mirror = rank, mirror
     plan.warnings += warnings
     return plan
+
+
+def _with_spares(cfg: Config, job: Job, env: dict[str, str], lost: tuple[str, ...]) -> Job:
+    """The job as this attempt sees it: the nodes it trains on (the allocation less its spares
+    and its dead nodes), the whole allocation beside them; its node agents and the training
+    learn the nodes from ``childenv.JOB_NODES`` (issue 41)."""
+    allocation = job.all_nodes
+    if cfg.spare_nodes >= len(allocation):
+        raise ConfigError("spare_nodes", cfg.spare_nodes, f"the job has {len(allocation)} node(s) "
+                          f"({','.join(allocation) or 'none named'}): at least one must be left to train on")
+    nodes = nodeset.attempt_nodes(allocation, spares=cfg.spare_nodes, lost=lost, leader=job.sched.node_name(env))
+    if nodes is None:
+        raise ConfigError("spare_nodes", cfg.spare_nodes, f"too few nodes left: {', '.join(lost)} died and "
+                          f"the allocation has {len(allocation)}")
+    narrowed = job.sched.on_fewer_nodes(env)
+    env.clear()
+    env.update(narrowed, **{childenv.JOB_NODES: ",".join(nodes)})
+    return replace(job, allocation=allocation, nodes=nodes, lost=lost)
 
 
 def _for_job(cfg: Config, job: Job) -> Config:
@@ -189,6 +215,12 @@ def describe(plan: Plan) -> list[tuple[str, str, str]]:
            ("ok", "attempt", f"{plan.attempt} in {plan.run_dir}; warns {format_duration(plan.lead)} before the end "
                              f"({'set' if cfg.warn_before is not None else 'learned'})")]
     out += _describe_mirror(plan, "sync")
+    if plan.job.allocation:
+        j = plan.job
+        limit = cfg.max_node_replacements if cfg.max_node_replacements is not None else len(j.spares)
+        out.append(("ok", "spares", f"trains on {', '.join(j.nodes)}; spare {', '.join(j.spares) or 'none'}: a node "
+                                    f"that dies is replaced inside the allocation ({limit} time(s) at most), then "
+                                    f"requeued; {j.sched.node_failure_note}; the launcher runs as: {' '.join(plan.command)}"))
     if plan.notify_urls:
         out.append(("ok", "notify", f"{len(plan.notify_urls)} webhook(s), {cfg.notify_format}"))
     return out
@@ -219,6 +251,7 @@ def start_fields(plan: Plan) -> dict[str, Any]:
             "host": os.uname().nodename, "user": _user(), "pid": os.getpid(),
             "python": ".".join(map(str, sys.version_info[:3])), "scheduler": j.scheduler, "job_id": j.job_id,
             "job_name": j.job_name, "restart_count": j.restart_count, "nodes": list(j.nodes),
+            **({"spares": list(j.spares), "lost": list(j.lost)} if j.allocation else {}),
             "launcher": plan.launcher.name, "checkpoint_signal": plan.checkpoint_signal.name,
             "config": public_view(cfg), "scheduler_env": redact_env(plan.env, SCHEDULER_ENV_PREFIXES)}
 

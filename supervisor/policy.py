@@ -43,14 +43,17 @@ class Reason(str, enum.Enum):
     SPAWN_FAILED = "spawn-failed"  # the command could not be started (127/126)
     HANG = "hang"  # the hang watchdog stopped the run (hang_action = stop)
     ERROR = "supervisor-error"  # the supervisor itself failed; the child is stopped safely
+    NODE_FAILED = "node-failed"  # a node of the job died (the scheduler calls it down): not the training's fault
 
 
-REQUEUE_REASONS = frozenset({Reason.DEADLINE, Reason.PREEMPTED, Reason.HANG})
-# A hung training cannot answer a checkpoint request: the hang stop is checkpoint-free.
-NO_CHECKPOINT = frozenset({Reason.CHILD_EXIT, Reason.CHILD_FAILED, Reason.SPAWN_FAILED, Reason.CANCELLED, Reason.HANG})
+REQUEUE_REASONS = frozenset({Reason.DEADLINE, Reason.PREEMPTED, Reason.HANG, Reason.NODE_FAILED})
+# A hung training cannot answer a checkpoint request: the hang stop is checkpoint-free; nor can
+# ranks whose collective lost a node.
+NO_CHECKPOINT = frozenset({Reason.CHILD_EXIT, Reason.CHILD_FAILED, Reason.SPAWN_FAILED, Reason.CANCELLED, Reason.HANG,
+                           Reason.NODE_FAILED})
 END_NOTICE = {Reason.CHILD_EXIT: "finished", Reason.CHILD_FAILED: "failed", Reason.SPAWN_FAILED: "failed",
               Reason.ERROR: "failed", Reason.HANG: "failed", Reason.PREEMPTED: "preempted",
-              Reason.DEADLINE: "preempted", Reason.CANCELLED: "preempted"}
+              Reason.DEADLINE: "preempted", Reason.CANCELLED: "preempted", Reason.NODE_FAILED: "preempted"}
 
 
 @dataclass(frozen=True)
@@ -245,6 +248,27 @@ def requeue_decision(reason: Reason, *, requeue: bool, on_failure: bool, queued:
         return False, "the scheduler already requeued the job"
     if restart_count >= max_requeues:
         return False, f"max_requeues {max_requeues} reached"
+    return True, ""
+
+
+NODE_DOWN_WAIT = 30.0  # seconds at most a silent node waits for the scheduler to call it down (Slurm here: 6-12 s)
+
+
+def replace_decision(reason: Reason, *, lost: list[str], leader_lost: bool, spares: int, replaced: int,
+                     max_replacements: int | None) -> tuple[bool, str]:
+    """(go on inside the allocation on spare nodes?, why not) after a stop (issue 41). Only a
+    node's death, never the batch node's (the batch script, and supervise, died with it), with a
+    spare for each dead node, and fewer than ``max_replacements`` (None: as many as the spares
+    the job started with) replacements so far; otherwise the requeue decides as without spares."""
+    if reason != Reason.NODE_FAILED or not lost:
+        return False, f"not after {reason.value}"
+    if leader_lost:
+        return False, "the batch node died"
+    if spares < len(lost):
+        return False, "no spare node left" if spares == 0 else f"{len(lost)} nodes lost, {spares} spare left"
+    limit = replaced + spares if max_replacements is None else max_replacements
+    if replaced + len(lost) > limit:
+        return False, f"max_node_replacements {limit} reached"
     return True, ""
 
 

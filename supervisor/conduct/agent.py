@@ -22,15 +22,14 @@ from typing import Any, Awaitable, Callable
 import anyio
 from anyio.abc import TaskGroup
 
-from supervisor import childenv, logs, policy, suspects
+from supervisor import childenv, policy, suspects
 from supervisor.conduct import fleet, routing, watches
 from supervisor._units import format_duration
 from supervisor.child import Child, SpawnError
-from supervisor.config import Config
 from supervisor.conduct.dispositions import Dispositions, ProcessDispositions
 from supervisor.errors import root_cause
 from supervisor.journal import Journal
-from supervisor.plan import Plan, job_label, make_plan, start_fields
+from supervisor.plan import Plan, job_label, start_fields
 from supervisor.conduct.guard import cancel_when, guarded, reap_orphans
 from supervisor.policy import STOP_SIGNALS, Reason, State, Trigger
 from supervisor.ports import ChildPort, NotifierPort
@@ -48,10 +47,12 @@ class Agent:
     sequence's ``StopResult`` (even a partial one, after an error) is what the end reads."""
 
     def __init__(self, plan: Plan, *, spawn: Spawn = Child.spawn, notifier: NotifierPort | None = None,
-                 early: list[int] | None = None, dispositions: Dispositions | None = None) -> None:
+                 early: list[int] | None = None, dispositions: Dispositions | None = None,
+                 replacing: Callable[[Journal], None] | None = None) -> None:
         """``spawn``, ``notifier`` and ``dispositions`` are seams for the in-process tests
-        (tests/core/test_conductor.py): the real ones change the whole process."""
-        self.plan, self.cfg = plan, plan.cfg
+        (tests/core/test_conductor.py): the real ones change the whole process. ``replacing``
+        journals, at the spawn, the replacement this attempt is (``conduct/allocation.py``)."""
+        self.plan, self.cfg, self._replacing = plan, plan.cfg, replacing
         self._spawner, self._early = spawn, early if early is not None else []
         journal = Journal(plan.run_dir, plan.attempt)
         for url in self.cfg.notify:  # before `start`, whose argv may hold them
@@ -159,20 +160,24 @@ class Agent:
         except FileNotFoundError:
             pass
         try:
-            run.child = child = await self._spawner(self.cfg.command, env)
+            run.child = child = await self._spawner(self.plan.command, env)
         except SpawnError as e:
             log.error("%s", e)
             self.journal.emit("spawn-failed", error=str(e), exit_status=e.exit_status)
             run.exit_status = e.exit_status
             self._request_stop(Trigger(Reason.SPAWN_FAILED, str(e), at=time.monotonic()))
             return
-        self.journal.emit("spawn", pid=child.pid, pgid=child.pgid, argv=list(self.cfg.command),
+        self.journal.emit("spawn", pid=child.pid, pgid=child.pgid, argv=list(self.plan.command),
                           launcher=self.plan.launcher.name, restart=run.restarts)
-        log.info("started %s (pid %d, launcher %s)", " ".join(self.cfg.command), child.pid, self.plan.launcher.name)
+        log.info("started %s (pid %d, launcher %s)", " ".join(self.plan.command), child.pid, self.plan.launcher.name)
+        if self._replacing is not None and run.restarts == 0:
+            self._replacing(self.journal)
         self._set_state(State.RUNNING)
         tg.start_soon(self._watch_child, tg, child)
         if run.restarts == 0:
             tg.start_soon(reap_orphans, lambda: self.run_state.child, self.journal.emit)
+            if run.agents is not None:  # a node that dies is noticed while the training runs (issue 41)
+                tg.start_soon(self._guarded("node-watch", partial(fleet.watch_nodes, run, self._request_stop)))
 
     async def _watch_child(self, tg: TaskGroup, child: ChildPort) -> None:
         run, cfg = self.run_state, self.cfg
@@ -212,6 +217,11 @@ class Agent:
 
     # ------------------------------------------------------------------ the record
 
+    @property
+    def replace(self) -> tuple[str, ...]:
+        """The dead nodes the next attempt replaces with spares (``conduct/allocation.py``); () when none."""
+        return self._stop.result.replace if self._stop else ()
+
     def _set_state(self, new: State, **fields: Any) -> None:
         old, self.state = self.state, new
         self.journal.emit("state", **{"from": old.value, "to": new.value}, **fields)
@@ -230,19 +240,11 @@ class Agent:
         pending = run.mirror.pending() if run.mirror is not None else []
         self.journal.emit("end", reason=result.trigger.reason.value, detail=result.trigger.detail, exit_status=status,
                           launcher_status=result.exit_status, stopped_cleanly=result.stopped_cleanly,
-                          seconds=duration, restarts=run.restarts, not_durable=pending)
+                          seconds=duration, restarts=run.restarts, not_durable=pending,
+                          **({"replace": list(result.replace)} if result.replace else {}))
         if pending:
             log.warning("not yet on persistent storage: %s", ", ".join(pending))
         log.info("done: %s, exit status %d after %s", result.trigger.reason.value, status, format_duration(duration))
         self.journal.close()
         return status
 
-
-async def supervise(cfg: Config, plan: Plan | None = None, early: list[int] | None = None) -> int:
-    """Run one supervised attempt; the entry point the CLI calls inside ``anyio.run``.
-    ``early``: signals that came before the agent listened, replayed in order."""
-    plan = plan or make_plan(cfg)
-    logs.add_file(plan.run_dir, cfg.verbosity)
-    for warning in plan.warnings:
-        log.warning("%s", warning)
-    return await Agent(plan, early=early).run()

@@ -34,6 +34,7 @@ from supervisor.bell import Bell
 from supervisor.conduct.link import LeaderLine
 from supervisor.config import Config, agent_view
 from supervisor.journal import EVENTS_FILE, Emit, JournalTail, node_dir
+from supervisor.policy import NODE_DOWN_WAIT, Reason, Trigger
 from supervisor.ports import MirrorPort
 from supervisor.sched import GONE_STATES, AgentLaunch, Scheduler
 
@@ -215,8 +216,11 @@ class Fleet:
                     await self._answer_pause()
         missing = [k for k in nodes if k not in answers]
         pending = [line for k in sorted(answers) for line in answers[k].get("not_durable") or []]
-        pending += [f"node {k}: did not answer the final flush in {within:.1f}s; its newest part may be missing"
-                    if k not in down else f"node {k} ({self.nodes[k]}): {self.sched.label} calls it {down[k]}; its newest part may be missing"
+        ended = self.agents.ended()
+        pending += [f"node {k} ({self.nodes[k]}): {self.sched.label} calls it {down[k]}; its newest part may be missing"
+                    if k in down else f"node {k} ({self.nodes[k]}): its agent ended before it answered the final flush; "
+                    "its newest part may be missing" if ended
+                    else f"node {k}: did not answer the final flush in {within:.1f}s; its newest part may be missing"
                     for k in missing]
         return {"request": request, "answered": sorted(answers), "missing": missing, "pending": pending,
                 "seconds": round(time.monotonic() - t0, 3)}
@@ -259,6 +263,52 @@ class Fleet:
                                    **({"failed": a["failed"]} if a.get("failed") else {})}
                           for k, a in sorted(answers.items())}}
 
+    def silent(self) -> list[int]:
+        """Nodes whose agent said it was ready but is off the line now, or all of them once their
+        launch ended: the first evidence that a node may have died (its processes, the agent's
+        connection with them, are gone before the scheduler calls the node down)."""
+        if self.agents.ended():
+            return sorted(self.want)
+        if not self.line.port:  # no line served: nobody is known to be off it
+            return []
+        on = set(self.line.connected)
+        return sorted(k for k in self.want if k in self.ready and k not in on)
+
+    async def gone(self, within: float) -> dict[int, tuple[str, str]]:
+        """Nodes of this attempt that the scheduler calls gone (down, drained, failing), with
+        (state, reason): each node asked once, and the silent ones (``silent``) again every
+        ``DOWN_POLL_S`` for at most ``within`` seconds until one is called gone (the scheduler
+        needs its node timeout to say so: Slurm's SlurmdTimeout, PBS's mom heartbeat)."""
+        found: dict[int, tuple[str, str]] = {}
+        ask = sorted(self.want)
+        with anyio.move_on_after(max(0.0, within)):
+            while True:
+                for k in ask:
+                    state = await anyio.to_thread.run_sync(self.sched.node_state, self.nodes[k])
+                    if state is not None and any(s in state[0].upper() for s in GONE_STATES):
+                        found[k] = state
+                ask = [k for k in self.silent() if k not in found]
+                if found or not ask:
+                    break
+                await anyio.sleep(DOWN_POLL_S)
+        return found
+
+    async def watch(self, died: Callable[[dict[int, tuple[str, str]]], None], within: float) -> None:
+        """While the training runs: once a node falls silent, ask the scheduler (``gone``); a node
+        it calls gone is ``died`` at once, whether or not the training noticed (a rank blocked in
+        a collective can wait minutes for its dead peer). Costs nothing while every node talks."""
+        cleared: set[int] = set()  # silent, but the scheduler kept calling them up: asked again once they talk
+        while True:
+            await anyio.sleep(WATCH_S)
+            silent = set(self.silent())
+            cleared &= silent
+            if silent - cleared:
+                found = await self.gone(within)
+                if found:
+                    died(found)
+                    return
+                cleared |= silent
+
     def _heard(self, line: str, t0: float) -> None:
         words = line.split(maxsplit=4)
         if len(words) >= 3 and words[0] == READY_LINE and words[2].isdigit():
@@ -284,6 +334,7 @@ class Fleet:
 ANSWER_POLL_S = 0.1  # the leader, while it waits for the agents' answers to its last flush
 LINKED_ANSWER_S = 1.0  # the same while every agent is on the line: each says when it answered
 DOWN_POLL_S = 1.0  # how often that wait asks the scheduler whether a silent node is down (PBS: pbsnodes)
+WATCH_S = 1.0  # how often the watch while the training runs looks whether a node fell silent (no scheduler call)
 
 
 def lost_nodes(previous: list[dict[str, Any]], now: tuple[str, ...], persistent: list[Path],
@@ -322,6 +373,21 @@ async def journal_lost_nodes(plan: Plan, emit: Emit) -> None:
                     sched.label, lost["state"],
                     f", {lost['reason']}" if lost["reason"] else "",
                     f": {', '.join(lost['lost'])} only partly saved, never published" if lost["lost"] else "")
+
+
+async def watch_nodes(run: Any, request_stop: Callable[[Trigger], None]) -> None:
+    """The leader's node watch while the training runs (``Fleet.watch``): a node the scheduler
+    calls gone stops the attempt as ``node-failed`` at once, noted in ``run.lost`` (RunState)."""
+    fleet: Fleet = run.agents
+
+    def died(found: dict[int, tuple[str, str]]) -> None:
+        for k, (state, reason) in found.items():
+            run.lost[fleet.nodes[k]] = {"node": k, "state": state, "reason": reason}
+        said = ", ".join(f"node {k} ({fleet.nodes[k]}): {fleet.sched.label} calls it {s}" for k, (s, _) in sorted(found.items()))
+        log.error("%s: stopping the training", said)
+        request_stop(Trigger(Reason.NODE_FAILED, said, at=time.monotonic()))
+
+    await fleet.watch(died, NODE_DOWN_WAIT)
 
 
 def _write_choice(path: Path, choice: dict[str, str | None]) -> None:

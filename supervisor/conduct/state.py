@@ -76,6 +76,7 @@ class RunState:
     exit_status: int | None = None     # the launcher's own, when known before the stop (spawn failed)
     restarts: int = 0
     restored_from: Path | None = None
+    lost: dict[str, Any] = field(default_factory=dict)  # host → (state, reason, first evidence): nodes that died
     faults: Faults = field(init=False)
     gaps: ProgressGaps = field(init=False)
 
@@ -133,6 +134,7 @@ class StopResult:
     stopped_cleanly: bool = False
     no_progress: bool = False
     requeued_by_scheduler: bool = False
+    replace: tuple[str, ...] = ()      # dead nodes the next attempt replaces with spares, inside the allocation
 
     def status(self, stopped_status: int | None) -> int:
         """The exit status (policy.exit_status); the launcher's own stays in the journal."""

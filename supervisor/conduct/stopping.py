@@ -2,7 +2,8 @@
 
 trigger → checkpoint (request it, wait for one completed after the request, or the
 child's exit) → flush → stop-child (stop signal once → grace → SIGKILL of the tree) →
-final-flush → the scheduler's view → end notice → requeue. Each step is bounded by what is
+final-flush → (a multi-node job: which nodes died) → the scheduler's view → end notice → a
+dead node replaced by a spare (issue 41), else the requeue. Each step is bounded by what is
 left before the hard kill and journaled with its outcome and duration, so the report and
 the next attempt's deadline learning can read them.
 """
@@ -57,11 +58,16 @@ class StopSequence:
         if run.mirror is not None and not run.tree_pids():
             run.mirror.training_exited()  # nothing can change now: no checkpoint waits for quiescence
         await self.step("final-flush", lambda: self.flush("final"))
+        if run.agents is not None and result.trigger.reason in (Reason.CHILD_FAILED, Reason.NODE_FAILED):
+            await self.step("nodes", self.nodes_gone)
         with anyio.move_on_after(10):
             await self.refine_reason()
         result.stopped_cleanly = policy.stopped_cleanly(result.trigger.reason, self.outcomes)
         await self.tell_end()
-        await self.step("requeue", self.requeue)
+        if result.trigger.reason == Reason.NODE_FAILED:
+            await self.step("replace", self.replace)
+        if not result.replace:
+            await self.step("requeue", self.requeue)
         return result
 
     def journal_stop(self) -> None:
@@ -211,6 +217,40 @@ class StopSequence:
             killed = await child.kill_all()
             self.run.journal.emit("orphans-killed", pids=killed)
             log.warning("killed %d leftover process(es) of the training", len(killed))
+
+    async def nodes_gone(self) -> dict[str, Any]:
+        """Which nodes of the attempt died (issue 41, and 42: a failed training with a node the
+        scheduler calls down is a node failure, requeued or replaced as one): the ones the
+        watch found, else those the scheduler calls gone now, waiting for its word on a
+        silent node (``Fleet.gone``) no longer than the time left allows."""
+        run = self.run
+        if not run.lost:
+            within = min(policy.NODE_DOWN_WAIT, max(0.0, run.time_left() / 2))
+            for k, state in (await run.agents.gone(within)).items():
+                run.lost[run.agents.nodes[k]] = {"node": k, "state": state[0], "reason": state[1]}
+        if not run.lost:
+            return {"lost": {}}
+        t = self.result.trigger
+        if t.reason != Reason.NODE_FAILED:
+            said = ", ".join(f"{h} ({v['state']})" for h, v in run.lost.items())
+            self.result.trigger = Trigger(Reason.NODE_FAILED, f"{t.detail}; {run.plan.job.sched.label} calls {said} gone",
+                                          t.signal, t.at)
+        return {"lost": run.lost}
+
+    async def replace(self) -> dict[str, Any]:
+        """Go on inside the allocation on spare nodes, or leave it to the requeue (``policy.replace_decision``)."""
+        run, cfg, job = self.run, self.run.cfg, self.run.plan.job
+        lost = sorted(run.lost)
+        ok, why = policy.replace_decision(self.result.trigger.reason, lost=lost, leader_lost=job.nodes[0] in run.lost,
+                                          spares=len(job.spares), replaced=len(job.lost),
+                                          max_replacements=cfg.max_node_replacements)
+        if not ok:
+            log.warning("node(s) %s died; not replacing them inside the allocation: %s", ", ".join(lost), why)
+            return {"replaced": False, "why": why, "spares": list(job.spares)}
+        self.result.replace = tuple(lost)
+        log.warning("node(s) %s died; going on inside the allocation on spare node(s) %s", ", ".join(lost),
+                    ", ".join(job.spares[:len(lost)]))
+        return {"replaced": True, "lost": lost, "spares": list(job.spares)}
 
     async def refine_reason(self) -> None:
         """After a SIGTERM the scheduler's view tells cancel, requeue, preemption and the time

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import replace
 from typing import Mapping
 
 from supervisor import childenv
@@ -51,7 +52,11 @@ RANK_VARIABLES = (childenv.NODE_RANK, "SLURM_NODEID", "PMIX_RANK", "PMI_RANK", "
 def detect_job(env: Mapping[str, str] | None = None) -> Job:
     """The job we run in, from the environment only."""
     env = os.environ if env is None else env
-    return next(s for s in DETECTION if s.active(env)).job(env)
+    job = next(s for s in DETECTION if s.active(env)).job(env)
+    given = env.get(childenv.JOB_NODES, "")
+    if given:  # a node agent of a job with spares: the leader says which nodes this attempt uses
+        job = replace(job, allocation=job.nodes, nodes=tuple(given.split(",")))
+    return job
 
 
 def run_dir_id(env: Mapping[str, str]) -> str | None:
@@ -76,6 +81,11 @@ def label_of(name: str) -> str:
 def node_rank(given: str | None, env: Mapping[str, str]) -> int:
     """A node agent's index: ``--node-rank``, else the launcher's variables; ConfigError when nothing says."""
     source, raw = "--node-rank", given
+    nodes = env.get(childenv.JOB_NODES, "").split(",")
+    here = env.get("SLURMD_NODENAME") or os.uname().nodename
+    if raw is None and not env.get(childenv.NODE_RANK) and here in nodes:
+        # spares kept aside: the attempt's nodes in the leader's order, not the step's (issue 41)
+        source, raw = f"environment {childenv.JOB_NODES}", str(nodes.index(here))
     if raw is None:
         for var in RANK_VARIABLES:
             if env.get(var, "").strip():

@@ -41,6 +41,13 @@ class Job:
     nodefile: str | None = None         # PBS_NODEFILE
     env_end_time: float | None = None   # SLURM_JOB_END_TIME (Slurm >= 23.02), a launch snapshot
     queue: str | None = None            # PBS_QUEUE (the queue's kill_delay is the TERM→KILL wait)
+    allocation: tuple[str, ...] = ()    # every node the scheduler gave the job, when ``nodes`` is fewer (spares)
+    lost: tuple[str, ...] = ()          # nodes of the allocation that died in an earlier attempt of it
+
+    @property
+    def spares(self) -> tuple[str, ...]:
+        """The allocation's nodes this attempt keeps aside, alive as far as supervise knows."""
+        return tuple(n for n in self.allocation if n not in self.nodes and n not in self.lost)
 
     @property
     def sched(self) -> Scheduler:
@@ -50,6 +57,11 @@ class Job:
     @property
     def num_nodes(self) -> int:
         return len(self.nodes)
+
+    @property
+    def all_nodes(self) -> tuple[str, ...]:
+        """Every node of the allocation, spares and dead ones included."""
+        return self.allocation or self.nodes
 
     @property
     def requeue_id(self) -> str | None:
@@ -124,6 +136,7 @@ class Scheduler(Protocol):
     default_kill_wait: float | None  # TERM → KILL when the scheduler cannot be asked; None: no KILL comes
     signals_every_node: bool    # its signal reaches the training's ranks on every node (PBS: the first node's only)
     gone_states: tuple[str, ...]  # node states (upper case, as substrings) that mean the node is gone
+    node_failure_note: str        # what the scheduler does to the job when one of its nodes fails (supervise check)
     # supervise init's job script
     script_suffix: str          # NAME.sbatch, NAME.pbs
     submit: str                 # the submit command whose presence on PATH says the scheduler is here
@@ -149,6 +162,7 @@ class Scheduler(Protocol):
     async def exclude_nodes(self, job: Job, nodes: list[str], *, timeout: float,
                             report: Report | None = None) -> tuple[bool, str]: ...
     def node_state(self, host: str) -> tuple[str, str] | None: ...
+    def on_fewer_nodes(self, env: Mapping[str, str]) -> dict[str, str]: ...
     def agents(self, launch: AgentLaunch) -> Agents | None: ...
     def launch_line(self, job: Job, world: int, per_node: int, mpi: str | None) -> list[str] | None: ...
     def job_script(self, launcher: str) -> tuple[str, str]: ...

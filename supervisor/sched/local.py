@@ -18,6 +18,7 @@ class Local:
     is_batch = False
     default_kill_wait: float | None = None
     signals_every_node = True  # one node: a signal to the training reaches all of it
+    node_failure_note: str = "no scheduler: spare nodes mean nothing here"
     gone_states: tuple[str, ...] = ()
     script_suffix = ""
     submit = ""
@@ -77,6 +78,9 @@ class Local:
 
     def node_state(self, host: str) -> tuple[str, str] | None:
         return None
+
+    def on_fewer_nodes(self, env: Mapping[str, str]) -> dict[str, str]:
+        return dict(env)
 
     def agents(self, launch: AgentLaunch) -> Agents | None:
         return None

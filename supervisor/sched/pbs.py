@@ -64,6 +64,8 @@ class Pbs:
     is_batch = True
     default_kill_wait: float | None = pbs_kill_wait(PBS_KILL_DELAY)  # 7.8 s: a queue that sets no kill_delay
     signals_every_node = False  # qdel, qsig, the walltime: the first node's session only
+    node_failure_note: str = ("PBS ends the job when a sister node's mom is lost unless it was submitted with "
+                              "-W tolerate_node_failures=all (not measured here yet)")
     gone_states: tuple[str, ...] = ("DOWN", "OFFLINE", "UNKNOWN", "UNRESOLVABLE", "STALE")  # pbsnodes: down, offline, state-unknown…
     script_suffix = "pbs"
     submit = "qsub"
@@ -216,6 +218,10 @@ class Pbs:
     # ------------------------------------------------------------------------ nodes
     def node_state(self, host: str) -> tuple[str, str] | None:
         return pbs_node_state(host)
+
+    def on_fewer_nodes(self, env: Mapping[str, str]) -> dict[str, str]:
+        """Unchanged: the launcher's host list is the command's (``mpiexec --hostfile``, ``-H``)."""
+        return dict(env)
 
     def agents(self, launch: AgentLaunch) -> PbsdshAgents:
         return PbsdshAgents(launch)

@@ -48,6 +48,8 @@ class Slurm:
     is_batch = True
     default_kill_wait: float | None = KILL_WAIT
     signals_every_node = True  # scancel --signal and its own TERM reach every step's tasks
+    node_failure_note: str = ("Slurm ends the whole job when a node fails unless the job script says "
+                              "#SBATCH --no-kill (then it ends only the steps on that node)")
     gone_states: tuple[str, ...] = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWER_DOWN", "FUTURE", "UNKNOWN")
     script_suffix = "sbatch"
     submit = "sbatch"
@@ -232,6 +234,13 @@ class Slurm:
         reason = out.split("Reason=", 1)[1].split(" [", 1)[0].strip() if "Reason=" in out else ""
         return fields["State"], reason
 
+    def on_fewer_nodes(self, env: Mapping[str, str]) -> dict[str, str]:
+        """The environment of a launcher that runs on fewer nodes than the allocation (spares kept
+        aside, issue 41): without the allocation's task count, which ``srun`` reads as its own
+        ``--ntasks`` ("More processors requested than permitted" on the nodes it is told), so it
+        counts its tasks from its nodes and ``--ntasks-per-node``."""
+        return {k: v for k, v in env.items() if k not in ("SLURM_NTASKS", "SLURM_NPROCS")}
+
     def agents(self, launch: AgentLaunch) -> SrunAgents:
         return SrunAgents(launch)
 
@@ -297,6 +306,7 @@ class SrunAgents:
     def argv(self) -> list[str]:
         n = len(self.launch.nodes)
         return ["srun", "--overlap", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
+                f"--nodelist={','.join(self.launch.nodes)}",  # this attempt's nodes: never a spare (issue 41)
                 "--job-name=supervise-node-agents", *self.launch.argv]
 
     async def start(self) -> str | None:

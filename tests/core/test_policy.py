@@ -406,6 +406,7 @@ WANTS_CHECKPOINT = [
     P(Reason.CHILD_FAILED, False, id="the training failed: none"),
     P(Reason.SPAWN_FAILED, False, id="never started: none"),
     P(Reason.HANG, False, id="hung: none, it cannot answer"),
+    P(Reason.NODE_FAILED, False, id="a node died: none, the collective lost a member"),
 ]
 
 
@@ -474,6 +475,8 @@ REQUEUE_DECISION = [
     P(Reason.DEADLINE, {"restart_count": 3}, (False, "max_requeues 3 reached"), id="restart 3 of max 3: spent"),
     P(Reason.DEADLINE, {"restart_count": 4}, (False, "max_requeues 3 reached"), id="restart 4 of max 3: spent"),
     P(Reason.DEADLINE, {"max_requeues": 0}, (False, "max_requeues 0 reached"), id="max_requeues 0: never"),
+    P(Reason.NODE_FAILED, {}, (True, ""), id="a node died: requeued with requeue = true (issue 42: PBS as Slurm)"),
+    P(Reason.NODE_FAILED, {"requeue": False}, (False, "requeue is off"), id="a node died, requeue off"),
 ]
 
 
@@ -482,6 +485,31 @@ def test_requeue_decision(reason: Reason, changes: dict[str, Any], expected: tup
     args: dict[str, Any] = {"requeue": True, "on_failure": False, "queued": True, "already": False,
                             "restart_count": 0, "max_requeues": 3, **changes}
     assert policy.requeue_decision(reason, **args) == expected
+
+
+REPLACE_DECISION = [
+    P(Reason.NODE_FAILED, {}, (True, ""), id="a node died, one spare: replaced inside the allocation"),
+    P(Reason.NODE_FAILED, {"spares": 0}, (False, "no spare node left"), id="a node died, no spare: the requeue decides"),
+    P(Reason.NODE_FAILED, {"lost": ["n2", "n3"], "spares": 1}, (False, "2 nodes lost, 1 spare left"),
+      id="two died, one spare: requeue"),
+    P(Reason.NODE_FAILED, {"lost": ["n2", "n3"], "spares": 2}, (True, ""), id="two died, two spares: both replaced"),
+    P(Reason.NODE_FAILED, {"leader_lost": True}, (False, "the batch node died"), id="the batch node: requeue"),
+    P(Reason.NODE_FAILED, {"replaced": 1, "spares": 1}, (True, ""), id="a second death uses the second spare"),
+    P(Reason.NODE_FAILED, {"max_replacements": 1, "replaced": 1, "spares": 1}, (False, "max_node_replacements 1 reached"),
+      id="max_node_replacements spent: requeue though a spare is left"),
+    P(Reason.NODE_FAILED, {"max_replacements": 0}, (False, "max_node_replacements 0 reached"),
+      id="max_node_replacements 0: never"),
+    P(Reason.NODE_FAILED, {"lost": []}, (False, "not after node-failed"), id="no node named: nothing to replace"),
+    P(Reason.CHILD_FAILED, {}, (False, "not after child-failed"), id="the training failed: no replacement"),
+    P(Reason.PREEMPTED, {}, (False, "not after preempted"), id="preempted: the requeue decides"),
+]
+
+
+@pytest.mark.parametrize(("reason", "changes", "expected"), REPLACE_DECISION)
+def test_replace_decision(reason: Reason, changes: dict[str, Any], expected: tuple[bool, str]) -> None:
+    args: dict[str, Any] = {"lost": ["n2"], "leader_lost": False, "spares": 1, "replaced": 0, "max_replacements": None,
+                            **changes}
+    assert policy.replace_decision(reason, **args) == expected
 
 
 def test_requeue_table_names_every_reason() -> None:
@@ -547,6 +575,7 @@ STOPPED_CLEANLY = [
     P(Reason.CHILD_FAILED, GOOD_STOP, False, id="the training failed by itself: not a stop"),
     P(Reason.SPAWN_FAILED, GOOD_STOP, False, id="never started: not a stop"),
     P(Reason.ERROR, GOOD_STOP, False, id="supervisor error: not clean"),
+    P(Reason.NODE_FAILED, GOOD_STOP, False, id="a node died: not a clean stop"),
     P(Reason.DEADLINE, _with("checkpoint", None), False, id="no checkpoint step: not clean"),
     P(Reason.DEADLINE, _with("checkpoint", {"outcome": "timeout"}), False, id="checkpoint timed out: not clean"),
     P(Reason.DEADLINE, _with("checkpoint", {"outcome": "child-exited"}), False, id="child exited before the checkpoint"),
