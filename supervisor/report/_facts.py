@@ -72,6 +72,7 @@ class Attempt:
     exit_note: str | None = None  # why an exit status that looks like a failure is not one
     nodes: list[str] = field(default_factory=list)  # the allocation, when several nodes (multi-node jobs)
     lost_nodes: list[str] = field(default_factory=list)  # nodes of the attempt before that died (`node-lost`)
+    replaced: list[str] = field(default_factory=list)  # dead nodes this attempt replaced with spares (`node-replaced`)
 
 
 @dataclass
@@ -254,7 +255,20 @@ def _attempt(n: int, evs: list[dict[str, Any]]) -> Attempt:
         exit_note=_exit_note(start, end, evs),
         nodes=[str(n) for n in start.get("nodes") or []] if len(start.get("nodes") or []) > 1 else [],
         lost_nodes=[_lost_node(e) for e in evs if e.get("kind") == "node-lost"],
+        replaced=[_replacement(e) for e in evs if e.get("kind") == "node-replaced"],
     )
+
+
+def _replacement(e: dict[str, Any]) -> str:
+    """One `node-replaced` event as the report says it: what died, what took its place, and how
+    long the job trained nowhere (a requeue adds its queue wait and a new allocation to that)."""
+    s = e.get("seconds") or {}
+    lost = ", ".join(str(h) for h in e.get("lost") or {}) or "?"
+    spares = ", ".join(str(h) for h in e.get("spares") or []) or "?"
+    phases = ", ".join(f"{k.replace('_', ' and ')} {v:.1f}s" for k, v in s.items() if k != "total" and isinstance(v, (int, float)))
+    total = f"training started again {s['total']:.1f}s after the first sign of the death" if isinstance(s.get("total"), (int, float)) else ""
+    return (f"node {lost} replaced by spare {spares} inside the allocation, no requeue, no queue wait"
+            + (f": {total} ({phases})" if total else "") + f"; spares left: {', '.join(e.get('spares_left') or []) or 'none'}")
 
 
 def _lost_node(e: dict[str, Any]) -> str:
@@ -291,9 +305,15 @@ def _how_they_came(attempts: list[Attempt], by_attempt: dict[int, list[dict[str,
         was = next((e.get("restart_count") for e in before if e.get("kind") == "start"), None)
         by_scheduler = any(e.get("kind") == "reason" and e.get("requeued_by_scheduler") for e in before)
         grew = isinstance(count, int) and isinstance(was, int) and count > was
-        a.came_by = "requeue" if prev.requeued or by_scheduler or grew else "rerun"
+        replaced = any(e.get("kind") == "node-replaced" for e in evs) or _replacing(before)
+        a.came_by = "replacement" if replaced else "requeue" if prev.requeued or by_scheduler or grew else "rerun"
         if by_scheduler or grew:
             prev.requeued = True
+
+
+def _replacing(evs: list[dict[str, Any]]) -> bool:
+    """The attempt's stop decided to go on inside the allocation (its `replace` step)."""
+    return any(e.get("kind") == "stop-step" and e.get("step") == "replace" and e.get("replaced") for e in evs)
 
 
 def _gpu_none(attempts: list[Attempt]) -> list[str]:
@@ -390,6 +410,9 @@ def _verdict(attempts: list[Attempt], *, torn: bool = False, not_durable: list[s
         head += f" · requeued {_times(requeues)}"
     if reruns:
         head += f" · rerun {_times(reruns)}"
+    replaced = sum(1 for a in attempts if a.came_by == "replacement")
+    if replaced:
+        head += f" · {_times(replaced).replace('time', 'node')} replaced inside the allocation"
     if len(attempts) > 1 or status != "finished":
         head += f" · {len(attempts)} attempt{'s' if len(attempts) != 1 else ''}"
     return Verdict(status, head, len(attempts), requeues, reasons, reruns, local_only)

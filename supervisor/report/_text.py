@@ -99,10 +99,12 @@ def render(f: Facts, *, colour: bool = False) -> str:
         extra = f" ({a.detail})" if a.detail and a.detail != a.reason else ""
         status = f", exit status {a.exit_status}" if a.exit_status is not None and "exit status" not in extra else ""
         req = ", requeued" if a.requeued else ""
-        came = {"requeue": " (requeued)", "rerun": " (rerun into the same run directory)"}.get(a.came_by or "", "")
+        came = {"requeue": " (requeued)", "rerun": " (rerun into the same run directory)",
+                "replacement": " (a dead node replaced inside the allocation)"}.get(a.came_by or "", "")
         on = f" on {', '.join(a.nodes)}" if a.nodes else ""
         out.append(f"  attempt {a.number}{came}{on}: {how}{extra}{status}{req}")
         out += [f"    {line}" for line in a.lost_nodes]
+        out += [f"    {line}" for line in a.replaced]
         if a.exit_note:
             out.append(f"    ({a.exit_note})")
     out += [f"  {line}" for line in summary(f)]
