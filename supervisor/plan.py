@@ -70,7 +70,9 @@ class Plan:
     @property
     def command(self) -> tuple[str, ...]:
         """The command as this attempt runs it: on its nodes, when spares are kept aside (``nodeset.on_nodes``)."""
-        return nodeset.on_nodes(self.cfg.command, self.job.nodes, self.job.all_nodes)
+        j = self.job
+        ours = (j.nodefile, str(nodeset.nodefile_path(self.run_dir, j.nodes))) if j.nodefile and j.allocation else None
+        return nodeset.on_nodes(self.cfg.command, j.nodes, j.all_nodes, nodefile=ours)
 
     @property
     def nodes(self) -> int:
@@ -153,7 +155,8 @@ def _with_spares(cfg: Config, job: Job, env: dict[str, str], lost: tuple[str, ..
     if nodes is None:
         raise ConfigError("spare_nodes", cfg.spare_nodes, f"too few nodes left: {', '.join(lost)} died and "
                           f"the allocation has {len(allocation)}")
-    narrowed = job.sched.on_fewer_nodes(env)
+    assert cfg.run_dir is not None
+    narrowed = job.sched.on_fewer_nodes(env, str(nodeset.nodefile_path(cfg.run_dir, nodes)))
     env.clear()
     env.update(narrowed, **{childenv.JOB_NODES: ",".join(nodes)})
     return replace(job, allocation=allocation, nodes=nodes, lost=lost)

@@ -16,15 +16,16 @@ import logging
 import signal
 import time
 from functools import partial
+from pathlib import Path
 from typing import Callable
 
 import anyio
 
-from supervisor import logs
+from supervisor import logs, nodeset
 from supervisor.conduct.agent import Agent
 from supervisor.config import Config
 from supervisor.errors import ConfigError
-from supervisor.journal import Journal
+from supervisor.journal import EVENTS_FILE, Journal, node_dir, read_journal
 from supervisor.plan import Plan, make_plan
 
 log = logging.getLogger("supervise")
@@ -42,6 +43,7 @@ async def supervise(cfg: Config, plan: Plan | None = None, early: list[int] | No
     while True:
         for warning in plan.warnings:
             log.warning("%s", warning)
+        await anyio.to_thread.run_sync(_nodefile, plan)
         agent = Agent(plan, early=early, replacing=replacing)
         status = await agent.run()
         if not agent.replace:
@@ -78,6 +80,14 @@ def _journal_replaced(old: Agent, before: Plan, now: Plan, ended: float, planned
                           "restore_launch": round(spawned - planned, 3), "total": round(spawned - evidence, 3)})
 
 
+def _nodefile(plan: Plan) -> None:
+    """The attempt's own nodefile, when it trains on fewer nodes than a job with a nodefile has
+    (PBS): ``$PBS_NODEFILE`` in the command and the training's environment name it."""
+    j = plan.job
+    if j.nodefile and j.allocation:
+        nodeset.write_nodefile(j.nodefile, str(nodeset.nodefile_path(plan.run_dir, j.nodes)), j.nodes)
+
+
 def _hold() -> list[int]:
     """Keep the stop and pass-on signals that come until the next agent listens (as the CLI
     does before the first): the last agent's receiver is closed and its end ignored them."""
@@ -89,11 +99,24 @@ def _hold() -> list[int]:
 
 async def _wind_down(agent: Agent) -> None:
     """The last attempt's node agents end before the next one's start (each node's agent holds
-    its node index's lock): their launch ends with the dead node (Slurm ends the step), and the
-    others after the leader's ``end``; bounded, never a reason to stop."""
+    its node index's lock): their launch ends (Slurm ends the step with the dead node), or each
+    survivor's agent journals its ``node-end`` after the leader's ``end`` (PBS: the moms' tasks
+    end one by one); bounded, never a reason to stop."""
     fleet = agent.run_state.agents
     if fleet is None:
         return
+    dead = {fleet.nodes.index(h) for h in agent.replace if h in fleet.nodes}
+    alive = sorted((set(fleet.ready) & fleet.want) - dead)
     with anyio.move_on_after(WIND_DOWN_S):
-        while not fleet.agents.ended():
+        while not fleet.agents.ended() and not await anyio.to_thread.run_sync(_all_ended, agent.plan.run_dir, alive):
             await anyio.sleep(0.2)
+
+
+def _all_ended(run_dir: Path, nodes: list[int]) -> bool:
+    """Each of these nodes' agents journaled its end after its last start."""
+    for k in nodes:
+        kinds = [e.get("kind") for e in read_journal(node_dir(run_dir, k) / EVENTS_FILE).events
+                 if e.get("kind") in ("node-start", "node-end")]
+        if not kinds or kinds[-1] != "node-end":
+            return False
+    return True

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from supervisor import childenv
 from supervisor.bell import Bell
 from supervisor.conduct.link import LeaderLine
 from supervisor.config import Config, agent_view
@@ -78,7 +79,8 @@ class Fleet:
         self.choice_path = self.run_dir / "nodes" / f"choice-{os.getpid()}-{time.time_ns()}.json"
         self.say_dir = self.run_dir / "nodes" / f"said-{os.getpid()}-{time.time_ns()}"
         self.env = {**env, CHOICE_VAR: str(self.choice_path)}
-        agents = sched.agents(AgentLaunch(argv=argv, ranked=self.ranked_argv, nodes=nodes, env=self.env, carry=(CHOICE_VAR,),
+        agents = sched.agents(AgentLaunch(argv=argv, ranked=self.ranked_argv, nodes=nodes, env=self.env,
+                                          carry=(CHOICE_VAR, *(v for v in (childenv.JOB_NODES,) if v in self.env)),
                                           say=(SAY_VAR, self.say_dir), timeout=ready_timeout, report=log.warning))
         assert agents is not None, f"no node agents under {sched.label}"
         self.agents = agents  # how its scheduler starts and hears them
