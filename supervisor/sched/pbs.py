@@ -64,8 +64,8 @@ class Pbs:
     is_batch = True
     default_kill_wait: float | None = pbs_kill_wait(PBS_KILL_DELAY)  # 7.8 s: a queue that sets no kill_delay
     signals_every_node = False  # qdel, qsig, the walltime: the first node's session only
-    node_failure_note: str = ("PBS ends the job when a sister node's mom is lost unless it was submitted with "
-                              "-W tolerate_node_failures=all (not measured here yet)")
+    node_failure_note: str = ("submit with -W tolerate_node_failures=all, OpenPBS's word for a job that goes on "
+                              "after a sister node fails")
     gone_states: tuple[str, ...] = ("DOWN", "OFFLINE", "UNKNOWN", "UNRESOLVABLE", "STALE")  # pbsnodes: down, offline, state-unknown…
     script_suffix = "pbs"
     submit = "qsub"
