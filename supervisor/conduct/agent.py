@@ -225,9 +225,10 @@ class Agent:
     def _finish(self) -> int:
         run = self.run_state
         result = self._stop.result if self._stop else StopResult(run.trigger or policy.NO_TRIGGER, run.exit_status)
-        status = result.status(self.cfg.stopped_status)
-        duration = round(time.monotonic() - self._started, 3)
         pending = run.mirror.pending() if run.mirror is not None else []
+        status = result.status(self.cfg.stopped_status, not_durable=policy.owed(pending),
+                               not_durable_status=self.cfg.not_durable_status)
+        duration = round(time.monotonic() - self._started, 3)
         self.journal.emit("end", reason=result.trigger.reason.value, detail=result.trigger.detail, exit_status=status,
                           launcher_status=result.exit_status, stopped_cleanly=result.stopped_cleanly,
                           seconds=duration, restarts=run.restarts, not_durable=pending)

@@ -61,7 +61,7 @@ class StopSequence:
             await self.refine_reason()
         result.stopped_cleanly = policy.stopped_cleanly(result.trigger.reason, self.outcomes)
         await self.tell_end()
-        await self.step("requeue", self.requeue)
+        result.requeued = bool((await self.step("requeue", self.requeue)).get("requeued"))
         return result
 
     def journal_stop(self) -> None:
