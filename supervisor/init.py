@@ -102,7 +102,7 @@ def alcf_machine(env: Mapping[str, str], host: str | None = None, exists: Callab
     named = env.get("MACHINE", "").strip().lower()
     if named:
         return named if named in ALCF_PRESETS else None
-    h = (host if host is not None else socket.getfqdn()).lower()
+    h = (host if host is not None else socket.gethostname()).lower()
     for machine, prefix in (("aurora", "x4"), ("polaris", "x3")):
         if h.startswith((prefix, machine)) or f".{machine}.alcf" in h:
             return machine

@@ -48,6 +48,22 @@ def test_pbs_away_from_alcf_writes_generic_defaults_and_names_the_lines_to_edit(
     assert (tmp_path / "tmp" / "tester" / "77").is_dir() and (tmp_path / "runs" / "train").is_dir()
 
 
+@pytest.mark.parametrize(("env", "host", "dirs", "expected"), [
+    ({}, "x3001c0s1b0n0", set(), "polaris"),
+    ({}, "polaris-login-01", set(), "polaris"),
+    ({}, "x4102c5s0b0n0", set(), "aurora"),
+    ({}, "aurora-uan-0010", set(), "aurora"),
+    ({}, "login1.cluster.example.edu", set(), None),
+    ({}, "login1", {"/lus/eagle"}, "polaris"),
+    ({"MACHINE": "pbs"}, "x3001c0s1b0n0", set(), None),
+    ({"MACHINE": "aurora"}, "login1", set(), "aurora"),
+])
+def test_which_alcf_machine_init_runs_on(env: dict[str, str], host: str, dirs: set[str], expected: str | None) -> None:
+    from supervisor.init import alcf_machine
+
+    assert alcf_machine(env, host, exists=lambda p: p in dirs) == expected
+
+
 @pytest.mark.parametrize("machine", ["polaris", "aurora"])
 def test_pbs_at_alcf_keeps_the_machines_paths_and_preset(tmp_path: Path, machine: str) -> None:
     r = init(tmp_path, "--scheduler", "pbs", command=["mpiexec", "-n", "8", "python", "train.py"], env={"MACHINE": machine})
