@@ -109,7 +109,7 @@ wait "$PID"
 RC1=$?
 set -e
 LATEST=$(cat "$PERSISTENT_DIR/checkpoints/latest" 2>/dev/null || echo none)
-say "Attempt 1 is over (exit status $RC1, the launcher's: torchrun exits 1 after a TERM even when every rank saved and exited 0)"
+say "Attempt 1 is over (exit status $RC1; 75: stopped before the training finished, not requeued, so a job chained with afterok would wait)"
 echo "    newest checkpoint on persistent storage: $LATEST"
 
 say "Attempt 2: the same command into the same run directory; restore = true brings $LATEST back"

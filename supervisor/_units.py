@@ -8,18 +8,25 @@ import signal
 
 _DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)([hms]))")
 _UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0}
+# The schedulers' own forms (sbatch --time, PBS walltime): MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+_CLOCK = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
 MAX_DURATION = 10 * 366 * 86400.0  # ten years: past any scheduler's limit, and sleep() would overflow
+FORMS = ("a duration such as 90 (seconds), 90s, 10m, 1h30m, or as the scheduler writes it: "
+         "MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS")
 
 
 def parse_duration(text: str | int | float) -> float:
-    """Seconds from ``90``, ``90s``, ``1.5s``, ``10m``, ``1h30m`` or a number.
+    """Seconds from ``90``, ``90s``, ``1.5s``, ``10m``, ``1h30m`` or a number, or from the
+    schedulers' forms (``sbatch --time``, PBS ``walltime``): ``MM:SS``, ``HH:MM:SS``, ``D-HH``,
+    ``D-HH:MM``, ``D-HH:MM:SS``. A bare number is seconds (sbatch reads it as minutes; no
+    colon form differs from Slurm's).
 
     Raises ValueError with the accepted forms, so callers can build a one-line message.
     NaN, infinities and anything beyond ten years are refused: a timer armed with them
     never fires (or overflows), so the watch it feeds would silently be off.
     """
     if isinstance(text, bool):
-        raise ValueError("a duration such as 90, 90s, 10m or 1h30m")
+        raise ValueError(FORMS)
     if isinstance(text, (int, float)):
         if not math.isfinite(text):
             raise ValueError("a finite duration such as 90s, 10m or 1h30m")
@@ -29,6 +36,8 @@ def parse_duration(text: str | int | float) -> float:
     s = str(text).strip().lower()
     if re.fullmatch(r"\d+(?:\.\d+)?", s):
         return _bounded(float(s))
+    if ":" in s or "-" in s:
+        return _bounded(_clock(s))
     pos, total = 0, 0.0
     units_seen: list[str] = []
     for m in _DURATION.finditer(s):
@@ -38,8 +47,28 @@ def parse_duration(text: str | int | float) -> float:
         total += float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
         pos = m.end()
     if not s or pos != len(s) or units_seen != sorted(units_seen, key="hms".index):
-        raise ValueError("a duration such as 90, 90s, 10m or 1h30m")
+        raise ValueError(FORMS)
     return _bounded(total)
+
+
+def _clock(s: str) -> float:
+    """``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS`` as Slurm reads them (PBS's
+    walltime is ``HH:MM:SS`` or ``MM:SS`` too); a field after the first is under 60 (the first
+    may be more: ``90:00``, ``48:00:00``). Anything else (``1-``, four fields, a unit) is refused."""
+    m = _CLOCK.fullmatch(s)
+    if m is None:
+        raise ValueError(FORMS)
+    day, first, *rest = m.groups()
+    fields = [int(first), *(int(x) for x in rest if x is not None)]
+    if day is None:
+        if len(fields) < 2:
+            raise ValueError(FORMS)
+        hms = fields if len(fields) == 3 else [0, *fields]  # MM:SS is minutes and seconds, as sbatch reads it
+    else:
+        hms = (fields + [0, 0])[:3]  # D-HH, D-HH:MM, D-HH:MM:SS
+    if any(v >= 60 for v in fields[1:]):  # the first field may be large: 90:00, 48:00:00
+        raise ValueError(FORMS + " (minutes and seconds under 60)")
+    return float(((int(day or 0) * 24 + hms[0]) * 60 + hms[1]) * 60 + hms[2])
 
 
 def _bounded(seconds: float) -> float:

@@ -147,6 +147,8 @@ def _check_plan(cfg: Config) -> bool:
         print(f"{WARN:4}  {'plan':10} {w}")
     for status, topic, text in describe(plan):
         print(f"{status:4}  {topic:10} {text}")
+    for text in single_node_pairs(cfg, plan.job.num_nodes):
+        print(f"{WARN:4}  {'plan':10} {text}")
     for status, text in node_evidence(plan.cfg, plan.env):
         print(f"{status:4}  {'evidence':10} {text}")
     if plan.nodes > 1:  # what node 1's agent would run by: its plan, as `supervise node-agent` makes it
@@ -158,6 +160,24 @@ def _check_plan(cfg: Config) -> bool:
         for status, topic, text in describe(node):
             print(f"{status:4}  {topic:10} {text}")
     return False
+
+
+def single_node_pairs(cfg: Config, job_nodes: int) -> list[str]:
+    """A job of several nodes (the job's, or what the command asks for: ``torchrun --nnodes 2``)
+    whose checkpoint pair mirrors one node's disk (``nodes`` 1, the default): the other nodes'
+    parts of each checkpoint never reach persistent storage, and nothing else would say so
+    before the first restore. ``nodes = "auto"`` (0 here, unresolved) follows the job."""
+    from supervisor.launchers import command_nodes
+
+    asked = command_nodes(cfg.command) or 1
+    nodes = max(job_nodes, asked)
+    if nodes < 2:
+        return []
+    why = f"the job has {job_nodes} nodes" if job_nodes >= asked else f"the command asks for {asked} nodes"
+    return [f"{why}, but checkpoint pair {p.name} mirrors one node's local disk: the other nodes' parts of each "
+            f"checkpoint never reach persistent storage; give nodes = \"auto\" in its [[sync]] table (with "
+            f"--checkpoints: --nodes {nodes}), docs/multinode.md"
+            for p in cfg.sync if p.kind == "checkpoint" and p.nodes == 1]
 
 
 def node_evidence(cfg: Config, env: Mapping[str, str]) -> list[tuple[str, str]]:

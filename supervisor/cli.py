@@ -40,10 +40,15 @@ subcommands:
   node-agent      multi-node jobs: mirror this node's part of each checkpoint (one per node;
                   see docs/sync.md)
 
-durations: 90, 90s, 10m, 1h30m.  signals: TERM, INT, USR1, USR2, HUP (with or without SIG).
+durations: 90, 90s, 10m, 1h30m, or as the scheduler writes them: MM:SS, HH:MM:SS, D-HH,
+  D-HH:MM, D-HH:MM:SS (a bare number is seconds, where sbatch --time reads minutes).
+signals: TERM, INT, USR1, USR2, HUP (with or without SIG).
 precedence: --config file < SUPERVISE_* environment variables < flags.
 exit status: the command's own; 128+N if signal N killed it; 127 command not found;
-126 not executable; 2 for a usage or config error (nothing is started).
+126 not executable; 2 for a usage or config error (nothing is started); 3 not requeued because
+no checkpoint was published in the last --no-progress-attempts attempts; 75 stopped before the
+training finished and not requeued (--stopped-status: auto gives 0 when requeued); 74 something
+not durable at the end (--not-durable-status). docs/slurm.md, "Exit status of a stop".
 
 examples:
   supervise -- python train.py

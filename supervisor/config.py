@@ -178,10 +178,24 @@ def _status(v: Any) -> int | None:
     """An exit status 0-255, or "child": keep the launcher's own."""
     if isinstance(v, str) and v.strip().lower() == "child":
         return None
-    n = _count(v)
+    try:
+        n = _count(v)
+    except ValueError:
+        n = 256
     if n > 255:
         raise ValueError("an exit status 0-255, or child")
     return n
+
+
+def _stopped_status(v: Any) -> int | str | None:
+    """``auto`` (policy.exit_status: 0 when requeued, 75 when the training is left unfinished),
+    an exit status 0-255 whatever happens next, or "child"."""
+    if isinstance(v, str) and v.strip().lower() == "auto":
+        return "auto"
+    try:
+        return _status(v)
+    except ValueError:
+        raise ValueError("auto, an exit status 0-255, or child") from None
 
 
 def _nice(v: Any) -> int:
@@ -352,8 +366,13 @@ KEYS: tuple[Key, ...] = (
     Key("requeue_on_failure", _bool, False, "also requeue after the training failed", None, _G_END),
     Key("no_progress_attempts", _count, 2, "do not requeue when no new checkpoint was published in the last N "
         "attempts (exit status 3); 0: off", "N", _G_END),
-    Key("stopped_status", _status, 0, "the exit status when supervise stopped the training cleanly (checkpoint "
-        "durable, no SIGKILL), whatever the launcher's; child: the launcher's own", "STATUS|child", _G_END),
+    Key("stopped_status", _stopped_status, "auto", "the exit status when supervise stopped the training cleanly "
+        "(checkpoint durable, no SIGKILL), whatever the launcher's; auto: 0 when the job is requeued, 75 when not (the "
+        "training is unfinished: --dependency=afterok must not start the next stage; a stop that was not clean and "
+        "left 0 exits 75 too); child: the launcher's own", "auto|STATUS|child", _G_END),
+    Key("not_durable_status", _status, 74, "the exit status when the run ends with checkpoints or logs not on "
+        "persistent storage (end.not_durable) and would otherwise look successful (a clean stop, or the training said "
+        "0), unless requeued; child: the status it would have without them", "STATUS|child", _G_END),
     Key("max_restarts", _count, 0, "restart a crashed training in place up to N times", "N", _G_END),
     Key("spare_nodes", _count, 0, "keep N of the job's nodes as spares: the training runs on the others, and a "
         "node that dies is replaced by a spare inside the allocation, with no requeue (the job script needs "
@@ -420,7 +439,8 @@ class Config:
     max_requeues: int = DEFAULT["max_requeues"]
     requeue_on_failure: bool = DEFAULT["requeue_on_failure"]
     no_progress_attempts: int = DEFAULT["no_progress_attempts"]
-    stopped_status: int | None = DEFAULT["stopped_status"]  # None: the launcher's own status
+    stopped_status: int | str | None = DEFAULT["stopped_status"]  # "auto"; None: the launcher's own status
+    not_durable_status: int | None = DEFAULT["not_durable_status"]  # None: the status it would have
     max_restarts: int = DEFAULT["max_restarts"]
     spare_nodes: int = DEFAULT["spare_nodes"]
     max_node_replacements: int | None = DEFAULT["max_node_replacements"]  # None: as many as the spares

@@ -17,13 +17,15 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from supervisor import __version__
 from supervisor.errors import UsageError
+from supervisor.launchers import command_ranks_per_node
 from supervisor.sched import BATCH, SCHEDULERS, Scheduler, detect_job, for_submit
 
 SITE_OPTIONS = ("account", "queue", "select", "filesystems")  # a scheduler's own directives (PBS's)
@@ -58,6 +60,18 @@ def detect_launcher(command: Sequence[str]) -> str:
     return str(detect(list(command)).name)
 
 
+def _detect_mpi(command: Sequence[str]) -> str | None:
+    """The family of the command's ``mpiexec``/``mpirun`` as installed here (``--version``), or None."""
+    from supervisor.envinfo import detect_mpi
+    from supervisor.launchers import unwrap
+
+    program = unwrap(list(command))[0] if command else ""
+    if os.path.basename(program) not in ("mpiexec", "mpirun"):
+        return None
+    path = shutil.which(program)
+    return detect_mpi(path) if path else None
+
+
 def detect_gpus(env: Mapping[str, str]) -> int | None:
     """GPUs per node: the job's, else this machine's (nvidia-smi -L); None when unknown."""
     job = detect_job(env)
@@ -74,6 +88,67 @@ def detect_gpus(env: Mapping[str, str]) -> int | None:
         return None
     n = sum(1 for line in out.splitlines() if line.startswith("GPU "))
     return n or None
+
+
+ALCF_PRESETS = {"polaris": "polaris.toml", "aurora": "aurora.toml"}
+GENERIC_PBS_PRESET = "pbs.toml"
+
+
+def alcf_machine(env: Mapping[str, str], host: str | None = None, exists: Callable[[str], bool] = os.path.isdir) -> str | None:
+    """``polaris`` or ``aurora`` when init runs at ALCF, whose machines the PBS template's paths
+    and site directives are (``MACHINE``, as the template reads it; the host name, as ezpz
+    reads it: x3… Polaris, x4… Aurora; the login nodes' names; their Lustre file systems);
+    None elsewhere (``MACHINE=pbs``: any other site)."""
+    named = env.get("MACHINE", "").strip().lower()
+    if named:
+        return named if named in ALCF_PRESETS else None
+    h = (host if host is not None else socket.gethostname()).lower()
+    for machine, prefix in (("aurora", "x4"), ("polaris", "x3")):
+        if h.startswith((prefix, machine)) or f".{machine}.alcf" in h:
+            return machine
+    for machine, lustre in (("aurora", "/lus/flare"), ("polaris", "/lus/eagle")):
+        if exists(lustre):
+            return machine
+    return None
+
+
+def _generic_site(lines: list[str]) -> bool:
+    """Away from ALCF: the template's machine ``case`` keeps only its generic branch (no
+    /lus/eagle, no /local/scratch, which ``mkdir -p`` under ``set -e`` cannot make), its lines
+    to edit marked EDIT. False when the template has no such block."""
+    start = next((i for i, ln in enumerate(lines) if ln.startswith('case "${MACHINE')), None)
+    if start is None:
+        return False
+    end = next(i for i in range(start, len(lines)) if lines[i].strip() == "esac")
+    body = lines[start + 1:end]
+    generic = next(i for i, ln in enumerate(body) if ln.lstrip().startswith("*)"))
+    kept = [ln.strip().removeprefix("*)").strip() for ln in body[generic:] if ln.strip() != ";;"]
+    lines[start:end + 1] = ["# Not an ALCF machine (Polaris, Aurora): generic PBS defaults. Edit the lines marked EDIT",
+                            "# for this site, or give supervise init --local and --persistent.", *kept]
+    return True
+
+
+def _mpi_flags(command: Sequence[str], mpi: str | None) -> tuple[tuple[str, ...], str | None]:
+    """The command with its ranks-per-node option in the form the installed ``mpiexec`` takes
+    (``mpi``: envinfo.detect_mpi): OpenMPI refuses ``--ppn N`` and takes ``--map-by ppr:N:node``;
+    MPICH, Hydra and PALS refuse ``--map-by ppr:N:node``/``-npernode N`` and take ``--ppn N``.
+    Returns (command, what was changed or None)."""
+    from supervisor.launchers import unwrap
+
+    words = list(command)
+    if mpi is None or not words or os.path.basename(unwrap(words)[0]) not in ("mpiexec", "mpirun"):
+        return tuple(words), None
+    for i, w in enumerate(words[:-1]):
+        value = words[i + 1]
+        m = re.fullmatch(r"ppr:(\d+):node", value)
+        if mpi == "openmpi" and w in ("--ppn", "-ppn") and value.isdigit():
+            words[i:i + 2] = ["--map-by", f"ppr:{value}:node"]
+        elif mpi != "openmpi" and ((w == "--map-by" and m) or (w in ("-npernode", "--npernode") and value.isdigit())):
+            words[i:i + 2] = ["--ppn", m.group(1) if m else value]
+        else:
+            continue
+        return tuple(words), f"{w} {value} → {' '.join(words[i:i + 2])}"
+    return tuple(words), None
 
 
 # ---------------------------------------------------------------------------- rendering
@@ -156,12 +231,16 @@ class Choices:
     queue: str | None = None        # PBS: #PBS -q ('' drops it: the server's default queue)
     select: str | None = None       # PBS: the chunk of -l select=N:CHUNK ('' for none)
     filesystems: str | None = None  # PBS: -l filesystems= ('' drops it: a Polaris/Aurora resource)
+    generic: bool = False           # away from the template's site (ALCF): its generic defaults, lines to edit
+    notes: tuple[str, ...] = field(default=())  # what init changed or could not know: printed by _tell
 
 
 def render_script(template: Template, c: Choices, config: Path) -> str:
     lines = (data_dir("job_scripts") / template.script).read_text().splitlines()
     _header(lines, template, c.scheduler.submit_notes(f"{c.name}.{c.scheduler.script_suffix}", config.name, bool(c.account)))
     c.scheduler.set_directives(lines, c, template.script)
+    if c.generic:
+        _generic_site(lines)
     if c.local:
         _set_default(lines, "LOCAL_DIR", c.local)
     if c.persistent:
@@ -173,11 +252,32 @@ def render_script(template: Template, c: Choices, config: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_config(template: Template, script: Path) -> str:
+def render_config(template: Template, script: Path, nodes: int | None = None) -> str:
+    """The preset; for a job of several nodes (``nodes``), ``nodes = "auto"`` in each checkpoint
+    pair, so that every node's part of a checkpoint is mirrored (docs/multinode.md)."""
     lines = (data_dir("presets") / template.preset).read_text().splitlines()
     if lines and lines[0].startswith("# Preset:"):
         lines[0] = f"# Written by `supervise init` from the preset {template.preset}, for {script.name}."
+    if nodes is not None and nodes > 1:
+        _per_node_pairs(lines)
     return "\n".join(lines) + "\n"
+
+
+def _per_node_pairs(lines: list[str]) -> None:
+    """``nodes = "auto"`` after ``kind = "checkpoint"`` in each [[sync]] table that names no ``nodes``."""
+    tables = [i for i, ln in enumerate(lines) if ln.strip() == "[[sync]]"] + [len(lines)]
+    for start, end in reversed(list(zip(tables, tables[1:]))):
+        body = lines[start:end]
+        kind = next((i for i, ln in enumerate(body) if re.match(r'kind\s*=\s*"checkpoint"', ln)), None)
+        if kind is not None and not any(re.match(r"nodes\s*=", ln) for ln in body):
+            lines.insert(start + kind + 1, 'nodes = "auto"              # every node mirrors its own part: the job\'s node count')
+
+
+def template_nodes(template: Template) -> int | None:
+    """The node count the job script asks for as the template has it (``--nodes=N``, ``select=N``)."""
+    text = (data_dir("job_scripts") / template.script).read_text()
+    m = re.search(r"^#(?:SBATCH --nodes=|PBS -l select=)(\d+)", text, re.M)
+    return int(m.group(1)) if m else None
 
 
 # ---------------------------------------------------------------------------- command line
@@ -236,12 +336,38 @@ def main(ns: argparse.Namespace, command: Sequence[str], env: Mapping[str, str] 
         if v and not re.fullmatch(r"[\w.:=@+,/-]+", v):
             raise UsageError(f"--{k} {v!r}: one #PBS word (letters, digits and . : = @ + , / - _)")
     job = detect_job(env)
-    gpus = ns.gpus if ns.gpus is not None else detect_gpus(env)
-    choices = Choices(scheduler=scheduler, launcher=launcher, command=tuple(command), name=ns.name,
-                      nodes=ns.nodes or (job.num_nodes if job.sched.is_batch else None), gpus=gpus,
-                      time=ns.time, local=ns.local, persistent=ns.persistent, account=ns.account, queue=ns.queue,
-                      select=ns.select, filesystems=ns.filesystems)
     template = choose(scheduler, launcher)
+    nodes = ns.nodes or (job.num_nodes if job.sched.is_batch else None)
+    notes: list[str] = []
+    command, changed = _mpi_flags(command, _detect_mpi(command))
+    if changed:
+        notes.append(f"the mpiexec here takes other flags than the command gave: {changed}")
+    gpus, per_node = ns.gpus, command_ranks_per_node(command, nodes or template_nodes(template))
+    if gpus is None and per_node is not None:
+        gpus = per_node
+        notes.append(f"GPUs per node {per_node}: the ranks per node the command starts")
+    elif gpus is None:
+        gpus = detect_gpus(env)
+    machine = alcf_machine(env)
+    directives: dict[str, str | None] = {k: getattr(ns, k) for k in SITE_OPTIONS}
+    generic = machine is None and template.preset in ALCF_PRESETS.values()
+    if generic:  # the PBS template is ALCF's: its paths and site directives would fail here
+        template = replace(template, preset=GENERIC_PBS_PRESET)
+        defaults = {"queue": "", "filesystems": "", "select": f"ngpus={gpus}" if gpus else ""}
+        given = {k for k in defaults if directives[k] is not None}
+        directives.update({k: v for k, v in defaults.items() if directives[k] is None})
+        notes.append("not an ALCF machine (Polaris, Aurora; MACHINE=polaris|aurora says it is one): generic PBS "
+                     f"defaults, LOCAL_DIR under $TMPDIR and PERSISTENT_DIR under the submit directory; edit the "
+                     f"lines marked EDIT in {ns.name}.{scheduler.script_suffix} (or give --local and --persistent)"
+                     + ("" if given == set(defaults) else "; #PBS -q, -l filesystems and system=polaris left out "
+                        "(--queue, --filesystems, --select give this site's)"))
+    elif machine is not None and template.preset in ALCF_PRESETS.values():
+        template = replace(template, preset=ALCF_PRESETS[machine])
+    choices = Choices(scheduler=scheduler, launcher=launcher, command=tuple(command), name=ns.name,
+                      nodes=nodes, gpus=gpus, time=ns.time, local=ns.local, persistent=ns.persistent,
+                      account=ns.account, queue=directives["queue"], select=directives["select"],
+                      filesystems=directives["filesystems"],
+                      generic=generic, notes=tuple(notes))
     out = Path(ns.dir).resolve()
     script = out / f"{ns.name}.{scheduler.script_suffix}"
     config = out / f"{ns.name}.toml"
@@ -251,7 +377,7 @@ def main(ns: argparse.Namespace, command: Sequence[str], env: Mapping[str, str] 
     out.mkdir(parents=True, exist_ok=True)
     script.write_text(render_script(template, choices, config))
     script.chmod(0o755)
-    config.write_text(render_config(template, script))
+    config.write_text(render_config(template, script, choices.nodes or template_nodes(template)))
     _tell(choices, template, script, config)
     return 0
 
@@ -261,6 +387,8 @@ def _tell(c: Choices, template: Template, script: Path, config: Path) -> None:
     nodes = "the template's" if c.nodes is None else str(c.nodes)
     print(f"wrote {script} (from {template.script}) and {config} (from {template.preset})")
     print(f"  scheduler {c.scheduler.name}, launcher {c.launcher}, nodes {nodes}, GPUs per node {gpus}")
+    for note in c.notes:
+        print(f"  {note}")
     local = c.local or "$TMPDIR/…"
     persistent = c.persistent or "…/results/…"
     print("check it (the job script sets LOCAL_DIR and PERSISTENT_DIR; give them here):")

@@ -40,6 +40,7 @@ and a script that never installed a handler must get the file, not a fatal signa
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 from collections import deque
@@ -614,3 +615,71 @@ def _is_ezpz_launch(cmd: Sequence[str]) -> bool:
         return False
     args = [a for a in rest[1:] if not a.startswith("-")]
     return bool(args) and args[0] == "launch"
+
+
+# --- what the command asks of the job: nodes and ranks per node (supervise init, supervise check) ---
+
+_PER_NODE_OPTS = frozenset({"--nproc-per-node", "--nproc_per_node", "--ppn", "-ppn", "--npernode", "-npernode",
+                            "--ntasks-per-node", "--num_gpus", "--num-gpus"})
+_TOTAL_OPTS = frozenset({"-n", "-np", "--np", "--n", "--ntasks"})
+_NODES_OPTS = frozenset({"--nnodes", "--nodes", "--num_nodes", "--num-nodes"})
+
+
+def launcher_options(argv: Sequence[str]) -> list[tuple[str, str]]:
+    """The launcher's own ``(option, value)`` pairs, ``--opt=value`` and ``--opt value`` alike
+    (every option is paired with the word after it: callers only read options that take one),
+    up to the program it runs: a Python interpreter, a ``.py`` script, ``-m`` or ``--``. A
+    launcher run as a module (``python -m torch.distributed.run …``) is read after its name."""
+    cmd = unwrap(argv)
+    start = 1
+    if cmd and _is_python(cmd[0]):
+        while start < len(cmd) and cmd[start].startswith("-") and cmd[start] != "-m":
+            start += 1
+        if start + 1 >= len(cmd) or cmd[start] != "-m":
+            return []  # python train.py: no launcher options
+        start += 2
+    out: list[tuple[str, str]] = []
+    for i, w in enumerate(cmd[start:], start):
+        if w in ("--", "-m") or _is_python(w) or w.endswith(".py"):
+            break
+        if w.startswith("-"):
+            name, eq, value = w.partition("=")
+            out.append((name, value) if eq else (w, cmd[i + 1] if i + 1 < len(cmd) else ""))
+    return out
+
+
+def _count(text: str) -> int | None:
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def command_nodes(argv: Sequence[str]) -> int | None:
+    """The nodes the command asks for (``torchrun --nnodes 2`` or ``1:4``, the upper bound;
+    ``srun -N 2``/``--nodes``; ``deepspeed --num_nodes``; ``horovodrun -H a:4,b:4``), or None."""
+    srun = os.path.basename(unwrap(argv)[0]) == "srun" if argv else False
+    for name, value in launcher_options(argv):
+        if name in _NODES_OPTS or (srun and name == "-N"):
+            n = _count(value.rpartition(":")[2])
+            if n is not None:
+                return n
+        if name in ("-H", "--hosts") and value:
+            return len([h for h in value.split(",") if h.strip()])
+    return None
+
+
+def command_ranks_per_node(argv: Sequence[str], nodes: int | None) -> int | None:
+    """Ranks (one a GPU) per node the command starts: ``--nproc-per-node``/``--nproc_per_node``
+    (torchrun), ``--ppn``/``--npernode`` and ``--map-by ppr:N:node`` (mpiexec),
+    ``--ntasks-per-node`` (srun), ``--num_gpus`` (deepspeed); else ``-n``/``-np`` (the world
+    size) over ``nodes`` when they divide; None when it does not say (``--nproc-per-node gpu``)."""
+    total = None
+    for name, value in launcher_options(argv):
+        if name in _PER_NODE_OPTS:
+            return _count(value)
+        m = re.fullmatch(r"ppr:(\d+):node", value) if name == "--map-by" else None
+        if m:
+            return _count(m.group(1))
+        if name in _TOTAL_OPTS:
+            total = _count(value)
+    if total is not None and nodes and total % nodes == 0:
+        return total // nodes
+    return None

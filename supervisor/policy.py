@@ -272,21 +272,59 @@ def replace_decision(reason: Reason, *, lost: list[str], leader_lost: bool, spar
     return True, ""
 
 
-def exit_status(child_status: int | None, trigger: Trigger, *, clean_status: int | None = None,
-                no_progress: bool = False) -> int:
-    """``NO_PROGRESS_STATUS`` for a run given up on; ``clean_status`` (``stopped_status``) when
-    supervise stopped the training cleanly (``stopped_cleanly``), whatever the launcher said
-    (torchrun exits 1 after a TERM even when every rank saved and exited 0); else the
-    training's status; 128+N when signal N stopped us before it ran; else 1."""
+STOPPED_AUTO = "auto"  # ``stopped_status`` left to supervise: 0 when requeued, UNFINISHED_STATUS when not
+# Reasons after which the training did not finish by itself: supervise, the scheduler or a person stopped it.
+UNFINISHED = frozenset({Reason.DEADLINE, Reason.PREEMPTED, Reason.CANCELLED, Reason.HANG, Reason.ERROR,
+                        Reason.NODE_FAILED})
+UNFINISHED_STATUS = 75  # stopped before it finished and not requeued (sysexits' EX_TEMPFAIL: go on later; docs/slurm.md)
+NOT_DURABLE_STATUS = 74  # ended with checkpoints or logs not on persistent storage (sysexits' EX_IOERR; docs/slurm.md)
+
+
+def exit_status(child_status: int | None, trigger: Trigger, *, stopped_cleanly: bool = False,
+                stopped_status: int | str | None = STOPPED_AUTO, requeued: bool = False, no_progress: bool = False,
+                not_durable: bool = False, not_durable_status: int | None = NOT_DURABLE_STATUS) -> int:
+    """What supervise exits with (docs/slurm.md, "Exit status of a stop"), the first rule that holds:
+
+    1. ``NO_PROGRESS_STATUS`` (3) for a run given up on;
+    2. a requeued job (by supervise, or already by the scheduler) keeps what the requeue needs:
+       0 after a clean stop (``stopped_cleanly``), or ``stopped_status`` when set to a status
+       or "child" (None: the launcher's); else the training's;
+    3. ``not_durable_status`` (74; None: no such rule) when something is not on persistent
+       storage at the end (``end.not_durable``) and the run would otherwise look successful:
+       a clean stop, or a training that said 0 (a training that failed keeps its status);
+    4. a clean stop: ``stopped_status`` when set to a status, whatever the launcher said
+       (torchrun exits 1 after a TERM even when every rank saved and exited 0); None
+       ("child") keeps the launcher's;
+    5. with ``stopped_status`` "auto", ``UNFINISHED_STATUS`` (75) for a training left
+       unfinished (``UNFINISHED``) by a clean stop or one it answered with 0: 0 would tell
+       ``--dependency=afterok`` that the training is done;
+    6. the training's status; 128+N when signal N stopped us before it ran; else 1."""
     if no_progress:
         return NO_PROGRESS_STATUS
-    if clean_status is not None:
-        return clean_status
+    explicit = stopped_status != STOPPED_AUTO
     if child_status is not None:
-        return child_status
-    if trigger.signal is not None:
-        return 128 + trigger.signal
-    return 1
+        status = child_status
+    else:
+        status = 128 + trigger.signal if trigger.signal is not None else 1
+    if requeued:
+        if stopped_cleanly and stopped_status is not None:
+            return int(stopped_status) if explicit else 0
+        return status
+    if not_durable and not_durable_status is not None and (stopped_cleanly or status == 0):
+        return not_durable_status
+    if stopped_cleanly and explicit:
+        return status if stopped_status is None else int(stopped_status)
+    if not explicit and trigger.reason in UNFINISHED and (stopped_cleanly or status == 0):
+        return UNFINISHED_STATUS
+    return status
+
+
+def owed(not_durable: list[str]) -> bool:
+    """Is anything in ``end.not_durable`` something that could have been made durable? Every line
+    but a torn checkpoint's (``… (torn: …; never published)``: the training died writing it, so
+    nothing of it can be): a torn leftover of an earlier attempt must not fail a run whose own
+    checkpoints all landed."""
+    return any(" (torn: " not in line for line in not_durable)
 
 
 def died_of_stop_signal(status: int | None) -> bool:

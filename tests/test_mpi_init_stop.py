@@ -98,7 +98,8 @@ def assert_clean_stop(proc: subprocess.Popen[str], tmp_path: Path, ranks: set[in
     # Not a clock bound (under CI's load a DDP rank's save on TERM took 9.5 s): on the old route
     # mpirun itself exited 1, and the ranks were killed; here mpirun's status is 0 (below).
     assert stop["graceful"] and not stop["killed"] and stop["seconds"] < GRACE, detail
-    assert rc == end["exit_status"] == 0 and end["launcher_status"] == 0 and end["stopped_cleanly"], detail
+    # a clean stop, not requeued: 75, the training unfinished (docs/slurm.md, "Exit status of a stop")
+    assert rc == end["exit_status"] == 75 and end["launcher_status"] == 0 and end["stopped_cleanly"], detail
     answer = step["checkpoint"]["answer"]
     assert step["checkpoint"]["outcome"] == "published", step["checkpoint"]
     assert (tmp_path / "persistent" / answer / ".metadata").exists()

@@ -48,7 +48,7 @@ class Agent:
 
     def __init__(self, plan: Plan, *, spawn: Spawn = Child.spawn, notifier: NotifierPort | None = None,
                  early: list[int] | None = None, dispositions: Dispositions | None = None,
-                 replacing: Callable[[Journal], None] | None = None) -> None:
+                 replacing: Callable[[Journal], None] = lambda _journal: None) -> None:
         """``spawn``, ``notifier`` and ``dispositions`` are seams for the in-process tests
         (tests/core/test_conductor.py): the real ones change the whole process. ``replacing``
         journals, at the spawn, the replacement this attempt is (``conduct/allocation.py``)."""
@@ -170,12 +170,11 @@ class Agent:
         self.journal.emit("spawn", pid=child.pid, pgid=child.pgid, argv=list(self.plan.command),
                           launcher=self.plan.launcher.name, restart=run.restarts)
         log.info("started %s (pid %d, launcher %s)", " ".join(self.plan.command), child.pid, self.plan.launcher.name)
-        if self._replacing is not None and run.restarts == 0:
-            self._replacing(self.journal)
         self._set_state(State.RUNNING)
         tg.start_soon(self._watch_child, tg, child)
         if run.restarts == 0:
             tg.start_soon(reap_orphans, lambda: self.run_state.child, self.journal.emit)
+            self._replacing(self.journal)
             if run.agents is not None:  # a node that dies is noticed while the training runs (issue 41)
                 tg.start_soon(self._guarded("node-watch", partial(fleet.watch_nodes, run, self._request_stop)))
 
@@ -235,9 +234,10 @@ class Agent:
     def _finish(self) -> int:
         run = self.run_state
         result = self._stop.result if self._stop else StopResult(run.trigger or policy.NO_TRIGGER, run.exit_status)
-        status = result.status(self.cfg.stopped_status)
-        duration = round(time.monotonic() - self._started, 3)
         pending = run.mirror.pending() if run.mirror is not None else []
+        status = result.status(self.cfg.stopped_status, not_durable=policy.owed(pending),
+                               not_durable_status=self.cfg.not_durable_status)
+        duration = round(time.monotonic() - self._started, 3)
         self.journal.emit("end", reason=result.trigger.reason.value, detail=result.trigger.detail, exit_status=status,
                           launcher_status=result.exit_status, stopped_cleanly=result.stopped_cleanly,
                           seconds=duration, restarts=run.restarts, not_durable=pending,

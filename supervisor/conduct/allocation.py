@@ -39,7 +39,7 @@ async def supervise(cfg: Config, plan: Plan | None = None, early: list[int] | No
     lost: tuple[str, ...] = ()
     plan = plan or make_plan(cfg)
     logs.add_file(plan.run_dir, cfg.verbosity)
-    replacing: Callable[[Journal], None] | None = None
+    replacing: Callable[[Journal], None] = lambda _journal: None
     while True:
         for warning in plan.warnings:
             log.warning("%s", warning)

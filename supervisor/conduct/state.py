@@ -135,9 +135,12 @@ class StopResult:
     no_progress: bool = False
     requeued_by_scheduler: bool = False
     replace: tuple[str, ...] = ()      # dead nodes the next attempt replaces with spares, inside the allocation
+    requeued: bool = False             # supervise's requeue step put the job back in the queue
 
-    def status(self, stopped_status: int | None) -> int:
+    def status(self, stopped_status: int | str | None, *, not_durable: bool = False,
+               not_durable_status: int | None = None) -> int:
         """The exit status (policy.exit_status); the launcher's own stays in the journal."""
-        return policy.exit_status(self.exit_status, self.trigger,
-                                  clean_status=stopped_status if self.stopped_cleanly else None,
-                                  no_progress=self.no_progress)
+        return policy.exit_status(self.exit_status, self.trigger, stopped_cleanly=self.stopped_cleanly,
+                                  stopped_status=stopped_status, requeued=self.requeued or self.requeued_by_scheduler,
+                                  no_progress=self.no_progress, not_durable=not_durable,
+                                  not_durable_status=not_durable_status)

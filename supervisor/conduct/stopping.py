@@ -67,7 +67,7 @@ class StopSequence:
         if result.trigger.reason == Reason.NODE_FAILED:
             await self.step("replace", self.replace)
         if not result.replace:
-            await self.step("requeue", self.requeue)
+            result.requeued = bool((await self.step("requeue", self.requeue)).get("requeued"))
         return result
 
     def journal_stop(self) -> None:

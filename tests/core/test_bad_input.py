@@ -21,6 +21,8 @@ CASES = [
     ("uncatchable-signal", ["--checkpoint-signal", "KILL"], None, {}, ["checkpoint_signal", "KILL", "caught"]),
     ("bad-forward-policy", ["--forward", "everyone"], None, {}, ["forward", "everyone", "launcher, group"]),
     ("bad-count", ["--max-requeues", "many"], None, {}, ["max_requeues", "many", "whole number"]),
+    ("bad-stopped-status", ["--stopped-status", "maybe"], None, {}, ["stopped_status", "maybe", "auto, an exit status 0-255"]),
+    ("bad-not-durable-status", ["--not-durable-status", "300"], None, {}, ["not_durable_status", "300", "0-255, or child"]),
     ("bad-gpu-every", ["--gpu-every", "0.01s"], None, {}, ["gpu_every", "0.1s"]),
     ("time-limit-and-deadline", ["--time-limit", "1h", "--deadline", "2030-01-01T00:00:00"], None, {}, ["time-limit", "deadline", "not both"]),
     ("bad-deadline", ["--deadline", "tomorrow"], None, {}, ["deadline", "tomorrow", "2026-11-21T18:00:00"]),

@@ -331,7 +331,7 @@ async def test_preemption_takes_the_requested_checkpoint_then_stops_and_tells(tm
     agent, children, notifier = make_agent(tmp_path)
     status = await run_with(agent, children, lambda a, c: a.deliver(signal.SIGTERM))
     child = children[0]
-    assert status == 0
+    assert status == 75  # not requeued: the training is unfinished (docs/slurm.md, "Exit status")
     assert steps(agent)["checkpoint"]["outcome"] == "published"
     assert ("SIGUSR1", "ranks", [4243, 4244]) in child.sent
     assert child.stops[0]["signal"] == "SIGTERM"
@@ -482,7 +482,7 @@ def test_requeue_and_exit_status_decisions():
 SLURM = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "n1", "SLURM_NNODES": "1"}
 
 
-@pytest.mark.parametrize("stopped_status, expected", [(None, 0), ("child", 1), ("7", 7)])
+@pytest.mark.parametrize("stopped_status, expected", [(None, 75), ("0", 0), ("child", 1), ("7", 7)])
 async def test_a_clean_stop_says_so_whatever_the_launchers_status(tmp_path, stopped_status, expected):
     """torchrun exits 1 after a TERM even when every rank saved and exited 0: Slurm said FAILED."""
     flags = {} if stopped_status is None else {"stopped_status": stopped_status}

@@ -521,23 +521,86 @@ def test_requeue_table_names_every_reason() -> None:
 
 TERM = Trigger(Reason.PREEMPTED, signal=S.SIGTERM)
 INT = Trigger(Reason.CANCELLED, signal=S.SIGINT)
+DEADLINE = Trigger(Reason.DEADLINE)
+CLEAN = {"stopped_cleanly": True}
+# docs/slurm.md "Exit status": 3 no progress; a requeued job 0 after a clean stop; 74 not durable;
+# a clean stop stopped_status; 75 a training left unfinished and not requeued ("auto"); else the child's.
 EXIT_STATUS = [
     P(0, Trigger(Reason.CHILD_EXIT), {}, 0, id="the child's 0"),
     P(1, Trigger(Reason.CHILD_FAILED), {}, 1, id="the child's 1"),
     P(143, TERM, {}, 143, id="the child's 143 after our TERM"),
-    P(1, TERM, {"clean_status": 0}, 0, id="a clean stop: stopped_status, whatever the launcher said"),
-    P(None, TERM, {"clean_status": 0}, 0, id="a clean stop with no child status: stopped_status"),
-    P(1, TERM, {"clean_status": 0, "no_progress": True}, 3, id="no progress wins over a clean stop: 3"),
-    P(0, Trigger(Reason.DEADLINE), {"no_progress": True}, 3, id="no progress wins over the child's 0: 3"),
     P(None, TERM, {}, 143, id="TERM before the child ran: 128 + 15"),
     P(None, INT, {}, 130, id="INT before the child ran: 128 + 2"),
     P(None, policy.NO_TRIGGER, {}, 1, id="no child status and no signal: 1"),
+    P(127, Trigger(Reason.SPAWN_FAILED), {}, 127, id="command not found: 127"),
+    # a clean stop (checkpoint durable, no SIGKILL)
+    P(1, DEADLINE, {**CLEAN, "requeued": True}, 0, id="a clean stop, requeued: 0 whatever the launcher said"),
+    P(None, TERM, {**CLEAN, "requeued": True}, 0, id="a clean stop, requeued, no child status: 0"),
+    P(1, DEADLINE, CLEAN, 75, id="a clean stop, not requeued: 75, the training is unfinished (afterok must not fire)"),
+    P(0, TERM, CLEAN, 75, id="a clean preemption stop, not requeued, the launcher's 0: 75"),
+    P(1, DEADLINE, {**CLEAN, "stopped_status": 0}, 0, id="stopped_status 0 set: 0, as before, requeued or not"),
+    P(1, DEADLINE, {**CLEAN, "stopped_status": 5, "requeued": True}, 5, id="stopped_status 5 set, requeued: 5"),
+    P(1, DEADLINE, {**CLEAN, "stopped_status": None}, 1, id="stopped_status child: the launcher's"),
+    P(1, DEADLINE, {**CLEAN, "stopped_status": None, "requeued": True}, 1, id="stopped_status child, requeued: the launcher's"),
+    # a stop that was not clean leaves the training unfinished too
+    P(0, DEADLINE, {}, 75, id="a deadline stop, checkpoint not durable, the child's 0: 75"),
+    P(0, INT, {}, 75, id="a cancel the training answered with 0: 75"),
+    P(0, Trigger(Reason.HANG), {}, 75, id="a hang stop the training answered with 0: 75"),
+    P(0, Trigger(Reason.ERROR), {}, 75, id="a supervisor error, the child's 0: 75"),
+    P(0, DEADLINE, {"requeued": True}, 0, id="an unclean stop, requeued: the child's 0"),
+    P(143, DEADLINE, {"requeued": True}, 143, id="an unclean stop, requeued: the child's 143"),
+    P(143, DEADLINE, {}, 143, id="an unclean stop the child died of: its 143, already not 0"),
+    P(0, DEADLINE, {"stopped_status": 0}, 0, id="stopped_status set: an unclean stop keeps the child's 0"),
+    P(0, DEADLINE, {"stopped_status": None}, 0, id="stopped_status child: an unclean stop keeps the child's 0"),
+    # not durable at the end
+    P(0, Trigger(Reason.CHILD_EXIT), {"not_durable": True}, 74, id="finished, something not durable: 74"),
+    P(3, Trigger(Reason.CHILD_FAILED), {"not_durable": True}, 3, id="failed, something not durable: its own 3"),
+    P(143, DEADLINE, {"not_durable": True}, 143, id="an unclean stop it died of, something not durable: its 143"),
+    P(0, DEADLINE, {"not_durable": True}, 74, id="an unclean stop answered with 0, something not durable: 74"),
+    P(1, DEADLINE, {**CLEAN, "not_durable": True}, 74, id="a clean stop, a log not durable: 74"),
+    P(1, DEADLINE, {**CLEAN, "not_durable": True, "stopped_status": 0}, 74, id="not durable wins over stopped_status"),
+    P(0, Trigger(Reason.CHILD_EXIT), {"not_durable": True, "not_durable_status": 9}, 9, id="not_durable_status 9: 9"),
+    P(0, Trigger(Reason.CHILD_EXIT), {"not_durable": True, "not_durable_status": None}, 0,
+      id="not_durable_status child: the training's 0"),
+    P(0, DEADLINE, {"not_durable": True, "not_durable_status": None}, 75, id="not_durable_status child, unfinished: 75"),
+    P(1, DEADLINE, {**CLEAN, "not_durable": True, "requeued": True}, 0, id="requeued: the requeue's 0, not 74"),
+    P(1, Trigger(Reason.NODE_FAILED), {}, 1, id="a node died, not requeued nor replaced: the training's failure"),
+    P(0, Trigger(Reason.NODE_FAILED), {}, 75, id="a node died, its ranks said 0, not requeued: unfinished, 75"),
+    P(1, Trigger(Reason.NODE_FAILED), {"requeued": True}, 1, id="a node died, requeued: the training's status"),
+    # no progress wins
+    P(1, TERM, {**CLEAN, "no_progress": True}, 3, id="no progress wins over a clean stop: 3"),
+    P(0, DEADLINE, {"no_progress": True}, 3, id="no progress wins over the child's 0: 3"),
+    P(0, DEADLINE, {"no_progress": True, "not_durable": True}, 3, id="no progress wins over not durable: 3"),
 ]
 
 
 @pytest.mark.parametrize(("child", "trigger", "changes", "expected"), EXIT_STATUS)
 def test_exit_status(child: int | None, trigger: Trigger, changes: dict[str, Any], expected: int) -> None:
     assert policy.exit_status(child, trigger, **changes) == expected
+
+
+def test_exit_status_table_names_every_reason() -> None:
+    assert {row.values[1].reason for row in EXIT_STATUS} == set(Reason)
+
+
+OWED = [
+    P([], False, id="nothing left"),
+    P(["ckpt: step_7 (torn: newer than latest, which never named it; never published)"], False,
+      id="a torn checkpoint only: the training died writing it, nothing of it can be durable"),
+    P(["node 1: ckpt: step_7 (torn: the training ended before writing .metadata; never published)"], False,
+      id="a node's torn part only"),
+    P(["ckpt: step_7 (torn: x; never published)", "ckpt: step_8 (complete, not yet on persistent storage)"], True,
+      id="a torn one and a complete one not landed"),
+    P(["ckpt: step_8 (incomplete: settling)"], True, id="one still settling at the end"),
+    P(["ckpt: latest (refused: another run's latest is on persistent storage)"], True, id="a refused pointer"),
+    P(["ckpt: step_1 (waiting for parts: node 1 missing)"], True, id="a checkpoint waiting for a node's part"),
+    P(["ckpt: stalled copy"], True, id="any other line"),
+]
+
+
+@pytest.mark.parametrize(("lines", "expected"), OWED)
+def test_owed(lines: list[str], expected: bool) -> None:
+    assert policy.owed(lines) is expected
 
 
 @pytest.mark.parametrize(("status", "expected"), [

@@ -13,6 +13,20 @@ def test_durations(text: object, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
+@pytest.mark.parametrize(("text", "seconds"), [("01:30", 90), ("90:00", 5400), ("12:00:00", 43200), ("48:00:00", 172800),
+                                               ("1-00", 86400), ("1-12:30", 131400), ("2-00:00:05", 172805),
+                                               ("0-00:01:00", 60)])
+def test_durations_as_the_scheduler_writes_them(text: str, seconds: float) -> None:
+    """sbatch --time and PBS walltime: MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (a bare number stays seconds)."""
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["12:00:xx", "1:2:3:4", "1-", "1-2-3", "10:60", "1:61:00", "1:00:00s", ":30", "-1:00"])
+def test_bad_durations_in_the_schedulers_forms(text: str) -> None:
+    with pytest.raises(ValueError, match="HH:MM:SS"):
+        parse_duration(text)
+
+
 @pytest.mark.parametrize("text", ["", "5 minutes", "1m1h", "1h1h", "-5", "m", "10x", True, float("nan"), float("inf"), "99999999999999h"])
 def test_bad_durations(text: object) -> None:
     with pytest.raises(ValueError, match="90s"):

@@ -188,7 +188,8 @@ def _job_env(tmp: Path, path: Path, machine: str) -> dict[str, str]:
             "SLURM_GPUS_ON_NODE": "4", "TRAINING_SCRIPT": "train.py", "CS_IP": "10.0.0.1"}
 
 
-CASES = [(p, "") for p in SLURM_TEMPLATES] + [(p, m) for p in PBS_TEMPLATES for m in ("polaris", "aurora")]
+# "pbs": any other PBS site, the template's generic branch (configs/pbs.toml; issue 42)
+CASES = [(p, "") for p in SLURM_TEMPLATES] + [(p, m) for p in PBS_TEMPLATES for m in ("polaris", "aurora", "pbs")]
 
 
 @pytest.mark.parametrize(("path", "machine"), CASES, ids=lambda v: v.name if isinstance(v, Path) else v)
@@ -229,7 +230,7 @@ def test_template_runs_to_a_valid_supervise_check(path: Path, machine: str, tmp_
 def test_pbs_template_sizes_mpiexec_from_the_nodefile(tmp_path: Path) -> None:
     path = SCRIPTS / "pbs-mpiexec.pbs"
     _stubs(tmp_path / "bin")
-    for machine, ppn in (("polaris", 4), ("aurora", 12)):
+    for machine, ppn in (("polaris", 4), ("aurora", 12), ("pbs", 1)):
         env = _job_env(tmp_path, path, machine)
         subprocess.run(["bash", str(path)], env=env, capture_output=True, text=True, timeout=120,
                        cwd=tmp_path / "submit", stdin=subprocess.DEVNULL)

@@ -256,7 +256,8 @@ def test_a_checkpoint_request_reaches_every_rank(mode: str, runs, tmp_path: Path
         assert any(e == "checkpoint" and t > stopping for e, t in events), seen
     end = run.events()[-1]
     assert end["kind"] == "end" and end["reason"] == "preempted", end
-    assert rc == end["exit_status"] == 0, f"rc {rc}, end {end}, stop steps {stop_steps(run.events())}\n{run.logs()}"
+    # 75: stopped cleanly, not requeued, the training unfinished (docs/slurm.md, "Exit status of a stop")
+    assert rc == end["exit_status"] == 75, f"rc {rc}, end {end}, stop steps {stop_steps(run.events())}\n{run.logs()}"
     run.assert_no_orphans()
 
 
@@ -281,7 +282,7 @@ def test_a_slow_exit_gets_the_whole_grace(mode: str, runs, tmp_path: Path) -> No
     assert step["route"] == "ranks" and set(step["sent_to"]) == set(ranks), step
     assert step["graceful"] and not step["killed"] and step["seconds"] > 6, step
     end = ev[-1]
-    assert end["kind"] == "end" and rc == end["exit_status"] == 0, f"rc {rc}, end {end}\n{run.logs()}"
+    assert end["kind"] == "end" and rc == end["exit_status"] == 75, f"rc {rc}, end {end}\n{run.logs()}"  # not requeued
     run.assert_no_orphans()
 
 
@@ -322,7 +323,7 @@ def test_deadline_stop_checkpoints_flushes_and_ends_the_tree(horovod_controllers
     assert_durable_stop_checkpoint(run)
     end = ev[-1]
     assert end["kind"] == "end" and end["reason"] == "deadline", end
-    assert rc == end["exit_status"] == 0, f"rc {rc}, end {end}, stop steps {stop_steps(run.events())}\n{run.logs()}"
+    assert rc == end["exit_status"] == 75, f"rc {rc}, end {end}, stop steps {stop_steps(run.events())}\n{run.logs()}"
     run.assert_no_orphans()
 
 

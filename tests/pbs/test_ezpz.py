@@ -144,9 +144,9 @@ exec {pbs.supervise_line()} --run-dir {work}/run --grace 30s --gpu-every 0 --war
     assert (mirrored / "model.pt").stat().st_size > 0
     assert info["Exit_status"] == 271  # PBS's own for a deleted script job
 
-    # the clean stop: mpirun (so both ranks) exited 0 within the grace, no SIGKILL; the exit status is
-    # that launcher's (`stopped_cleanly`, which overrides it, is for deadlines and preemptions only)
-    assert end["launcher_status"] == 0 and end["exit_status"] == 0 and not end["stopped_cleanly"], end
+    # the clean stop: mpirun (so both ranks) exited 0 within the grace, no SIGKILL (`stopped_cleanly` is for
+    # deadlines and preemptions only); cancelled with that 0, the training is unfinished: supervise exits 75
+    assert end["launcher_status"] == 0 and end["exit_status"] == 75 and not end["stopped_cleanly"], end
     # rank 0 saved on the stop, and both ranks (one per node) left their loop
     assert re.search(r"^stopped \d+$", out, re.M) and sorted(re.findall(r"^rank (\d) leaves$", out, re.M)) == ["0", "1"], \
         out[-3000:]

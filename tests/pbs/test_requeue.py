@@ -65,9 +65,10 @@ def test_requeue_by_qrerun_resumes_as_attempt_2(pbs: PbsCluster) -> None:
     refused = job.one("requeue-refused", 2)
     assert refused["restart_count"] == 1 and refused["max_requeues"] == 1, refused
     end2 = job.one("end", 2)
-    assert end2["reason"] == "deadline" and end2["exit_status"] == 0 and end2["not_durable"] == [], end2
+    # refused a requeue, the training unfinished: 75, so a depend=afterok job does not start
+    assert end2["reason"] == "deadline" and end2["exit_status"] == 75 and end2["not_durable"] == [], end2
     assert max(complete_checkpoints(job.persist)) == stopped[1]
-    assert info["Exit_status"] == 0
+    assert info["Exit_status"] == 75
     print(f"\nrequeue: attempt 2 started {job.one('start', 2)['t'] - end1['t']:.1f}s after attempt 1's end; "
           f"resumed at step {resumed[0]}")
 
@@ -81,12 +82,12 @@ def test_requeue_refused_without_operators_is_one_clear_line(pbs: PbsCluster) ->
     failed = job.one("requeue-failed")
     assert "operators" in failed["hint"] and failed["message"] == rq["message"], failed
     end = job.one("end")
-    assert end["reason"] == "deadline" and end["stopped_cleanly"] is True and end["exit_status"] == 0, end
+    assert end["reason"] == "deadline" and end["stopped_cleanly"] is True and end["exit_status"] == 75, end
     assert end["not_durable"] == [], "nothing lost: every checkpoint is on the persistent side"
     stop = job.one("stop")
     durable = first_publish_after(job, stop["t"])
     assert durable is not None and job.step("checkpoint")["outcome"] == "published"
     stopped = job.trainer("stopped")
     assert len(stopped) == 1 and max(complete_checkpoints(job.persist)) == stopped[0], job.tail()
-    assert info["run_count"] == 1 and info["Exit_status"] == 0, (info["run_count"], info["Exit_status"])
+    assert info["run_count"] == 1 and info["Exit_status"] == 75, (info["run_count"], info["Exit_status"])
     assert len(job.events("start")) == 1

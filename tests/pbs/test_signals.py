@@ -53,11 +53,12 @@ def test_walltime_stop_is_done_and_durable_before_pbs_terms(pbs: PbsCluster) -> 
     assert durable is not None and durable["t"] < stop_child["t"] - stop_child["seconds"], \
         "the checkpoint asked for at the stop is on persistent storage before the training is stopped"
     end = job.one("end")
-    assert end["reason"] == "deadline" and end["exit_status"] == 0 and end["not_durable"] == [], end
+    # 75: stopped before the walltime, not requeued, the training unfinished (depend=afterok must not run)
+    assert end["reason"] == "deadline" and end["exit_status"] == 75 and end["not_durable"] == [], end
     assert end["t"] < end_at, f"supervise ended {end['t'] - end_at:.2f}s after the walltime: PBS's TERM came first"
     assert job.events("signal") == [], "no TERM from PBS reached supervise: it was done before the walltime"
-    # PBS saw a job that ended on its own, not one it killed for its walltime (Exit_status -29).
-    assert info["Exit_status"] == 0 and "walltime" not in info.get("comment", ""), info.get("comment")
+    # PBS saw a job that ended on its own (supervise's 75), not one it killed for its walltime (Exit_status -29).
+    assert info["Exit_status"] == 75 and "walltime" not in info.get("comment", ""), info.get("comment")
     saved = job.trainer("checkpoint")
     assert saved and max(complete_checkpoints(job.persist)) == max(saved), job.tail()
     print(f"\nwalltime: lead {deadline['lead_s']:.1f}s, stop→durable {durable['t'] - stop['t']:.2f}s, "
@@ -95,7 +96,8 @@ def test_qdel_is_one_stop_labelled_cancelled_within_kill_delay(pbs: PbsCluster) 
     stopped = job.trainer("stopped")
     assert len(stopped) == 1, job.tail()
     assert max(complete_checkpoints(job.persist)) == stopped[0], "the checkpoint written at the stop is durable"
-    assert end["not_durable"] == [] and end["exit_status"] == 0 and info["Exit_status"] == 0, (end, info["Exit_status"])
+    # cancelled: the training is unfinished, 75 (an executable job's Exit_status is supervise's)
+    assert end["not_durable"] == [] and end["exit_status"] == 75 and info["Exit_status"] == 75, (end, info["Exit_status"])
     assert "terminated by" in info["comment"], info["comment"]
     print(f"\nqdel: TERM {sig['t'] - job.marks['qdel']:.2f}s after qdel, stop done {end['t'] - sig['t']:.2f}s "
           f"after the TERM (kill_delay {KILL_DELAY}); PBS Exit_status {info['Exit_status']}")

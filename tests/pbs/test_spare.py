@@ -20,10 +20,10 @@ import time
 
 import pytest
 
-from tests.pbs.test_nodes import kinds, pbs_torch, setup_job
 from tests.support.journal import events
 from tests.support.paths import ROOT
 from tests.support.pbs import PbsCluster
+from tests.support.pbs_jobs import kinds, pbs_torch, setup_job
 from tests.support.wait import wait_for
 
 AGAIN_WITHIN_S = 60.0

@@ -210,7 +210,8 @@ def deadline_job(slurm: Slurm, tmp_path_factory: pytest.TempPathFactory) -> Job:
 
 def test_deadline_checkpoint_is_durable_before_the_child_is_stopped(deadline_job: Job) -> None:
     job = deadline_job
-    assert job.final_state == "COMPLETED", job.tail()
+    # exit 75: stopped at the time limit, not requeued, the training unfinished (afterok must not fire)
+    assert job.final_state == "FAILED", job.tail()
     warning = job.one("warning")
     stop = job.one("stop")
     assert stop["reason"] == "deadline" and stop["signal"] is None, stop
@@ -222,7 +223,7 @@ def test_deadline_checkpoint_is_durable_before_the_child_is_stopped(deadline_job
     assert durable is not None and durable["t"] < stop_child["t"] - stop_child["seconds"], \
         "the checkpoint asked for at the warning must be on persistent storage before the child is stopped"
     end = job.one("end")
-    assert end["reason"] == "deadline" and end["exit_status"] == 0 and end["not_durable"] == [], end
+    assert end["reason"] == "deadline" and end["exit_status"] == 75 and end["not_durable"] == [], end
     saved = job.trainer("checkpoint")[0]
     assert saved, job.tail()
     steps = complete_checkpoints(job.persist)
@@ -296,7 +297,7 @@ def test_plain_scancel_is_cancelled_and_the_stop_checkpoint_is_durable(scancel_j
     record("plain scancel", warn_to_durable_s=durable["t"] - sig["t"] if durable else None,
            margin_before_sigkill_s=margin, job_state_seen=reason["state"], reason=end["reason"])
     assert margin > 0, "supervise must be done before KillWait's SIGKILL"
-    assert end["not_durable"] == [] and end["exit_status"] == 0, end
+    assert end["not_durable"] == [] and end["exit_status"] == 75, end  # cancelled: the training is unfinished
 
 
 def test_plain_scancel_reason_is_cancelled(scancel_job: Job) -> None:
@@ -385,7 +386,7 @@ def requeue_job(slurm: Slurm, tmp_path_factory: pytest.TempPathFactory, hooks: S
 
 def test_requeue_after_the_deadline_until_max_requeues(requeue_job: Job) -> None:
     job = requeue_job
-    assert job.final_state == "COMPLETED", job.tail()
+    assert job.final_state == "FAILED", job.tail()  # the last attempt, refused a requeue, exits 75
     attempts = MAX_REQUEUES + 1
     starts = job.events("start")
     assert [s["attempt"] for s in starts] == list(range(1, attempts + 1))
@@ -407,7 +408,7 @@ def test_requeue_after_the_deadline_until_max_requeues(requeue_job: Job) -> None
             refused = job.one("requeue-refused", a)
             assert refused["restart_count"] == MAX_REQUEUES and refused["max_requeues"] == MAX_REQUEUES
             end = job.one("end", a)
-            assert end["reason"] == "deadline" and end["exit_status"] == 0 and end["not_durable"] == [], end
+            assert end["reason"] == "deadline" and end["exit_status"] == 75 and end["not_durable"] == [], end
     assert job.slurm.show(job.jobid).get("Restarts") == str(MAX_REQUEUES)
 
 
@@ -518,7 +519,8 @@ def _check_real_limit(job: Job) -> tuple[dict, dict, dict]:
     stop, supervise done before the end. Returns (deadline, end, the first publish)."""
     from supervisor.sched.slurm import parse_slurm_time
 
-    assert job.final_state == "COMPLETED", f"supervise stopped before Slurm's limit\n{job.tail()}"
+    # FAILED (exit 75: stopped, not requeued), not TIMEOUT: supervise stopped before Slurm's limit
+    assert job.final_state == "FAILED", f"supervise stopped before Slurm's limit\n{job.tail()}"
     deadline = job.one("deadline")
     assert deadline["source"] == "scheduler" and deadline["end"] == parse_slurm_time(job.marks["end_time"]), \
         (deadline, job.marks["end_time"])
@@ -530,7 +532,7 @@ def _check_real_limit(job: Job) -> tuple[dict, dict, dict]:
     stop_child = job.step("stop-child")
     assert durable is not None and durable["t"] < stop_child["t"] - stop_child["seconds"]
     end = job.one("end")
-    assert end["reason"] == "deadline" and end["exit_status"] == 0 and end["not_durable"] == [], end
+    assert end["reason"] == "deadline" and end["exit_status"] == 75 and end["not_durable"] == [], end
     assert end["t"] < deadline["end"], "done before the time limit, so before its TERM and SIGKILL"
     saved = job.trainer("checkpoint")[0]
     assert max(complete_checkpoints(job.persist)) == max(saved)

@@ -160,7 +160,7 @@ def test_a_second_run_on_the_same_prefix_is_refused_never_overwrites(bucket: Buc
     r = run_supervise("--run-dir", str(b / "run"), "--checkpoints", str(b / "local"), bucket.url(prefix),
                       *_train(b / "local", "--steps", "10", "--every", "10", "--size", "8192"), env=s3_server.env,
                       timeout=60)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 74, r.stderr[-2000:]  # its checkpoint refused, not durable: not 0
     refused = {(e["checkpoint"], e["what"]) for e in _of(b / "run", "sync-refused")}
     assert refused == {("step_000010", "checkpoint")}, refused  # its `latest` names it: never published either
     assert bucket.manifest(prefix, "step_000010") == first

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.policy import owed
 from tests.support.journal import events
 from tests.support.supervise import run_supervise, start_supervise
 from tests.support.wait import wait_for
@@ -143,7 +144,8 @@ def _restored_from(tmp_path: Path, run_dir: Path, local: Path, persist: Path) ->
     cmd = [sys.executable, "-c", f"import os; open({str(out)!r}, 'w').write(os.environ.get('SUPERVISE_RESTORED_FROM', ''))"]
     r = run_supervise("--run-dir", str(run_dir), "--checkpoints", str(local), str(persist), "--restore",
                       "--gpu-every", "0", "--", *cmd, timeout=60)
-    assert r.returncode == 0, r.stderr
+    # 74 when something stays off persistent storage (a planted pointer this run may not replace)
+    assert r.returncode == (74 if owed(events(run_dir, "end")[-1]["not_durable"]) else 0), r.stderr
     return out.read_text(), r
 
 
@@ -224,7 +226,7 @@ def test_a_symlink_to_a_checkpoint_is_published_as_a_link_after_its_target(tmp_p
     """)
     r = run_supervise("--run-dir", str(run_dir), "--checkpoints", str(local), str(persist),
                       "--gpu-every", "0", "--", *cmd, timeout=60)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 74, r.stderr  # the link out is refused: end.not_durable names it, so not 0
     assert os.readlink(persist / "last.ckpt") == "epoch=0-step=300.ckpt"
     assert (persist / "last.ckpt").read_bytes() == (local / "epoch=0-step=300.ckpt").read_bytes()
     assert not os.path.lexists(persist / "passwd.ckpt")
