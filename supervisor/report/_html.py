@@ -12,7 +12,7 @@ import html
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from supervisor.report._facts import Facts, throttled
 from supervisor.report._goodput import is_checkpoint, step_of
@@ -32,11 +32,13 @@ def iso(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1000):03d}"
 
 
-def _xy(times: list[str], s: Series, every: float = 10.0, width: float = 1.0) -> tuple[list[str], list[float | None]]:
-    """The filled buckets, joined by lines; a gap (None) only where no sample came for longer
-    than 2.5 sampling periods (between attempts). Samples sparser than the buckets (a short run
-    at 10 s sampling) leave empty buckets between every two values: those are not gaps, or no
-    segment would be drawn at all."""
+def _xy(times: list[float], s: Series, every: float = 10.0, width: float = 1.0,
+        breaks: Sequence[float] = ()) -> tuple[list[str], list[float | None]]:
+    """The filled buckets, joined by lines; a gap (None) where an attempt starts between two
+    points (``breaks``: plotly would draw a line across the time between the attempts), and
+    where no sample came for longer than 2.5 sampling periods. Samples sparser than the
+    buckets (a short run at 10 s sampling) leave empty buckets between every two values:
+    those are not gaps, or no segment would be drawn at all."""
     vals = s.values()
     gap = max(1, int(2.5 * every / width))  # buckets
     xs: list[str] = []
@@ -45,13 +47,18 @@ def _xy(times: list[str], s: Series, every: float = 10.0, width: float = 1.0) ->
     for i, v in enumerate(vals):
         if v is None:
             continue
-        if last is not None and i - last > gap:
-            xs.append(times[(last + i) // 2])
+        if last is not None and (i - last > gap or any(times[last] < b <= times[i] for b in breaks)):
+            xs.append(iso(times[(last + i) // 2]))
             ys.append(None)
-        xs.append(times[i])
+        xs.append(iso(times[i]))
         ys.append(v)
         last = i
     return xs, ys
+
+
+def attempt_breaks(f: Facts) -> list[float]:
+    """Where the lines break: the start of every attempt after the first."""
+    return sorted(a.start for a in f.attempts[1:] if a.start is not None)
 
 
 def sampling_period(data: RunData) -> float:
@@ -117,13 +124,14 @@ def _markers(f: Facts, data: RunData) -> tuple[list[dict[str, Any]], list[dict[s
 
 
 def gpu_figure(f: Facts, data: RunData) -> dict[str, Any]:
-    times = [iso(t) for t in data.grid.times()]
+    times = data.grid.times()
+    breaks = attempt_breaks(f)
     traces: list[dict[str, Any]] = []
     every = sampling_period(data)
     for k, g in enumerate(data.gpus):
         colour = PALETTE[k % len(PALETTE)]
         for series, axis, what in ((g.s_util, "y", "util %"), (g.s_mem, "y2", "memory % (peak)"), (g.s_power, "y3", "power W")):
-            x, y = _xy(times, series, every, data.grid.width)
+            x, y = _xy(times, series, every, data.grid.width, breaks)
             traces.append({"type": "scattergl" if len(x) > 2000 else "scatter", "mode": "lines", "name": f"GPU {g.index}",
                            "legendgroup": f"gpu{g.index}", "showlegend": axis == "y", "x": x, "y": y,
                            "line": {"color": colour, "width": 1.3}, "connectgaps": False, "xaxis": "x", "yaxis": axis,
@@ -167,20 +175,23 @@ def sync_figure(f: Facts, data: RunData) -> dict[str, Any]:
         "yaxis": {"title": {"text": "seconds"}, "rangemode": "tozero"}, "plot_bgcolor": "white", "showlegend": True}}
 
 
-def host_figure(data: RunData) -> dict[str, Any] | None:
+def host_figure(f: Facts, data: RunData) -> dict[str, Any] | None:
     h = data.host
     if h is None:
         return None
-    times = [iso(t) for t in data.grid.times()]
+    times = data.grid.times()
+    breaks = attempt_breaks(f)
     every = sampling_period(data)
-    cx, cy = _xy(times, h.s_cpu, every, data.grid.width)
-    rx, ry = _xy(times, h.s_rss, every, data.grid.width)
+    cx, cy = _xy(times, h.s_cpu, every, data.grid.width, breaks)
+    rx, ry = _xy(times, h.s_rss, every, data.grid.width, breaks)
     return {"data": [
         {"type": "scatter", "mode": "lines", "name": "CPU % of a core", "x": cx, "y": cy, "yaxis": "y", "connectgaps": False},
         {"type": "scatter", "mode": "lines", "name": "RSS MiB (peak)", "x": rx, "y": ry, "yaxis": "y2", "connectgaps": False},
     ], "layout": {
-        "title": {"text": "Training processes: CPU and memory", "x": 0}, "height": 300,
+        "title": {"text": "Training processes: CPU and memory", "x": 0}, "height": 320,
         "margin": {"l": 60, "r": 60, "t": 50, "b": 40}, "xaxis": {"type": "date"}, "plot_bgcolor": "white",
+        # below the plot: at plotly's default place (right, x = 1.02) it covered the RSS axis's tick labels
+        "legend": {"orientation": "h", "y": -0.25, "yanchor": "top"},
         "yaxis": {"title": {"text": "CPU %"}, "rangemode": "tozero"},
         "yaxis2": {"title": {"text": "RSS MiB"}, "overlaying": "y", "side": "right", "rangemode": "tozero"}}}
 
@@ -268,9 +279,9 @@ def body(f: Facts) -> str:
              f"<p class=sub>run dir <code>{e(f.run_dir)}</code>" + (f" · job {e(str(f.job['job_id']))}" if f.job.get("job_id") else "")
              + (f" · {e(str(f.job['scheduler']))}" if f.job.get("scheduler") else "") + "</p>"]
     parts.append("<pre class=summary>" + e("\n".join(summary(f))) + "</pre>")
-    if f.notes:
-        items = "".join(f'<li class="{e(n.level)}">{e(n.text)}</li>' for n in f.notes)
-        parts.append(f"<h2>Notes</h2><ul class=notes>{items}</ul>")
+    # as the text report: a Notes section always, "nothing to change" when there is none
+    items = "".join(f'<li class="{e(n.level)}">{e(n.text)}</li>' for n in f.notes) or '<li class="none">nothing to change</li>'
+    parts.append(f"<h2>Notes</h2><ul class=notes>{items}</ul>")
     parts.append("<h2>Attempts</h2>" + _table(
         ["#", "came by", "start (UTC)", "ran", "host", "ended", "detail", "exit", "requeued", "restore"],
         [[a.number, a.came_by or "", utc(a.start), dur(a.seconds), a.host, a.reason or "running?", a.detail,
@@ -349,7 +360,7 @@ pre.summary{margin:6px 0;font-size:14px} li.bad{color:#cf222e} li.warn{color:#9a
 
 def page(f: Facts, data: RunData, plotly_js: str) -> str:
     f = sanitized(f)
-    figures = {"timeline": timeline_figure(f, data), "gpu": gpu_figure(f, data) if data.gpus else None, "sync": sync_figure(f, data), "host": host_figure(data)}
+    figures = {"timeline": timeline_figure(f, data), "gpu": gpu_figure(f, data) if data.gpus else None, "sync": sync_figure(f, data), "host": host_figure(f, data)}
     divs, calls = [], []
     for name, fig in figures.items():
         if fig is None:

@@ -85,8 +85,8 @@ class Access:
 def resolve(spec: StoreSpec, env: Mapping[str, str] | None = None) -> Access:
     """The pair's keys, else the AWS variables, else the AWS files' profile."""
     env = os.environ if env is None else env
-    profile = spec.aws_profile or env.get("AWS_PROFILE") or "default"
-    creds = _ini(Path(env.get("AWS_SHARED_CREDENTIALS_FILE") or Path.home() / ".aws" / "credentials"), profile)
+    profile, creds_file = _profile(spec, env)
+    creds = _ini(creds_file, profile)
     conf = _ini(Path(env.get("AWS_CONFIG_FILE") or Path.home() / ".aws" / "config"),
                 profile if profile == "default" else f"profile {profile}")
     key_id = spec.access_key_id or env.get("AWS_ACCESS_KEY_ID") or creds.get("aws_access_key_id")
@@ -95,6 +95,21 @@ def resolve(spec: StoreSpec, env: Mapping[str, str] | None = None) -> Access:
     endpoint = spec.endpoint or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or conf.get("endpoint_url")
     region = spec.region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or conf.get("region") or "us-east-1"
     return Access(endpoint, region, key_id, secret, token)
+
+
+def _profile(spec: StoreSpec, env: Mapping[str, str]) -> tuple[str, Path]:
+    """The AWS profile and the credentials file it is read from."""
+    return (spec.aws_profile or env.get("AWS_PROFILE") or "default",
+            Path(env.get("AWS_SHARED_CREDENTIALS_FILE") or Path.home() / ".aws" / "credentials"))
+
+
+def no_credentials(spec: StoreSpec, env: Mapping[str, str] | None = None) -> str:
+    """What to say when no key pair was found anywhere ``resolve`` looks (and the unsigned
+    request, for a public bucket, was refused): where it looked, so the user knows where to put one."""
+    profile, creds_file = _profile(spec, os.environ if env is None else env)
+    return (f"{spec.url}: no credentials found (looked in the pair's access_key_id and secret_access_key, "
+            f"AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, and [{profile}] of {creds_file}); "
+            "the bucket refused an unsigned request")
 
 
 def share_access(run_dir: Path, pairs: Sequence[SyncPair]) -> None:
@@ -154,6 +169,7 @@ class Store:
         self.spec = spec
         self.url = spec.url
         self.access = resolve(spec, env)
+        self._env = env
         a = self.access
         if a.endpoint is not None and not _is_http_url(a.endpoint):
             # checked here: obstore takes any string, and its signer panics on the first request
@@ -330,7 +346,10 @@ class Store:
             obstore.put(self._store, key, b"supervise probe", use_multipart=False)
             obstore.delete(self._store, key)
         except Exception as e:  # noqa: BLE001
-            raise _mapped(e, self.url, key) from None
+            err = _mapped(e, self.url, key)
+            if err.code == "EACCES" and not (self.access.key_id and self.access.secret):
+                raise StoreError(no_credentials(self.spec, self._env), "EACCES") from None
+            raise err from None
 
 
 async def _next(stream: Any) -> Any:

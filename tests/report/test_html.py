@@ -125,3 +125,81 @@ def test_every_plot_draws_marks_for_a_five_minute_run_at_10s_sampling(tmp_path: 
     assert _segments(blocks["host"]) == 2, "CPU and RSS each drawn as a line"
     assert _segments(blocks["gpu"]) == 12, "utilisation, memory and power of four GPUs, each a line"
     assert len(re.findall(r'class="point"', blocks["timeline"])) >= 10, "the durable checkpoints on the timeline"
+
+
+def _figures(page: str) -> dict[str, dict]:
+    """Each plot's figure as the page hands it to plotly: {name: {"data": […], "layout": {…}}}."""
+    out = {}
+    dec = json.JSONDecoder()
+    for m in re.finditer(r"Plotly\.newPlot\('plot-(\w+)',", page):
+        data, end = dec.raw_decode(page, m.end())
+        layout, _ = dec.raw_decode(page, end + 1)
+        out[m.group(1)] = {"data": data, "layout": layout}
+    return out
+
+
+def _attempt_starts(case: str) -> list[str]:
+    """The UTC start of every attempt after the first, as the page's x values write it."""
+    from supervisor.report._html import iso
+
+    events = [json.loads(line) for line in (GOLDEN / case / "events.jsonl").read_text().splitlines() if line.strip()]
+    return [iso(e["t"]) for e in events if e.get("kind") == "start" and e.get("attempt", 1) > 1]
+
+
+def test_html_notes_section_is_there_when_there_is_nothing_to_change(tmp_path: Path) -> None:
+    """Issue 42: the text report says "Notes: nothing to change"; the HTML had no Notes at all."""
+    text = subprocess.run([sys.executable, "-m", "supervisor", "report", "tests/report/golden/failed"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60).stdout
+    assert "Notes" in text and "nothing to change" in text
+    page = write_html("failed", tmp_path / "r.html")
+    assert re.search(r"<h2>Notes</h2><ul class=notes><li class=\"?none\"?>nothing to change</li></ul>", page), "no Notes section"
+
+
+def test_html_lines_break_between_attempts(tmp_path: Path) -> None:
+    """Issue 42: a GPU or host line was drawn straight across the gap between two attempts
+    (plotly joins consecutive points): every line now has a None where an attempt starts."""
+    page = write_html("attempts", tmp_path / "r.html")
+    starts = _attempt_starts("attempts")
+    assert len(starts) == 2
+    figs = _figures(page)
+    lines = [t for name in ("gpu", "host") for t in figs[name]["data"] if t.get("mode") == "lines"]
+    assert len(lines) == 4 * 3 + 2
+    for t in lines:
+        pts = [(x, y) for x, y in zip(t["x"], t["y"])]
+        joined = [(a[0], b[0], s) for a, b in zip(pts, pts[1:]) for s in starts
+                  if a[1] is not None and b[1] is not None and a[0] < s <= b[0]]
+        assert not joined, f"{t['name']} joins {joined[0][0]} and {joined[0][1]} across the attempt starting {joined[0][2]}"
+        assert sum(1 for _, y in pts if y is None) >= 2, t["name"]
+
+
+# Run in the page once its plots are drawn: every legend box against every axis tick label of its plot.
+_OVERLAP_PROBE = """<script>setTimeout(function () {
+  var out = [];
+  document.querySelectorAll('div.plot').forEach(function (div) {
+    var legend = div.querySelector('g.legend'); if (!legend) return;
+    var l = legend.getBoundingClientRect();
+    div.querySelectorAll('g[class$="tick"] text').forEach(function (t) {
+      var r = t.getBoundingClientRect();
+      if (r.width && r.left < l.right && l.left < r.right && r.top < l.bottom && l.top < r.bottom)
+        out.push(div.id + ': ' + t.textContent);
+    });
+  });
+  var pre = document.createElement('pre'); pre.id = 'overlaps'; pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+}, 1000);</script></body>"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+def test_html_legends_cover_no_tick_label_and_lines_break_at_attempts(tmp_path: Path) -> None:
+    """Issue 42: the CPU/memory plot's legend sat over the right axis and cut its top tick
+    (733 read as 73). Checked in the rendered page: no legend box meets a tick label; and the
+    host plot draws each of its two lines once per attempt (3 attempts: 6 segments)."""
+    html = tmp_path / "report.html"
+    page = write_html("attempts", html)
+    html.write_text(page.replace("</body>", _OVERLAP_PROBE, 1), encoding="utf-8")
+    dom = _chromium(html.as_uri(), tmp_path / "profile", "--dump-dom", "--window-size=1280,2000")
+    assert dom.returncode == 0 and console_messages(dom.stderr) == [], dom.stderr[-2000:]
+    m = re.search(r'<pre id="overlaps">(.*?)</pre>', dom.stdout, re.S)
+    assert m, "the probe did not run"
+    assert json.loads(m.group(1).replace("&quot;", '"')) == []
+    assert _segments(_plot_blocks(dom.stdout)["host"]) == 6

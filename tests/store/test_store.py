@@ -111,7 +111,8 @@ def test_a_checkpoint_whose_objects_no_longer_match_its_manifest_is_skipped_on_r
     assert not list(local.glob(".supervise-staging-*"))
 
 
-@pytest.mark.parametrize("fault", ["wrong secret", "unreachable endpoint", "missing bucket", "malformed endpoint"])
+@pytest.mark.parametrize("fault", ["wrong secret", "unreachable endpoint", "missing bucket", "malformed endpoint",
+                                   "no credentials"])
 @pytest.mark.parametrize("sub", ["run", "check"])
 def test_a_store_that_cannot_be_used_exits_2_in_one_line_before_anything_starts(
         fault: str, sub: str, bucket: Bucket, s3_server: S3Server, tmp_path: Path) -> None:
@@ -123,6 +124,11 @@ def test_a_store_that_cannot_be_used_exits_2_in_one_line_before_anything_starts(
         env["AWS_ENDPOINT_URL"] = "http://127.0.0.1:9"  # discard: nothing listens
     elif fault == "malformed endpoint":
         env["AWS_ENDPOINT_URL"] = "127.0.0.1:9000"  # no scheme: obstore's signer panicked on it
+    elif fault == "no credentials":
+        # none anywhere it looks: not in the pair, the variables (empty counts as unset) or the AWS files
+        env.update(AWS_ACCESS_KEY_ID="", AWS_SECRET_ACCESS_KEY="", AWS_SESSION_TOKEN="", AWS_PROFILE="",
+                   HOME=str(tmp_path / "home"), AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "home" / "creds"),
+                   AWS_CONFIG_FILE=str(tmp_path / "home" / "config"))
     else:
         url = "s3://no-such-bucket-here/p"
     marker = tmp_path / "started"
@@ -138,9 +144,14 @@ def test_a_store_that_cannot_be_used_exits_2_in_one_line_before_anything_starts(
     if sub == "run":
         assert len(lines) == 1, lines  # one line, nothing else
     want = {"wrong secret": "access denied", "unreachable endpoint": "cannot reach the endpoint",
-            "missing bucket": "bucket does not exist", "malformed endpoint": "is not an http(s)://HOST[:PORT] URL"}[fault]
+            "missing bucket": "bucket does not exist", "malformed endpoint": "is not an http(s)://HOST[:PORT] URL",
+            "no credentials": "no credentials found"}[fault]
     assert want in errors[0], errors
-    for secret in (s3_server.secret, env["AWS_SECRET_ACCESS_KEY"]):
+    if fault == "no credentials":  # and where it looked, so the user knows where to put them
+        for where in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", str(tmp_path / "home" / "creds"), "[default]"):
+            assert where in errors[0], errors
+        assert "access denied" not in errors[0], errors
+    for secret in filter(None, (s3_server.secret, env["AWS_SECRET_ACCESS_KEY"])):
         assert secret not in r.stderr + r.stdout
     assert not marker.exists()  # nothing started
     assert not [e for e in events(tmp_path / "run" / "events.jsonl") if e.get("kind") == "spawn"]
@@ -156,6 +167,8 @@ def test_a_second_run_on_the_same_prefix_is_refused_never_overwrites(bucket: Buc
     assert r.returncode == 0, r.stderr[-2000:]
     first, pointer = bucket.manifest(prefix, "step_000010"), bucket.get(f"{prefix}/.supervise/pointers/latest.json")
     assert first is not None and pointer is not None
+    claim = bucket.get(f"{prefix}/.supervise/claims/step_000010")  # docs/sync.md's layout: the name's owner
+    assert claim is not None and json.loads(claim)["owner"] == str(a / "run"), claim
     # another run directory, other bytes under the same names: refused, journaled, never written over
     r = run_supervise("--run-dir", str(b / "run"), "--checkpoints", str(b / "local"), bucket.url(prefix),
                       *_train(b / "local", "--steps", "10", "--every", "10", "--size", "8192"), env=s3_server.env,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -25,7 +26,10 @@ def build_wheel(out: Path) -> Path:
 def fresh_venv(where: Path, wheel: Path) -> Path:
     """A new venv holding only the wheel and its dependencies; returns its bin/ directory."""
     subprocess.run([sys.executable, "-m", "venv", str(where)], check=True, timeout=120)
+    # no PYTHONPATH: with the checkout on it, pip finds the build's supervise_hpc.egg-info there,
+    # takes supervise-hpc for installed already and installs nothing (no `supervise` in the venv)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     r = subprocess.run([str(where / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", str(wheel)],
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     return where / "bin"
