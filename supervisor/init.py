@@ -232,6 +232,7 @@ class Choices:
     select: str | None = None       # PBS: the chunk of -l select=N:CHUNK ('' for none)
     filesystems: str | None = None  # PBS: -l filesystems= ('' drops it: a Polaris/Aurora resource)
     generic: bool = False           # away from the template's site (ALCF): its generic defaults, lines to edit
+    spares: int = 0                 # of ``nodes``, kept aside to replace a node that dies (spare_nodes)
     notes: tuple[str, ...] = field(default=())  # what init changed or could not know: printed by _tell
 
 
@@ -239,6 +240,9 @@ def render_script(template: Template, c: Choices, config: Path) -> str:
     lines = (data_dir("job_scripts") / template.script).read_text().splitlines()
     _header(lines, template, c.scheduler.submit_notes(f"{c.name}.{c.scheduler.script_suffix}", config.name, bool(c.account)))
     c.scheduler.set_directives(lines, c, template.script)
+    if c.spares:
+        at = max(i for i, ln in enumerate(lines) if ln.startswith(c.scheduler.directive + " "))
+        lines.insert(at + 1, c.scheduler.keep_on_node_failure)
     if c.generic:
         _generic_site(lines)
     if c.local:
@@ -252,14 +256,19 @@ def render_script(template: Template, c: Choices, config: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_config(template: Template, script: Path, nodes: int | None = None) -> str:
+def render_config(template: Template, script: Path, nodes: int | None = None, spares: int = 0) -> str:
     """The preset; for a job of several nodes (``nodes``), ``nodes = "auto"`` in each checkpoint
-    pair, so that every node's part of a checkpoint is mirrored (docs/multinode.md)."""
+    pair, so that every node's part of a checkpoint is mirrored (docs/multinode.md); with
+    ``spares``, ``spare_nodes`` before the first table."""
     lines = (data_dir("presets") / template.preset).read_text().splitlines()
     if lines and lines[0].startswith("# Preset:"):
         lines[0] = f"# Written by `supervise init` from the preset {template.preset}, for {script.name}."
     if nodes is not None and nodes > 1:
         _per_node_pairs(lines)
+    if spares:
+        at = next((i for i, ln in enumerate(lines) if ln.startswith("[[")), len(lines))
+        lines[at:at] = [f"spare_nodes = {spares}             # of the job's {nodes} nodes: a node that dies is replaced "
+                        "inside the allocation", ""]
     return "\n".join(lines) + "\n"
 
 
@@ -292,7 +301,11 @@ def parser(cls: type[argparse.ArgumentParser]) -> argparse.ArgumentParser:
                                       "(default: from COMMAND)")
     p.add_argument("--name", default="train", help="job name and file names: NAME.sbatch|NAME.pbs and NAME.toml (default train)")
     p.add_argument("--dir", default=".", help="where to write them (default: here)")
-    p.add_argument("--nodes", type=int, help="nodes (default: the job's, else the template's)")
+    p.add_argument("--nodes", type=int, help="nodes the training runs on (default: the job's, else the template's)")
+    p.add_argument("--spare-nodes", type=int, default=0, metavar="K",
+                   help="ask for K nodes more, kept aside: a node that dies is replaced by one inside the "
+                        "allocation, no requeue (writes #SBATCH --no-kill or -W tolerate_node_failures=all and "
+                        "spare_nodes = K; docs/multinode.md, \"Spare nodes\")")
     p.add_argument("--gpus", type=int, help="GPUs per node; 0 drops the GPU request (default: detected, else the template's)")
     p.add_argument("--time", help="time limit as the scheduler writes it, e.g. 12:00:00")
     p.add_argument("--local", metavar="DIR", help="node-local directory the training writes to (LOCAL_DIR)")
@@ -332,7 +345,7 @@ def main(ns: argparse.Namespace, command: Sequence[str], env: Mapping[str, str] 
     launcher = ns.launcher or detect_launcher(command)
     if not re.fullmatch(r"[\w.-]+", ns.name):
         raise UsageError(f"--name {ns.name!r}: letters, digits, '.', '_' and '-' only")
-    for flag, n in (("--nodes", ns.nodes), ("--gpus", ns.gpus)):
+    for flag, n in (("--nodes", ns.nodes), ("--gpus", ns.gpus), ("--spare-nodes", ns.spare_nodes)):
         if n is not None and n < (1 if flag == "--nodes" else 0):
             raise UsageError(f"{flag} {n}: must be {'1' if flag == '--nodes' else '0'} or more")
     site = [k for k in SITE_OPTIONS if getattr(ns, k) is not None and k not in scheduler.script_options]
@@ -371,8 +384,17 @@ def main(ns: argparse.Namespace, command: Sequence[str], env: Mapping[str, str] 
                         "(--queue, --filesystems, --select give this site's)"))
     elif machine is not None and template.preset in ALCF_PRESETS.values():
         template = replace(template, preset=ALCF_PRESETS[machine])
+    if ns.spare_nodes:
+        train = nodes or template_nodes(template) or 1
+        if nodes and job.sched.is_batch and not ns.nodes:  # inside a job: its nodes are the allocation, spares included
+            train = nodes - ns.spare_nodes
+            if train < 1:
+                raise UsageError(f"--spare-nodes {ns.spare_nodes}: this job has {nodes} node(s); give --nodes, the "
+                                 "nodes the training runs on")
+        nodes = train + ns.spare_nodes
+        notes.append(f"{ns.spare_nodes} spare node(s): the job asks for {nodes} nodes, the training runs on {train}")
     choices = Choices(scheduler=scheduler, launcher=launcher, command=tuple(command), name=ns.name,
-                      nodes=nodes, gpus=gpus, time=ns.time, local=ns.local, persistent=ns.persistent,
+                      nodes=nodes, gpus=gpus, spares=ns.spare_nodes, time=ns.time, local=ns.local, persistent=ns.persistent,
                       account=ns.account, queue=directives["queue"], select=directives["select"],
                       filesystems=directives["filesystems"],
                       generic=generic, notes=tuple(notes))
@@ -385,7 +407,7 @@ def main(ns: argparse.Namespace, command: Sequence[str], env: Mapping[str, str] 
     out.mkdir(parents=True, exist_ok=True)
     script.write_text(render_script(template, choices, config))
     script.chmod(0o755)
-    config.write_text(render_config(template, script, choices.nodes or template_nodes(template)))
+    config.write_text(render_config(template, script, choices.nodes or template_nodes(template), ns.spare_nodes))
     _tell(choices, template, script, config)
     return 0
 

@@ -142,6 +142,7 @@ class Scheduler(Protocol):
     submit: str                 # the submit command whose presence on PATH says the scheduler is here
     script_options: tuple[str, ...]  # init's options that become this scheduler's directives
     directive: str              # how a job script's own lines start (#SBATCH, #PBS)
+    keep_on_node_failure: str   # the job-script line that keeps a job whose node died (spare nodes, issue 41)
 
     def active(self, env: Mapping[str, str]) -> bool: ...
     def job(self, env: Mapping[str, str]) -> Job: ...

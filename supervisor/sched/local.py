@@ -24,6 +24,7 @@ class Local:
     submit = ""
     script_options: tuple[str, ...] = ()
     directive = ""
+    keep_on_node_failure = ""
 
     def active(self, env: Mapping[str, str]) -> bool:
         return True

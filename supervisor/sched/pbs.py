@@ -71,6 +71,7 @@ class Pbs:
     submit = "qsub"
     script_options: tuple[str, ...] = ("account", "queue", "select", "filesystems")
     directive = "#PBS"
+    keep_on_node_failure = "#PBS -W tolerate_node_failures=all"  # no comment: the script hands its #PBS words to qsub
 
     # ------------------------------------------------------------------------ the environment
     def active(self, env: Mapping[str, str]) -> bool:

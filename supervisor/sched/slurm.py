@@ -52,6 +52,7 @@ class Slurm:
                               "#SBATCH --no-kill (then it ends only the steps on that node)")
     gone_states: tuple[str, ...] = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWER_DOWN", "FUTURE", "UNKNOWN")
     script_suffix = "sbatch"
+    keep_on_node_failure = "#SBATCH --no-kill                  # a node's death ends its steps, not the job (spare_nodes)"
     submit = "sbatch"
     script_options: tuple[str, ...] = ()
     directive = "#SBATCH"
