@@ -15,6 +15,7 @@ import pytest
 from supervisor.config import StoreSpec, SyncPair
 from supervisor.sync import Mirror
 from tests.support.s3 import Bucket, S3Server
+from tests.support.wait import wait_for_async
 
 SHARDS = {0: [".metadata", "__0_0.distcp", "__1_0.distcp"], 1: ["__2_0.distcp", "__3_0.distcp"]}
 
@@ -34,6 +35,9 @@ def test_the_leader_publishes_only_once_every_nodes_part_is_in_the_bucket(
                          restore=True, profile="dcp", store=StoreSpec.parse(url)) for n in (0, 1)}
     events: list[tuple[int, str, dict]] = []
 
+    def said(node: int, kind: str) -> bool:
+        return any(n == node and k == kind for n, k, _f in events)
+
     def mirror(n: int) -> Mirror:
         return Mirror([pairs[n]], emit=lambda kind, n=n, **f: events.append((n, kind, f)) or f, sync_every=600,
                       node_rank=n, parts_poll=0.2)
@@ -46,15 +50,14 @@ def test_the_leader_publishes_only_once_every_nodes_part_is_in_the_bucket(
             for m in mirrors:
                 await tg.start(m.run)
             write(pairs[0].src / "step_00010", SHARDS[0], "10")  # rank 0's .metadata: node 0 says go
-            with anyio.fail_after(20):
-                while bucket.get("job/ckpt/.supervise/parts/step_00010/node-0.json") is None:
-                    await anyio.sleep(0.05)
-            await anyio.sleep(1.0)
+            # the leader's own evidence that it looked and waits: node 0's part is in, node 1's is not
+            await wait_for_async(lambda: bucket.get("job/ckpt/.supervise/parts/step_00010/node-0.json")
+                                 and said(0, "parts-waiting"), 60, lambda: f"node 0's part, waiting: {events}")
             assert bucket.manifest("job/ckpt", "step_00010") is None  # node 1's part is not there: nothing visible
             write(pairs[1].src / "step_00010", SHARDS[1], "10")
-            with anyio.fail_after(20):
-                while bucket.manifest("job/ckpt", "step_00010") is None:
-                    await anyio.sleep(0.05)
+            # the publish is done when the leader says so (``publish``, after it removed the part
+            # manifests), not when the checkpoint's manifest appears: that is its first step
+            await wait_for_async(lambda: said(0, "publish"), 60, lambda: f"node 0's publish: {events}")
             tg.cancel_scope.cancel()
 
     try:
