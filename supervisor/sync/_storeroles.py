@@ -151,6 +151,8 @@ class StoreAssembly(Assembly):
         self.missing = {}
         for name, leaves in sorted((await parts_there(self.store)).items(), key=lambda kv: natural_key(kv[0]), reverse=True):
             manifests = await self._current(name, leaves)
+            if "go" in leaves and name not in self._went and 0 not in manifests:
+                await self._drop_go(name)
             if not manifests:
                 continue
             single = all(m.get("is_dir") is False for m in manifests.values())
@@ -167,6 +169,14 @@ class StoreAssembly(Assembly):
             if not await self._commit_whole(name, merged, manifests, trigger, single, listing):
                 continue
             published.append(name)
+
+    async def _drop_go(self, name: str) -> None:
+        """A go object that neither this leader wrote (its passes put one before staging node
+        0's part of a version it holds) nor a current part of node 0's stands behind: a killed
+        leader's, left between the checkpoint's manifest and the removals after it (or before
+        its own part went up). Removed: node K would take it as node 0's word on a version of
+        that name it writes later (a directory reused), before node 0 saw that one complete."""
+        await self.store.delete([self.store.key(go_rel(name))])
 
     async def _current(self, name: str, leaves: set[str]) -> dict[int, dict[str, Any]]:
         """The part manifests of ``name`` holding a version not yet published; those the
