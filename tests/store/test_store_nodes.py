@@ -175,3 +175,51 @@ def test_a_leader_stopped_between_the_manifest_and_removing_the_parts_leaves_not
             got = bucket.get(doc["files"][name]["key"])
             assert got == (tmp_path / f"new{n}" / "step_00010" / name).read_bytes(), name
     assert not bucket.keys(parts), "part manifests left after the second publish"
+
+
+def test_a_node_waits_for_node_0s_word_on_every_version_of_a_reused_directory(
+        bucket: Bucket, s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory rewritten in place (one name, version after version): node 1's part of each
+    version is complete only on node 0's word for that version (``settle`` is long here), not on
+    the word it had for the one before, which the leader's publish removed."""
+    for k, v in s3_server.env.items():
+        monkeypatch.setenv(k, v)
+    url = bucket.url("job/ckpt")
+    events: list[tuple[int, str, dict]] = []
+
+    def mirror(n: int, settle: float) -> Mirror:
+        pair = SyncPair(name="ckpt", kind="checkpoint", src=tmp_path / f"node{n}", dst=Path(url), nodes=2,
+                        settle=settle, restore=True, profile="dcp", store=StoreSpec.parse(url))
+        return Mirror([pair], emit=lambda kind, n=n, **f: events.append((n, kind, f)) or f, sync_every=600,
+                      node_rank=n, parts_poll=0.2)
+
+    def said(node: int, kind: str, since: int) -> list[dict]:
+        return [f for n, k, f in events[since:] if n == node and k == kind]
+
+    async def main() -> None:
+        leader, node = mirror(0, 0.5), mirror(1, 600)
+        async with anyio.create_task_group() as tg:
+            for m in (leader, node):
+                await tg.start(m.run)
+            for version in ("v1", "v22"):  # other sizes: within 1 s, same-sized files look like one version
+                at = len(events)
+                write(tmp_path / "node1" / "step_00010", SHARDS[1], version)
+                await wait_for_async(lambda: any("step_00010 (incomplete" in line for line in node.pending())
+                                     or said(1, "part", at), 60, lambda: f"node 1 judging version {version}: {events[at:]}")
+                assert not said(1, "part", at), f"node 1 staged version {version} before node 0 said go: {events[at:]}"
+                mark = len(events)
+                write(tmp_path / "node0" / "step_00010", SHARDS[0][1:] + SHARDS[0][:1], version)  # .metadata last
+                await wait_for_async(lambda: said(0, "publish", mark), 60, lambda: f"publish {version}: {events[at:]}")
+                assert [f["why"] for f in said(1, "part", at)] == ["node 0 saw it complete"], events[at:]
+                doc = bucket.manifest("job/ckpt", "step_00010")
+                assert doc is not None and doc["parts"] == {"0": 3, "1": 2} and bucket.whole(doc) == [], doc
+                for n in (0, 1):
+                    for name in SHARDS[n]:
+                        assert bucket.get(doc["files"][name]["key"]) == f"{version}:{name}".encode() * 1000, name
+                await node.flush("after the publish")  # a pass of node 1's that sees its part taken
+            tg.cancel_scope.cancel()
+
+    try:
+        anyio.run(main)
+    finally:
+        print("\n".join(f"{n} {k} {f}" for n, k, f in events))
