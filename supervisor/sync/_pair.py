@@ -20,7 +20,7 @@ import os
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Mapping
 
 import anyio
 
@@ -61,6 +61,7 @@ class PairEngine:
         self.exited = False                    # the training's whole tree is gone: nothing can change
         self.marker_seen = False
         self._inodes: dict[str, int] = {}      # top-level name → inode at the last scan (renames)
+        self._moved: set[str] = set()          # walked last and found other than its known snapshot
         self._torn_cache: dict[tuple[str, Any], str | None] = {}
         self._told_generic = False
         self._newest_ns = 0
@@ -117,9 +118,23 @@ class PairEngine:
         return [self.loop, self.ticker, *self.role.watchers()]
 
     def reusable(self, known: dict[str, Any]) -> dict[str, Any]:
-        """Snapshots a cheap scan may trust: unchanged top-level stat, and no file event inside."""
+        """Snapshots a cheap scan may trust: unchanged top-level stat, no file event inside, and
+        the last walk found that very snapshot. A file rewritten in place leaves the directory's
+        stat as it was; its event makes one scan walk it, and the next ones too while what they
+        find is not the known snapshot (a new version not yet published): trusted again, they
+        would read the old version back (node K's part of a directory reused, complete on node
+        0's word in a ``parts`` pass, taken for the one published before, never staged)."""
         dirty, sigs = self.schedule.take_dirty(), self.state.sigs
-        return {n: (sigs[n], snap) for n, snap in known.items() if n in sigs and n not in dirty}
+        return {n: (sigs[n], snap) for n, snap in known.items() if n in sigs and n not in dirty and n not in self._moved}
+
+    def _note_moved(self, listing: Listing, known: Mapping[str, Any]) -> None:
+        """After a scan of the local side: which names it found other than their known snapshot."""
+        for n, e in listing.entries.items():
+            k = known.get(n)
+            if k is not None and k is not e.snap and not k.same_content(e.snap):
+                self._moved.add(n)
+            else:
+                self._moved.discard(n)
 
     # ---- one pass -------------------------------------------------------------------
 
@@ -198,7 +213,8 @@ class PairEngine:
         open files are the evidence; ``finished``: judge as if nothing can change any more
         (the training is gone, or ``root`` is a side nobody writes)."""
         p, role = self.pair, self.role
-        reuse = self.reusable(role.reusable(self.state.published)) if cheap else None
+        known = role.reusable(self.state.published)
+        reuse = self.reusable(known) if cheap else None
         local = root is None
         settle = p.settle if settle is None else settle
         exited = finished or (local and self.exited)
@@ -212,6 +228,8 @@ class PairEngine:
         listing = classify(root or p.src, markers=p.markers, exclude=p.exclude, settle=settle, now=time.time(),
                            marker_seen=self.marker_seen if local and role.marker_here else False, only=only,
                            reuse=reuse, ctx=ctx)
+        if local:
+            self._note_moved(listing, known)
         role.judged(listing, settle=settle, finished=exited, whole_local=local and only is None)
         if local and only is None and role.keeps_inodes(cheap):
             self._inodes = {n: sig[0] for n, sig in listing.sigs.items()}

@@ -151,6 +151,8 @@ class StoreAssembly(Assembly):
         self.missing = {}
         for name, leaves in sorted((await parts_there(self.store)).items(), key=lambda kv: natural_key(kv[0]), reverse=True):
             manifests = await self._current(name, leaves)
+            if "go" in leaves and name not in self._went and 0 not in manifests:
+                await self._drop_go(name)
             if not manifests:
                 continue
             single = all(m.get("is_dir") is False for m in manifests.values())
@@ -167,6 +169,14 @@ class StoreAssembly(Assembly):
             if not await self._commit_whole(name, merged, manifests, trigger, single, listing):
                 continue
             published.append(name)
+
+    async def _drop_go(self, name: str) -> None:
+        """A go object that neither this leader wrote (its passes put one before staging node
+        0's part of a version it holds) nor a current part of node 0's stands behind: a killed
+        leader's, left between the checkpoint's manifest and the removals after it (or before
+        its own part went up). Removed: node K would take it as node 0's word on a version of
+        that name it writes later (a directory reused), before node 0 saw that one complete."""
+        await self.store.delete([self.store.key(go_rel(name))])
 
     async def _current(self, name: str, leaves: set[str]) -> dict[int, dict[str, Any]]:
         """The part manifests of ``name`` holding a version not yet published; those the
@@ -242,11 +252,14 @@ class StoreAssembly(Assembly):
 
 class StoreHandover(Handover):
     """Node K's ``Gather`` on a store: once the leader has taken a part (its part manifest
-    gone), this node owes nothing more for that version."""
+    gone), this node owes nothing more for that version, and node 0's word on it is spent
+    (``spent``: the leader removed the go object with the part manifests)."""
 
-    def __init__(self, pub: StorePartPublisher, tell: Callable[[str], None]) -> None:
+    def __init__(self, pub: StorePartPublisher, tell: Callable[[str], None],
+                 spent: Callable[[str], None] = lambda name: None) -> None:
         super().__init__(pub, tell)
         self.spub = pub
+        self.spent = spent
 
     async def begin(self) -> None:
         pub = self.spub
@@ -255,6 +268,7 @@ class StoreHandover(Handover):
         there = await parts_there(pub.store)
         for name in [n for n in pub.parted if f"node-{pub.node}.json" not in there.get(n, set())]:
             pub.state.published[name] = pub.parted.pop(name)
+            self.spent(name)
 
 
 class _OnStore:
@@ -310,11 +324,13 @@ class StoreNode(_OnStore, Node):
 
     def __init__(self, node: int, parts_poll: float = 1.0) -> None:
         super().__init__(node, parts_poll)
-        self.went: set[str] = set()   # checkpoints node 0 saw complete (their go objects)
+        self.went: set[str] = set()   # checkpoints node 0 saw complete (their go objects), until taken
 
     def _gather(self, pub: PartPublisher) -> StoreHandover:  # type: ignore[override]
         assert isinstance(pub, StorePartPublisher)
-        return StoreHandover(pub, tell=lambda word: self.tell(word))
+        # A part taken: the word that made it complete is spent. Kept, a directory rewritten
+        # in place would be complete here at once, on the word for the version before.
+        return StoreHandover(pub, tell=lambda word: self.tell(word), spent=self.went.discard)
 
     def judged(self, listing: Listing, *, settle: float, finished: bool, whole_local: bool) -> None:
         go = {n for n, e in listing.entries.items() if not e.complete and e.is_dir and n in self.went}
