@@ -14,7 +14,7 @@ from typing import Any
 from supervisor._units import natural_key
 from supervisor.report._goodput import Goodput, goodput, is_checkpoint, step_of
 from supervisor.report._load import GpuAcc, RunData
-from supervisor.report._nodes import NodeRow
+from supervisor.report._nodes import NodeRow, partless_nodes, silent_node
 from supervisor.sched import label_of
 
 FAILED = {"child-failed", "spawn-failed", "supervisor-error", "hang"}
@@ -203,7 +203,7 @@ def build(data: RunData) -> Facts:
     _how_they_came(attempts, by_attempt)
     stops = [s for n, evs in sorted(by_attempt.items()) for s in _stops(n, evs)]
     first_start = next((e for e in events if e.get("kind") == "start"), {})
-    checkpoints = _checkpoints(events, attempts)
+    checkpoints = _checkpoints(events, attempts, partless_nodes(data.run_dir, events))
     gpu_events = [e for e in events if e.get("kind") in GPU_KINDS]  # _gpu's, once, not once per GPU
     for r in checkpoints.restores:
         for a in attempts:
@@ -418,7 +418,10 @@ def _verdict(attempts: list[Attempt], *, torn: bool = False, not_durable: list[s
     return Verdict(status, head, len(attempts), requeues, reasons, reruns, local_only)
 
 
-def _checkpoints(events: list[dict[str, Any]], attempts: list[Attempt]) -> Checkpoints:
+def _checkpoints(events: list[dict[str, Any]], attempts: list[Attempt], partless: dict[int, str]) -> Checkpoints:
+    """``partless``: node ranks that held no part (``_nodes.partless_nodes``): the leader's "its
+    newest part may be missing" of such a node is no checkpoint left on local disk (its node
+    row says what became of it)."""
     first_seen: dict[tuple[str, str], dict[str, Any]] = {}
     for e in events:
         if is_checkpoint(e):
@@ -439,6 +442,7 @@ def _checkpoints(events: list[dict[str, Any]], attempts: list[Attempt]) -> Check
     ends = [e for e in events if e.get("kind") == "end"]
     last_attempt = attempts[-1].number if attempts else None
     not_durable = [str(x) for x in (ends[-1].get("not_durable") or [])] if ends and ends[-1].get("attempt") == last_attempt else []
+    not_durable = [line for line in not_durable if silent_node(line) not in partless]
     versions = [e for e in events if is_checkpoint(e)]
     copies = [float(e["seconds"]) for e in events if e.get("kind") == "sync" and e.get("published")
               and _num(e.get("seconds")) is not None]
