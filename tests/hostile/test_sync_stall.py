@@ -2,7 +2,7 @@
 
 A hung persistent directory (or store) left no trace until its copier was killed or its
 requests timed out (120 s each): a 20 s outage showed only as a 20 s ``lag_s`` afterwards.
-Here a copy that hangs 14 s (a stand-in rsync that sleeps before it copies: a stuck NFS
+Here a copy that hangs 16 s (a stand-in rsync that sleeps before it copies: a stuck NFS
 server, as seen from supervise) is journaled ``sync-stalled`` about 10 s after the copier
 started and ``sync-resumed`` when it moves again, each also a webhook notification. The
 object store's case, with the real SeaweedFS stopped, is tests/store/test_store_stall.py."""
@@ -21,7 +21,7 @@ from tests.hostile._util import env_with, fake_tool, finish, kill_marked, kinds,
 from tests.support.supervise import start_supervise
 from tests.support.webhook import Server
 
-HANG_S = 14
+HANG_S = 16
 # The first copy of a checkpoint hangs HANG_S seconds before it starts (it does no I/O meanwhile).
 HANGING_RSYNC = f"""case "$*" in *--version*) exec {shutil.which("rsync") or "/usr/bin/rsync"} --version;; esac
 if [ ! -e "$STALL_MARK" ]; then date +%s.%N > "$STALL_MARK"; sleep {HANG_S}; fi
@@ -52,7 +52,7 @@ def test_a_hung_persistent_directory_is_journaled_and_notified_while_it_hangs(tm
     hung_at = float(mark.read_text())
     delay = stalled[0]["t"] - hung_at
     print(f"sync-stalled {delay:.1f} s after the copy hung; resumed after {resumed[0]['stalled_s']} s")
-    assert 10 <= delay < 12.5, delay
+    assert 10 <= delay < 14, delay  # STALL_AFTER_S, and the watch looks once a second (more under load)
     assert stalled[0]["pair"] == resumed[0]["pair"] == local.name
     assert any(w.startswith("rsync to ") and str(persistent) in w for w in stalled[0]["in_flight"]), stalled[0]
     assert stalled[0]["stalled_s"] >= 10 and stalled[0]["after_s"] == 10

@@ -52,7 +52,7 @@ def test_a_stopped_store_is_journaled_and_notified_as_stalled_then_resumed(s3_ow
     delay = stalled["t"] - stopped_at
     print(f"sync-stalled {delay:.1f} s after SIGSTOP of the store; resumed {resumed['t'] - stopped_at:.1f} s after it"
           f" (stalled_s {resumed['stalled_s']}, {resumed['how']})")
-    assert 10 <= delay < 14, delay  # 10 s without progress, from the first request the hung store took
+    assert 10 <= delay < 15, delay  # 10 s without progress, from the first request the hung store took
     assert any(w.startswith(f"s3://{bucket.name}/ckpt/") for w in stalled["in_flight"]), stalled
     assert stalled["pair"] == resumed["pair"] == local.name
     assert resumed["stalled_s"] >= HUNG_S - 4, resumed
