@@ -136,10 +136,13 @@ def emit(kind: str, journal: str, attempt: int, **fields: object) -> None:
     line = json.dumps({"v": 1, "t": round(time.time(), 6), "attempt": attempt, "kind": kind, **fields},
                       separators=(",", ":")) + "\n"
     try:
-        fd = os.open(journal, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(journal, os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return
     try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = "\n" + line  # supervise was killed mid-line: end it (a bad line), ours stays whole
         os.write(fd, line.encode())
         os.fsync(fd)
     except OSError:

@@ -9,8 +9,10 @@ launcher's session and process group."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.hostile._util import env_with, kill_marked, kinds, marked
-from tests.support.supervise import killed_on_exit, start_supervise
+from tests.support.supervise import killed_on_exit, start_supervise, supervise_argv
 from tests.support.wait import wait_for
 
 # A training that leaves every kind of process behind it: a grandchild under a shell, a
@@ -90,6 +92,10 @@ def test_nothing_the_training_started_outlives_a_sigkill_of_supervise(tmp_path: 
     killed = kinds(run, "keeper-killed")
     assert len(killed) == 1, killed
     assert set(pids.values()) <= set(killed[0]["pids"]), (pids, killed[0])
+    # the report tells it: killed, not "running"
+    r = subprocess.run(supervise_argv("report", str(run), "--json"), capture_output=True, text=True, timeout=60)
+    verdict = json.loads(r.stdout)["verdict"]
+    assert verdict["status"] == "killed" and "its keeper then ended" in verdict["headline"], verdict
 
 
 def _keeper_of(supervise_pid: int) -> int | None:
