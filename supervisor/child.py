@@ -15,16 +15,19 @@ import ctypes
 import errno
 import logging
 import os
+import secrets
 import shutil
 import signal
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
 import anyio
 
-from supervisor import proctree
+from supervisor import childenv, keeper, proctree
 from supervisor._units import signal_name
+from supervisor.journal import EVENTS_FILE
 
 log = logging.getLogger("supervise")
 
@@ -114,7 +117,7 @@ def die_with_us(sig: int | None = signal.SIGKILL, *, own_group: bool = False) ->
     return preexec if (own_group or prctl is not None) else None
 
 
-async def spawn_process(argv: Sequence[str], *, death_signal: int = signal.SIGKILL, own_group: bool = False,
+async def spawn_process(argv: Sequence[str], *, death_signal: int | None = signal.SIGKILL, own_group: bool = False,
                         **kwargs: object) -> asyncio.subprocess.Process:
     """``asyncio.create_subprocess_exec`` with a death signal (anyio's open_process takes no
     ``preexec_fn``). supervise always runs on anyio's asyncio backend.
@@ -186,6 +189,70 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+class Keeper:
+    """supervise's end of the keeper (``supervisor/keeper.py``): the process that ends the
+    training when supervise dies, however it dies (invariant 7 after a ``kill -9``).
+
+    One per supervise process, started before the first launcher: it holds the read end of a
+    pipe whose write end only supervise holds (``os.pipe`` descriptors are not inherited), and
+    is told each launcher supervise starts. No death signal: it must outlive us. A session of
+    its own: a terminal's ^C is not for it, and a PBS MOM without the cgroup hook, which ends a
+    job by killing the job's session, cannot cut its work short (it ends once that is done);
+    ``Child.tree`` knows it is no orphan of the training.
+    """
+
+    def __init__(self, process: asyncio.subprocess.Process, pipe: int, token: str) -> None:
+        self.process, self.token, self._pipe = process, token, pipe
+
+    @classmethod
+    async def start(cls) -> "Keeper | None":
+        """The keeper, running; None (said once in the log) where it cannot start: the training
+        then has only its launcher's death signal, as before."""
+        token = secrets.token_hex(16)
+        read, write = os.pipe()
+        try:
+            process = await spawn_process([sys.executable, "-I", "-S", keeper.__file__, token], death_signal=None,
+                                          start_new_session=True, stdin=read, stdout=asyncio.subprocess.DEVNULL,
+                                          stderr=None)
+        except OSError as e:
+            os.close(write)
+            log.warning("cannot start the keeper (%s): a SIGKILL of supervise would leave the training's "
+                        "orphans running", e)
+            return None
+        finally:
+            os.close(read)
+        return cls(process, write, token)
+
+    def tell(self, pid: int, env: Mapping[str, str]) -> None:
+        """A launcher was started: its session and group are the training's too."""
+        info = proctree.read_stat(pid)
+        run_dir, attempt = env.get(childenv.RUN_DIR, ""), env.get(childenv.ATTEMPT, "0")
+        journal = os.path.join(run_dir, EVENTS_FILE) if run_dir and "\n" not in run_dir else ""
+        line = f"{pid} {info.start if info is not None else 0} {int(attempt) if attempt.isdigit() else 0} {journal}\n"
+        try:
+            os.write(self._pipe, os.fsencode(line))
+        except OSError as e:  # the keeper is gone: the token still names the training, but no one looks
+            log.warning("the keeper is gone (%s): a SIGKILL of supervise would leave the training's orphans running", e)
+
+
+_keeper: Keeper | None = None
+_keeper_tried = False
+
+
+def keeper_pid() -> int | None:
+    """The keeper's pid, once started: a child of ours in another session that is no orphan."""
+    return _keeper.process.pid if _keeper is not None else None
+
+
+async def the_keeper() -> Keeper | None:
+    """This process's keeper, started on first use."""
+    global _keeper, _keeper_tried
+    if not _keeper_tried:
+        _keeper_tried = True
+        _keeper = await Keeper.start()
+    return _keeper
+
+
 @dataclass(frozen=True)
 class Delivery:
     """One signal sent: to whom, by which route (for the journal)."""
@@ -217,10 +284,14 @@ class Child:
     async def spawn(cls, argv: Sequence[str], env: Mapping[str, str], cwd: Path | None = None) -> "Child":
         """Start ``argv`` in its own session, stdio inherited. Raises SpawnError (127/126).
 
-        The launcher gets TRAINING_DEATH_SIGNAL if supervise dies (SIGKILL included), so the
-        tree does not outlive us even where no cgroup would end it.
+        The launcher gets TRAINING_DEATH_SIGNAL if supervise dies (SIGKILL included), and the
+        keeper ends everything else of the training then (``Keeper``), so the tree does not
+        outlive us even where no cgroup would end it.
         """
         executable = resolve_command(argv, env)
+        guard = await the_keeper()
+        if guard is not None:
+            env = {**env, childenv.TREE_ID: guard.token}
         try:
             process = await spawn_process(
                 [executable, *argv[1:]], death_signal=TRAINING_DEATH_SIGNAL, stdin=None, stdout=None, stderr=None,
@@ -234,6 +305,8 @@ class Child:
             if e.errno == errno.ENOEXEC:
                 raise SpawnError(f"cannot execute {argv[0]}: not an executable format (missing #! line?)", EXIT_NOT_EXECUTABLE) from None
             raise
+        if guard is not None:
+            guard.tell(process.pid, env)
         return cls(process, argv)
 
     # --- status ---
@@ -263,7 +336,8 @@ class Child:
         procs = proctree.all_processes()
         by_pid = {p.pid: p for p in procs}
         found = proctree.in_groups({self.pgid}, procs)
-        roots = {self.pid} | {p.pid for p in procs if p.ppid == self._me and p.sid != self._my_sid}
+        keeper = keeper_pid()
+        roots = {self.pid} | {p.pid for p in procs if p.ppid == self._me and p.sid != self._my_sid and p.pid != keeper}
         roots |= {pid for pid in self._members if pid in by_pid}
         for root in roots:
             found.add(root)
@@ -286,9 +360,9 @@ class Child:
 
     def reap_orphans(self) -> list[int]:
         """Collect exited orphans re-parented to us, by pid (never ``waitpid(-1)``)."""
-        reaped = []
+        reaped, keeper = [], keeper_pid()
         for p in proctree.all_processes():
-            if p.ppid != self._me or p.pid == self.pid or p.sid == self._my_sid or p.state != "Z":
+            if p.ppid != self._me or p.pid in (self.pid, keeper) or p.sid == self._my_sid or p.state != "Z":
                 continue
             try:
                 pid, _ = os.waitpid(p.pid, os.WNOHANG)

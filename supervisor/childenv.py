@@ -11,6 +11,8 @@ import os
 import time
 from pathlib import Path
 
+from supervisor.keeper import TREE_VARIABLE
+
 RUN_DIR = "SUPERVISE_RUN_DIR"                        # the run directory (journal, samples)
 ATTEMPT = "SUPERVISE_ATTEMPT"                        # 1, 2, … across requeues into one run directory
 CHECKPOINT_REQUEST = "SUPERVISE_CHECKPOINT_REQUEST"  # a path that appears when a checkpoint is wanted now
@@ -18,7 +20,8 @@ CHECKPOINT_SIGNAL = "SUPERVISE_CHECKPOINT_SIGNAL"    # the signal that means the
 RESTORED_FROM = "SUPERVISE_RESTORED_FROM"            # the restored checkpoint's local path
 NODE_RANK = "SUPERVISE_NODE_RANK"                    # a node agent's index (multi-node checkpoints)
 JOB_NODES = "SUPERVISE_JOB_NODES"                    # the nodes this attempt runs on, when spares are kept aside
-NAMES = frozenset({RUN_DIR, ATTEMPT, CHECKPOINT_REQUEST, CHECKPOINT_SIGNAL, RESTORED_FROM, NODE_RANK, JOB_NODES})
+TREE_ID = TREE_VARIABLE                              # names this supervise's training: the keeper's evidence (keeper.py)
+NAMES = frozenset({RUN_DIR, ATTEMPT, CHECKPOINT_REQUEST, CHECKPOINT_SIGNAL, RESTORED_FROM, NODE_RANK, JOB_NODES, TREE_ID})
 REQUEST_FILE = "checkpoint.request"
 
 

@@ -1,4 +1,4 @@
-"""Webhook notifications over httpx: start, warning, preempted, requeued, failed, finished, hang.
+"""Webhook notifications over httpx: start, warning, preempted, requeued, failed, finished, hang, a stalled sync.
 
 Rules that shape this module:
 
@@ -38,17 +38,19 @@ from supervisor.journal import Emit
 
 log = logging.getLogger("supervise.notify")
 
-EVENTS = ("start", "warning", "preempted", "requeued", "failed", "finished", "hang", "no-progress")
+EVENTS = ("start", "warning", "preempted", "requeued", "failed", "finished", "hang", "no-progress", "sync-stalled",
+          "sync-resumed")
 FORMATS = ("json", "slack", "teams", "ntfy")
 _TITLES = {
     "start": "training started", "warning": "time limit approaching", "preempted": "preempted",
     "requeued": "requeued", "failed": "training failed", "finished": "training finished",
     "hang": "training looks hung", "no-progress": "not requeued: no checkpoint progress",
+    "sync-stalled": "persistent storage stalled", "sync-resumed": "persistent storage moving again",
 }
 _NTFY = {  # event → (tags, priority 1..5)
     "start": ("rocket", 2), "warning": ("warning", 4), "preempted": ("stop_sign", 4),
     "requeued": ("repeat", 3), "failed": ("x", 5), "finished": ("white_check_mark", 3), "hang": ("zzz", 4),
-    "no-progress": ("no_entry", 5),
+    "no-progress": ("no_entry", 5), "sync-stalled": ("hourglass", 4), "sync-resumed": ("arrow_forward", 3),
 }
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.5, 5.0
 

@@ -23,7 +23,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from supervisor import childenv, policy, suspects
-from supervisor.conduct import fleet, routing, watches
+from supervisor.conduct import fleet, relay, routing, watches
 from supervisor._units import format_duration
 from supervisor.child import Child, SpawnError
 from supervisor.conduct.dispositions import Dispositions, ProcessDispositions
@@ -131,7 +131,7 @@ class Agent:
             tg.start_soon(self._guarded("hang", partial(watches.progress_watch, run, started=self._started,
                                                         request_stop=self._request_stop)))
         if run.mirror is not None:
-            run.mirror.attach(self.journal.emit, writers=run.tree_pids)
+            run.mirror.attach(relay.relaying(self.journal.emit, run.notifier), writers=run.tree_pids)
             self.journal.emit("sync-start", backend=run.mirror.backend_name,
                               pairs=[{"name": p.name, "kind": p.kind, "from": str(p.src), "to": p.where, "nodes": p.nodes,
                                       "profile": p.profile} for p in cfg.sync])

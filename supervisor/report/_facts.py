@@ -14,7 +14,7 @@ from typing import Any
 from supervisor._units import natural_key
 from supervisor.report._goodput import Goodput, goodput, is_checkpoint, step_of
 from supervisor.report._load import GpuAcc, RunData
-from supervisor.report._nodes import NodeRow
+from supervisor.report._nodes import NodeRow, partless_nodes, silent_node
 from supervisor.sched import label_of
 
 FAILED = {"child-failed", "spawn-failed", "supervisor-error", "hang"}
@@ -203,7 +203,7 @@ def build(data: RunData) -> Facts:
     _how_they_came(attempts, by_attempt)
     stops = [s for n, evs in sorted(by_attempt.items()) for s in _stops(n, evs)]
     first_start = next((e for e in events if e.get("kind") == "start"), {})
-    checkpoints = _checkpoints(events, attempts)
+    checkpoints = _checkpoints(events, attempts, partless_nodes(data.run_dir, events))
     gpu_events = [e for e in events if e.get("kind") in GPU_KINDS]  # _gpu's, once, not once per GPU
     for r in checkpoints.restores:
         for a in attempts:
@@ -212,7 +212,8 @@ def build(data: RunData) -> Facts:
     return Facts(
         run_dir=str(data.run_dir),
         job={k: first_start.get(k) for k in ("job_id", "job_name", "scheduler", "user", "host", "command", "cwd", "version")},
-        verdict=_verdict(attempts, torn=data.journal.torn_last_line is not None, not_durable=checkpoints.not_durable),
+        verdict=_verdict(attempts, torn=data.journal.torn_last_line is not None, not_durable=checkpoints.not_durable,
+                         kept=_kept(events, attempts)),
         attempts=attempts,
         stops=stops,
         checkpoints=checkpoints,
@@ -382,14 +383,26 @@ def _times(n: int) -> str:
     return f"{n} time{'s' if n != 1 else ''}"
 
 
-def _verdict(attempts: list[Attempt], *, torn: bool = False, not_durable: list[str] | None = None) -> Verdict:
+def _kept(events: list[dict[str, Any]], attempts: list[Attempt]) -> int | None:
+    """How many processes of the last attempt's training its keeper ended after supervise was
+    killed (``keeper-killed``, supervisor/keeper.py); None when it did not have to."""
+    last = attempts[-1].number if attempts else None
+    kept = [e for e in events if e.get("kind") == "keeper-killed" and e.get("attempt") == last]
+    return len(kept[-1].get("pids") or []) if kept else None
+
+
+def _verdict(attempts: list[Attempt], *, torn: bool = False, not_durable: list[str] | None = None,
+             kept: int | None = None) -> Verdict:
     reasons = [a.reason or "no end recorded" for a in attempts]
     requeues = sum(1 for a in attempts if a.came_by == "requeue")
     reruns = sum(1 for a in attempts if a.came_by == "rerun")
     last = attempts[-1] if attempts else None
     if last is None:
         return Verdict("empty", "NO EVENTS: the journal is empty (the supervisor never started?)", 0, 0, [])
-    if last.reason is None and torn:
+    if last.reason is None and kept is not None:  # its keeper's line follows the (maybe torn) last one of supervise
+        status, head = "killed", (f"NO END RECORDED in attempt {last.number}: supervise was killed; its keeper then "
+                                  f"ended {kept} process{'es' if kept != 1 else ''} of the training")
+    elif last.reason is None and torn:
         status, head = "killed", f"NO END RECORDED in attempt {last.number}: the journal's last line is torn (killed mid-write)"
     elif last.reason is None:
         status, head = "running", f"RUNNING (or killed before it could record its end) in attempt {last.number}"
@@ -418,7 +431,10 @@ def _verdict(attempts: list[Attempt], *, torn: bool = False, not_durable: list[s
     return Verdict(status, head, len(attempts), requeues, reasons, reruns, local_only)
 
 
-def _checkpoints(events: list[dict[str, Any]], attempts: list[Attempt]) -> Checkpoints:
+def _checkpoints(events: list[dict[str, Any]], attempts: list[Attempt], partless: dict[int, str]) -> Checkpoints:
+    """``partless``: node ranks that held no part (``_nodes.partless_nodes``): the leader's "its
+    newest part may be missing" of such a node is no checkpoint left on local disk (its node
+    row says what became of it)."""
     first_seen: dict[tuple[str, str], dict[str, Any]] = {}
     for e in events:
         if is_checkpoint(e):
@@ -439,6 +455,7 @@ def _checkpoints(events: list[dict[str, Any]], attempts: list[Attempt]) -> Check
     ends = [e for e in events if e.get("kind") == "end"]
     last_attempt = attempts[-1].number if attempts else None
     not_durable = [str(x) for x in (ends[-1].get("not_durable") or [])] if ends and ends[-1].get("attempt") == last_attempt else []
+    not_durable = [line for line in not_durable if silent_node(line) not in partless]
     versions = [e for e in events if is_checkpoint(e)]
     copies = [float(e["seconds"]) for e in events if e.get("kind") == "sync" and e.get("published")
               and _num(e.get("seconds")) is not None]

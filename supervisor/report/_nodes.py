@@ -14,12 +14,15 @@ it is lost, else stopped or hung),
 its copies failed (``sync-failed``), its local disk could not hold another checkpoint
 (``local-disk-full``), its GPUs had a hardware fault (``gpu-xid``,
 ``gpu-lost``: suspect), or it was in an attempt and not in a later one (excluded, busy or
-down). The sample files are streamed once in bounded memory, as the leader's are.
+down), or it did not answer the leader's last flush though it held no part of any checkpoint
+(``partless_nodes``: then the verdict names nothing of it as left on local disk). The sample
+files are streamed once in bounded memory, as the leader's are.
 """
 
 from __future__ import annotations
 
 import bisect
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -142,14 +145,78 @@ def _no_end(r: NodeRow | None, attempt: int) -> str:
     return "the agent was killed or hung"
 
 
+def _node_journals(run_dir: Path) -> list[tuple[int, list[dict[str, Any]], Path]]:
+    """(node rank, its agent's events, its directory) for each ``nodes/node-K/`` that can be read."""
+    node_dirs = sorted((run_dir / NODES_DIR).glob("node-*")) if (run_dir / NODES_DIR).is_dir() else []
+    out = []
+    for d in node_dirs:
+        try:
+            rank = int(d.name.split("-", 1)[1])
+            evs = read_journal(d / EVENTS_FILE).events if (d / EVENTS_FILE).is_file() else []
+        except (ValueError, OSError, UnicodeDecodeError):
+            continue
+        out.append((rank, [e for e in evs if isinstance(e, dict) and isinstance(e.get("t"), (int, float))], d))
+    return out
+
+
+# The leader's line for a node that did not answer its last flush, or that the scheduler calls
+# down (conduct/fleet.py, ``Fleet.flush``): said of any node, whether it held a part or not.
+_PART_MAY_BE_MISSING = re.compile(r"^node (\d+)\b[^:]*: .*its newest part may be missing$")
+# What in a node's own journal says it held a part of a checkpoint on its local disk.
+_HELD = frozenset({"part", "part-withdrawn", "local-disk-full", "torn", "sync-deferred", "part-set-aside"})
+
+
+def silent_node(line: str) -> int | None:
+    """The node rank a ``not_durable`` line says may be missing its newest part, else None."""
+    m = _PART_MAY_BE_MISSING.match(line)
+    return int(m.group(1)) if m else None
+
+
+def partless_nodes(run_dir: Path, events: list[dict[str, Any]],
+                   node_journals: list[tuple[int, list[dict[str, Any]], Path]] | None = None) -> dict[int, str]:
+    """The node ranks that held no part of any checkpoint, each with why we know (issue 42).
+
+    The leader says "its newest part may be missing" of every node that did not answer its
+    last flush, whether it ever had a part or not; it cannot look at that node's disk. The
+    journals can tell: node K held no part when its own journal staged nothing (no ``part``,
+    no pass that copied a file of a checkpoint pair, no part set aside, withdrawn, deferred or
+    torn, no last flush that named one) and the per-node pairs published at least one version,
+    none with a part from K (each ``whole on node J``, a single file that another node's
+    rank wrote). No journal of K, or no version published: unknown, so it is not said."""
+    pubs = [e for e in events if e.get("kind") == "publish" and not e.get("pointer")
+            and isinstance(e.get("nodes"), int) and e["nodes"] > 1]
+    if not pubs:
+        return {}
+    from_nodes = sorted({m.group(1) for e in pubs if (m := re.match(r"whole on node (\d+)$", str(e.get("why") or "")))})
+    waited = {str(k) for e in events if e.get("kind") == "parts-waiting" for k in e.get("have") or []}
+    out = {}
+    for rank, evs, _ in _node_journals(run_dir) if node_journals is None else node_journals:
+        if not any(e.get("kind") == "node-start" for e in evs):
+            continue
+        if any(str(rank) in (e.get("parts") or {}) for e in pubs) or str(rank) in waited:
+            continue
+        checkpoint_pairs = {str(p.get("name")) for e in evs if e.get("kind") == "node-start"
+                            for p in e.get("pairs") or [] if isinstance(p, dict) and p.get("kind") == "checkpoint"}
+        staged = any(e.get("kind") in _HELD
+                     or (e.get("kind") == "sync" and e.get("files") and str(e.get("pair")) in checkpoint_pairs)
+                     or (e.get("kind") == "node-flush" and e.get("not_durable"))
+                     for e in evs)
+        if not staged:
+            came = (f"every version was published whole from node {', '.join(from_nodes)}"
+                    if len(from_nodes) and all(str(e.get("why") or "").startswith("whole on node") for e in pubs)
+                    else "no published version had a part from it")
+            out[rank] = f"its journal staged nothing, and {came}"
+    return out
+
+
 def node_rows(run_dir: Path, events: list[dict[str, Any]], *, samples: bool = True) -> list[NodeRow]:
     """The per-node rows of a multi-node run (an attempt on several nodes, or node agents'
     directories); ``[]`` for a single-node run. ``samples=False`` reads only the journals."""
-    node_dirs = sorted((run_dir / NODES_DIR).glob("node-*")) if (run_dir / NODES_DIR).is_dir() else []
+    node_journals = _node_journals(run_dir)
     starts = [e for e in events if e.get("kind") == "start"]
     allocation = {int(e.get("attempt") or 0): [str(n) for n in (e.get("nodes") or [])] or ([str(e["host"])] if e.get("host") else [])
                   for e in starts}
-    if not node_dirs and not any(len(nodes) > 1 for nodes in allocation.values()):
+    if not node_journals and not any(len(nodes) > 1 for nodes in allocation.values()):
         return []
     rows: dict[str, NodeRow] = {}
 
@@ -161,15 +228,6 @@ def node_rows(run_dir: Path, events: list[dict[str, Any]], *, samples: bool = Tr
             row(host).roles.append([attempt, rank])
     accs: dict[str, _Acc] = {}
     leader_windows = _Windows([(float(e["t"]), str(e["host"])) for e in starts if e.get("host")])
-    node_journals: list[tuple[int, list[dict[str, Any]], Path]] = []
-    for d in node_dirs:
-        try:
-            rank = int(d.name.split("-", 1)[1])
-            evs = read_journal(d / EVENTS_FILE).events if (d / EVENTS_FILE).is_file() else []
-        except (ValueError, OSError, UnicodeDecodeError):
-            continue
-        evs = [e for e in evs if isinstance(e, dict) and isinstance(e.get("t"), (int, float))]
-        node_journals.append((rank, evs, d))
     if samples:
         _scan(run_dir, leader_windows, accs)
         for _, evs, d in node_journals:
@@ -234,6 +292,12 @@ def node_rows(run_dir: Path, events: list[dict[str, Any]], *, samples: bool = Tr
                 say(host, 1, f"its agent (node {rank}) left no end in attempt {attempt} ({_no_end(rows.get(host), attempt)})")
         for e in evs:
             sampled(e, windows)
+    partless = partless_nodes(run_dir, events, node_journals)
+    for e in events:
+        if e.get("kind") == "end":
+            for k in sorted(set(partless).intersection(silent_node(str(line)) for line in e.get("not_durable") or [])):
+                say(at(e.get("attempt"), k), 1, f"no answer to the last flush of attempt {e.get('attempt')}, but it "
+                                                f"held no part of any checkpoint ({partless[k]}): nothing left on its disk")
     attempts = sorted(allocation)
     for host, r in rows.items():
         mine = sorted({a for a, _ in r.roles})

@@ -31,6 +31,7 @@ import anyio
 from supervisor import proctree
 from supervisor._units import signal_name
 from supervisor.child import spawn_process
+from supervisor.sync import _stall
 from supervisor.sync._complete import PARTIAL_DIR
 
 OK_CODES = (0, 24)  # 24: some source files vanished (rotation) — normal, not a failure
@@ -139,15 +140,22 @@ def copier_stall() -> float:
 
 
 async def run_copier(argv: list[str], *, stdin: bytes | Iterable[bytes] | None = None,
-                     env: dict[str, str] | None = None) -> _Done:
+                     env: dict[str, str] | None = None, what: str = "copier") -> _Done:
     """Run one copier in its own process group (in our session) and collect its output.
 
     On cancellation, or when the group has read and written nothing for ``copier_stall()``
     seconds, the whole group is SIGKILLed (rsync forks a receiver and a generator; killing
     only the parent leaves them writing for a while) and reaped, shielded and bounded, so a
     flush cut short returns with nothing of ours still writing, and a copier stuck in the
-    kernel is given up on rather than waited for. The copier gets SIGKILL if we die.
+    kernel is given up on rather than waited for. The copier gets SIGKILL if we die. It is
+    ``what`` in flight on the pass's persistent side while it runs, moving while it does I/O
+    (``_stall``).
     """
+    with _stall.op(what):
+        return await _run_copier(argv, stdin, env)
+
+
+async def _run_copier(argv: list[str], stdin: bytes | Iterable[bytes] | None, env: dict[str, str] | None) -> _Done:
     proc = await spawn_process(argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, own_group=True)
     out: list[bytes] = []
@@ -177,6 +185,8 @@ async def run_copier(argv: list[str], *, stdin: bytes | Iterable[bytes] | None =
             await anyio.sleep(min(1.0, bound / 4))
             io = await anyio.to_thread.run_sync(_group_io, proc.pid)
             if io != last:
+                if last != -1:  # the first look is no progress: it only starts the count
+                    _stall.moved()
                 last, since = io, time.monotonic()
             elif time.monotonic() - since >= bound:
                 stalled = True
@@ -404,7 +414,7 @@ class RsyncBackend:
     async def _run(self, args: list[str], stdin: bytes | Iterable[bytes] | None = None,
                    fsync_tree: Path | None = None) -> CopyResult:
         argv = [*self.prefix, self.rsync, "-a", "--stats", *args]
-        r = await run_copier(argv, stdin=stdin, env={**os.environ, "LC_ALL": "C"})
+        r = await run_copier(argv, stdin=stdin, env={**os.environ, "LC_ALL": "C"}, what=f"rsync to {args[-1]}")
         err = r.stderr.decode("utf-8", "replace")
         if r.returncode == 23 and stdin is not None and _only_vanished(err):
             r.returncode = 24  # a listed file gone (rewritten under a new name): as a walk's exit 24
@@ -481,7 +491,8 @@ class PythonBackend:
         """One copier's result line (``_pycopy.main``); a failure raises ``CopyError``."""
         argv = [*self.prefix, sys.executable, "-I", "-S", str(PYCOPY)]  # -S: no site, faster start
         head = json.dumps({**req, "listed": listed is not None}, default=str).encode() + b"\n"
-        r = await run_copier(argv, stdin=head if listed is None else itertools.chain([head], nul_list(listed)))
+        r = await run_copier(argv, stdin=head if listed is None else itertools.chain([head], nul_list(listed)),
+                             what=f"python copy to {req.get('dst')}")
         try:
             out = json.loads(r.stdout or b"{}")
         except ValueError:

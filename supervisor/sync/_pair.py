@@ -33,6 +33,7 @@ from supervisor.sync._logs import LogPass
 from supervisor.sync._profiles import GENERIC, Profile, torn_file
 from supervisor.sync._restore import Restorer
 from supervisor.sync._roles import Role, Single
+from supervisor.sync import _stall
 from supervisor.sync._schedule import Schedule
 from supervisor.sync._state import PairState, to_thread
 from supervisor.sync._storelogs import StoreLogs
@@ -114,8 +115,10 @@ class PairEngine:
         await self.schedule.watch(task_status=task_status)
 
     def tasks(self) -> list[Callable[[], Awaitable[None]]]:
-        """What runs beside the watcher until cancelled: the pass loop, the ticker, the role's watchers."""
-        return [self.loop, self.ticker, *self.role.watchers()]
+        """What runs beside the watcher until cancelled: the pass loop, the ticker, the stall
+        watch of the persistent side, the role's watchers."""
+        return [self.loop, self.ticker, partial(_stall.watch, self.state.progress, self.pair.name, self.emit),
+                *self.role.watchers()]
 
     def reusable(self, known: dict[str, Any]) -> dict[str, Any]:
         """Snapshots a cheap scan may trust: unchanged top-level stat, no file event inside, and
@@ -139,7 +142,12 @@ class PairEngine:
     # ---- one pass -------------------------------------------------------------------
 
     async def run_pass(self, trigger: str) -> dict[str, Any]:
-        """Sync this pair once; return what happened. Only cancellation escapes."""
+        """Sync this pair once; return what happened. Only cancellation escapes. What it does on
+        the persistent side is this pair's (``_stall.tracking``), watched for stalls."""
+        with _stall.tracking(self.state.progress):
+            return await self._run_pass(trigger)
+
+    async def _run_pass(self, trigger: str) -> dict[str, Any]:
         t0 = time.monotonic()
         stats = CopyResult()
         published: list[str] = []
@@ -148,7 +156,8 @@ class PairEngine:
                 self.state.pending = [f"{self.pair.name}: local side {self.pair.src} does not exist"]
                 return {"ok": True, "files": 0, "bytes": 0, "published": [], "seconds": 0.0}
             if self.state.store is None:
-                await to_thread(self.pair.dst.mkdir, parents=True, exist_ok=True)
+                with _stall.op(f"mkdir {self.pair.dst}"):
+                    await to_thread(self.pair.dst.mkdir, parents=True, exist_ok=True)
             if self.pair.kind == "checkpoint":
                 listing = await self._pass_listing(trigger)
                 await self.publisher.run(listing, trigger, stats, published)

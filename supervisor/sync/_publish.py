@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import anyio
 
-from supervisor.sync import _fsops
+from supervisor.sync import _fsops, _stall
 from supervisor.sync._backend import CopyError, CopyResult
 from supervisor.sync._complete import STAGING_PREFIX, Entry, Listing, Pointer, Snap, matches, natural_key, snapshot
 from supervisor.sync._exclude import within
@@ -182,7 +182,8 @@ class Publisher:
         staging = p.dst / f"{STAGING_PREFIX}{e.name}"
         # Staging left by a killed run is resumed (rsync skips what is already whole) but then
         # always verified: it may hold files the source no longer has.
-        leftover = await to_thread(_fsops.claim_staging, staging, is_dir=e.is_dir)
+        with _stall.op(f"claim {staging}"):
+            leftover = await to_thread(_fsops.claim_staging, staging, is_dir=e.is_dir)
         for attempt in range(RECOPY_TRIES):
             got = CopyResult()
             try:
@@ -216,7 +217,8 @@ class Publisher:
                 if not matches(staged, e.snap):
                     await to_thread(_fsops.prune_staging, staging, e.snap)
                     continue
-            await to_thread(_fsops.swap_in, staging, final, is_dir=e.is_dir, fsync=p.fsync)
+            with _stall.op(f"rename {staging} to {final}"):
+                await to_thread(_fsops.swap_in, staging, final, is_dir=e.is_dir, fsync=p.fsync)
             self.state.published[e.name] = e.snap
             if e.name in again.sigs:
                 self.state.sigs[e.name] = again.sigs[e.name]

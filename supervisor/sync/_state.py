@@ -17,6 +17,7 @@ from supervisor.config import SyncPair
 from supervisor.journal import Emit
 from supervisor.sync._backend import Backend
 from supervisor.sync._profiles import PROFILES, Profile
+from supervisor.sync._stall import Progress
 
 
 def to_thread(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
@@ -25,7 +26,8 @@ def to_thread(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
 
 class PairState:
     """One pair's facts shared among its jobs: the pair, how to copy and journal, the profile
-    its checkpoints follow, what is published, what is still owed, the last local change."""
+    its checkpoints follow, what is published, what is still owed, the last local change, and
+    whether its persistent side moves."""
 
     def __init__(self, pair: SyncPair, backend: Backend, emit: Emit) -> None:
         self.pair = pair
@@ -39,6 +41,7 @@ class PairState:
         self.last_activity: float | None = None  # time.monotonic() of the last local change seen
         self.store = open_store(pair)             # the object store of an s3:// pair (_store.py), else None
         self.owner = ""                           # this run on a store (its run directory): whose a name's keys are
+        self.progress = Progress()                # what is in flight on the persistent side, and whether it moves (_stall.py)
 
 
 def open_store(pair: SyncPair) -> Any:

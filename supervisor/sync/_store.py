@@ -31,6 +31,7 @@ from typing import Any, AsyncIterator, Mapping, Sequence
 import anyio
 
 from supervisor.config import StoreSpec, SyncPair
+from supervisor.sync import _stall
 from supervisor.sync._backend import first_failure
 
 CHUNK = 8 << 20          # bytes: a multipart part, and what one read hands the uploader
@@ -271,9 +272,11 @@ class Store:
 
     async def _call(self, awaitable: Any, key: str) -> Any:
         """Await one obstore call; its failure as a ``StoreError`` (obstore raises its own
-        classes and some builtins: a missing key is a ``FileNotFoundError``)."""
+        classes and some builtins: a missing key is a ``FileNotFoundError``). In flight on the
+        pass's persistent side until it returns (``_stall``)."""
         try:
-            return await awaitable
+            with _stall.op(f"s3://{self.spec.bucket}/{key}"):
+                return await awaitable
         except Exception as e:  # noqa: BLE001 - every obstore failure, mapped
             raise _mapped(e, self.url, key) from None
 
@@ -318,7 +321,7 @@ class Store:
             return len(data), h.hexdigest()
         async with self.big:
             sent = [0]
-            await self._call(obstore.put_async(self._store, key, _chunks(path, h, sent), chunk_size=CHUNK,
+            await self._call(obstore.put_async(self._store, key, _chunks(path, h, sent, _stall.current()), chunk_size=CHUNK,
                                                max_concurrency=PARTS_AT_ONCE), key)
             return sent[0], h.hexdigest()
 
@@ -381,8 +384,10 @@ def _write_hashed(f: Any, h: Any, data: bytes) -> None:
     f.write(data)
 
 
-async def _chunks(path: Path, h: Any, sent: list[int]) -> AsyncIterator[bytes]:
-    """A file's bytes, CHUNK at a time, read (and hashed) in a worker thread."""
+async def _chunks(path: Path, h: Any, sent: list[int], progress: _stall.Progress | None) -> AsyncIterator[bytes]:
+    """A file's bytes, CHUNK at a time, read (and hashed) in a worker thread. The uploader
+    takes the next one as a part goes out: progress (reported to the pass's ``progress``
+    directly, since obstore runs this outside the pass's context)."""
     f = await anyio.to_thread.run_sync(lambda: open(path, "rb"))
     try:
         while True:
@@ -390,6 +395,8 @@ async def _chunks(path: Path, h: Any, sent: list[int]) -> AsyncIterator[bytes]:
             if not data:
                 return
             sent[0] += len(data)
+            if progress is not None:
+                progress.moved()
             yield data
     finally:
         await anyio.to_thread.run_sync(f.close)
