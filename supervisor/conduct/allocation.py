@@ -39,7 +39,7 @@ async def supervise(cfg: Config, plan: Plan | None = None, early: list[int] | No
     lost: tuple[str, ...] = ()
     plan = plan or make_plan(cfg)
     logs.add_file(plan.run_dir, cfg.verbosity)
-    replacing: Callable[[Journal], None] = lambda _journal: None
+    replacing: Callable[[Journal], None] = _not_a_replacement
     while True:
         for warning in plan.warnings:
             log.warning("%s", warning)
@@ -61,6 +61,10 @@ async def supervise(cfg: Config, plan: Plan | None = None, early: list[int] | No
         log.info("attempt %d on %s (%s lost; %.1fs between the attempts)", plan.attempt, ", ".join(plan.job.nodes),
                  ", ".join(lost), time.monotonic() - ended)
         replacing = partial(_journal_replaced, agent, before, plan, ended, time.monotonic())
+
+
+def _not_a_replacement(journal: Journal) -> None:
+    """The first attempt of an allocation replaces nothing."""
 
 
 def _journal_replaced(old: Agent, before: Plan, now: Plan, ended: float, planned: float, journal: Journal) -> None:
