@@ -256,7 +256,7 @@ class PartPublisher(Publisher):
             if not e.complete:
                 out.append(f"{name_}: {e.name} (incomplete: {e.why})")
             elif e.name in self.stale:
-                out.append(f"{name_}: {e.name} (changed on node {self.node} after it was published; not published again)")
+                continue  # older here than the version on persistent storage (a restored copy the run moved past): superseded, owed nothing
             elif done is not None and done.same_content(e.snap):
                 continue
             elif (conflict := self.gather.conflict(e.name)) is not None:

@@ -6,11 +6,13 @@ DDP tutorial's pattern (``ddp_tutorial.py`` through ``ompi_rank.py``: rank 0 rew
 ``snapshot.pt`` on its node, every rank loads it from its own disk), ``spare_nodes = 1``. The
 sister n2 dies (its mom and every process in its namespaces killed; nobody marks it offline):
 
-* the job is not rerun (``run_count`` stays 1) and it finishes, exit status 0;
+* the job is not rerun for it (one run of the script holds attempts 1 and 2);
 * attempt 2 runs on n1 and the spare n3: supervise's nodefile for it names n1 and n3 only, and the
   command's ``$PBS_NODEFILE`` is that file (``node-replaced``);
 * every rank of attempt 2 resumes from the same epoch, the newest saved before the kill;
-* training runs again within 60 s of the kill.
+* training runs again within 60 s of the kill;
+* then the spare n3 dies too: no spare is left (``replace`` says so), the job is requeued with
+  ``qrerun`` as without spares, and the rerun (attempt 3, n2 and n3 back) finishes, exit status 0.
 """
 
 from __future__ import annotations
@@ -53,8 +55,9 @@ def test_a_dead_sister_is_replaced_by_the_spare_without_a_rerun(pbs: PbsCluster)
     def log(what: str) -> None:
         print(f"pbs spare: {time.monotonic() - t0:.1f}s {what}", flush=True)
 
-    def published(attempt: int) -> list[dict]:
-        return [e for e in kinds(events(leader), "publish", attempt) if e.get("checkpoint") == "snapshot.pt"
+    def published(nth: int) -> list[dict]:
+        """What the leader's ``nth`` attempt published (under PBS its number can skip: ``kinds``)."""
+        return [e for e in kinds(events(leader), "publish", nth) if e.get("checkpoint") == "snapshot.pt"
                 and e.get("trigger") != "offer"]
 
     def attempts(rank: int) -> list[str]:
@@ -76,28 +79,44 @@ def test_a_dead_sister_is_replaced_by_the_spare_without_a_rerun(pbs: PbsCluster)
 
         again = wait_for(training_again, 180, lambda: f"both ranks training again: {said()}", interval=0.2)
         log(f"training again {again - killed:.1f}s after the kill")
-        info = pbs.wait_state(jobid, "F", timeout=240)
+        # then the spare dies too: no spare is left, so the job is requeued (qrerun) as without spares
+        pbs.revive_node("n2")
+        wait_for(lambda: len(published(2)) >= 2, 120, lambda: f"two epochs published on n1+n3: {said()}")
+        pbs.kill_node("n3")
+        log("n3 killed: no spare left")
+        wait_for(lambda: [e for e in kinds(events(leader), "stop-step") if e["step"] == "requeue" and e.get("requeued")],
+                 120, lambda: f"the job requeued after n3's death: {said()}")
+        pbs.revive_node("n3")
+        info = pbs.wait_state(jobid, "F", timeout=300)
     finally:
         pbs.revive_node("n2")
+        pbs.revive_node("n3")
     log("finished")
-    assert info.get("Exit_status") == 0 and int(info.get("run_count", 0)) == 1, (info.get("Exit_status"),
-                                                                                 info.get("run_count"), said())
+    assert info.get("Exit_status") == 0, (info.get("Exit_status"), said())
     evs = events(leader)
     replaced = kinds(evs, "node-replaced")
     assert len(replaced) == 1 and list(replaced[0]["lost"]) == ["n2"] and replaced[0]["nodes"] == ["n1", "n3"], replaced
+    # the first death was absorbed by the first attempt's job run (no rerun between attempts 1 and 2: the same
+    # batch script, one `start` of the script in runs.txt for both); the second, with no spare, was requeued
+    runs = (work / "runs.txt").read_text().splitlines()
+    starts = kinds(evs, "start")
+    assert len(starts) == 3 and len(runs) == 2, (starts, runs)
+    assert [s["nodes"] for s in starts] == [["n1", "n2"], ["n1", "n3"], ["n1", "n2"]], [s["nodes"] for s in starts]
+    refused = [e for e in kinds(evs, "stop-step") if e["step"] == "replace" and not e.get("replaced")]
+    assert [e["why"] for e in refused] == ["no spare node left"], refused
     nodefile = work / "run" / "nodes" / "nodefile-n1-n3"
     assert nodefile.read_text().split() == ["n1", "n3"], nodefile.read_text()
     assert str(nodefile) in replaced[0]["argv"], replaced[0]["argv"]
     ends = {e["attempt"]: e for e in kinds(evs, "end")}
-    first, second = sorted(ends)
-    assert ends[first]["reason"] == "node-failed" and ends[second]["reason"] == "child-exit", ends
-    assert ends[second]["exit_status"] == 0 and ends[second]["not_durable"] == [], ends[second]
+    first, second, third = sorted(ends)
+    assert [ends[a]["reason"] for a in (first, second, third)] == ["node-failed", "node-failed", "child-exit"], ends
+    assert ends[third]["exit_status"] == 0 and ends[third]["not_durable"] == [], ends[third]
     hosts = {r: [a.split()[2] for a in attempts(r)] for r in (0, 1)}
     assert sorted(h[1] for h in hosts.values()) == ["n1", "n3"], hosts
     saved = [int(m) for r in (0, 1) for a in attempts(r)[:1] for m in re.findall(r"^Epoch (\d+) \| Training snapshot saved", a, re.M)]
     resumed = [re.findall(r"Resuming training from snapshot at Epoch (\d+)", attempts(r)[1]) for r in (0, 1)]
     assert resumed[0] == resumed[1] and len(resumed[0]) == 1 and int(resumed[0][0]) in sorted(saved)[-2:], (resumed, saved)
-    rv = kinds(evs, "restore-versions", second)[0]
+    rv = kinds(evs, "restore-versions", 2)[0]
     assert rv["agree"] and set(rv["nodes"]) == {"0", "1"}, rv
     assert again - killed <= AGAIN_WITHIN_S, f"training again {again - killed:.1f}s after the kill (bar {AGAIN_WITHIN_S}s)"
     log(f"resumed at {resumed[0][0]} on {hosts}; node-replaced seconds {replaced[0]['seconds']}; "
