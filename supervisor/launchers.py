@@ -68,11 +68,14 @@ class Targets:
     """Where one message goes now: the pids to signal, and the ones left out and why.
 
     An empty ``pids`` means "the request file only". ``skipped`` is for the journal.
+    ``finish``: for a stop sent to the ranks, the launcher to end once they are gone, if it
+    then only waits out its own kill timer (OpenMPI's mpirun: ``aborting``).
     """
 
     route: str
     pids: frozenset[int]
     skipped: Mapping[int, str] = field(default_factory=dict)
+    finish: int | None = None
 
 
 @dataclass(frozen=True)
@@ -223,7 +226,10 @@ class LauncherProfile:
         ``stop_route_mpi`` (OpenMPI): when every rank found here has ``libmpi`` mapped, i.e.
         called ``MPI_Init``, the stop goes to the ranks: TERMed, mpirun would hold them (and
         itself) until its own SIGKILL. Ranks on other nodes learn of the stop through the
-        training's collective on the stop flag, as under ``horovodrun --mpi``.
+        training's collective on the stop flag, as under ``horovodrun --mpi``. ``finish`` is
+        then mpirun: when a rank died of the TERM (no handler) or failed, mpirun aborts and
+        sleeps out 2 × ``odls_base_sigkill_timeout`` with no rank left to kill; the stop ends
+        it once its ranks are gone (``aborting``, ``Child.stop``).
         """
         if self.wraps:
             inner = self.inner(launcher_pid)
@@ -233,7 +239,7 @@ class LauncherProfile:
         if self.stop_route_mpi:
             ranks = self.ranks(launcher_pid)
             if ranks and all(maps_libmpi(r) for r in ranks):
-                return Targets(self.stop_route_mpi, frozenset(ranks))
+                return Targets(self.stop_route_mpi, frozenset(ranks), finish=self._launcher_alive(launcher_pid))
         if self.stop_route in ("ranks", "local-ranks"):
             ranks = self.ranks(launcher_pid)
             if ranks and self.stop_route == "local-ranks":
@@ -331,6 +337,32 @@ def maps_libmpi(pid: int) -> bool:
             return any(b"/libmpi.so" in line for line in f)
     except OSError:
         return False
+
+
+def aborting(pid: int) -> bool | None:
+    """OpenMPI's ``mpirun`` is asleep in its kill timer: its main thread in a timed sleep
+    (``/proc/PID/wchan`` ``hrtimer_nanosleep``, or ``/proc/PID/syscall`` nanosleep/clock_nanosleep).
+
+    Measured under OpenMPI 4.1: running, or waiting for its ranks, mpirun's main thread polls
+    (``poll_schedule_timeout``, syscall 7); once a rank died of a signal or exited non-zero it
+    aborts the job and sleeps ``odls_base_sigkill_timeout`` twice (SIGCONT, sleep, SIGTERM,
+    sleep, SIGKILL), even with no rank left, and only then exits. None when neither file tells.
+    """
+    try:
+        wchan = (proctree.PROC / str(pid) / "wchan").read_text().strip()
+    except OSError:
+        return None
+    if wchan and wchan != "0":
+        return "nanosleep" in wchan
+    try:
+        nr = (proctree.PROC / str(pid) / "syscall").read_text().split()[0]
+    except (OSError, IndexError):
+        return None
+    return nr in _SLEEP_SYSCALLS if nr.lstrip("-").isdigit() else None
+
+
+# nanosleep, clock_nanosleep (x86_64; aarch64: 101, 115)
+_SLEEP_SYSCALLS = {"35", "230"} if os.uname().machine == "x86_64" else {"101", "115"}
 
 
 def catches(pid: int, sig: int) -> bool:
