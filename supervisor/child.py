@@ -430,6 +430,7 @@ class Child:
                 result["sent_to"] = self.send_to(leftovers, sig, "leftovers").targets
         finishing = finish is not None and bool(targets) and not already_signalled and bool(result["sent_to"])
         gone_at: float | None = None
+        finished_at: float | None = None
         with anyio.move_on_after(grace):
             while True:
                 self.reap_orphans()
@@ -439,7 +440,14 @@ class Child:
                     if gone_at is None and not any(proctree.alive(p) for p in targets):
                         gone_at = time.monotonic()
                     if gone_at is not None and await self._finish(finish, time.monotonic() - gone_at, sig, result):
-                        finishing = False
+                        finishing, finished_at = False, time.monotonic()
+                if finished_at is not None and "finished" in result and time.monotonic() - finished_at >= FINISH_SETTLE:
+                    finished_at = None
+                    # what mpirun left behind: its rsh agents (pbs_tmrsh, ssh) to daemons on other nodes, which
+                    # sleep out the same timer; they had no signal yet, and get this one once
+                    leftovers = self.tree() - set(targets or ())
+                    if self._settled() is not None and leftovers:
+                        result["finished"]["leftovers"] = self.send_to(leftovers, sig, "leftovers").targets
                 await anyio.sleep(0.05)
         result["graceful"] = self._settled() is not None and not self.tree()
         if not result["graceful"]:

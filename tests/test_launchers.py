@@ -355,7 +355,8 @@ def test_ezpz_launch_is_looked_through_to_its_mpirun(launch, tmp_path: Path) -> 
     assert (t.route, t.pids) == ("launcher", frozenset({mpirun}))
     send(t.pids, prof.checkpoint_signal)            # forwarded by mpirun to both ranks
     wait_for(lambda: (out / "ckpt.0").exists() and (out / "ckpt.1").exists(), 30, "both ranks to checkpoint")
-    assert prof.stop_targets(proc.pid) == type(t)("ranks", frozenset(pids))  # MPI_Init'ed
+    # MPI_Init'ed; once they are gone, the mpirun below ezpz is ended (never ezpz launch: TERM kills it)
+    assert prof.stop_targets(proc.pid) == type(t)("ranks", frozenset(pids), finish=mpirun)
 
 
 # --- torchrun ---
