@@ -20,7 +20,9 @@ project's machine, docs/launchers.md):
 * OpenMPI ``mpirun`` whose ranks called ``MPI_Init`` (mpi4py, ezpz) behaves the same way: after
   its TERM they save and exit, and mpirun stays until its own SIGKILL at twice the timeout (exit
   1, or 137 when supervise's grace ends first). So when every local rank has ``libmpi`` mapped
-  (``/proc/PID/maps``: the evidence that it is an MPI process), the stop goes to the ranks.
+  (``/proc/PID/maps``: the evidence that it is an MPI process), the stop goes to the ranks. When
+  they die of it (no TERM handler) mpirun aborts and sleeps out that same timer with no rank
+  left; once they are gone, the stop ends it with two TERMs (``Targets.finish``, ``aborting``).
 * ALCF's ``ezpz launch`` is a Python process around the launcher it composes (``mpiexec``,
   ``mpirun``, ``srun``) that dies of TERM and USR1 and orphans it: its profile looks through it,
   at each message, to that launcher, and routes as that launcher's profile does.
@@ -437,7 +439,8 @@ PROFILES: Mapping[str, LauncherProfile] = {p.name: p for p in (
     replace(_p("mpiexec-openmpi", "launcher", "launcher", programs=_MPI_PROGRAMS,
                rank_vars=("OMPI_COMM_WORLD_RANK", "PMIX_RANK"), env_from_grace=_OMPI_ENV,
                note="forwards USR1/USR2 to every rank; a second TERM orphans the ranks; ranks that called "
-                    "MPI_Init (libmpi mapped) get the stop TERM themselves: after mpirun's they wait for its SIGKILL"),
+                    "MPI_Init (libmpi mapped) get the stop TERM themselves: after mpirun's they wait for its SIGKILL; "
+                    "once they are gone, an aborting mpirun gets two TERMs"),
             stop_route_mpi="ranks"),
     _p("mpiexec-hydra", "ranks", "launcher", programs=_MPI_PROGRAMS, rank_vars=("PMI_RANK",),
        note="MPICH Hydra: USR1 forwarding not relied on; local ranks signalled, others read the file"),
