@@ -44,8 +44,8 @@ _LEFT_ALONE = frozenset(getattr(signal, n) for n in (
     "SIGKILL", "SIGSTOP", "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT", "SIGTRAP", "SIGSYS",
     "SIGCHLD", "SIGCONT", "SIGURG", "SIGWINCH", "SIGPIPE", "SIGXFSZ") if hasattr(signal, n))
 # Ending an aborting mpirun whose ranks are gone (Child._finish): how long after its last rank,
-# the same without /proc's word on it, and between its two TERMs.
-FINISH_SETTLE, FINISH_BLIND, FINISH_GAP = 0.5, 2.0, 0.2
+# and between its two sightings asleep and its two TERMs.
+FINISH_SETTLE, FINISH_GAP = 0.5, 0.2
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
 
@@ -462,12 +462,18 @@ class Child:
         prints "abort is already in progress"; a second ends it at once (exit 1, 0.2 s), harmless
         now that its ranks are gone. Done only once mpirun is seen asleep in that timer
         (``launchers.aborting``) ``FINISH_SETTLE`` s after its last rank, so a mpirun that is
-        exiting by itself (ranks that saved and exited 0) keeps its own status; where /proc does
-        not tell, after ``FINISH_BLIND``. True once done (or the launcher is gone)."""
+        exiting by itself (ranks that saved and exited 0), or one that waits for ranks on other
+        nodes, keeps its own way; where /proc does not tell, nothing is sent (its timer, then the
+        grace, end it as before). True once done (or the launcher is gone)."""
         if not proctree.alive(pid):
             return True
         asleep = aborting(pid) if since >= FINISH_SETTLE else False
-        if not (asleep or (asleep is None and since >= FINISH_BLIND)):
+        if asleep:  # its kill timer sleeps T ≥ 1 s: seen asleep twice, not in a short sleep of its own exit
+            await anyio.sleep(FINISH_GAP)
+            asleep = aborting(pid)
+            if not asleep:
+                return not proctree.alive(pid)
+        if not asleep:
             return False
         sent = 0
         for _ in range(2):
@@ -480,7 +486,7 @@ class Child:
             sent += 1
             await anyio.sleep(FINISH_GAP)
         result["finished"] = {"pid": pid, "signals": sent, "after_ranks_s": round(since, 3),
-                              "why": "aborting: asleep in its kill timer" if asleep else "still running"}
+                              "why": "aborting: asleep in its kill timer"}
         log.info("the launcher %d outlived its ranks by %.1f s in its own kill timer: %d %s sent to end it",
                  pid, since, sent, signal_name(sig))
         return True
