@@ -19,6 +19,7 @@ import secrets
 import shutil
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
@@ -26,6 +27,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import anyio
 
 from supervisor import childenv, keeper, proctree
+from supervisor.launchers import aborting
 from supervisor._units import signal_name
 from supervisor.journal import EVENTS_FILE
 
@@ -41,6 +43,9 @@ TRAINING_DEATH_SIGNAL = signal.SIGTERM
 _LEFT_ALONE = frozenset(getattr(signal, n) for n in (
     "SIGKILL", "SIGSTOP", "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT", "SIGTRAP", "SIGSYS",
     "SIGCHLD", "SIGCONT", "SIGURG", "SIGWINCH", "SIGPIPE", "SIGXFSZ") if hasattr(signal, n))
+# Ending an aborting mpirun whose ranks are gone (Child._finish): how long after its last rank,
+# and between its two sightings asleep and its two TERMs.
+FINISH_SETTLE, FINISH_GAP = 0.5, 0.2
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
 
@@ -400,12 +405,14 @@ class Child:
         return Delivery(signal=signal_name(sig), targets=sent, route=route)
 
     async def stop(self, sig: int, grace: float, *, targets: set[int] | None = None, route: str = "launcher",
-                   already_signalled: bool = False) -> dict:
+                   already_signalled: bool = False, finish: int | None = None) -> dict:
         """Stop signal → up to ``grace`` s → SIGKILL to every process of the tree.
 
         The launcher gets ``sig`` once (a second TERM makes mpiexec abandon its ranks);
-        if the launcher is already gone, leftover tree members get it instead. Returns
-        what happened, for the journal.
+        if the launcher is already gone, leftover tree members get it instead. ``finish``
+        (``Targets.finish``, OpenMPI's mpirun when the stop went to its ranks): once every
+        target is gone and it is only sleeping out its own kill timer, it gets TERM twice,
+        which ends it at once (``_finish``). Returns what happened, for the journal.
         """
         result: dict = {"signal": signal_name(sig), "grace_s": grace, "killed": [], "sent_to": []}
         if self._settled() is not None and not self.tree():
@@ -421,16 +428,68 @@ class Child:
             else:
                 leftovers = self.tree()
                 result["sent_to"] = self.send_to(leftovers, sig, "leftovers").targets
+        finishing = finish is not None and bool(targets) and not already_signalled and bool(result["sent_to"])
+        gone_at: float | None = None
+        finished_at: float | None = None
         with anyio.move_on_after(grace):
             while True:
                 self.reap_orphans()
                 if self._settled() is not None and not self.tree():
                     break
+                if finishing and targets is not None and finish is not None:
+                    if gone_at is None and not any(proctree.alive(p) for p in targets):
+                        gone_at = time.monotonic()
+                    if gone_at is not None and await self._finish(finish, time.monotonic() - gone_at, sig, result):
+                        finishing, finished_at = False, time.monotonic()
+                if finished_at is not None and "finished" in result and time.monotonic() - finished_at >= FINISH_SETTLE:
+                    finished_at = None
+                    # what mpirun left behind: its rsh agents (pbs_tmrsh, ssh) to daemons on other nodes, which
+                    # sleep out the same timer; they had no signal yet, and get this one once
+                    leftovers = self.tree() - set(targets or ())
+                    if self._settled() is not None and leftovers:
+                        result["finished"]["leftovers"] = self.send_to(leftovers, sig, "leftovers").targets
                 await anyio.sleep(0.05)
         result["graceful"] = self._settled() is not None and not self.tree()
         if not result["graceful"]:
             result["killed"] = await self.kill_all()
         return result
+
+    async def _finish(self, pid: int, since: float, sig: int, result: dict) -> bool:
+        """OpenMPI's mpirun after its ranks got the stop and are gone: when a rank died of it (a
+        training without a TERM handler) or failed, mpirun aborts the job and sleeps out
+        2 × ``odls_base_sigkill_timeout`` (half the grace) before it exits, with no rank left:
+        measured 52 s for T = 27 (docs/launchers.md), past what the stop has. One TERM then only
+        prints "abort is already in progress"; a second ends it at once (exit 1, 0.2 s), harmless
+        now that its ranks are gone. Done only once mpirun is seen asleep in that timer
+        (``launchers.aborting``) ``FINISH_SETTLE`` s after its last rank, so a mpirun that is
+        exiting by itself (ranks that saved and exited 0), or one that waits for ranks on other
+        nodes, keeps its own way; where /proc does not tell, nothing is sent (its timer, then the
+        grace, end it as before). True once done (or the launcher is gone)."""
+        if not proctree.alive(pid):
+            return True
+        asleep = aborting(pid) if since >= FINISH_SETTLE else False
+        if asleep:  # its kill timer sleeps T ≥ 1 s: seen asleep twice, not in a short sleep of its own exit
+            await anyio.sleep(FINISH_GAP)
+            asleep = aborting(pid)
+            if not asleep:
+                return not proctree.alive(pid)
+        if not asleep:
+            return False
+        sent = 0
+        for _ in range(2):
+            if not proctree.alive(pid):
+                break
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                break
+            sent += 1
+            await anyio.sleep(FINISH_GAP)
+        result["finished"] = {"pid": pid, "signals": sent, "after_ranks_s": round(since, 3),
+                              "why": "aborting: asleep in its kill timer"}
+        log.info("the launcher %d outlived its ranks by %.1f s in its own kill timer: %d %s sent to end it",
+                 pid, since, sent, signal_name(sig))
+        return True
 
     async def kill_all(self, bound: float = 10.0) -> list[int]:
         """SIGKILL the group and every member until none is left (bounded)."""

@@ -20,7 +20,9 @@ project's machine, docs/launchers.md):
 * OpenMPI ``mpirun`` whose ranks called ``MPI_Init`` (mpi4py, ezpz) behaves the same way: after
   its TERM they save and exit, and mpirun stays until its own SIGKILL at twice the timeout (exit
   1, or 137 when supervise's grace ends first). So when every local rank has ``libmpi`` mapped
-  (``/proc/PID/maps``: the evidence that it is an MPI process), the stop goes to the ranks.
+  (``/proc/PID/maps``: the evidence that it is an MPI process), the stop goes to the ranks. When
+  they die of it (no TERM handler) mpirun aborts and sleeps out that same timer with no rank
+  left; once they are gone, the stop ends it with two TERMs (``Targets.finish``, ``aborting``).
 * ALCF's ``ezpz launch`` is a Python process around the launcher it composes (``mpiexec``,
   ``mpirun``, ``srun``) that dies of TERM and USR1 and orphans it: its profile looks through it,
   at each message, to that launcher, and routes as that launcher's profile does.
@@ -68,11 +70,14 @@ class Targets:
     """Where one message goes now: the pids to signal, and the ones left out and why.
 
     An empty ``pids`` means "the request file only". ``skipped`` is for the journal.
+    ``finish``: for a stop sent to the ranks, the launcher to end once they are gone, if it
+    then only waits out its own kill timer (OpenMPI's mpirun: ``aborting``).
     """
 
     route: str
     pids: frozenset[int]
     skipped: Mapping[int, str] = field(default_factory=dict)
+    finish: int | None = None
 
 
 @dataclass(frozen=True)
@@ -223,7 +228,10 @@ class LauncherProfile:
         ``stop_route_mpi`` (OpenMPI): when every rank found here has ``libmpi`` mapped, i.e.
         called ``MPI_Init``, the stop goes to the ranks: TERMed, mpirun would hold them (and
         itself) until its own SIGKILL. Ranks on other nodes learn of the stop through the
-        training's collective on the stop flag, as under ``horovodrun --mpi``.
+        training's collective on the stop flag, as under ``horovodrun --mpi``. ``finish`` is
+        then mpirun: when a rank died of the TERM (no handler) or failed, mpirun aborts and
+        sleeps out 2 × ``odls_base_sigkill_timeout`` with no rank left to kill; the stop ends
+        it once its ranks are gone (``aborting``, ``Child.stop``).
         """
         if self.wraps:
             inner = self.inner(launcher_pid)
@@ -233,7 +241,7 @@ class LauncherProfile:
         if self.stop_route_mpi:
             ranks = self.ranks(launcher_pid)
             if ranks and all(maps_libmpi(r) for r in ranks):
-                return Targets(self.stop_route_mpi, frozenset(ranks))
+                return Targets(self.stop_route_mpi, frozenset(ranks), finish=self._launcher_alive(launcher_pid))
         if self.stop_route in ("ranks", "local-ranks"):
             ranks = self.ranks(launcher_pid)
             if ranks and self.stop_route == "local-ranks":
@@ -333,6 +341,32 @@ def maps_libmpi(pid: int) -> bool:
         return False
 
 
+def aborting(pid: int) -> bool | None:
+    """OpenMPI's ``mpirun`` is asleep in its kill timer: its main thread in a timed sleep
+    (``/proc/PID/wchan`` ``hrtimer_nanosleep``, or ``/proc/PID/syscall`` nanosleep/clock_nanosleep).
+
+    Measured under OpenMPI 4.1: running, or waiting for its ranks, mpirun's main thread polls
+    (``poll_schedule_timeout``, syscall 7); once a rank died of a signal or exited non-zero it
+    aborts the job and sleeps ``odls_base_sigkill_timeout`` twice (SIGCONT, sleep, SIGTERM,
+    sleep, SIGKILL), even with no rank left, and only then exits. None when neither file tells.
+    """
+    try:
+        wchan = (proctree.PROC / str(pid) / "wchan").read_text().strip()
+    except OSError:
+        return None
+    if wchan and wchan != "0":
+        return "nanosleep" in wchan
+    try:
+        nr = (proctree.PROC / str(pid) / "syscall").read_text().split()[0]
+    except (OSError, IndexError):
+        return None
+    return nr in _SLEEP_SYSCALLS if nr.lstrip("-").isdigit() else None
+
+
+# nanosleep, clock_nanosleep (x86_64; aarch64: 101, 115)
+_SLEEP_SYSCALLS = {"35", "230"} if os.uname().machine == "x86_64" else {"101", "115"}
+
+
 def catches(pid: int, sig: int) -> bool:
     """True when ``pid`` has a handler for ``sig`` (SigCgt in /proc/PID/status).
 
@@ -405,7 +439,8 @@ PROFILES: Mapping[str, LauncherProfile] = {p.name: p for p in (
     replace(_p("mpiexec-openmpi", "launcher", "launcher", programs=_MPI_PROGRAMS,
                rank_vars=("OMPI_COMM_WORLD_RANK", "PMIX_RANK"), env_from_grace=_OMPI_ENV,
                note="forwards USR1/USR2 to every rank; a second TERM orphans the ranks; ranks that called "
-                    "MPI_Init (libmpi mapped) get the stop TERM themselves: after mpirun's they wait for its SIGKILL"),
+                    "MPI_Init (libmpi mapped) get the stop TERM themselves: after mpirun's they wait for its SIGKILL; "
+                    "once they are gone, an aborting mpirun gets two TERMs"),
             stop_route_mpi="ranks"),
     _p("mpiexec-hydra", "ranks", "launcher", programs=_MPI_PROGRAMS, rank_vars=("PMI_RANK",),
        note="MPICH Hydra: USR1 forwarding not relied on; local ranks signalled, others read the file"),

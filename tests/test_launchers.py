@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 import pytest
 
 from supervisor import proctree
-from supervisor.launchers import PROFILES, catches, detect, maps_libmpi, unwrap
+from supervisor.launchers import PROFILES, aborting, catches, detect, maps_libmpi, unwrap
 from tests.support.wait import wait_for
 
 RANKS = Path(__file__).parent / "ranks"
@@ -295,6 +295,34 @@ def test_mpiexec_stop_goes_to_ranks_that_called_mpi_init(launch, tmp_path: Path,
 
 @pytest.mark.mpi
 @needs_mpi
+def test_mpirun_outlives_ranks_that_died_of_term_until_two_terms_end_it(launch, tmp_path: Path) -> None:
+    """Issue 42 item 11, OpenMPI 4.1 measured: MPI_Init'ed ranks that die of the stop TERM (no
+    handler) make mpirun abort the job, and it then sleeps out 2 × ``odls_base_sigkill_timeout``
+    with no rank left (52 s for T = 27; asleep: ``aborting``). One TERM then only prints "abort
+    is already in progress" (it still exited 52 s after the ranks); a second ends it at once."""
+    pytest.importorskip("mpi4py", reason="mpi4py not installed")
+    out = tmp_path / "out"
+    out.mkdir()
+    code = ("from mpi4py import MPI\nimport os, time\n"
+            f"open(os.path.join({str(out)!r}, 'ready.%d' % os.getpid()), 'w').write('x')\ntime.sleep(60)")
+    proc = launch([MPIEXEC, "--oversubscribe", "-n", "2", PY, "-c", code], OMPI_MCA_odls_base_sigkill_timeout="27")
+    pids = wait_for(lambda: len(ready_pids(out)) == 2 and ready_pids(out), 60, "ranks ready")
+    t = detect([MPIEXEC, "-n", "2", PY]).stop_targets(proc.pid)
+    assert (t.route, t.pids, t.finish) == ("ranks", frozenset(pids), proc.pid)
+    assert aborting(proc.pid) is False                 # running: mpirun polls
+    send(t.pids, signal.SIGTERM)
+    wait_for(lambda: aborting(proc.pid), 10, "mpirun asleep in its kill timer")
+    t0 = time.monotonic()
+    os.kill(proc.pid, signal.SIGTERM)
+    time.sleep(0.2)
+    assert proc.poll() is None                         # one TERM: "abort is already in progress"
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=5) == 1 and time.monotonic() - t0 < 5
+    assert not [p for p in pids if proctree.alive(p)]
+
+
+@pytest.mark.mpi
+@needs_mpi
 def test_ezpz_launch_is_looked_through_to_its_mpirun(launch, tmp_path: Path) -> None:
     """`ezpz launch` (tests/ranks/ezpz_stand_in.py: a Python process that composes mpirun and
     dies of any signal, as ezpz's own does): until its mpirun runs, "checkpoint now" is the file
@@ -327,7 +355,8 @@ def test_ezpz_launch_is_looked_through_to_its_mpirun(launch, tmp_path: Path) -> 
     assert (t.route, t.pids) == ("launcher", frozenset({mpirun}))
     send(t.pids, prof.checkpoint_signal)            # forwarded by mpirun to both ranks
     wait_for(lambda: (out / "ckpt.0").exists() and (out / "ckpt.1").exists(), 30, "both ranks to checkpoint")
-    assert prof.stop_targets(proc.pid) == type(t)("ranks", frozenset(pids))  # MPI_Init'ed
+    # MPI_Init'ed; once they are gone, the mpirun below ezpz is ended (never ezpz launch: TERM kills it)
+    assert prof.stop_targets(proc.pid) == type(t)("ranks", frozenset(pids), finish=mpirun)
 
 
 # --- torchrun ---

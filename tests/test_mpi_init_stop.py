@@ -121,6 +121,42 @@ def test_mpirun_with_mpi4py_ranks_stops_cleanly(tmp_path: Path) -> None:
         end_all(proc)
 
 
+def test_mpi4py_ranks_without_a_term_handler_do_not_leave_mpirun_to_be_killed(tmp_path: Path) -> None:
+    """Issue 42 item 11: ranks that called MPI_Init and die of the stop TERM (no handler, as the
+    PyTorch DDP tutorial). mpirun then aborts the job and sleeps out its kill timer, 2 ×
+    ``odls_base_sigkill_timeout`` (half the grace), with no rank left before it exits: 16 s here
+    for the 20 s grace, 52 s for the polaris preset's 60 s, where supervise's SIGKILL (exit 137)
+    came first and the final flush had no time. supervise ends it once its ranks are gone."""
+    pytest.importorskip("mpi4py", reason="mpi4py not installed")
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = supervised(tmp_path, ["mpirun", "--oversubscribe", "-np", "2", sys.executable, str(RANK), str(out),
+                                 str(tmp_path / "local"), "no-term"], {})
+    try:
+        ranks = wait_for(lambda: len(ready(out)) == 2 and ready(out), 60, "2 ranks up")
+        wait_for(lambda: all(catches(p, signal.SIGUSR1) for p in ranks), 30, "the ranks' checkpoint handler")
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            rc = proc.wait(timeout=GRACE + 30)
+        except subprocess.TimeoutExpired:
+            end_all(proc)
+            raise AssertionError((tmp_path / "supervise.out").read_text()[-3000:]) from None
+        run = tmp_path / "run"
+        step = {e["step"]: e for e in events(run, "stop-step")}
+        stop, end = step["stop-child"], events(run, "end")[-1]
+        detail = f"{stop}\n{end}\n{(tmp_path / 'supervise.out').read_text()[-3000:]}"
+        assert stop["route"] == "ranks" and set(stop["sent_to"]) == set(ranks), detail
+        # mpirun exits within a few seconds of its ranks, not 2T = 16 s later, and is not SIGKILLed
+        assert stop["graceful"] and not stop["killed"] and stop["seconds"] < 5, detail
+        assert rc == end["exit_status"] != 137 and end["stopped_cleanly"], detail
+        assert step["checkpoint"]["outcome"] == "published", step["checkpoint"]
+        assert (tmp_path / "persistent" / step["checkpoint"]["answer"] / ".metadata").exists()
+        assert step["final-flush"].get("outcome") == "done", step["final-flush"]
+        assert not [p for p in ranks if proctree.alive(p)]
+    finally:
+        end_all(proc)
+
+
 def test_ezpz_launch_stand_in_is_looked_through(tmp_path: Path) -> None:
     """`supervise -- ezpz launch … -- python rank.py`, no --launcher: "checkpoint now" goes to
     the mpirun below ezpz (it forwards USR1 to every rank), the stop to the ranks."""

@@ -195,7 +195,8 @@ class StopSequence:
         sisters = await run.agents.signal_ranks(sig) if run.agents and targets is not None and not already else None
         result = await child.stop(sig, grace, targets=set(targets.pids) if targets else None,
                                   route=targets.route if targets else run.cfg.forward,
-                                  already_signalled=already or bool(steps and steps["ok"]))
+                                  already_signalled=already or bool(steps and steps["ok"]),
+                                  finish=targets.finish if targets else None)
         if steps is not None:
             result["steps_signalled"] = steps
         if sisters is not None:

@@ -54,6 +54,7 @@ class Targets:
     pids: list[int]
     route: str = "launcher"
     skipped: dict = field(default_factory=dict)
+    finish: int | None = None
 
 
 @dataclass
@@ -116,7 +117,8 @@ class FakeChild:
     def send(self, sig: int, route: str = "launcher") -> Any:
         return self.send_to({self.pid}, sig, route)
 
-    async def stop(self, sig: int, grace: float, *, targets=None, route="launcher", already_signalled=False) -> dict:
+    async def stop(self, sig: int, grace: float, *, targets=None, route="launcher", already_signalled=False,
+                   finish=None) -> dict:
         self.stops.append({"signal": signal.Signals(sig).name, "grace": grace, "already": already_signalled})
         killed = []
         if not already_signalled and self.on_stop is not None:

@@ -1,13 +1,14 @@
 """An mpi4py rank (``from mpi4py import MPI``: MPI_Init) that checkpoints on request and saves
 and leaves on the stop signal.
 
-argv: OUT_DIR CKPT_DIR. Writes OUT_DIR/ready.<pid> (its rank), then steps; every step the ranks
+argv: OUT_DIR CKPT_DIR [no-term]. Writes OUT_DIR/ready.<pid> (its rank), then steps; every step the ranks
 agree with one allreduce(MAX) on "checkpoint now" (``training.checkpoint_requested()``) and on
 the stop (``training.stop_requested()``: TERM/INT to any one rank, or OUT_DIR/stop), so a signal
 that reaches one rank first still gives one checkpoint and one stop at the same step. Rank 0
 saves CKPT_DIR/step_<N>/ (``weights`` then the ``.metadata`` marker, written last). On the stop
 each rank writes OUT_DIR/saved.<rank> ("<step> <pid>") and exits 0 (mpi4py finalizes MPI at
-exit). A leak guard ends it after 120 s.
+exit). A leak guard ends it after 120 s. With ``no-term`` it installs no stop handler: TERM
+kills it, as it does the PyTorch DDP tutorial (it still answers "checkpoint now").
 """
 
 import os
@@ -18,8 +19,9 @@ from mpi4py import MPI
 
 from supervisor import training
 
-training.install_stop_handler()
 out, ckpt = sys.argv[1], sys.argv[2]
+if sys.argv[3:] != ["no-term"]:
+    training.install_stop_handler()
 comm = MPI.COMM_WORLD
 rank = comm.Get_rank()
 pid = os.getpid()
