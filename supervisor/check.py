@@ -109,7 +109,7 @@ def probe_script(path: Path) -> list[tuple[str, str]]:
         return [(FAIL, f"{path}: {e.strerror or e}")]
     directives = [ln[5:].strip() for ln in text.splitlines() if ln.startswith("#PBS ")]
     if not directives:
-        return [(OK, f"{path}: no #PBS lines (only PBS scripts are read)")]
+        return _slurm_signal(path, text) or [(OK, f"{path}: no #PBS lines (only PBS scripts and Slurm's --signal are read)")]
     out = []
     if not any(re.fullmatch(r"-r\s+y", d) for d in directives):
         out.append((WARN, f"{path}: no `#PBS -r y`: the job is not rerunnable, and its requeue (qrerun) is refused"))
@@ -121,6 +121,21 @@ def probe_script(path: Path) -> list[tuple[str, str]]:
                           "(and the job); submit it as an executable job: qsub [options] -- /bin/bash SCRIPT"))
     if not re.search(r"^exec\s+supervise\b", text, re.M):
         out.append((WARN, f"{path}: no `exec supervise …` line: supervise will not get PBS's signals itself"))
+    return out
+
+
+def _slurm_signal(path: Path, text: str) -> list[tuple[str, str]]:
+    """A Slurm script's ``--signal=USR1@N`` without ``B:``: Slurm sends it to the tasks, never to
+    supervise; a Lightning training then requeues the job itself (docs/slurm.md, "Lightning's own
+    requeue"), any other dies of it unless it handles USR1."""
+    out = []
+    for m in re.finditer(r"^#SBATCH\s+--signal[=\s]+(\S+)", text, re.M):
+        value = m.group(1)
+        where, _, sig = value.rpartition(":")
+        if "B" not in where.upper() and re.match(r"(SIG)?USR1(@|$)", sig.upper()):
+            out.append((WARN, f"{path}: `#SBATCH --signal={value}` goes to the training's tasks, not to supervise: "
+                              "a Lightning training requeues the job itself then (its auto_requeue); "
+                              "write --signal=B:USR2@N (docs/slurm.md)"))
     return out
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
 from supervisor import __version__, childenv, deadline, launchers, nodeset
 from supervisor._units import format_duration
 from supervisor.config import Config, SyncPair, agent_view, pair_view, public_view
+from supervisor.autorequeue import lightning_clash
 from supervisor.errors import ConfigError
 from supervisor.sched import Job, detect_job
 from supervisor.journal import next_attempt, node_dir, read_journal, redact_argv, redact_env
@@ -108,6 +109,9 @@ def make_plan(cfg: Config, env: Mapping[str, str] | None = None, node_rank: int 
                                                    next_attempt(run_dir, env, job.restart_count))
                                  if run_dir.exists() else ([], 1))
     plan = _plan(cfg, env, job, previous, attempt, previous_start=_start_before(previous, written=0))
+    clash = lightning_clash(cfg.command, env, cfg.requeue)
+    if clash:
+        plan.warnings.append(clash)
     if cfg.sync:
         mirror = _mirror(cfg, 0, parts_poll, previous)
         plan.warnings += mirror.check()
