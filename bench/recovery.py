@@ -72,13 +72,14 @@ def one(c: SlurmCluster, kind: str) -> dict[str, float | None]:
     run, cfg, out = c.shared / name / "run", c.shared / name / "run.toml", c.shared / name / "job.out"
     cfg.parent.mkdir(parents=True)
     cfg.write_text(f'requeue = true\n{"spare_nodes = 1" if spare else ""}\n\n'
-                   f'[[sync]]\nname = "ckpt"\nfrom = "{c.local}/{name}"\nto = "{c.shared / name / "persist"}"\n'
+                   f'[[sync]]\nname = "ckpt"\nfrom = "{c.local}/{name}/ckpt"\nto = "{c.shared / name / "persist"}"\n'
                    'nodes = "auto"\nsettle = "1s"\nrestore = true\n')
     job = c.submit(JOB.format(nodes=3 if spare else 2, no_kill="#SBATCH --no-kill" if spare else "", repo=REPO,
                               python=sys.executable, cfg=cfg, run=run, local=f"{c.local}/{name}", torchrun=TORCHRUN,
                               train=SCRIPT), "-o", str(out))
     leader = run / "events.jsonl"
-    wait_for(lambda: len([e for e in events(leader) if e.get("kind") == "publish"]) >= 3, 300, "three publishes")
+    wait_for(lambda: len([e for e in events(leader) if e.get("kind") == "publish"]) >= 3, 300,
+             lambda: f"three publishes; {out.read_text()[-2000:] if out.exists() else ''}")
     before = out.read_text()
     killed = time.time()
     if spare:
