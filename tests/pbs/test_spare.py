@@ -35,7 +35,7 @@ def test_a_dead_sister_is_replaced_by_the_spare_without_a_rerun(pbs: PbsCluster)
     pbs_torch()
     pytest.importorskip("torch")
     t0 = time.monotonic()
-    pbs.qmgr("set queue workq kill_delay = 10")
+    pbs.qmgr("set queue workq kill_delay = 10", "set server operators = alice@*")  # qrerun, once no spare is left
     work, local = setup_job(pbs, "spare", "persist", f"--chdir {{local}}/ckpt {ROOT}/tests/multinode/ddp_tutorial.py 40 1",
                             port=503, extra='grace = "3s"\nrequeue = true\nspare_nodes = 1\n')
     script = (work / "job.pbs").read_text()
