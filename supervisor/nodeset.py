@@ -2,10 +2,11 @@
 
 A job may hold spare nodes (``spare_nodes = K``, issue 41): the training runs on the
 allocation less K nodes, and when a node dies the next attempt runs inside the same
-allocation on a spare instead of going back to the queue. The leader's
-plan asks it for the attempt's nodes (``attempt_nodes``) and the command that runs there
-(``on_nodes``); the one file it writes is an attempt's nodefile (``write_nodefile``, PBS). The nodes an attempt uses travel to its node agents in
-``childenv.JOB_NODES`` (the scheduler's own variables still name the whole allocation).
+allocation on a spare instead of going back to the queue. The leader's plan asks it for the
+attempt's nodes (``attempt_nodes``) and the command that runs there (``on_nodes``); the one file
+it writes is an attempt's nodefile (``write_nodefile``, PBS). The nodes an attempt uses travel
+to its node agents in ``childenv.JOB_NODES`` (the scheduler's own variables still name the
+whole allocation).
 """
 
 from __future__ import annotations
@@ -42,9 +43,7 @@ def on_nodes(argv: Sequence[str], nodes: Sequence[str], allocation: Sequence[str
     if not nodes or tuple(nodes) == tuple(allocation):
         return argv
     if nodefile is not None:
-        job_file, ours = nodefile
-        argv = tuple(ours if a == job_file else a.replace(f"={job_file}", f"={ours}") if a.endswith(f"={job_file}") else a
-                     for a in argv)
+        argv = tuple(_nodefile_arg(a, *nodefile) for a in argv)
     at = _launcher_index(argv, "srun")
     if at is None:
         return argv
@@ -72,6 +71,16 @@ def nodefile_path(run_dir: Path, nodes: Sequence[str]) -> Path:
     """Where an attempt on ``nodes`` keeps its nodefile (one per node set, in the run directory
     every node sees)."""
     return run_dir / "nodes" / f"nodefile-{'-'.join(nodes)}"
+
+
+def _nodefile_arg(arg: str, job_file: str, ours: str) -> str:
+    """One word of the command with the job's nodefile, alone (``--hostfile PATH``) or after
+    ``=`` (``--hostfile=PATH``), turned into the attempt's."""
+    if arg == job_file:
+        return ours
+    if arg.endswith(f"={job_file}"):
+        return arg[: -len(job_file)] + ours
+    return arg
 
 
 def _short(host: str) -> str:
