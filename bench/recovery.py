@@ -42,24 +42,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.support.slurm import SlurmCluster, down, up  # noqa: E402
+from tests.support.tutorial_job import tutorial_job  # noqa: E402
 from tests.support.wait import wait_for  # noqa: E402
 
-TORCHRUN = Path(sys.executable).parent / "torchrun"
-SCRIPT = REPO / "tests" / "multinode" / "ddp_tutorial.py"
-JOB = """#!/bin/bash
-#SBATCH --nodes={nodes}
-#SBATCH --ntasks-per-node=1
-{no_kill}
-#SBATCH --requeue
-#SBATCH --open-mode=append
-cd {repo}
-echo "attempt ${{SLURM_RESTART_COUNT:-0}} on $SLURM_JOB_NODELIST"
-export EPOCH_SLEEP=1.0 OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
-HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -1)
-exec {python} -m supervisor --config {cfg} --run-dir {run} -- \\
-  srun --ntasks-per-node=1 --chdir={local}/ckpt {torchrun} --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d \\
-  --rdzv-endpoint=$HEAD:29500 --rdzv-id=$SLURM_JOB_ID-$SLURM_RESTART_COUNT {train} 40 1
-"""
 
 
 def events(path: Path) -> list[dict]:
@@ -74,9 +59,9 @@ def one(c: SlurmCluster, kind: str) -> dict[str, float | None]:
     cfg.write_text(f'requeue = true\n{"spare_nodes = 1" if spare else ""}\n\n'
                    f'[[sync]]\nname = "ckpt"\nfrom = "{c.local}/{name}/ckpt"\nto = "{c.shared / name / "persist"}"\n'
                    'nodes = "auto"\nsettle = "1s"\nrestore = true\n')
-    job = c.submit(JOB.format(nodes=3 if spare else 2, no_kill="#SBATCH --no-kill" if spare else "", repo=REPO,
-                              python=sys.executable, cfg=cfg, run=run, local=f"{c.local}/{name}", torchrun=TORCHRUN,
-                              train=SCRIPT), "-o", str(out))
+    directives = ["--nodes=3", "--no-kill"] if spare else ["--nodes=2"]
+    directives += ["--ntasks-per-node=1", "--requeue", "--open-mode=append"]
+    job = c.submit(tutorial_job(directives, cfg=cfg, run=run, local=f"{c.local}/{name}", epochs=40), "-o", str(out))
     leader = run / "events.jsonl"
     wait_for(lambda: len([e for e in events(leader) if e.get("kind") == "publish"]) >= 3, 300,
              lambda: f"three publishes; {out.read_text()[-2000:] if out.exists() else ''}")

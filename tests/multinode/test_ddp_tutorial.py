@@ -28,8 +28,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -37,9 +35,9 @@ from typing import Callable
 import pytest
 
 from tests.support.journal import events
-from tests.support.paths import ROOT
 from tests.support.s3 import S3Server, skip_without_s3
 from tests.support.slurm import SlurmCluster, attempts_of
+from tests.support.tutorial_job import replay, tutorial_job
 
 EPOCHS, EVERY = 60, 1
 # By hand, the tutorial's own script (pytorch/examples distributed/ddp-tutorial-series/multinode.py,
@@ -47,25 +45,10 @@ EPOCHS, EVERY = 60, 1
 # SUPERVISE_DDP_TUTORIAL=/path/multinode.py SUPERVISE_DDP_TUTORIAL_ARGS="3000 50" (its epochs take
 # milliseconds: a save every 50 of them is about one a second here).
 SCRIPT = Path(os.environ.get("SUPERVISE_DDP_TUTORIAL") or Path(__file__).parent / "ddp_tutorial.py")
-TORCHRUN = Path(sys.executable).parent / "torchrun"
 if os.environ.get("SUPERVISE_DDP_TUTORIAL_ARGS"):
     EPOCHS, EVERY = (int(x) for x in os.environ["SUPERVISE_DDP_TUTORIAL_ARGS"].split())
 
-JOB = """#!/bin/bash
-#SBATCH --nodes=2
-#SBATCH --ntasks-per-node=1
-#SBATCH --requeue
-#SBATCH --open-mode=append
-#SBATCH --time=1
-cd {repo}
-echo "attempt ${{SLURM_RESTART_COUNT:-0}} on $SLURM_JOB_NODELIST"
-# unbuffered: a rank killed with its node has printed its "Resuming" line already (CI once had 3 of 4)
-export EPOCH_SLEEP=1.0 OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
-HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -1)
-exec {python} -m supervisor --config {cfg} --run-dir {run} -- \\
-  srun --ntasks-per-node=1 --chdir={local}/ckpt {torchrun} --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d \\
-  --rdzv-endpoint=$HEAD:29500 --rdzv-id=$SLURM_JOB_ID-$SLURM_RESTART_COUNT {train} {epochs} {every}
-"""
+DIRECTIVES = ["--nodes=2", "--ntasks-per-node=1", "--requeue", "--open-mode=append", "--time=1"]
 
 
 def test_the_ddp_tutorial_pattern_through_the_four_interruptions(cluster4: SlurmCluster, tmp_path: Path) -> None:
@@ -115,9 +98,8 @@ def _the_tutorial_through_four_interruptions(c: SlurmCluster, tmp_path: Path, to
     cfg.write_text('requeue = true\nmax_requeues = 8\n\n'
                    f'[[sync]]\nname = "ckpt"\nfrom = "{c.local}/ckpt"\nto = "{to}"\n'
                    'nodes = "auto"\nsettle = "1s"\nrestore = true\n')
-    job = c.submit(JOB.format(repo=ROOT, python=sys.executable, cfg=cfg, run=run, local=c.local,
-                              torchrun=TORCHRUN, train=SCRIPT, epochs=EPOCHS, every=EVERY),
-                 "-o", str(out), env=env)
+    job = c.submit(tutorial_job(DIRECTIVES, cfg=cfg, run=run, local=str(c.local), epochs=EPOCHS, every=EVERY,
+                                train=SCRIPT), "-o", str(out), env=env)
     leader = run / "events.jsonl"
 
     def publishes(attempt: int) -> list[dict]:
@@ -178,13 +160,9 @@ def _the_tutorial_through_four_interruptions(c: SlurmCluster, tmp_path: Path, to
         # the replay: each attempt trained from the epoch it resumed at (trained again) to the
         # one the next attempt resumed from; the last to the end
         trained = [e for a, s in enumerate(starts) for e in range(s, (starts + [EPOCHS - 1])[a + 1] + 1)]
-        proc = subprocess.run([str(TORCHRUN), "--standalone", "--nproc-per-node=4", str(Path(__file__).parent / "ddp_replay.py"),
-                               str(tmp_path / "replay.pt"), *map(str, trained)], capture_output=True, text=True,
-                              timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        assert proc.returncode == 0, proc.stderr[-3000:]
         import torch
 
-        want = torch.load(tmp_path / "replay.pt")
+        want = replay(trained, tmp_path / "replay.pt")
         assert all(torch.equal(final["MODEL_STATE"][k], want[k]) for k in want), (trained, final["MODEL_STATE"], want)
         log(f"the final weights equal the replay of {len(trained)} epochs ({EPOCHS} distinct)")
     log("done")

@@ -18,40 +18,22 @@ process in its namespaces). Then:
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.support.journal import events
-from tests.support.paths import ROOT
 from tests.support.slurm import SlurmCluster
+from tests.support.tutorial_job import replay, tutorial_job
 from tests.support.wait import wait_for
 
 EPOCHS = 40
-SCRIPT = Path(__file__).parent / "ddp_tutorial.py"
-TORCHRUN = Path(sys.executable).parent / "torchrun"
 AGAIN_WITHIN_S = 60.0  # the bar: training again within 60 s of the kill, here
 
-JOB = """#!/bin/bash
-#SBATCH --nodes=3
-#SBATCH --ntasks-per-node=1
-#SBATCH --no-kill
-#SBATCH --requeue
-#SBATCH --open-mode=append
-cd {repo}
-echo "attempt ${{SLURM_RESTART_COUNT:-0}} on $SLURM_JOB_NODELIST"
-export EPOCH_SLEEP=1.0 OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
-HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -1)
-exec {python} -m supervisor --config {cfg} --run-dir {run} -- \\
-  srun --ntasks-per-node=1 --chdir={local}/ckpt {torchrun} --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d \\
-  --rdzv-endpoint=$HEAD:29500 --rdzv-id=$SLURM_JOB_ID-$SLURM_RESTART_COUNT {train} {epochs} 1
-"""
+DIRECTIVES = ["--nodes=3", "--ntasks-per-node=1", "--no-kill", "--requeue", "--open-mode=append"]
 
 
 def test_a_dead_node_is_replaced_by_the_spare_without_a_requeue(cluster4: SlurmCluster, tmp_path: Path) -> None:
@@ -63,8 +45,7 @@ def test_a_dead_node_is_replaced_by_the_spare_without_a_requeue(cluster4: SlurmC
     cfg.write_text('requeue = true\nspare_nodes = 1\n\n'
                    f'[[sync]]\nname = "ckpt"\nfrom = "{c.local}/ckpt"\nto = "{dst}"\n'
                    'nodes = "auto"\nsettle = "1s"\nrestore = true\n')
-    job = c.submit(JOB.format(repo=ROOT, python=sys.executable, cfg=cfg, run=run, local=c.local, torchrun=TORCHRUN,
-                              train=SCRIPT, epochs=EPOCHS), "-o", str(out))
+    job = c.submit(tutorial_job(DIRECTIVES, cfg=cfg, run=run, local=str(c.local), epochs=EPOCHS), "-o", str(out))
     leader = run / "events.jsonl"
 
     def log(what: str) -> None:
@@ -145,11 +126,7 @@ def test_a_dead_node_is_replaced_by_the_spare_without_a_requeue(cluster4: SlurmC
     final = torch.load(dst / "snapshot.pt")
     assert final["EPOCHS_RUN"] == EPOCHS - 1, final["EPOCHS_RUN"]
     trained = [*range(0, resumed[0] + 1), *range(resumed[0], EPOCHS)]
-    proc = subprocess.run([str(TORCHRUN), "--standalone", "--nproc-per-node=4", str(Path(__file__).parent / "ddp_replay.py"),
-                           str(tmp_path / "replay.pt"), *map(str, trained)], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    want = torch.load(tmp_path / "replay.pt")
+    want = replay(trained, tmp_path / "replay.pt")
     assert all(torch.equal(final["MODEL_STATE"][k], want[k]) for k in want), (trained, final["MODEL_STATE"], want)
     log(f"the final weights equal the replay of {len(trained)} epochs")
     shutil.copytree(run, tmp_path / "run")  # the journals where the contract check reads every real run's
