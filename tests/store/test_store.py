@@ -198,7 +198,10 @@ def test_a_name_another_run_claimed_is_never_uploaded_over(bucket: Bucket, s3_se
     obstore.put(bucket.store, claim, b'{"owner": "/another/run"}', mode="create")
     r = run_supervise("--run-dir", str(tmp_path / "run"), "--checkpoints", str(tmp_path / "local"), bucket.url(prefix),
                       *_train(tmp_path / "local", "--steps", "20", "--every", "10"), env=s3_server.env, timeout=60)
-    assert r.returncode == 0, r.stderr[-2000:]
+    # this run's step_000010 never reached the bucket: the end says so, with not_durable_status (74)
+    assert r.returncode == 74, r.stderr[-2000:]
+    end = _of(tmp_path / "run", "end")[-1]
+    assert [x for x in end["not_durable"] if "step_000010" in x and "refused" in x], end
     refused = [e["checkpoint"] for e in _of(tmp_path / "run", "sync-refused")]
     assert refused == ["step_000010"], refused
     assert not [k for k in bucket.keys(prefix) if k.startswith(f"{prefix}/step_000010")]
