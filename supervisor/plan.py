@@ -101,7 +101,7 @@ def make_plan(cfg: Config, env: Mapping[str, str] | None = None, node_rank: int 
     if runs is not None:
         job = replace(job, restart_count=runs)
     if (cfg.spare_nodes or lost) and job.sched.is_batch:
-        job = _with_spares(cfg, job, env, lost)
+        job, env = _with_spares(cfg, job, env, lost)
     cfg = _for_job(cfg, job)
     assert cfg.run_dir is not None
     run_dir = cfg.run_dir
@@ -147,7 +147,7 @@ def _node_plan(cfg: Config, env: dict[str, str], job: Job, rank: int, parts_poll
     return plan
 
 
-def _with_spares(cfg: Config, job: Job, env: dict[str, str], lost: tuple[str, ...]) -> Job:
+def _with_spares(cfg: Config, job: Job, env: dict[str, str], lost: tuple[str, ...]) -> tuple[Job, dict[str, str]]:
     """The job as this attempt sees it: the nodes it trains on (the allocation less its spares
     and its dead nodes), the whole allocation beside them; its node agents and the training
     learn the nodes from ``childenv.JOB_NODES`` (issue 41)."""
@@ -159,11 +159,8 @@ def _with_spares(cfg: Config, job: Job, env: dict[str, str], lost: tuple[str, ..
     if nodes is None:
         raise ConfigError("spare_nodes", cfg.spare_nodes, f"too few nodes left: {', '.join(lost)} died and "
                           f"the allocation has {len(allocation)}")
-    assert cfg.run_dir is not None
-    narrowed = job.sched.on_fewer_nodes(env, str(nodeset.nodefile_path(cfg.run_dir, nodes)))
-    env.clear()
-    env.update(narrowed, **{childenv.JOB_NODES: ",".join(nodes)})
-    return replace(job, allocation=allocation, nodes=nodes, lost=lost)
+    env = {**job.sched.on_fewer_nodes(env), childenv.JOB_NODES: ",".join(nodes)}
+    return replace(job, allocation=allocation, nodes=nodes, lost=lost), env
 
 
 def _for_job(cfg: Config, job: Job) -> Config:

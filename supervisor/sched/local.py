@@ -80,7 +80,7 @@ class Local:
     def node_state(self, host: str) -> tuple[str, str] | None:
         return None
 
-    def on_fewer_nodes(self, env: Mapping[str, str], nodefile: str) -> dict[str, str]:
+    def on_fewer_nodes(self, env: Mapping[str, str]) -> dict[str, str]:
         return dict(env)
 
     def agents(self, launch: AgentLaunch) -> Agents | None:

@@ -220,7 +220,7 @@ class Pbs:
     def node_state(self, host: str) -> tuple[str, str] | None:
         return pbs_node_state(host)
 
-    def on_fewer_nodes(self, env: Mapping[str, str], nodefile: str) -> dict[str, str]:
+    def on_fewer_nodes(self, env: Mapping[str, str]) -> dict[str, str]:
         """Unchanged: ``PBS_NODEFILE`` keeps naming the job's nodefile, whose line numbers are the
         TM node numbers ``pbsdsh -h`` and ``pbs_tmrsh`` look a host up by (measured: with the
         attempt's own file there, ``pbsdsh -h n3`` asked for the dead node and hung). The

@@ -235,7 +235,7 @@ class Slurm:
         reason = out.split("Reason=", 1)[1].split(" [", 1)[0].strip() if "Reason=" in out else ""
         return fields["State"], reason
 
-    def on_fewer_nodes(self, env: Mapping[str, str], nodefile: str) -> dict[str, str]:
+    def on_fewer_nodes(self, env: Mapping[str, str]) -> dict[str, str]:
         """The environment of a launcher that runs on fewer nodes than the allocation (spares kept
         aside, issue 41): without the allocation's task count, which ``srun`` reads as its own
         ``--ntasks`` ("More processors requested than permitted" on the nodes it is told), so it

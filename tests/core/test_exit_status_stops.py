@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.checkpoints import hung_checkpoint
+
 from tests.support.journal import events
 from tests.support.paths import HELPERS
 from tests.support.supervise import run_supervise
@@ -84,11 +86,7 @@ def test_a_run_that_ends_with_a_checkpoint_not_durable_is_not_0(tmp_path: Path, 
     """The training exits 0, but a checkpoint could not be copied (a shard the Python copier
     blocks on for good: a FIFO, killed after the stall bound): ``end.not_durable`` names it."""
     run, local = tmp_path / "run", tmp_path / "local"
-    d = local / "step_000001"
-    d.mkdir(parents=True)
-    (d / "shard_0.bin").write_bytes(b"x" * 100)
-    os.mkfifo(d / "shard_1.bin")
-    (d / ".metadata").write_text("1")
+    hung_checkpoint(local)
     r = run_supervise("--run-dir", str(run), "--checkpoints", str(local), str(tmp_path / "persistent"),
                       "--sync-backend", "python", "--gpu-every", "0", *flags, "--",
                       sys.executable, "-c", "import time; time.sleep(2)",

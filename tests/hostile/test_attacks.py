@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.hostile._util import TRACEBACK, env_with, finish, kill_marked, kinds
+from tests.hostile._util import TRACEBACK, env_with, finish, kinds
 from tests.support.supervise import run_supervise, start_supervise, supervise_argv
 from tests.support.wait import wait_for
 
@@ -41,13 +41,6 @@ def other_user():
     yield pw.pw_uid, pw.pw_gid
     if made:
         subprocess.run(["userdel", OTHER], check=False)
-
-
-@pytest.fixture
-def tag(request):
-    name = f"{request.node.name}-{os.getpid()}"
-    yield name
-    kill_marked(name)
 
 
 def _victim(tmp_path: Path, text: str = "victim's own line\n") -> Path:

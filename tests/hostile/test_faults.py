@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.hostile._util import (TRACEBACK, env_with, events, fake_tool, finish, kill_marked, kinds, marked, none_left,
+from tests.support.checkpoints import hung_checkpoint
+
+from tests.hostile._util import (TRACEBACK, env_with, events, fake_tool, finish, kinds, marked, none_left,
                                  trainer)
 from tests.support.supervise import start_supervise
 from tests.support.wait import wait_for
@@ -24,13 +26,6 @@ from tests.support.wait import wait_for
 HUNG_RSYNC = 'case "$*" in *--version*) exec /usr/bin/rsync --version;; esac\nexec sleep 100000\n'
 STALL = "1"  # SUPERVISE_COPIER_STALL for the hung-copier cases: seconds without I/O before the kill
 LONG = os.environ.get("HOSTILE_LONG") == "1"  # the long set, by hand: python -m tests.hostile
-
-
-@pytest.fixture
-def tag(request):
-    name = f"{request.node.name}-{os.getpid()}"
-    yield name
-    kill_marked(name)
 
 
 def _ended(run_dir: Path) -> dict:
@@ -93,11 +88,7 @@ def test_a_hung_copier_after_a_failed_exit_ends_bounded_with_the_trainings_statu
 def test_a_hung_python_copier_is_killed(tmp_path: Path, tag: str) -> None:
     """The Python copier blocked for good opening a FIFO a checkpoint holds: killed, bounded."""
     run, local = tmp_path / "run", tmp_path / "local"
-    d = local / "step_000001"
-    d.mkdir(parents=True)
-    (d / "shard_0.bin").write_bytes(b"x" * 100)
-    os.mkfifo(d / "shard_1.bin")
-    (d / ".metadata").write_text("1")
+    hung_checkpoint(local)
     p = start_supervise("--run-dir", str(run), "--checkpoints", str(local), str(tmp_path / "persistent"),
                         "--sync-backend", "python", "--", sys.executable, "-c", "import time; time.sleep(2)",
                         env=env_with(tag, SUPERVISE_COPIER_STALL=STALL))

@@ -17,10 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
-from tests.hostile._util import env_with, kill_marked, kinds, marked
-from tests.support.supervise import killed_on_exit, start_supervise, supervise_argv
+from tests.hostile._util import env_with, kinds, marked
+from tests.support.supervise import killed_on_exit, pid_alive, start_supervise, supervise_argv
 from tests.support.wait import wait_for
 
 # A training that leaves every kind of process behind it: a grandchild under a shell, a
@@ -54,21 +53,6 @@ time.sleep(600)
 """
 
 
-@pytest.fixture
-def tag(request):
-    name = f"{request.node.name}-{os.getpid()}"
-    yield name
-    kill_marked(name)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_nothing_the_training_started_outlives_a_sigkill_of_supervise(tmp_path: Path, tag: str) -> None:
     run, pids_file = tmp_path / "run", tmp_path / "pids"
     p = start_supervise("--run-dir", str(run), "--", sys.executable, "-c", _TRAINING, str(pids_file),
@@ -78,15 +62,15 @@ def test_nothing_the_training_started_outlives_a_sigkill_of_supervise(tmp_path: 
         pids = {k: int(v) for k, v in (item.split("=") for item in pids_file.read_text().split())}
         cleared = pids["cleared-environment"]
         try:
-            assert all(_alive(pid) for pid in pids.values()), pids
+            assert all(pid_alive(pid) for pid in pids.values()), pids
             p.send_signal(signal.SIGKILL)
             p.wait()
             t0 = time.monotonic()
-            wait_for(lambda: not marked(tag) and not _alive(cleared), 10,
+            wait_for(lambda: not marked(tag) and not pid_alive(cleared), 10,
                      what="no process of the training left 10 s after kill -9 of supervise", interval=0.1)
             took = time.monotonic() - t0
         finally:
-            if _alive(cleared):
+            if pid_alive(cleared):
                 os.kill(cleared, signal.SIGKILL)
     print(f"every process of the training gone {took:.2f} s after kill -9 of supervise")
     killed = kinds(run, "keeper-killed")
@@ -127,6 +111,6 @@ def test_the_keeper_stays_out_of_the_way_of_a_clean_stop(tmp_path: Path, tag: st
     stop = [e for e in kinds(run, "stop-step") if e.get("step") == "stop-child"]
     assert stop and stop[0]["graceful"] and not stop[0]["killed"], stop
     assert not kinds(run, "orphans-killed")
-    wait_for(lambda: not _alive(keeper) and not marked(tag), 10, what="the keeper gone with supervise", interval=0.1)
+    wait_for(lambda: not pid_alive(keeper) and not marked(tag), 10, what="the keeper gone with supervise", interval=0.1)
     assert not kinds(run, "keeper-killed")
     assert kinds(run, "end")

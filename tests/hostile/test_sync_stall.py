@@ -10,14 +10,13 @@ object store's case, with the real SeaweedFS stopped, is tests/store/test_store_
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.hostile._util import env_with, fake_tool, finish, kill_marked, kinds, trainer
+from tests.hostile._util import env_with, fake_tool, finish, kinds, trainer
 from tests.support.supervise import start_supervise
 from tests.support.webhook import Server
 
@@ -27,13 +26,6 @@ HANGING_RSYNC = f"""case "$*" in *--version*) exec {shutil.which("rsync") or "/u
 if [ ! -e "$STALL_MARK" ]; then date +%s.%N > "$STALL_MARK"; sleep {HANG_S}; fi
 exec {shutil.which("rsync") or "/usr/bin/rsync"} "$@"
 """
-
-
-@pytest.fixture
-def tag(request):
-    name = f"{request.node.name}-{os.getpid()}"
-    yield name
-    kill_marked(name)
 
 
 @pytest.mark.skipif(shutil.which("rsync") is None, reason="rsync is not on PATH")

@@ -97,3 +97,13 @@ def _incomplete(d: Path, style: str, shards: int, size: int) -> list[str]:
     if ".supervise-partial" in inside or any(n.endswith(".supervise-tmp") for n in inside):
         bad.append("staging debris inside")
     return bad
+
+
+def hung_checkpoint(local: Path) -> None:
+    """``local/step_000001``, complete by its marker, one of whose shards is a FIFO: a copier that
+    opens it blocks for good (the hung-copier cases)."""
+    d = local / "step_000001"
+    d.mkdir(parents=True)
+    (d / "shard_0.bin").write_bytes(b"x" * 100)
+    os.mkfifo(d / "shard_1.bin")
+    (d / ".metadata").write_text("1")
