@@ -15,7 +15,8 @@ from typing import Any, Mapping
 
 from supervisor.config import SyncPair
 from supervisor.journal import Emit
-from supervisor.sync._complete import identical, snapshot
+from supervisor.sync import _content
+from supervisor.sync._complete import Snap, identical, snapshot
 from supervisor.sync._exclude import within
 from supervisor.sync._versions import contains
 
@@ -29,16 +30,17 @@ def role_before(previous_start: Mapping[str, Any] | None, host: str) -> int | No
     return nodes.index(short) if short in nodes else None
 
 
-def set_aside(p: SyncPair, node: int, emit: Emit, why: str) -> list[str]:
+def set_aside(p: SyncPair, node: int, emit: Emit, why: str, keep: str | None = None) -> list[str]:
     """Move every local checkpoint of ``p`` that is not on persistent storage under the hidden
-    ``.supervise-set-aside/`` (kept for you, never copied, never restored): ``part-set-aside``."""
+    ``.supervise-set-aside/`` (kept for you, never copied, never restored): ``part-set-aside``.
+    ``keep``: the version every node restores (chosen from the nodes' copies: not published)."""
     try:
         names = sorted(os.listdir(p.src))
     except OSError:
         return []
     moved = []
     for name in names:
-        if name.startswith(".") or os.path.lexists(p.dst / name) or os.path.islink(p.src / name) \
+        if name.startswith(".") or name == keep or os.path.lexists(p.dst / name) or os.path.islink(p.src / name) \
                 or not os.path.isdir(p.src / name) and not os.path.isfile(p.src / name):
             continue
         if _move_aside(p, name, node, emit, why):
@@ -60,24 +62,42 @@ def _move_aside(p: SyncPair, name: str, node: int, emit: Emit, why: str) -> bool
     return True
 
 
-def set_aside_versions(p: SyncPair, node: int, emit: Emit, why: str) -> list[str]:
+def set_aside_versions(p: SyncPair, node: int, emit: Emit, why: str, keep: str | None = None) -> list[str]:
     """Set aside every local entry of ``p`` whose name is published with another content
     (``snapshot.pt`` saved again after the version on persistent storage): a rank loading
-    it would resume from a version the other nodes do not have."""
+    it would resume from a version the other nodes do not have. ``keep``: a version chosen
+    from the nodes' copies, newer than the published one of its name: the restore verifies it."""
     moved = []
     try:
         names = sorted(os.listdir(p.src))
     except OSError:
         return []
     for name in names:
-        if name.startswith(".") or os.path.islink(p.src / name) or not os.path.lexists(p.dst / name):
+        if name.startswith(".") or name == keep or os.path.islink(p.src / name) or not os.path.lexists(p.dst / name):
             continue
         there = snapshot(p.dst / name, within(name, p.exclude))
         mine = snapshot(p.src / name, within(name, p.exclude))
         whole = there is not None and mine is not None and there.files.keys() == mine.files.keys()
-        if mine is None or there is None or (identical(p.src / name, p.dst / name, mine, there) if whole
-                                             else contains(there, mine)):
+        if mine is None or there is None or (_same_version(p, name, mine, there) if whole else contains(there, mine)):
             continue
         if _move_aside(p, name, node, emit, why):
             moved.append(name)
     return moved
+
+
+def _same_version(p: SyncPair, name: str, mine: Snap, there: Snap) -> bool:
+    """Is the local ``name`` the published version? By the content manifest where one describes
+    the published copy (this node's bytes hashed, nothing read back from persistent storage),
+    else byte for byte against it."""
+    doc = _content.read(p.dst, name)
+    if not _content.describes(doc, there):
+        return identical(p.src / name, p.dst / name, mine, there)
+    assert doc is not None
+    for rel, f in doc["files"].items():
+        if mine.files[rel][0] != int(f["size"]):
+            return False
+    try:
+        return all(_content.sha256_of(p.src / name / rel if rel else p.src / name) == f["sha256"]
+                   for rel, f in doc["files"].items())
+    except OSError:
+        return False

@@ -20,7 +20,7 @@ from typing import Callable, Protocol
 import anyio
 
 from supervisor.config import SyncPair
-from supervisor.sync import _fsops
+from supervisor.sync import _content, _fsops
 from supervisor.sync._backend import CopyError, CopyResult
 from supervisor.sync._complete import Entry, Listing, Pointer, Snap, identical, matches, natural_key, snapshot
 from supervisor.sync._exclude import within
@@ -196,9 +196,13 @@ class PartPublisher(Publisher):
                 await to_thread(shutil.rmtree, pdir, True)  # rotated away under the copier
                 return False
             stats += got
+            try:  # hashed before the rescan, so a file changed meanwhile is caught by it
+                hashes = await to_thread(_content.hash_files, src, e.snap, getattr(got, "hashes", None))
+            except FileNotFoundError:
+                hashes = None
             again: Listing = await to_thread(self.rescan, name)
             now = again.entries.get(name)
-            if now is None or not now.complete:
+            if now is None or not now.complete or hashes is None:
                 await to_thread(shutil.rmtree, pdir, True)
                 return False
             if not now.snap.same_content(e.snap):
@@ -213,7 +217,7 @@ class PartPublisher(Publisher):
             if p.fsync:
                 await to_thread(_fsops.fsync_dir, pdir)
             await to_thread(write_manifest, p.dst, name, self.node, self.nodes, e.snap, is_dir=e.is_dir,
-                            markers=e.markers, why=e.why, done_at=e.done_at)
+                            markers=e.markers, why=e.why, done_at=e.done_at, hashes=hashes)
             self.part_durable(e, again, trigger)
             return True
         self.emit("sync-deferred", pair=p.name, checkpoint=name, node=self.node,

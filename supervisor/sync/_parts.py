@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from supervisor.sync._backend import fsync_all
-from supervisor.sync._complete import STAGING_PREFIX, Snap, matches, snapshot
+from supervisor.sync import _content
+from supervisor.sync._complete import STAGING_PREFIX, Entry, Snap, matches, snapshot
 from supervisor.sync._fsops import create_exclusive, fsync_dir, prune_staging, swap_in
 
 PARTS_DIR = ".supervise-parts"
@@ -86,12 +87,16 @@ def part_source(dst: Path, name: str, node: int, rel: str) -> Path:
 
 
 def write_manifest(dst: Path, name: str, node: int, nodes: int, snap: Snap, *, is_dir: bool,
-                   markers: tuple[str, ...], why: str, done_at: float | None) -> Path:
-    """The part's commit point: written last, temp + rename, always fsynced (file and dir)."""
+                   markers: tuple[str, ...], why: str, done_at: float | None,
+                   hashes: Mapping[str, str] | None = None) -> Path:
+    """The part's commit point: written last, temp + rename, always fsynced (file and dir).
+    Each file is ``[size, mtime_ns, sha256]`` (the sha256 left out when ``hashes`` lacks it)."""
     path = manifest_path(dst, name, node)
+    hashes = hashes or {}
     body = {"v": MANIFEST_VERSION, "checkpoint": name, "node": node, "nodes": nodes,
             "host": socket.gethostname(), "pid": os.getpid(), "is_dir": is_dir,
-            "files": {rel: [size, mt] for rel, (size, mt) in sorted(snap.files.items())},
+            "files": {rel: [size, mt, *([hashes[rel]] if rel in hashes else [])]
+                      for rel, (size, mt) in sorted(snap.files.items())},
             "markers": list(markers), "bytes": snap.bytes, "why": why, "done_at": done_at,
             "written_at": round(time.time(), 6)}
     tmp = path.with_name(f".{path.name}.tmp")
@@ -266,12 +271,38 @@ def _same(a: Path, b: Path) -> bool:
         return False
 
 
+def _same_bytes(a: Mapping[str, Any], b: Mapping[str, Any], rel: str, pa: Path, pb: Path) -> bool:
+    """Do two parts hold ``rel`` with the same bytes? Their manifests' sha256 say so without
+    reading the persistent copies back; parts without one are compared byte for byte."""
+    fa, fb = a["files"].get(rel), b["files"].get(rel)
+    if isinstance(fa, list) and isinstance(fb, list) and len(fa) > 2 and len(fb) > 2:
+        return fa[2] == fb[2]
+    return _same(pa, pb)
+
+
 def replicas(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Did both nodes write a whole checkpoint of their own (each part carries the framework's
     marker: HF's ``save_on_each_node``, DeepSpeed's node-local storage)? Then a path they hold
     differently is each node's own view (HF's ``trainer_state.json`` says
     ``is_world_process_zero``), not two halves that disagree."""
     return bool(a.get("markers")) and bool(b.get("markers"))
+
+
+def _write_content(dst: Path, name: str, manifests: Mapping[int, Mapping[str, Any]], owner: Mapping[str, int],
+                   want: Snap, *, is_dir: bool, markers: set[str], done_at: float | None, fsync: bool) -> None:
+    """The assembled version's content manifest (``_content``), before its rename, from the
+    sha256 each node's part manifest carries for the files it placed; none when a part lacks
+    them (written by an older agent): the restore then trusts sizes, as before."""
+    hashes: dict[str, str] = {}
+    for rel, node in owner.items():
+        f = manifests[node]["files"].get(rel)
+        if not isinstance(f, list) or len(f) < 3:
+            _content.drop(dst, name)
+            return
+        hashes[rel] = str(f[2])  # a link's: link:<target> (``_content.hash_files``)
+    e = Entry(name=name, is_dir=is_dir, snap=want, complete=True, why=f"all {len(manifests)} parts", done_at=done_at,
+              markers=tuple(sorted(markers)))
+    _content.write(dst, _content.doc_for(e, want, hashes, profile=None, nodes=len(manifests)), fsync=fsync)
 
 
 def assemble(dst: Path, name: str, manifests: Mapping[int, Mapping[str, Any]], *, fsync: bool) -> Assembled:
@@ -297,7 +328,8 @@ def assemble(dst: Path, name: str, manifests: Mapping[int, Mapping[str, Any]], *
         for rel, (size, mt) in snap.files.items():
             if rel in union:
                 first = owner[rel]
-                if union[rel][0] == size and _same(part_source(dst, name, first, rel), part_source(dst, name, node, rel)):
+                if union[rel][0] == size and _same_bytes(manifests[first], m, rel, part_source(dst, name, first, rel),
+                                                         part_source(dst, name, node, rel)):
                     shared.append(rel)
                 elif replicas(manifests[first], m):
                     differing.append(rel)
@@ -327,7 +359,9 @@ def assemble(dst: Path, name: str, manifests: Mapping[int, Mapping[str, Any]], *
         raise PartsChanged(f"{name}: the staged parts do not match their manifests")
     if fsync:
         fsync_all(staging)
-    swap_in(staging, final, is_dir=is_dir, fsync=fsync)
     done = [float(m["done_at"]) for m in manifests.values() if isinstance(m.get("done_at"), (int, float))]
+    _write_content(dst, name, manifests, owner, want, is_dir=is_dir, markers=markers,
+                   done_at=max(done) if done else None, fsync=fsync)
+    swap_in(staging, final, is_dir=is_dir, fsync=fsync)
     return Assembled(len(union), want.bytes, parts, sorted(set(shared)), max(done) if done else None, linked,
                      sorted(set(differing)))

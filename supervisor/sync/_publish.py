@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import anyio
 
-from supervisor.sync import _fsops, _stall
+from supervisor.sync import _content, _fsops, _stall
 from supervisor.sync._backend import CopyError, CopyResult
 from supervisor.sync._complete import STAGING_PREFIX, Entry, Listing, Pointer, Snap, matches, natural_key, snapshot
 from supervisor.sync._exclude import within
@@ -202,9 +202,13 @@ class Publisher:
                 await to_thread(_fsops.remove_ours, staging)
                 return False
             stats += got
+            try:  # hashed before the rescan, so a file changed meanwhile is caught by it
+                hashes = await to_thread(_content.hash_files, src, e.snap, getattr(got, "hashes", None))
+            except FileNotFoundError:
+                hashes = None
             again: Listing = await to_thread(self.rescan, e.name)
             now = again.entries.get(e.name)
-            if now is None or not now.complete:  # rotated away, or not what we thought: not a failure
+            if now is None or not now.complete or hashes is None:  # rotated away, or not what we thought: not a failure
                 await to_thread(_fsops.remove_ours, staging)
                 return False
             if now.snap.files != e.snap.files:  # changed while copied: copy again before it counts (no copies of 100 000-entry dicts)
@@ -217,6 +221,10 @@ class Publisher:
                 if not matches(staged, e.snap):
                     await to_thread(_fsops.prune_staging, staging, e.snap)
                     continue
+            # the content manifest before the rename: every version published has one (``_content``)
+            doc = _content.doc_for(e, e.snap, hashes, profile=self.state.profile)
+            with _stall.op(f"write the manifest of {final}"):
+                await to_thread(_content.write, p.dst, doc, fsync=p.fsync)
             with _stall.op(f"rename {staging} to {final}"):
                 await to_thread(_fsops.swap_in, staging, final, is_dir=e.is_dir, fsync=p.fsync)
             self.state.published[e.name] = e.snap

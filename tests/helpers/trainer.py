@@ -27,6 +27,7 @@ p.add_argument("--fail-at", type=int, default=0, help="exit 3 at this step (a cr
 p.add_argument("--ignore-stop", action="store_true")
 p.add_argument("--stopped-status", type=int, default=0, help="exit status after a stop (torchrun exits 1)")
 p.add_argument("--no-answer", action="store_true", help="ignore checkpoint requests: save only every --every steps")
+p.add_argument("--check", action="store_true", help="on resume, read every shard back: 'loaded N good' or 'loaded N bad'")
 a = p.parse_args()
 
 ckpt = Path(a.ckpt_dir)
@@ -59,6 +60,10 @@ restored = training.restored_from()
 step = newest()
 if restored or step:
     print(f"resumed {step}", flush=True)
+    if a.check and step:
+        shards = sorted((ckpt / f"step_{step:06d}").glob("shard_*.bin"))
+        good = len(shards) == a.files and all(s.read_bytes() == step.to_bytes(8, "little") * (a.size // 8) for s in shards)
+        print(f"loaded {step} {'good' if good else 'bad'}", flush=True)
 while step < a.steps:
     time.sleep(a.step_time)
     step += 1
