@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -47,6 +48,7 @@ log = logging.getLogger("supervise")
 READY_TIMEOUT_S = 60.0
 READY_LINE = "supervise-node-agent"  # "<READY_LINE> offered K" / "… ready K HOST HOLDS" / "… leader 0" / "… duplicate K"
 CHOICE_VAR = "SUPERVISE_NODE_CHOICE"  # the file the leader writes its choice to; agents restore exactly that
+OFFER_FILE = "offer.json"  # RUN/nodes/node-K/offer.json: what node K holds, before the leader chooses
 SAY_VAR = "SUPERVISE_NODE_SAY"  # a directory: each agent appends its READY_LINEs to node-K there (PBS: no pipe back)
 SIGNAL_ANSWER_S = 1.5  # PBS: the stop signal to the other nodes' ranks waits this long for their agents' word
 
@@ -164,7 +166,17 @@ class Fleet:
             while not done():
                 await self._heard_any.wait()
 
-    async def agree(self, choice: dict[str, str | None]) -> dict[int, Any]:
+    def offers(self) -> dict[int, dict[str, Any]]:
+        """What each node that offered holds (``offer_path``, written by this attempt's
+        agents before their ``offered`` line). Blocking."""
+        out: dict[int, dict[str, Any]] = {}
+        for k in sorted(self.offered):
+            body = read_offer(offer_path(self.run_dir, k), self.choice_path)
+            if body is not None:
+                out[k] = body
+        return out
+
+    async def agree(self, choice: dict[str, Any]) -> dict[int, Any]:
         """Tell every agent the leader's choice (one version per pair, for every node) and
         wait until each has restored exactly it and said what it holds (``ready``)."""
         await anyio.to_thread.run_sync(_write_choice, self.choice_path, choice)
@@ -392,7 +404,7 @@ async def watch_nodes(run: Any, request_stop: Callable[[Trigger], None]) -> None
     await fleet.watch(died, NODE_DOWN_WAIT)
 
 
-def _write_choice(path: Path, choice: dict[str, str | None]) -> None:
+def _write_choice(path: Path, choice: dict[str, Any]) -> None:
     """Whole or not at all (temp + rename): an agent polling for it never reads half."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -400,7 +412,31 @@ def _write_choice(path: Path, choice: dict[str, str | None]) -> None:
     os.replace(tmp, path)
 
 
-def read_choice(path: Path) -> dict[str, str | None] | None:
+def offer_path(run_dir: Path, node: int) -> Path:
+    """Where node ``node``'s agent says what it holds before the leader chooses."""
+    return node_dir(run_dir, node) / OFFER_FILE
+
+
+def write_offer(path: Path, choice_path: str, pairs: dict[str, Any]) -> None:
+    """What this node holds (``Mirror.offer``), for the attempt whose choice file is
+    ``choice_path``; whole or not at all (temp + rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps({"choice": choice_path, "pairs": pairs}, separators=(",", ":")))
+    os.replace(tmp, path)
+
+
+def read_offer(path: Path, choice_path: Path) -> dict[str, Any] | None:
+    """A node's offer, if it is this attempt's (its choice file is ours)."""
+    try:
+        body = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(body, dict) and body.get("choice") == str(choice_path) and isinstance(body.get("pairs"), dict)
+    return body["pairs"] if ok else None
+
+
+def read_choice(path: Path) -> dict[str, Any] | None:
     """The leader's choice, once written (None before, or unreadable)."""
     try:
         body = json.loads(path.read_text())
@@ -438,12 +474,13 @@ async def restore_everywhere(agents: Fleet | None, mirror: Any, emit: Emit) -> t
     versions, the words that stop the start. Without agents, the leader's own restore."""
     if agents is None:
         return await mirror.restore(), None
-    choice = await mirror.choose()
+    choice = await mirror.choose(await anyio.to_thread.run_sync(agents.offers))
     theirs = await agents.agree(choice)
     restored = await mirror.restore(choice)
     holds = {0: await anyio.to_thread.run_sync(mirror.holds), **theirs}
     differ = disagreement(holds)
-    emit("restore-versions", choice=choice, nodes={str(k): v for k, v in sorted(holds.items())},
+    names = {pair: v.get("checkpoint") if isinstance(v, dict) else v for pair, v in choice.items()}
+    emit("restore-versions", choice=names, nodes={str(k): v for k, v in sorted(holds.items())},
          agree=differ is None, missing=sorted(agents.want - set(theirs)))
     return restored, differ
 
@@ -458,6 +495,7 @@ async def start(plan: Plan, tg: TaskGroup, guarded: Callable[..., Any], emit: Em
         log.warning("could not tell which nodes are gone: %s", e)
     if plan.job.num_nodes > 1 and plan.mirror is not None:  # this host's files from another node's role are no part of node 0's
         await plan.mirror.prepare(previous_start=plan.previous_start, host=os.uname().nodename)
+        await tg.start(guarded("peers", partial(plan.mirror.serve_peers, plan.run_dir)))  # before any node restores
     fleet = Fleet.from_plan(plan, emit)
     if fleet is not None:
         if plan.mirror is not None:

@@ -34,7 +34,6 @@ import logging
 import os
 import resource
 import secrets
-import socket
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -43,6 +42,7 @@ from anyio.abc import SocketAttribute, SocketStream, TaskStatus
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from supervisor.bell import Bell
+from supervisor.reach import addresses
 
 log = logging.getLogger("supervise")
 
@@ -108,7 +108,7 @@ class LeaderLine:
         tmp = self.path.with_name(f".{LINK_FILE}.{os.getpid()}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the token: the job's owner only
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump({"hosts": _addresses(), "port": port, "token": self.token, "pid": os.getpid()}, f)
+            json.dump({"hosts": addresses(), "port": port, "token": self.token, "pid": os.getpid()}, f)
         os.replace(tmp, self.path)
 
     async def _serve(self, stream: SocketStream) -> None:
@@ -278,25 +278,6 @@ def _read(path: Path) -> dict[str, Any] | None:
     ok = (isinstance(got, dict) and isinstance(got.get("hosts"), list) and isinstance(got.get("port"), int)
           and isinstance(got.get("token"), str))
     return got if ok else None
-
-
-def _addresses() -> list[str]:
-    """Where the other nodes may reach this one: its name, then its addresses (those of its
-    name, and the one its default route leaves by), loopback last."""
-    name = socket.gethostname()
-    found = [name]
-    try:
-        found += socket.gethostbyname_ex(name)[2]
-    except OSError:
-        pass
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect(("192.0.2.1", 9))  # TEST-NET: a UDP connect picks the route and sends nothing
-            found.append(s.getsockname()[0])
-    except OSError:
-        pass
-    unique = list(dict.fromkeys(found))
-    return [a for a in unique if not a.startswith("127.")] + [a for a in unique if a.startswith("127.")]
 
 
 def _room_for(agents: int) -> None:

@@ -37,7 +37,7 @@ from anyio.abc import TaskGroup
 
 from supervisor import logs, proctree
 from supervisor.bell import LINKED_LOOK_S, Bell
-from supervisor.conduct.fleet import CHOICE_VAR, READY_TIMEOUT_S, SAY_VAR, read_choice
+from supervisor.conduct.fleet import CHOICE_VAR, READY_TIMEOUT_S, SAY_VAR, offer_path, read_choice, write_offer
 from supervisor.conduct.guard import guarded
 from supervisor.conduct.link import LINK, NodeLine
 from supervisor.errors import ConfigError
@@ -100,6 +100,7 @@ class NodeAgent:
             async with anyio.create_task_group() as tg:
                 await tg.start(self.line.run)
                 await mirror.prepare(previous_start=plan.previous_start, host=socket.gethostname())
+                await tg.start(self._guarded("peers", partial(mirror.serve_peers, plan.run_dir)))  # before any node restores
                 await self._restore()
                 holds = await anyio.to_thread.run_sync(mirror.holds)
                 await tg.start(self._guarded("sync", mirror.run))
@@ -167,7 +168,8 @@ class NodeAgent:
         if not path:
             await self.mirror.restore()
             return
-        await self.mirror.offer()
+        offered = await self.mirror.offer()
+        await anyio.to_thread.run_sync(write_offer, offer_path(self.plan.run_dir, self.rank), path, offered)
         _say("offered", self.rank)
         choice = None
         with anyio.move_on_after(2 * READY_TIMEOUT_S):

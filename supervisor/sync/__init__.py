@@ -25,14 +25,14 @@ from anyio.abc import TaskStatus
 from supervisor.config import DEFAULT, SyncPair
 from supervisor.errors import ConfigError
 from supervisor.journal import Emit
-from supervisor.sync import _fsops
+from supervisor.sync import _fsops, _peers
 from supervisor.sync._backend import Backend, CopyError, PythonBackend, choose_backend
 from supervisor.sync._checks import check_pairs
 from supervisor.sync._complete import STAGING_PREFIX
 from supervisor.sync._aside import role_before
 from supervisor.sync._pair import PairEngine
 from supervisor.sync._parts import missing_from
-from supervisor.sync._profiles import GENERIC
+from supervisor.sync._describe import describe
 from supervisor.sync._roles import Leader, Node, Role, Single
 
 __all__ = ["Mirror"]
@@ -250,7 +250,7 @@ class Mirror:
         (``node-lost``). Blocking."""
         return missing_from(dst, node)
 
-    async def restore(self, choice: Mapping[str, str | None] | None = None) -> Path | None:
+    async def restore(self, choice: Mapping[str, Any] | None = None) -> Path | None:
         """Before spawn: for pairs with ``restore = true``, the newest complete checkpoint from
         persistent storage to local disk, so a requeued attempt resumes from fast local disk.
         Returns the local path of the first pair's restored checkpoint (SUPERVISE_RESTORED_FROM).
@@ -269,22 +269,39 @@ class Mirror:
     def _restoring(self) -> list[PairEngine]:
         return [e for e in self._engines if e.pair.kind == "checkpoint" and e.pair.restore]
 
-    async def offer(self) -> None:
+    async def serve_peers(self, run_dir: Path, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Before the offer, until cancelled: this node's per-node pairs served to the other
+        nodes, and theirs reachable from here (``_peers``: every restore fills from the nearest
+        copy that verifies)."""
+        engines = [e for e in self._restoring() if e.pair.nodes > 1]
+        book = _peers.Book(run_dir, self.node_rank)
+        for eng in engines:
+            eng.role.meet(book)
+        if not engines:
+            task_status.started()
+            return
+        await _peers.serve([e.pair for e in engines], run_dir, self.node_rank, task_status=task_status)
+
+    async def offer(self) -> dict[str, Any]:
         """A node agent, before the leader chooses: its whole versions of per-node pairs not
-        yet published go up as parts (the role's ``offer``)."""
+        yet published go up as parts (the role's ``offer``); returns, per pair, what it holds
+        (``_peers.holdings``) for the leader's choice."""
+        out: dict[str, Any] = {}
         for eng in self._restoring():
             try:
-                await eng.role.offer()
+                out[eng.pair.name] = await eng.role.offer()
             except (OSError, CopyError) as e:
                 self._emit("restore-failed", pair=eng.pair.name, error=f"offering this node's versions: {e}")
+        return out
 
-    async def choose(self) -> dict[str, str | None]:
+    async def choose(self, offers: Mapping[int, Mapping[str, Any]] | None = None) -> dict[str, Any]:
         """The leader, before every node restores: per per-node pair, the one version they all
-        restore (the newest complete one on persistent storage, after its own offer)."""
-        out: dict[str, str | None] = {}
+        restore: the newest whole across the nodes' ``offers`` and persistent storage, and
+        which nodes hold its files (``_peers``)."""
+        out: dict[str, Any] = {}
         for eng in self._restoring():
             try:
-                out.update(await eng.role.choose())
+                out.update(await eng.role.choose(offers))
             except (OSError, CopyError) as e:
                 self._emit("restore-failed", pair=eng.pair.name, error=f"choosing the version: {e}")
         return out
@@ -342,31 +359,7 @@ class Mirror:
     def describe(self) -> list[tuple[str, str]]:
         """For ``supervise check`` and the start: each pair, its sides, backend and profile
         (detected from what is on disk now, local side first). Blocking: reads directories."""
-        from supervisor.sync._complete import classify
-
-        out = []
-        for eng in self._engines:
-            p = eng.pair
-            text = f"{p.kind} {p.src} -> {p.where}"
-            if p.kind != "checkpoint":
-                out.append(("ok", f"{p.name}: {text}, grows files in place"))
-                continue
-            prof, evidence = eng.profile, "set" if eng.profile is not None else ""
-            for root in (p.src,) if p.store is not None else (p.src, p.dst):
-                if prof is None:
-                    listing = classify(root, exclude=p.exclude, now=time.time())
-                    prof, evidence = listing.profile, f"detected from {root / listing.evidence}" if listing.profile else ""
-                    if prof is None and listing.entries:
-                        prof, evidence = GENERIC, f"no known layout in {root}: {sorted(listing.entries)[0]}"
-            quiet = prof is not None and eng.relies_on_quiescence(prof)
-            name = prof.name if prof else "auto (detected when the first checkpoint appears; logged then)"
-            how = (f"relies on quiescence alone (settle {p.settle:g}s): set markers or profile" if quiet
-                   else f"complete by evidence (writers {eng.writer_view()})" if prof
-                   else f"writers {eng.writer_view()}")
-            out.append(("warn" if quiet else "ok",
-                        f"{p.name}: {text}, profile {name}{' (' + evidence + ')' if evidence else ''}, "
-                        f"{'restore, ' if p.restore else ''}{how}"))
-        return out
+        return describe(self._engines)
 
     def request(self, reason: str) -> None:
         """Sync every pair now (coalesces with a pass already running); never blocks."""

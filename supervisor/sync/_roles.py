@@ -23,12 +23,15 @@ import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Collection, Mapping, Protocol
 
+import anyio
+
 from supervisor.bell import LINKED_LOOK_S, Bell
 from supervisor.sync import _fsops
 from supervisor.sync._aside import set_aside, set_aside_versions
 from supervisor.sync._assembly import Assembly
 from supervisor.sync._complete import STAGING_PREFIX, Listing
 from supervisor.sync._partpublish import Gather, Handover, PartPublisher
+from supervisor.sync._peers import PERSISTENT_WAIT_S, Book, choose_across, holdings, remote, wanted
 from supervisor.sync._parts import PARTS_DIR, go_path, parts_root, taken, waiting
 from supervisor.sync._profiles import Profile
 from supervisor.sync._publish import Publisher
@@ -89,11 +92,14 @@ class Role(Protocol):
     def set_aside_role(self, was: int | None) -> list[str]:
         """This host was node ``was`` in the attempt before: what it wrote in another role is
         set aside (names). Blocking."""
-    async def offer(self) -> None:
-        """Before the leader chooses: this node's whole versions not yet published go up."""
-    async def choose(self) -> dict[str, str | None]:
+    async def offer(self) -> dict[str, Any]:
+        """Before the leader chooses: this node's whole versions not yet published go up;
+        returns what it holds (``_peers.holdings``)."""
+    async def choose(self, offers: Mapping[int, Mapping[str, Any]] | None) -> dict[str, Any]:
         """Pair name → the version every node restores ({}: not a pair restored alike everywhere)."""
-    async def restore(self, choice: Mapping[str, str | None] | None) -> Path | None:
+    def meet(self, book: Book) -> None:
+        """The other nodes' peer servers (``_peers.Book``), for the restore."""
+    async def restore(self, choice: Mapping[str, Any] | None) -> Path | None:
         """Before the spawn: a checkpoint back to local disk; its local path, or None."""
     def holds(self) -> dict[str, Any]:
         """Pair name → what this node holds of the restored version ({}: not compared). Blocking."""
@@ -143,13 +149,16 @@ class Single:
     def set_aside_role(self, was: int | None) -> list[str]:
         return []
 
-    async def offer(self) -> None:
-        return None
-
-    async def choose(self) -> dict[str, str | None]:
+    async def offer(self) -> dict[str, Any]:
         return {}
 
-    async def restore(self, choice: Mapping[str, str | None] | None) -> Path | None:
+    async def choose(self, offers: Mapping[int, Mapping[str, Any]] | None) -> dict[str, Any]:
+        return {}
+
+    def meet(self, book: Book) -> None:
+        return None
+
+    async def restore(self, choice: Mapping[str, Any] | None) -> Path | None:
         """The newest complete checkpoint; a newer complete local one is kept (``Restorer.run``)."""
         return await self.host.restorer.run()
 
@@ -237,42 +246,71 @@ class _PerNode:
             return []
         return set_aside(self.pair, self.node, self.emit, f"written as node {was}; this host is node {self.node} now")
 
-    async def offer(self) -> None:
+    def meet(self, book: Book) -> None:
+        self.book = book
+
+    async def offer(self) -> dict[str, Any]:
         """Before the leader chooses what every node restores: this node's whole versions not
         yet on persistent storage (a last save the previous attempt's end did not publish) go
         up as parts, judged as finished (nothing writes before the spawn), so the newest
         complete version anywhere can be chosen, and is published first, truly. The leader's
-        pass also assembles every part that is whole."""
+        pass also assembles every part that is whole. A persistent side that does not answer
+        is waited for ``PERSISTENT_WAIT_S`` at most: the nodes' copies are offered anyway.
+        Returns what this node holds, hashed (``_peers.holdings``)."""
         host = self.host
         exited, host.exited = host.exited, True
         try:
-            await host.run_pass("offer")
+            with anyio.move_on_after(PERSISTENT_WAIT_S) as waited:
+                await host.run_pass("offer")
+            if waited.cancelled_caught:
+                self.emit("restore-slow", pair=self.pair.name, node=self.node, seconds=PERSISTENT_WAIT_S,
+                          what="offer", reason="the persistent side did not answer: the nodes' copies count")
         finally:
             host.exited = exited
+        local = await to_thread(host.restorer.judge, self.pair.src)
+        return await to_thread(holdings, self.pair, local, host.state.profile)
 
-    async def _choice(self) -> str | None:
-        """After ``offer``, the version to restore: the newest complete one on persistent
-        storage (the leader's choice for every node)."""
-        await self.offer()
-        return await self.host.restorer.choose()
+    async def _choice(self) -> tuple[str | None, dict[str, Any]]:
+        """After ``offer``, the newest complete version on persistent storage (waited for
+        ``PERSISTENT_WAIT_S`` at most), and what this node holds."""
+        mine = await self.offer()
+        with anyio.move_on_after(PERSISTENT_WAIT_S):
+            return await self.host.restorer.choose(), mine
+        self.emit("restore-slow", pair=self.pair.name, node=self.node, seconds=PERSISTENT_WAIT_S, what="choose",
+                  reason="the persistent side's listing did not come: the nodes' copies count")
+        self.host.restorer.chosen, self.host.restorer.slow = None, True
+        return None, mine
 
-    async def choose(self) -> dict[str, str | None]:
-        return {self.pair.name: await self._choice()}
+    async def choose(self, offers: Mapping[int, Mapping[str, Any]] | None) -> dict[str, Any]:
+        """The leader's choice for every node: the newest version whole across the nodes'
+        ``offers`` and its own copies when newer than the newest published, else that one, with
+        the nodes that hold its files (``_peers.choose``)."""
+        name, mine = await self._choice()
+        if offers is None:
+            return {self.pair.name: name}
+        held = {**{k: o.get(self.pair.name) or {} for k, o in offers.items()}, self.node: mine}
+        want, said = choose_across(held, self.pair.nodes, name, self.host.restorer.chosen)
+        self.emit("restore-choice", pair=self.pair.name, **said)
+        return {self.pair.name: want}
 
-    async def restore(self, choice: Mapping[str, str | None] | None) -> Path | None:
+    async def restore(self, choice: Mapping[str, Any] | None) -> Path | None:
         """This node brings back exactly one version, the same on every node: the leader's
         ``choice``, else the newest published one (after this node's own offer). Every other
         local version is set aside first, never left where a rank would load it: a checkpoint
         never published (this node's part alone) and a different version of a published name
-        (an unpublished ``snapshot.pt`` rewritten in place)."""
-        want = choice[self.pair.name] if choice is not None and self.pair.name in choice else await self._choice()
+        (an unpublished ``snapshot.pt`` rewritten in place). Its files come from the nearest
+        copy that verifies: this node's, the nodes that hold them, persistent storage."""
+        want = choice[self.pair.name] if choice is not None and self.pair.name in choice else (await self._choice())[0]
+        name, doc, holders = wanted(want)
         why = "not the version every node restores: set aside"
-        await to_thread(set_aside, self.pair, self.node, self.emit, why)
-        await to_thread(set_aside_versions, self.pair, self.node, self.emit, why)
-        self.restored = await self.host.restorer.run(want, keep_newer=False) if want is not None else None
-        if want is None:
+        await to_thread(set_aside, self.pair, self.node, self.emit, why, keep=name)
+        await to_thread(set_aside_versions, self.pair, self.node, self.emit, why, keep=name if doc is not None else None)
+        peers = remote(getattr(self, "book", None), self.pair.name, name, holders, self.pair.nodes) if name else []
+        self.restored = await self.host.restorer.run(name, keep_newer=False, doc=doc, peers=peers) \
+            if name is not None else None
+        if name is None:
             self.emit("restore", pair=self.pair.name, checkpoint=None, node=self.node,
-                      reason="no complete checkpoint on persistent storage")
+                      reason="no complete checkpoint on persistent storage, nor whole across the nodes")
         return self.restored
 
     def holds(self) -> dict[str, Any]:

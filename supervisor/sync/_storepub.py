@@ -12,24 +12,26 @@ place. Rules: docs/sync.md, "Object stores".
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 from functools import partial
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import anyio
 
-from supervisor.sync import _fsops
 from supervisor.sync._backend import CopyResult
-from supervisor.sync._complete import STAGING_PREFIX, Entry, Listing, Pointer, Snap, matches
+from supervisor.sync._complete import Entry, Listing, Pointer, Snap
 from supervisor.sync._manifest import (
     MANIFESTS, POINTERS, checkpoint_doc, claim_rel, data_rel, dumps, entry_of, loads, manifest_rel, pointer_doc, pointer_of,
     pointer_rel, profile_of,
 )
 from supervisor.sync._publish import RECOPY_TRIES, Publisher
-from supervisor.sync._restore import Restorer, is_newer, newest
+from supervisor.sync._fill import Fetch, Mismatch, Unverified, fill, local_candidates
+from supervisor.sync._peers import PERSISTENT_WAIT_S
+from supervisor.sync._restore import Restorer, same_files, is_newer, newest
 from supervisor.sync._state import PairState, to_thread
 from supervisor.sync._backend import first_failure
 from supervisor.sync._store import BATCH_BYTES, BATCH_FILES, SMALL, Changed, Exists, Store, StoreError
@@ -282,17 +284,28 @@ class StoreRestorer(Restorer):
     async def choose(self) -> str | None:
         listing, _docs = await self.manifests.listing()
         self.adopt_profile(listing, "persistent")
-        best = newest(listing, self.state.profile)
+        self.chosen = best = newest(listing, self.state.profile)
         return best.name if best is not None else None
 
-    async def run(self, want: str | None = None, *, keep_newer: bool = True) -> Path | None:
+    async def run(self, want: str | None = None, *, keep_newer: bool = True, doc: Mapping[str, Any] | None = None,
+                  peers: Sequence[tuple[str, Fetch]] = ()) -> Path | None:
         p = self.pair
         t0 = time.monotonic()
-        listing, docs = await self.manifests.listing()
+        listing, docs = Listing(), {}
+        # a version only the nodes hold does not wait for a store that does not answer
+        with anyio.move_on_after((0.0 if self.slow else PERSISTENT_WAIT_S) if doc is not None else math.inf):
+            listing, docs = await self.manifests.listing()
         self.adopt_profile(listing, "persistent")
         local: Listing = await to_thread(self.judge, p.src)
         best, mine = newest(listing, self.state.profile), newest(local, self.state.profile)
-        if want is not None:
+        if doc is not None:
+            best = entry_of(doc)
+            published = docs.get(best.name)
+            docs = {**docs, best.name: {**doc, "_persistent": published is not None and same_files(published, doc)}}
+            if published is not None:
+                docs[best.name]["files"] = {r: {**f, "key": published["files"][r]["key"]} if r in published["files"] else f
+                                            for r, f in doc["files"].items()}
+        elif want is not None:
             best = listing.entries.get(want)
         if not keep_newer:
             mine = None
@@ -307,13 +320,13 @@ class StoreRestorer(Restorer):
         # The newest first; one whose objects are not what its manifest says (deleted by hand,
         # overwritten by another tool) is skipped for the next newest, never restored torn.
         # The leader's choice for every node (``want``) is that version or nothing.
-        order = [best] if want is not None else [best] + sorted(
+        order = [best] if want is not None or doc is not None else [best] + sorted(
             (e for e in listing.entries.values() if e.restorable and e.name != best.name), key=lambda e: e.order,
             reverse=True)
         skipped: list[str] = []
         for best in order:
             try:
-                return await self._bring_back(best, docs[best.name], listing, local, keep_newer, t0, skipped)
+                return await self._bring_back(best, docs[best.name], listing, local, keep_newer, t0, skipped, peers)
             except StoreError as err:
                 if want is not None or err.code not in ("EBADMSG", "ENOENT"):
                     raise
@@ -323,60 +336,41 @@ class StoreRestorer(Restorer):
         return None
 
     async def _bring_back(self, best: Entry, doc: Mapping[str, Any], listing: Listing, local: Listing, keep_newer: bool,
-                          t0: float, skipped: list[str]) -> Path:
+                          t0: float, skipped: list[str], peers: Sequence[tuple[str, Fetch]] = ()) -> Path:
+        """``best`` onto local disk from the nearest copy whose sha256 is the manifest's: the
+        node's own (live or set aside), the other nodes that hold it (``peers``), else
+        downloaded (``_fill``); a version only the nodes hold is downloaded only where the
+        store's copy of that name has the very same bytes."""
         p = self.pair
         dest = p.src / best.name
-        have = await to_thread(_snapshot_of, dest)
-        same = matches(have, best.snap) and (keep_newer or await to_thread(_hashes_match, dest, doc))
-        stats = CopyResult()
-        if not same:
-            stats = await self._download(doc, dest)
+        stored = bool(doc.get("_persistent", True))
+        try:
+            filled = await fill(doc, dest, candidates=local_candidates(p.src, best.name), peers=peers,
+                                fetch=self._fetch if stored else None)
+        except Unverified as u:
+            self.emit("restore-verify", pair=p.name, checkpoint=best.name, result="failed", failed=u.failed,
+                      reason="no copy of it verifies against its manifest")
+            raise StoreError(str(u), "EBADMSG") from u
+        self.emit("restore-verify", pair=p.name, checkpoint=best.name, result="verified", **filled.fields())
         links = await to_thread(self._restore_pointers, listing, local, best)
         repointed = await to_thread(self._repoint, listing, best)
-        self.emit("restore", pair=p.name, checkpoint=best.name, source=self.store.key(manifest_rel(best.name)), to=dest,
-                  files=stats.files, bytes=stats.bytes, seconds=round(time.monotonic() - t0, 3),
-                  copied=bool(stats.files), why=best.why, step=best.step, pointers=links,
+        got = filled.came.get("persistent", 0)
+        self.emit("restore", pair=p.name, checkpoint=best.name, to=dest,
+                  source=self.store.key(manifest_rel(best.name)) if stored else "nodes",
+                  files=filled.files.get("persistent", 0), bytes=got, seconds=round(time.monotonic() - t0, 3),
+                  copied=bool(got), why=best.why, step=best.step, pointers=links,
                   **({"torn": skipped} if skipped else {}), **repointed)
         return dest
 
-    async def _download(self, doc: Mapping[str, Any], dest: Path) -> CopyResult:
-        """Every object the manifest names, in parallel, into a local staging name, each
-        checked against its size and sha256; then renamed into place."""
-        p = self.pair
-        await to_thread(p.src.mkdir, parents=True, exist_ok=True)
-        staging = p.src / f"{STAGING_PREFIX}{dest.name}"
-        await to_thread(_fsops.remove_ours, staging)
-        is_dir = bool(doc["is_dir"])
-        stats = CopyResult()
-        limit = anyio.CapacityLimiter(16)
-
-        async def one(rel: str, f: Mapping[str, Any]) -> None:
-            target = staging / rel if rel else staging
-            async with limit:
-                await to_thread(target.parent.mkdir, parents=True, exist_ok=True)
-                n = await self.store.download(f["key"], target, f["sha256"], int(f["size"]))
-                stats.bytes += n
-                await to_thread(os.utime, target, ns=(int(f["mtime_ns"]), int(f["mtime_ns"])))
-                stats.files += 1
-
+    async def _fetch(self, rel: str, f: Mapping[str, Any], target: Path) -> int:
+        """One object of the manifest, checked against its size and sha256 as it streams."""
         try:
-            if is_dir:
-                await to_thread(staging.mkdir, mode=0o700)
-            await first_failure([partial(one, rel, f) for rel, f in doc["files"].items()])
-            if is_dir:
-                await to_thread(os.chmod, staging, 0o755)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await to_thread(_fsops.remove_ours, staging)
-            raise
-        await to_thread(_fsops.swap_in, staging, dest, is_dir=is_dir, fsync=False)
-        return stats
-
-
-def _snapshot_of(path: Path) -> Snap | None:
-    from supervisor.sync._complete import snapshot
-
-    return snapshot(path)
+            return await self.store.download(f["key"], target, f["sha256"], int(f["size"]))
+        except StoreError as err:
+            if err.code not in ("EBADMSG", "ENOENT"):
+                raise
+            await to_thread(target.unlink, missing_ok=True)
+            raise Mismatch(str(err)) from err
 
 
 def file_is(path: Path, doc: Mapping[str, Any]) -> bool:

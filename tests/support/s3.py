@@ -62,6 +62,13 @@ class S3Server:
         pid = int((self.root / "weed.pid").read_text())
         os.kill(pid, signal.SIGKILL)
 
+    def pause(self) -> None:
+        """The server hangs (SIGSTOP): connections are accepted, nothing answers."""
+        os.kill(int((self.root / "weed.pid").read_text()), signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(int((self.root / "weed.pid").read_text()), signal.SIGCONT)
+
     def again(self) -> None:
         self.up("--again")
 
