@@ -165,7 +165,9 @@ class StopSequence:
         run = self.run
         if run.mirror is None:
             return {"skipped": "no sync pairs"}
-        bound = policy.flush_bound(run.time_left(), run.cfg.grace, child_running=reason == "stop" and run.child_running())
+        spare = self.result.trigger.reason == Reason.NODE_FAILED and bool(run.plan.job.spares)
+        bound = policy.flush_bound(run.time_left(), run.cfg.grace, child_running=reason == "stop" and run.child_running(),
+                                   spare=spare)
         if bound <= 0:
             return {"outcome": "no-time", "pending": run.mirror.pending()}
         with anyio.move_on_after(bound) as scope:

@@ -313,12 +313,16 @@ FLUSH_BOUND = [
     P(100.0, 10.0, False, 100.0, id="the final flush takes all the time left"),
     P(math.inf, 10.0, False, math.inf, id="the final flush with no end: unbounded"),
     P(0.0, 10.0, True, 0.0, id="no time left: no flush time"),
+    P(math.inf, 10.0, False, 30.0, True, id="a node died, a spare waits: the nodes' copies keep the rest"),
+    P(100.0, 10.0, True, 30.0, True, id="a node died, a spare waits, before the stop"),
+    P(20.0, 10.0, False, 20.0, True, id="a node died, a spare waits, less time left than the cap"),
 ]
 
 
-@pytest.mark.parametrize(("left", "grace", "running", "expected"), FLUSH_BOUND)
-def test_flush_bound(left: float, grace: float, running: bool, expected: float) -> None:
-    assert policy.flush_bound(left, grace, child_running=running) == pytest.approx(expected)
+@pytest.mark.parametrize(("left", "grace", "running", "expected", "spare"),
+                         [p if len(p.values) == 5 else P(*p.values, False, id=p.id) for p in FLUSH_BOUND])
+def test_flush_bound(left: float, grace: float, running: bool, expected: float, spare: bool) -> None:
+    assert policy.flush_bound(left, grace, child_running=running, spare=spare) == pytest.approx(expected)
 
 
 GRACE_FOR = [
