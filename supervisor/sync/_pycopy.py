@@ -179,7 +179,10 @@ def _copy_stream(fi, fo) -> int:
     return fo.tell()
 
 
-def _copy_hashing(fi, fo, digest, chunk: int = 1 << 20) -> int:
+HASH_CHUNK = 128 << 10  # fits the L2 cache it is read into, hashed from and written from: 1 MiB was 1.4× slower
+
+
+def _copy_hashing(fi, fo, digest, chunk: int = HASH_CHUNK) -> int:
     """One read of the source: each chunk is fed to ``digest`` and written, so the hash is of
     exactly the bytes copied (a file growing meanwhile: of what was read, as the copy)."""
     buf = bytearray(chunk)
