@@ -56,14 +56,20 @@ class CopyError(Exception):
 
 @dataclass
 class CopyResult:
+    """What a copy did. ``hashes`` (asked with ``hash=True``): the sha256 hex digest of each
+    file the copier itself copied, taken as it copied it, by path relative to the copy's
+    source (``""`` for ``copy_file``); a file skipped as already whole, or a backend that
+    cannot hash while copying (rsync), leaves it out: the caller hashes what is missing."""
     files: int = 0
     bytes: int = 0
     vanished: bool = False
+    hashes: dict[str, str] = field(default_factory=dict)
 
     def __iadd__(self, other: "CopyResult") -> "CopyResult":
         self.files += other.files
         self.bytes += other.bytes
         self.vanished = self.vanished or other.vanished
+        self.hashes.update(other.hashes)
         return self
 
 
@@ -82,7 +88,7 @@ class Backend(Protocol):
 
     async def copy_tree(self, src: Path, dst: Path, *, exclude: Sequence[str] = (),
                         skip: Sequence[str] = (), fsync: bool = False, fresh: bool = False,
-                        files: Files | None = None) -> CopyResult:
+                        files: Files | None = None, hash: bool = False) -> CopyResult:
         """Contents of ``src`` into ``dst``, files through temp names, ``skip`` (the markers,
         which the mirror copies itself afterwards) left out. ``fresh``: ``dst`` is a staging
         directory this publish made, hidden and all ours, so it is itself the temp name and
@@ -92,10 +98,13 @@ class Backend(Protocol):
         ``files``: the checkpoint's snapshot (excludes already applied): exactly these files
         are copied, without walking ``src`` again, shared among the backend's ``streams``
         copiers running at once; a directory with no file in it is not copied. One copier
-        failing kills the others and fails the copy."""
+        failing kills the others and fails the copy.
 
-    async def copy_file(self, src: Path, dst: Path, *, fsync: bool = False) -> CopyResult:
-        """One file to one path, through a temp name."""
+        ``hash``: the result's ``hashes`` holds the sha256 of each regular file copied, read
+        once for both (the Python backend; rsync returns none, see ``CopyResult``)."""
+
+    async def copy_file(self, src: Path, dst: Path, *, fsync: bool = False, hash: bool = False) -> CopyResult:
+        """One file to one path, through a temp name; ``hash``: its sha256 under ``""``."""
 
     async def grow(self, src: Path, dst: Path, *, exclude: Sequence[str] = (), fsync: bool = False,
                    only: Sequence[str] | None = None, inodes: Mapping[str, int] | None = None) -> GrowResult:
@@ -391,6 +400,8 @@ class RsyncBackend:
     Paths are always absolute, so a ``:`` in a name is never read as ``host:path``.
     Checkpoint copies use ``--modify-window=-1`` (nanosecond quick check): on a recopy, a
     shard rewritten within the same second at the same size is not skipped as unchanged.
+    ``hash=True`` is accepted and returns no hashes (rsync's own checksums are not sha256
+    and are not reported): the caller hashes the local files itself.
     """
 
     name = "rsync"
@@ -430,7 +441,7 @@ class RsyncBackend:
             await anyio.to_thread.run_sync(fsync_all, fsync_tree)
         return res
 
-    async def copy_tree(self, src, dst, *, exclude=(), skip=(), fsync=False, fresh=False, files=None):
+    async def copy_tree(self, src, dst, *, exclude=(), skip=(), fsync=False, fresh=False, files=None, hash=False):
         where = "--inplace" if fresh else f"--partial-dir={PARTIAL_DIR}"
         args = [where, "--modify-window=-1", *await self._fsync_flag(fsync)]
         if files is None:
@@ -448,7 +459,7 @@ class RsyncBackend:
             await anyio.to_thread.run_sync(fsync_all, dst)
         return got
 
-    async def copy_file(self, src, dst, *, fsync=False):
+    async def copy_file(self, src, dst, *, fsync=False, hash=False):
         args = [f"--partial-dir={PARTIAL_DIR}", "--modify-window=-1", *await self._fsync_flag(fsync)]
         return await self._run([*args, "--", str(src), str(dst)], fsync_tree=dst if fsync else None)
 
@@ -485,7 +496,8 @@ class PythonBackend:
     async def _run(self, req: dict, listed: Sequence[str] | None = None) -> CopyResult:
         """One copier; ``listed``: names streamed after the request's line, NUL-separated."""
         out = await self._request(req, listed)
-        return CopyResult(out.get("files", 0), out.get("bytes", 0), bool(out.get("vanished")))
+        return CopyResult(out.get("files", 0), out.get("bytes", 0), bool(out.get("vanished")),
+                          dict(out.get("hashes") or {}))
 
     async def _request(self, req: dict, listed: Sequence[str] | None = None) -> dict:
         """One copier's result line (``_pycopy.main``); a failure raises ``CopyError``."""
@@ -503,9 +515,11 @@ class PythonBackend:
             raise CopyError(f"python copy: {out.get('error')}", out.get("errno"))
         return {**out, "vanished": r.returncode == 24}
 
-    async def copy_tree(self, src, dst, *, exclude=(), skip=(), fsync=False, fresh=False, files=None):
+    async def copy_tree(self, src, dst, *, exclude=(), skip=(), fsync=False, fresh=False, files=None, hash=False):
         req = {"mode": "tree", "src": src, "dst": dst, "exclude": list(exclude), "skip": list(skip),
                "fsync": fsync, "in_place": fresh}
+        if hash:  # read through the copier (no copy_file_range), hashed in the same loop
+            req["hash"] = True
         if files is None:
             return await self._run(req)
         await anyio.to_thread.run_sync(partial(os.makedirs, dst, exist_ok=True))
@@ -514,8 +528,11 @@ class PythonBackend:
         await anyio.to_thread.run_sync(dir_attrs, src, dst, (n for names in shares for n in names))
         return got
 
-    async def copy_file(self, src, dst, *, fsync=False):
-        return await self._run({"mode": "file", "src": src, "dst": dst, "fsync": fsync})
+    async def copy_file(self, src, dst, *, fsync=False, hash=False):
+        req = {"mode": "file", "src": src, "dst": dst, "fsync": fsync}
+        if hash:
+            req["hash"] = True
+        return await self._run(req)
 
     async def grow(self, src, dst, *, exclude=(), fsync=False, only=None, inodes=None):
         req = {"mode": "grow", "src": src, "dst": dst, "exclude": list(exclude), "fsync": fsync,
