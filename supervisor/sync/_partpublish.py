@@ -185,11 +185,12 @@ class PartPublisher(Publisher):
             got = CopyResult()
             try:
                 if e.is_dir:
-                    got += await self.backend.copy_tree(src, pdir, exclude=within(e.name, p.exclude), skip=e.markers, fsync=p.fsync)
+                    got += await self.backend.copy_tree(src, pdir, exclude=within(e.name, p.exclude), skip=e.markers, fsync=p.fsync,
+                                                        hash=True)
                     got.bytes += await to_thread(_fsops.copy_markers, src, pdir, e.markers, fsync=p.fsync)
                     got.files += len(e.markers)
                 else:
-                    got += await self.backend.copy_file(src, pdir / name, fsync=p.fsync)
+                    got += await self.backend.copy_file(src, pdir / name, fsync=p.fsync, hash=True)
             except (CopyError, FileNotFoundError):
                 if await to_thread(os.path.lexists, src):
                     raise
@@ -197,7 +198,7 @@ class PartPublisher(Publisher):
                 return False
             stats += got
             try:  # hashed before the rescan, so a file changed meanwhile is caught by it
-                hashes = await to_thread(_content.hash_files, src, e.snap, getattr(got, "hashes", None))
+                hashes = await to_thread(_content.hash_files, src, e.snap, got.hashes)
             except FileNotFoundError:
                 hashes = None
             again: Listing = await to_thread(self.rescan, name)

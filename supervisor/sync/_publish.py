@@ -190,11 +190,11 @@ class Publisher:
                 if e.is_dir:
                     # the snapshot's files, not a second walk; shared among the copy streams
                     got += await self.backend.copy_tree(src, staging, exclude=within(e.name, p.exclude), skip=e.markers, fsync=p.fsync,
-                                                        fresh=not leftover, files=e.snap.files)
+                                                        fresh=not leftover, files=e.snap.files, hash=True)
                     got.bytes += await to_thread(_fsops.copy_markers, src, staging, e.markers, fsync=p.fsync)
                     got.files += len(e.markers)
                 else:
-                    got += await self.backend.copy_file(src, staging, fsync=p.fsync)
+                    got += await self.backend.copy_file(src, staging, fsync=p.fsync, hash=True)
             except (CopyError, FileNotFoundError):
                 if await to_thread(os.path.lexists, src):
                     raise
@@ -203,7 +203,7 @@ class Publisher:
                 return False
             stats += got
             try:  # hashed before the rescan, so a file changed meanwhile is caught by it
-                hashes = await to_thread(_content.hash_files, src, e.snap, getattr(got, "hashes", None))
+                hashes = await to_thread(_content.hash_files, src, e.snap, got.hashes)
             except FileNotFoundError:
                 hashes = None
             again: Listing = await to_thread(self.rescan, e.name)

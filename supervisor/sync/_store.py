@@ -47,6 +47,7 @@ REQUEST_TIMEOUT = "120s"  # one request (a part of CHUNK bytes at 1 MB/s takes 8
 RETRIES = 4              # on 5xx, throttling and dropped connections, with backoff (obstore's)
 RETRY_WITHIN_S = 60.0    # and never longer than this per request: the stop's budget bounds the rest
 PROBE_RETRIES = 1
+PROBE_TIMEOUT = "10s"    # one request of the start's probe: a store that does not answer is not a wrong configuration
 
 
 class StoreError(OSError):
@@ -164,7 +165,8 @@ def _seconds(s: float) -> datetime.timedelta:
 class Store:
     """One pair's bucket and prefix. ``key(rel)`` is the object key of a path under the prefix."""
 
-    def __init__(self, spec: StoreSpec, env: Mapping[str, str] | None = None, *, retries: int = RETRIES) -> None:
+    def __init__(self, spec: StoreSpec, env: Mapping[str, str] | None = None, *, retries: int = RETRIES,
+                 timeout: str = REQUEST_TIMEOUT) -> None:
         from obstore.store import S3Store  # the s3 extra: imported only for a store pair
 
         self.spec = spec
@@ -187,7 +189,7 @@ class Store:
             kw["skip_signature"] = True  # a public bucket; a private one answers 403 at the probe
         self._store = S3Store(
             spec.bucket,
-            client_options={"allow_http": True, "connect_timeout": CONNECT_TIMEOUT, "timeout": REQUEST_TIMEOUT},
+            client_options={"allow_http": True, "connect_timeout": CONNECT_TIMEOUT, "timeout": timeout},
             retry_config={"max_retries": retries, "retry_timeout": _seconds(RETRY_WITHIN_S),
                           "backoff": {"init_backoff": _seconds(0.2), "max_backoff": _seconds(10.0), "base": 2}},
             **kw)
@@ -349,6 +351,9 @@ class Store:
             obstore.put(self._store, key, b"supervise probe", use_multipart=False)
             obstore.delete(self._store, key)
         except Exception as e:  # noqa: BLE001
+            text = str(e)
+            if "TimedOut" in text or "kind: Timeout" in text or "timed out" in text:  # connected, nothing answers (hung)
+                raise StoreError(f"{self.url}: the endpoint does not answer", "ETIMEDOUT") from None
             err = _mapped(e, self.url, key)
             if err.code == "EACCES" and not (self.access.key_id and self.access.secret):
                 raise StoreError(no_credentials(self.spec, self._env), "EACCES") from None

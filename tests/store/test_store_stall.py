@@ -59,3 +59,29 @@ def test_a_stopped_store_is_journaled_and_notified_as_stalled_then_resumed(s3_ow
     assert not [e for e in _of(run, "sync-failed") if e["t"] < resumed["t"]]  # nothing failed yet: only the stall said it
     notified = {json.loads(r["body"])["event"] for r in server.hits("ok")}
     assert {"sync-stalled", "sync-resumed"} <= notified, notified
+
+
+def test_a_store_that_does_not_answer_at_the_start_is_a_warning_not_a_wrong_configuration(
+        s3_own: S3Server, tmp_path: Path) -> None:
+    """A requeue or a spare's attempt must not die of a hung store (issue 43: what it does not
+    take waits on the nodes' disks): the start's probe gives up after its bound and says so;
+    a store that refuses (a wrong key, no bucket) is still exit 2 (tests/store/test_store_errors.py)."""
+    bucket = s3_own.make_bucket("hungstart")
+    local, run = tmp_path / "local", tmp_path / "run"
+    pid = int((s3_own.root / "weed.pid").read_text())
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        p = start_supervise("--run-dir", str(run), "--grace", "5s", "--checkpoints", str(local), bucket.url("ckpt"),
+                            "--", sys.executable, str(TRAINER), str(local), "--steps", "3", "--step-time", "0.05",
+                            env=s3_own.env)
+        with killed_on_exit(p):
+            started = wait_for(lambda: _of(run, "spawn"), 120, "the training started while the store hangs")[0]
+            p.send_signal(signal.SIGTERM)
+            _out, err = p.communicate(timeout=120)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    took = started["t"] - (time.time() - (time.monotonic() - t0))
+    print(f"spawned {took:.1f} s after the start with the store hung")
+    assert "does not answer" in err and "starting anyway" in err, err[-2000:]
+    assert took < 60, took

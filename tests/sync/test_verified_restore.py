@@ -14,6 +14,8 @@ import shutil
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.journal import events
 from tests.support.supervise import run_supervise
 
@@ -21,9 +23,10 @@ TRAINER = Path(__file__).resolve().parents[1] / "helpers" / "trainer.py"
 SIZE = 64 * 1024
 
 
-def _train(tmp: Path, name: str, steps: int) -> tuple[list[str], Path]:
+def _train(tmp: Path, name: str, steps: int, backend: str = "auto") -> tuple[list[str], Path]:
     local, persist, run = tmp / "local", tmp / "persist", tmp / "run"  # one run: each call an attempt
     r = run_supervise("--run-dir", str(run), "--checkpoints", str(local), str(persist), "--restore",
+                      "--sync-backend", backend,
                       "--gpu-every", "0", "--", sys.executable, str(TRAINER), str(local), "--steps", str(steps),
                       "--every", "2", "--size", str(SIZE), "--step-time", "0.01", "--check", timeout=120)
     assert r.returncode == 0, r.stderr
@@ -46,8 +49,9 @@ def _verify(run: Path) -> dict:
     return ev
 
 
-def test_every_published_version_has_a_content_manifest_and_a_restore_verifies_it(tmp_path: Path) -> None:
-    out, run = _train(tmp_path, "run1", 6)
+@pytest.mark.parametrize("backend", ["rsync", "python"])  # rsync: hashed after the copy; python: while it copies
+def test_every_published_version_has_a_content_manifest_and_a_restore_verifies_it(tmp_path: Path, backend: str) -> None:
+    out, run = _train(tmp_path, "run1", 6, backend)
     assert "checkpoint 6" in out
     persist = tmp_path / "persist"
     for step in (2, 4, 6):
