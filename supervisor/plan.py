@@ -114,7 +114,7 @@ def make_plan(cfg: Config, env: Mapping[str, str] | None = None, node_rank: int 
         plan.warnings.append(clash)
     if cfg.sync:
         mirror = _mirror(cfg, 0, parts_poll, previous)
-        plan.warnings += mirror.check()
+        plan.warnings += mirror.check(probe=not lost)  # a spare's attempt: this process probed the store already
         plan.mirror = mirror
     if cfg.notify:
         from supervisor.notify import resolve_urls

@@ -157,12 +157,12 @@ def checkpoint_bound(timeout: float, left: float, grace: float) -> float:
     return min(timeout, left - min(grace, 0.25 * left))
 
 
-SPARE_FLUSH_S = 30.0  # a node died and a spare is there: the flush waits no longer than this for the persistent side
+SPARE_FLUSH_S = 15.0  # a node died and a spare is there: each flush (before and after the stop) waits no longer
 
 
 def flush_bound(left: float, grace: float, *, child_running: bool, spare: bool = False) -> float:
     """The flush before the stop keeps time for the grace period; the final one takes all.
-    After a node's death with a spare to go on with (``spare``), at most ``SPARE_FLUSH_S``: a
+    After a node's death with a spare to go on with (``spare``), at most ``SPARE_FLUSH_S`` each: a
     hung persistent side would otherwise hold the spare back for the whole time left, while
     what it did not take is on the nodes' disks, where the next attempt chooses it from (issue 43)."""
     bound = left - (min(grace, 0.25 * left) if child_running else 0.0)

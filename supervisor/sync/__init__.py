@@ -222,8 +222,10 @@ class Mirror:
         self._published_event.set()
         self._published_event = anyio.Event()
 
-    def check(self) -> list[str]:
-        """Hard errors raise ConfigError (exit 2, nothing started); doubts come back as warnings."""
+    def check(self, *, probe: bool = True) -> list[str]:
+        """Hard errors raise ConfigError (exit 2, nothing started); doubts come back as warnings.
+        ``probe``: ask each object store whether this run may write it (not again in a later
+        attempt of the same process: a spare's, whose store may be the very thing that hangs)."""
         if self._backend_error is not None:
             raise self._backend_error
         warnings = check_pairs(self._pairs)
@@ -231,7 +233,7 @@ class Mirror:
             if p.kind == "checkpoint" and p.nodes > 1 and self.node_rank >= p.nodes:
                 raise ConfigError("node_rank", self.node_rank, f"expected 1 to {p.nodes - 1}: sync {p.name} has nodes = {p.nodes}")
         for eng in self._engines:
-            if eng.pair.store is not None and (hung := _probe(eng.pair)) is not None:
+            if probe and eng.pair.store is not None and (hung := _probe(eng.pair)) is not None:
                 warnings.append(hung)
         return warnings
 

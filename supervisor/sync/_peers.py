@@ -244,11 +244,15 @@ def newer_than(doc: Mapping[str, Any], published: Entry | None) -> bool:
 
 
 def choose_across(held: Mapping[int, Mapping[str, Any]], nodes: int, published: str | None,
-                  entry: Entry | None) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+                  entry: Entry | None, *, silent: bool = False) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """The leader's choice for one pair from what every node holds (``held``: node → name →
     document) and the newest published version (``published``, its listing ``entry``): the
-    choice's value, and what ``restore-choice`` says of it."""
+    choice's value, and what ``restore-choice`` says of it. ``silent``: the persistent side did
+    not answer the leader; the nodes then do not wait for it either."""
     whole = across(held, nodes)
+    if silent:
+        value, said = choose_across(held, nodes, published, entry)
+        return ({**value, "silent": True} if value is not None else None), {**said, "silent": True}
     newer = [d for d in whole.values() if newer_than(d, entry)]
     offered = {str(k): sorted(v) for k, v in sorted(held.items())}
     if newer:
@@ -273,5 +277,6 @@ def wanted(want: str | Mapping[str, Any] | None) -> tuple[str | None, dict[str, 
     if want is None or isinstance(want, str):
         return want, None, None
     name = str(want["checkpoint"])
-    doc = {k: v for k, v in want.items() if k not in ("holders", "source")} if want.get("source") == "nodes" else None
+    doc = {k: v for k, v in want.items() if k not in ("holders", "source", "silent")} \
+        if want.get("source") == "nodes" else None
     return name, doc, want.get("holders") or {}

@@ -289,7 +289,7 @@ class _PerNode:
         if offers is None:
             return {self.pair.name: name}
         held = {**{k: o.get(self.pair.name) or {} for k, o in offers.items()}, self.node: mine}
-        want, said = choose_across(held, self.pair.nodes, name, self.host.restorer.chosen)
+        want, said = choose_across(held, self.pair.nodes, name, self.host.restorer.chosen, silent=self.host.restorer.slow)
         self.emit("restore-choice", pair=self.pair.name, **said)
         return {self.pair.name: want}
 
@@ -302,6 +302,8 @@ class _PerNode:
         copy that verifies: this node's, the nodes that hold them, persistent storage."""
         want = choice[self.pair.name] if choice is not None and self.pair.name in choice else (await self._choice())[0]
         name, doc, holders = wanted(want)
+        if isinstance(want, Mapping) and want.get("silent"):
+            self.host.restorer.slow = True  # the leader waited for the persistent side in vain: no second wait here
         why = "not the version every node restores: set aside"
         await to_thread(set_aside, self.pair, self.node, self.emit, why, keep=name)
         await to_thread(set_aside_versions, self.pair, self.node, self.emit, why, keep=name if doc is not None else None)

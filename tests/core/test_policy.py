@@ -313,9 +313,9 @@ FLUSH_BOUND = [
     P(100.0, 10.0, False, 100.0, id="the final flush takes all the time left"),
     P(math.inf, 10.0, False, math.inf, id="the final flush with no end: unbounded"),
     P(0.0, 10.0, True, 0.0, id="no time left: no flush time"),
-    P(math.inf, 10.0, False, 30.0, True, id="a node died, a spare waits: the nodes' copies keep the rest"),
-    P(100.0, 10.0, True, 30.0, True, id="a node died, a spare waits, before the stop"),
-    P(20.0, 10.0, False, 20.0, True, id="a node died, a spare waits, less time left than the cap"),
+    P(math.inf, 10.0, False, 15.0, True, id="a node died, a spare waits: the nodes' copies keep the rest"),
+    P(100.0, 10.0, True, 15.0, True, id="a node died, a spare waits, before the stop"),
+    P(12.0, 10.0, False, 12.0, True, id="a node died, a spare waits, less time left than the cap"),
 ]
 
 
