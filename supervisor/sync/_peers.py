@@ -54,6 +54,7 @@ TOKEN_FILE = "peer-token"      # RUN/nodes/peer-token
 PEER_FILE = "peer.json"        # RUN/nodes/node-K/peer.json
 QUOTA_BYTES = 1 << 50          # the inbox's bound; the ring's retention (two versions) keeps it small
 FETCH_WAIT_S = 10.0            # one wait of one peer transfer (connect, a chunk): a dead node costs this once
+HELD_VERSIONS = 2              # a node offers its newest two whole versions (a choice older than them reads persistent storage)
 PERSISTENT_WAIT_S = 20.0       # the offer and the choice wait this long for the persistent side, then go on without it
 
 
@@ -104,8 +105,7 @@ async def serve(pairs: list[SyncPair], run_dir: Path, node: int, *,
     server = PeerServer(served, secret, inbox=f"{pairs[0].name}.peer", quota_bytes=QUOTA_BYTES)
     async with anyio.create_task_group() as tg:
         _host, port = await tg.start(server.serve)
-        where = await anyio.to_thread.run_sync(_publish, run_dir, node, port)
-        log.info("node %d serves its local checkpoints to its peers on port %d (%s)", node, port, where)
+        await anyio.to_thread.run_sync(_publish, run_dir, node, port)
         task_status.started()
 
 
@@ -165,24 +165,25 @@ class Book:
 
 def remote(book: Book | None, pair: str, name: str, holders: Mapping[str, Any] | None,
            nodes: int) -> list[tuple[str, Fetch]]:
-    """The other nodes to ask for files of ``name``, in order: those the leader's choice names
-    as holding it, then the others (the next nodes after this one first)."""
-    if book is None:
+    """The other nodes to ask for files of ``name``: those the leader's choice names as holding
+    it (what they offered), the next ones after this node first; no other node is asked (at a
+    thousand nodes, a file missing everywhere would cost a thousand refusals)."""
+    if book is None or not holders:
         return []
-    named = [int(k) for k in (holders or {})]
-    ring = [(book.me + i) % nodes for i in range(1, nodes)]
-    order = [k for k in named if k != book.me] + [k for k in ring if k not in named]
+    named = {int(k) for k in holders} - {book.me}
+    order = sorted(named, key=lambda k: (k - book.me) % nodes)
     return [(f"node-{k}", book.fetcher(k, pair, name)) for k in order]
 
 
 def holdings(p: SyncPair, local: Listing, profile: Profile | None) -> dict[str, Any]:
-    """This node's whole local versions of ``p`` (judged as finished), each a manifest-like
-    document: every file's size, mtime and sha256 (taken from the published version's content
-    manifest where size and mtime are its own, else read here). Blocking."""
+    """This node's newest ``HELD_VERSIONS`` whole local versions of ``p`` (judged as finished),
+    each a manifest-like document: every file's size, mtime and sha256 (taken from the published
+    version's content manifest where size and mtime are its own, else read here: a version
+    never published is hashed, an old published one is not). Blocking."""
     out: dict[str, Any] = {}
-    for e in local.entries.values():
-        if not e.complete or not e.restorable:
-            continue
+    whole = sorted((e for e in local.entries.values() if e.complete and e.restorable), key=lambda e: e.order,
+                   reverse=True)
+    for e in whole[:HELD_VERSIONS]:
         known = _content.read(p.dst, e.name) if p.store is None else None
         hashes = {rel: f"{_content.LINK}{f['link']}" if "link" in f else f["sha256"]
                   for rel, f in (known or {}).get("files", {}).items()

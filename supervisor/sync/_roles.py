@@ -191,6 +191,7 @@ class _PerNode:
         self.bell = Bell()                         # a word from the other side: look now
         self.tell: Callable[[str], None] = _silent
         self.linked = False
+        self.book: Book | None = None               # the other nodes' peer servers (``meet``)
 
     def link(self, tell: Callable[[str], None] | None, linked: bool) -> None:
         if tell is not None:
@@ -284,7 +285,7 @@ class _PerNode:
     async def choose(self, offers: Mapping[int, Mapping[str, Any]] | None) -> dict[str, Any]:
         """The leader's choice for every node: the newest version whole across the nodes'
         ``offers`` and its own copies when newer than the newest published, else that one, with
-        the nodes that hold its files (``_peers.choose``)."""
+        the nodes that hold its files (``_peers.choose_across``)."""
         name, mine = await self._choice()
         if offers is None:
             return {self.pair.name: name}
@@ -307,7 +308,7 @@ class _PerNode:
         why = "not the version every node restores: set aside"
         await to_thread(set_aside, self.pair, self.node, self.emit, why, keep=name)
         await to_thread(set_aside_versions, self.pair, self.node, self.emit, why, keep=name if doc is not None else None)
-        peers = remote(getattr(self, "book", None), self.pair.name, name, holders, self.pair.nodes) if name else []
+        peers = remote(self.book, self.pair.name, name, holders, self.pair.nodes) if name else []
         self.restored = await self.host.restorer.run(name, keep_newer=False, doc=doc, peers=peers) \
             if name is not None else None
         if name is None:

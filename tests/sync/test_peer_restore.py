@@ -126,8 +126,9 @@ async def test_a_corrupt_byte_in_a_peers_copy_is_never_loaded(tmp_path: Path) ->
     (v,) = ev1.of("restore-verify")
     assert v["from"] == {"persistent": len(v1)}, v
     assert [(f["from"], f["file"]) for f in v["failed"]] == [("node-0", "")] and "sha256" in v["failed"][0]["why"], v
-    # and node 0 itself: its live copy fails; node 1, which holds the verified bytes now, is nearer
+    # and node 0 itself: its own copy fails; node 1 did not offer it (the choice names node 0 alone as
+    # holding it), so persistent storage gives the good bytes
     (v,) = ev0.of("restore-verify")
-    assert got0.read_bytes() == v1 and v["from"] == {"node-1": len(v1)}, v
+    assert got0.read_bytes() == v1 and v["from"] == {"persistent": len(v1)}, v
     # (set aside first: it is not the published version, and then fails verification there)
     assert [(f["from"], f["file"]) for f in v["failed"]] == [("aside", "")], v
