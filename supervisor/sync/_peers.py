@@ -56,6 +56,7 @@ QUOTA_BYTES = 1 << 50          # the inbox's bound; the ring's retention (two ve
 FETCH_WAIT_S = 10.0            # one wait of one peer transfer (connect, a chunk): a dead node costs this once
 HELD_VERSIONS = 2              # a node offers its newest two whole versions (a choice older than them reads persistent storage)
 PERSISTENT_WAIT_S = 20.0       # the offer and the choice wait this long for the persistent side, then go on without it
+SLOW_LOOK_S = 2.0              # the choice's listing, once the offer waited for the persistent side in vain
 
 
 def _node_dir(run_dir: Path, node: int) -> Path:

@@ -31,7 +31,7 @@ from supervisor.sync._aside import set_aside, set_aside_versions
 from supervisor.sync._assembly import Assembly
 from supervisor.sync._complete import STAGING_PREFIX, Listing
 from supervisor.sync._partpublish import Gather, Handover, PartPublisher
-from supervisor.sync._peers import PERSISTENT_WAIT_S, Book, choose_across, holdings, remote, wanted
+from supervisor.sync._peers import PERSISTENT_WAIT_S, SLOW_LOOK_S, Book, across, choose_across, holdings, remote, wanted
 from supervisor.sync._parts import PARTS_DIR, go_path, parts_root, taken, waiting
 from supervisor.sync._profiles import Profile
 from supervisor.sync._publish import Publisher
@@ -264,6 +264,7 @@ class _PerNode:
             with anyio.move_on_after(PERSISTENT_WAIT_S) as waited:
                 await host.run_pass("offer")
             if waited.cancelled_caught:
+                host.restorer.slow = True
                 self.emit("restore-slow", pair=self.pair.name, node=self.node, seconds=PERSISTENT_WAIT_S,
                           what="offer", reason="the persistent side did not answer: the nodes' copies count")
         finally:
@@ -275,9 +276,10 @@ class _PerNode:
         """After ``offer``, the newest complete version on persistent storage (waited for
         ``PERSISTENT_WAIT_S`` at most), and what this node holds."""
         mine = await self.offer()
-        with anyio.move_on_after(PERSISTENT_WAIT_S):
+        wait = SLOW_LOOK_S if self.host.restorer.slow else PERSISTENT_WAIT_S  # the offer waited in vain already
+        with anyio.move_on_after(wait):
             return await self.host.restorer.choose(), mine
-        self.emit("restore-slow", pair=self.pair.name, node=self.node, seconds=PERSISTENT_WAIT_S, what="choose",
+        self.emit("restore-slow", pair=self.pair.name, node=self.node, seconds=wait, what="choose",
                   reason="the persistent side's listing did not come: the nodes' copies count")
         self.host.restorer.chosen, self.host.restorer.slow = None, True
         return None, mine
@@ -287,9 +289,12 @@ class _PerNode:
         ``offers`` and its own copies when newer than the newest published, else that one, with
         the nodes that hold its files (``_peers.choose_across``)."""
         name, mine = await self._choice()
+        held = {**{k: o.get(self.pair.name) or {} for k, o in (offers or {}).items()}, self.node: mine}
+        if self.host.restorer.slow and not across(held, self.pair.nodes):
+            # nothing whole on the nodes either: persistent storage is the only copy, waited for as before
+            name, self.host.restorer.slow = await self.host.restorer.choose(), False
         if offers is None:
             return {self.pair.name: name}
-        held = {**{k: o.get(self.pair.name) or {} for k, o in offers.items()}, self.node: mine}
         want, said = choose_across(held, self.pair.nodes, name, self.host.restorer.chosen, silent=self.host.restorer.slow)
         self.emit("restore-choice", pair=self.pair.name, **said)
         return {self.pair.name: want}
@@ -301,7 +306,8 @@ class _PerNode:
         never published (this node's part alone) and a different version of a published name
         (an unpublished ``snapshot.pt`` rewritten in place). Its files come from the nearest
         copy that verifies: this node's, the nodes that hold them, persistent storage."""
-        want = choice[self.pair.name] if choice is not None and self.pair.name in choice else (await self._choice())[0]
+        want = choice[self.pair.name] if choice is not None and self.pair.name in choice else \
+            (await self.choose(None))[self.pair.name]
         name, doc, holders = wanted(want)
         if isinstance(want, Mapping) and want.get("silent"):
             self.host.restorer.slow = True  # the leader waited for the persistent side in vain: no second wait here
