@@ -452,8 +452,8 @@ def main() -> int:
             MODES[req["mode"]](req, stats)
     except OSError as e:
         error, errno_ = f"{e.strerror or e}: {e.filename or ''}".rstrip(": "), e.errno
-    out = {"files": stats.files, "bytes": stats.bytes, "vanished": stats.vanished, "error": error, "errno": errno_,
-           "inodes": stats.inodes, "restarted": stats.restarted}
+    out: dict[str, object] = {"files": stats.files, "bytes": stats.bytes, "vanished": stats.vanished, "error": error,
+                              "errno": errno_, "inodes": stats.inodes, "restarted": stats.restarted}
     if stats.hashes is not None:
         out["hashes"] = stats.hashes
     sys.stdout.write(json.dumps(out))

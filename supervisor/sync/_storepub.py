@@ -97,7 +97,7 @@ class StoreManifests:
 
     async def listing(self) -> tuple[Listing, dict[str, dict[str, Any]]]:
         """Every manifest as a listing of complete entries (and pointers), with the documents."""
-        listing, docs = Listing(), {}
+        listing, docs = Listing(), {}  # type: tuple[Listing, dict[str, Any]]
         for meta in await self.store.list(MANIFESTS):
             rel = self.store.rel(meta["path"])
             got = await self.read(rel)
@@ -291,7 +291,7 @@ class StoreRestorer(Restorer):
                   peers: Sequence[tuple[str, Fetch]] = ()) -> Path | None:
         p = self.pair
         t0 = time.monotonic()
-        listing, docs = Listing(), {}
+        listing, docs = Listing(), {}  # type: tuple[Listing, dict[str, Any]]
         # a version only the nodes hold does not wait for a store that does not answer
         with anyio.move_on_after((0.0 if self.slow else PERSISTENT_WAIT_S) if doc is not None else math.inf):
             listing, docs = await self.manifests.listing()
@@ -326,7 +326,7 @@ class StoreRestorer(Restorer):
         skipped: list[str] = []
         for best in order:
             try:
-                return await self._bring_back(best, docs[best.name], listing, local, keep_newer, t0, skipped, peers)
+                return await self._from_store(best, docs[best.name], listing, local, keep_newer, t0, skipped, peers)
             except StoreError as err:
                 if want is not None or err.code not in ("EBADMSG", "ENOENT"):
                     raise
@@ -335,7 +335,7 @@ class StoreRestorer(Restorer):
                   reason="no checkpoint on persistent storage whose objects match its manifest")
         return None
 
-    async def _bring_back(self, best: Entry, doc: Mapping[str, Any], listing: Listing, local: Listing, keep_newer: bool,
+    async def _from_store(self, best: Entry, doc: Mapping[str, Any], listing: Listing, local: Listing, keep_newer: bool,
                           t0: float, skipped: list[str], peers: Sequence[tuple[str, Fetch]] = ()) -> Path:
         """``best`` onto local disk from the nearest copy whose sha256 is the manifest's: the
         node's own (live or set aside), the other nodes that hold it (``peers``), else
@@ -346,7 +346,7 @@ class StoreRestorer(Restorer):
         stored = bool(doc.get("_persistent", True))
         try:
             filled = await fill(doc, dest, candidates=local_candidates(p.src, best.name), peers=peers,
-                                fetch=self._fetch if stored else None)
+                                fetch=self._download if stored else None)
         except Unverified as u:
             self.emit("restore-verify", pair=p.name, checkpoint=best.name, result="failed", failed=u.failed,
                       reason="no copy of it verifies against its manifest")
@@ -362,7 +362,7 @@ class StoreRestorer(Restorer):
                   **({"torn": skipped} if skipped else {}), **repointed)
         return dest
 
-    async def _fetch(self, rel: str, f: Mapping[str, Any], target: Path) -> int:
+    async def _download(self, rel: str, f: Mapping[str, Any], target: Path) -> int:
         """One object of the manifest, checked against its size and sha256 as it streams."""
         try:
             return await self.store.download(f["key"], target, f["sha256"], int(f["size"]))

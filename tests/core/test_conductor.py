@@ -181,10 +181,15 @@ class FakeMirror:
         self.calls.append("restore")
         return None
 
-    async def offer(self) -> None:
-        self.calls.append("offer")
+    async def serve_peers(self, run_dir, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        self.calls.append("serve_peers")
+        task_status.started()
 
-    async def choose(self) -> dict:
+    async def offer(self) -> dict:
+        self.calls.append("offer")
+        return {}
+
+    async def choose(self, offers=None) -> dict:
         return {}
 
     def holds(self) -> dict:
