@@ -267,7 +267,7 @@ def choose_across(held: Mapping[int, Mapping[str, Any]], nodes: int, published: 
     if published is None:
         return None, {"checkpoint": None, "source": None, "offered": offered,
                       "why": "nothing published, nothing whole across the nodes"}
-    holders = whole[published]["holders"] if published in whole else {}
+    holders = _holding(held, published, entry)
     return ({"checkpoint": published, "source": "persistent", "holders": holders},
             {"checkpoint": published, "source": "persistent", "holders": sorted(holders, key=int), "offered": offered,
              "why": "the newest published; nothing newer whole across the nodes"})
@@ -282,3 +282,18 @@ def wanted(want: str | Mapping[str, Any] | None) -> tuple[str | None, dict[str, 
     doc = {k: v for k, v in want.items() if k not in ("holders", "source", "silent")} \
         if want.get("source") == "nodes" else None
     return name, doc, want.get("holders") or {}
+
+
+def _holding(held: Mapping[int, Mapping[str, Any]], name: str, entry: Entry | None) -> dict[str, list[str]]:
+    """The nodes that hold files of the published ``name`` as published (size and mtime its
+    listing's: a node's older version of the same name is not that version), and which."""
+    if entry is None:
+        return {}
+    out: dict[str, list[str]] = {}
+    for node, docs in held.items():
+        doc = docs.get(name)
+        rels = [rel for rel, f in (doc or {}).get("files", {}).items()
+                if entry.snap.files.get(rel) == (int(f["size"]), int(f["mtime_ns"]))]
+        if rels:
+            out[str(node)] = rels
+    return out

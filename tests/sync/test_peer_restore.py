@@ -132,3 +132,21 @@ async def test_a_corrupt_byte_in_a_peers_copy_is_never_loaded(tmp_path: Path) ->
     assert got0.read_bytes() == v1 and v["from"] == {"persistent": len(v1)}, v
     # (set aside first: it is not the published version, and then fails verification there)
     assert [(f["from"], f["file"]) for f in v["failed"]] == [("aside", "")], v
+
+
+@pytest.mark.asyncio
+async def test_a_node_holding_an_older_version_of_the_name_is_not_named_as_holding_it(tmp_path: Path) -> None:
+    """A requeue onto other nodes: the new leader's host kept the snapshot.pt it restored as node 1
+    in the attempt before, an older version of the published name. Nobody is sent to it."""
+    dst = tmp_path / "persist"
+    v1 = os.urandom(100_000)
+    await _publish(tmp_path, dst, v1)
+    old = tmp_path / "n0" / "snapshot.pt"
+    old.write_bytes(os.urandom(100_000))
+    os.utime(old, ns=(1_600_000_000 * 10**9, 1_600_000_000 * 10**9))  # saved (and restored) long before
+    ev0, ev1 = Events(), Events()
+    choice, got0, got1 = await _before_the_spawn(tmp_path, dst, (ev0, ev1))
+    assert choice["ckpt"]["source"] == "persistent" and choice["ckpt"]["holders"] == {}, choice
+    assert got0.read_bytes() == got1.read_bytes() == v1
+    (v,) = ev1.of("restore-verify")
+    assert v["from"] == {"persistent": len(v1)} and v["failed"] == [], v
