@@ -152,6 +152,13 @@ def _the_tutorial_through_four_interruptions(c: SlurmCluster, tmp_path: Path, to
         log(f"attempt {a}: resumed at {starts[-1]}, {len(saved)} saved, {len(published)} published, "
             f"lag max {lags[-1] if lags else None}s")
         before += saved
+    # issue 43: the requeue at the time limit put the job back on the same nodes, disks kept: every
+    # node's restore of attempt 2 took its bytes from its own disk or from node 0, none from persistent storage
+    hosts = {e["attempt"]: e["nodes"] for e in ev if e.get("kind") == "start"}
+    assert hosts[2] == hosts[1], hosts
+    verified = [e for e in ev + events(run / "nodes" / "node-1" / "events.jsonl")
+                if e.get("kind") == "restore-verify" and e["attempt"] == 2]
+    assert len(verified) == 2 and all(e["result"] == "verified" and "persistent" not in e["from"] for e in verified), verified
     final = final_state()
     assert final["EPOCHS_RUN"] == (EPOCHS - 1) // EVERY * EVERY, final["EPOCHS_RUN"]  # the last epoch saved
     assert ends[5]["reason"] == "child-exit" and ends[5]["not_durable"] == [], ends[5]
