@@ -42,6 +42,7 @@ from tests.support.checkpoints import problems as ckpt_problems
 from tests.support.wait import wait_for
 
 STAGING_PREFIX = ".supervise-staging-"  # what the mirror names its staging entries on the destination
+MANIFESTS_DIR = ".supervise"  # the content manifests of the published versions (issue 43): not staging
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_NVML = Path(__file__).resolve().parent / "_fakenvml"
@@ -647,7 +648,7 @@ class Trial:
         def owned_up(name: str) -> bool:  # end.not_durable names this checkpoint
             return any(f" {name} " in f" {x} " for x in not_durable)
 
-        hidden = sorted(n for n in os.listdir(self.dst) if n.startswith("."))
+        hidden = sorted(n for n in os.listdir(self.dst) if n.startswith(".") and n != MANIFESTS_DIR)
         if hidden and broken and self.plan.fault == "read-only":
             # A staging directory the copy made before the remount cannot be removed from a
             # read-only filesystem: the journal must own up to it, the next attempt removes it.

@@ -179,7 +179,7 @@ def complete_checkpoints(persist: Path) -> list[int]:
             data = (c / shard).read_bytes()
             assert len(data) == 4096 and data == step.to_bytes(8, "little") * 512, f"{c}/{shard} torn"
         steps.append(step)
-    leftovers = [p.name for p in persist.iterdir() if p.name.startswith(".supervise")] if persist.exists() else []
+    leftovers = [p.name for p in persist.iterdir() if p.name.startswith(".supervise-")] if persist.exists() else []
     assert leftovers == [], f"staging left on the persistent side: {leftovers}"
     if steps:
         latest = (persist / "latest").read_text()

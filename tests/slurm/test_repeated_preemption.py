@@ -154,7 +154,7 @@ def complete_checkpoints(ckpt: Path) -> list[int]:
             shard = torch.load(d / f"__{r}_0.pt", weights_only=False)
             assert shard["rank"] == r and shard["step"] == step, (d, r)
         steps.append(step)
-    leftovers = [p.name for p in ckpt.iterdir() if p.name.startswith(".supervise")]
+    leftovers = [p.name for p in ckpt.iterdir() if p.name.startswith(".supervise-")]
     assert leftovers == [], f"staging left on the persistent side: {leftovers}"
     return sorted(steps)
 
