@@ -234,15 +234,20 @@ def across(offers: Mapping[int, Mapping[str, Any]], nodes: int) -> dict[str, dic
     return out
 
 
+def _later(a: Entry, b: Entry) -> bool:
+    """Is ``a`` a later save than ``b``? The later step where both names give one and they
+    differ; else written later (the newest file's mtime): a ``snapshot.pt`` saved again, or
+    Lightning's ``last.ckpt``, which has no step and is written after the newest ``step=N``
+    file (comparing steps alone took a node's ``step=18`` file for newer than the published
+    ``last.ckpt`` of step 20)."""
+    if a.step is not None and b.step is not None and a.step != b.step:
+        return a.step > b.step
+    return max(m for _s, m in a.snap.files.values()) > max(m for _s, m in b.snap.files.values())
+
+
 def newer_than(doc: Mapping[str, Any], published: Entry | None) -> bool:
-    """Is the version ``doc`` (whole across the nodes) newer than the newest published one?
-    The same name: written later (a ``snapshot.pt`` saved again); else the later step."""
-    if published is None:
-        return True
-    mine = entry_of(doc)
-    if mine.name == published.name:
-        return max(m for _s, m in mine.snap.files.values()) > max(m for _s, m in published.snap.files.values())
-    return mine.order[:3] > published.order[:3]
+    """Is the version ``doc`` (whole across the nodes) a later save than the newest published one?"""
+    return published is None or _later(entry_of(doc), published)
 
 
 def choose_across(held: Mapping[int, Mapping[str, Any]], nodes: int, published: str | None,
@@ -258,7 +263,10 @@ def choose_across(held: Mapping[int, Mapping[str, Any]], nodes: int, published: 
     newer = [d for d in whole.values() if newer_than(d, entry)]
     offered = {str(k): sorted(v) for k, v in sorted(held.items())}
     if newer:
-        best = max(newer, key=lambda d: (entry_of(d).order[:3], int(d.get("newest_ns") or 0)))
+        best = newer[0]
+        for d in newer[1:]:
+            if _later(entry_of(d), entry_of(best)):
+                best = d
         said = {"checkpoint": best["checkpoint"], "source": "nodes", "holders": sorted(best["holders"], key=int),
                 "published": published, "offered": offered,
                 "why": "whole across the nodes and newer than the newest published" if published

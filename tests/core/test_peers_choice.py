@@ -56,6 +56,10 @@ def test_newer_than_the_published() -> None:
     assert newer_than(doc("step_5", {"a": (1, 1, "x")}, step=5), published("step_4", {"a": (1, 9)}, step=4))
     assert not newer_than(doc("step_3", {"a": (1, 99, "x")}, step=3), published("step_4", {"a": (1, 9)}, step=4))
     assert newer_than(snapshot_pt(1, "a"), None)            # nothing published
+    # Lightning: last.ckpt has no step and is written after the newest step=N file
+    last = published("last.ckpt", {"": (10, 300)})
+    assert not newer_than(doc("epoch=1-step=18.ckpt", {"": (10, 200, "x")}, is_dir=False, step=18), last)
+    assert newer_than(doc("epoch=2-step=22.ckpt", {"": (10, 400, "y")}, is_dir=False, step=22), last)
 
 
 def test_the_choice_names_its_source_and_holders() -> None:
