@@ -93,11 +93,4 @@ def _same_version(p: SyncPair, name: str, mine: Snap, there: Snap) -> bool:
     if not _content.describes(doc, there):
         return identical(p.src / name, p.dst / name, mine, there)
     assert doc is not None
-    for rel, f in doc["files"].items():
-        if mine.files[rel][0] != int(f["size"]):
-            return False
-    try:
-        return all(_content.sha256_of(p.src / name / rel if rel else p.src / name) == f["sha256"]
-                   for rel, f in doc["files"].items())
-    except OSError:
-        return False
+    return _content.holds_version(p.src / name, doc)

@@ -68,6 +68,18 @@ def entry(size: int, mtime_ns: int, digest: str) -> dict[str, Any]:
     return {"size": size, "mtime_ns": mtime_ns, "sha256": digest}
 
 
+def holds_version(root: Path, doc: Mapping[str, Any]) -> bool:
+    """Is the local copy at ``root`` the very version ``doc`` describes (each file's size, then
+    its sha256)? Nothing read back from persistent storage. Blocking."""
+    files = doc["files"]
+    try:
+        if any(os.lstat(root / rel if rel else root).st_size != int(f["size"]) for rel, f in files.items()):
+            return False
+        return all(sha256_of(root / rel if rel else root) == f["sha256"] for rel, f in files.items())
+    except OSError:
+        return False
+
+
 def doc_for(e: Entry, snap: Snap, hashes: Mapping[str, str], *, profile: Profile | None,
             nodes: int = 1, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The manifest of ``e`` as published with ``snap`` (sizes, mtimes) and ``hashes``."""

@@ -19,6 +19,7 @@ raises ``Unverified``: the caller falls back to the next newest version, never t
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import time
@@ -171,8 +172,6 @@ def copy_verified(src: Path, target: Path, *, size: int, sha256: str | None) -> 
     """Copy ``src`` to a new ``target`` hashing as it reads (one read); raises ``Mismatch``
     (``target`` removed) when the bytes are not ``size`` long or do not hash to ``sha256``.
     The source's mode is kept. Blocking."""
-    import hashlib
-
     h = hashlib.sha256()
     n = 0
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -256,10 +256,14 @@ def choose_across(held: Mapping[int, Mapping[str, Any]], nodes: int, published: 
     document) and the newest published version (``published``, its listing ``entry``): the
     choice's value, and what ``restore-choice`` says of it. ``silent``: the persistent side did
     not answer the leader; the nodes then do not wait for it either."""
-    whole = across(held, nodes)
+    value, said = _choose(across(held, nodes), held, published, entry)
     if silent:
-        value, said = choose_across(held, nodes, published, entry)
         return ({**value, "silent": True} if value is not None else None), {**said, "silent": True}
+    return value, said
+
+
+def _choose(whole: Mapping[str, dict[str, Any]], held: Mapping[int, Mapping[str, Any]], published: str | None,
+            entry: Entry | None) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     newer = [d for d in whole.values() if newer_than(d, entry)]
     offered = {str(k): sorted(v) for k, v in sorted(held.items())}
     if newer:

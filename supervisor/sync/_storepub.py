@@ -29,6 +29,7 @@ from supervisor.sync._manifest import (
     pointer_rel, profile_of,
 )
 from supervisor.sync._publish import RECOPY_TRIES, Publisher
+from supervisor.sync._content import holds_version
 from supervisor.sync._fill import Fetch, Mismatch, Unverified, fill, local_candidates
 from supervisor.sync._peers import PERSISTENT_WAIT_S
 from supervisor.sync._restore import Restorer, same_files, is_newer, newest
@@ -380,17 +381,4 @@ def file_is(path: Path, doc: Mapping[str, Any]) -> bool:
 
 def _hashes_match(dest: Path, doc: Mapping[str, Any]) -> bool:
     """Is the local copy that very version (each file's sha256 as the manifest's)? Blocking."""
-    import hashlib
-
-    for rel, f in doc["files"].items():
-        h = hashlib.sha256()
-        try:
-            with open(dest / rel if rel else dest, "rb") as fh:
-                while chunk := fh.read(1 << 20):
-                    h.update(chunk)
-        except OSError:
-            return False
-        if h.hexdigest() != f["sha256"]:
-            return False
-    return True
-
+    return holds_version(dest, doc)
