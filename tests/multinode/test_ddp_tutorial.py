@@ -26,7 +26,6 @@ outcome; every version in the bucket is whole, and the secret is in no file the 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import time
 from pathlib import Path
@@ -37,7 +36,7 @@ import pytest
 from tests.support.journal import events
 from tests.support.s3 import S3Server, skip_without_s3
 from tests.support.slurm import SlurmCluster, attempts_of
-from tests.support.tutorial_job import replay, tutorial_job
+from tests.support.tutorial_job import replay, resumed_epochs, saved_epochs, tutorial_job
 
 EPOCHS, EVERY = 60, 1
 # By hand, the tutorial's own script (pytorch/examples distributed/ddp-tutorial-series/multinode.py,
@@ -121,8 +120,8 @@ def _the_tutorial_through_four_interruptions(c: SlurmCluster, tmp_path: Path, to
     before: list[int] = []
     starts = [0]
     for a in (1, 2, 3, 4, 5):
-        saved = [int(x) for x in re.findall(r"^Epoch (\d+) \| Training snapshot saved", text[a], flags=re.M)]
-        resumed = [int(x) for x in re.findall(r"^Resuming training from snapshot at Epoch (\d+)", text[a], flags=re.M)]
+        saved = saved_epochs(text[a])
+        resumed = resumed_epochs(text[a])
         if a == 1:
             assert resumed == [], text[a][-2000:]
         else:

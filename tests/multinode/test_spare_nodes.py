@@ -18,7 +18,6 @@ process in its namespaces). Then:
 
 from __future__ import annotations
 
-import re
 import shutil
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ import pytest
 
 from tests.support.journal import events
 from tests.support.slurm import SlurmCluster
-from tests.support.tutorial_job import replay, tutorial_job
+from tests.support.tutorial_job import RESUMED, TRAINING, replay, resumed_epochs, saved_epochs, tutorial_job
 from tests.support.wait import wait_for
 
 EPOCHS = 40
@@ -69,14 +68,14 @@ def test_a_dead_node_is_replaced_by_the_spare_without_a_requeue(cluster4: SlurmC
 
     def resumed_lines() -> list[int]:
         tail = out.read_text()[len(text_before):]
-        return [int(x) for x in re.findall(r"^Resuming training from snapshot at Epoch (\d+)", tail, flags=re.M)]
+        return resumed_epochs(tail)
 
     def first_epoch_after_resume() -> float | None:
         tail = out.read_text()[len(text_before):]
-        at = [m.end() for m in re.finditer(r"^Resuming training from snapshot at Epoch \d+", tail, flags=re.M)]
+        at = [m.end() for m in RESUMED.finditer(tail)]
         if len(at) < 4:
             return None
-        return time.monotonic() if re.search(r"^\[GPU\d\] Epoch \d+ \|", tail[at[-1]:], flags=re.M) else None
+        return time.monotonic() if TRAINING.search(tail[at[-1]:]) else None
 
     again = wait_for(first_epoch_after_resume, 180, lambda: f"training again after {victim}'s death; {said()}", interval=0.2)
     log(f"training again {again - killed:.1f}s after the kill")
@@ -109,8 +108,8 @@ def test_a_dead_node_is_replaced_by_the_spare_without_a_requeue(cluster4: SlurmC
     # attempt 1's saves: everything printed before attempt 2's first "Resuming" line (rank 0 on the
     # survivor may save once more between the test's last look and the kill)
     attempt1 = text[:len(text_before) + text[len(text_before):].index("Resuming training from snapshot")]
-    saved_before = [int(x) for x in re.findall(r"^Epoch (\d+) \| Training snapshot saved", text_before, flags=re.M)]
-    saved = [int(x) for x in re.findall(r"^Epoch (\d+) \| Training snapshot saved", attempt1, flags=re.M)]
+    saved_before = saved_epochs(text_before)
+    saved = saved_epochs(attempt1)
     assert resumed[0] >= saved_before[-1] and resumed[0] in saved[-2:], (resumed, saved_before, saved)  # at most the dead node's last save is lost
     versions = next(e for e in ev if e.get("kind") == "restore-versions" and e["attempt"] == 2)
     assert versions["agree"] and sorted(versions["nodes"]) == ["0", "1"], versions

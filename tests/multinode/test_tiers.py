@@ -26,7 +26,6 @@ reading nothing back from persistent storage is checked in CI by test_ddp_tutori
 from __future__ import annotations
 
 import os
-import re
 import time
 from pathlib import Path
 
@@ -35,7 +34,7 @@ import pytest
 from tests.support.journal import events
 from tests.support.s3 import S3Server, skip_without_s3
 from tests.support.slurm import SlurmCluster
-from tests.support.tutorial_job import replay, tutorial_job
+from tests.support.tutorial_job import replay, resumed_epochs, saved_epochs, tutorial_job
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow,
@@ -43,8 +42,6 @@ pytestmark = [pytest.mark.slow,
 
 EPOCHS = 60
 DIRECTIVES = ["--nodes=3", "--ntasks-per-node=1", "--no-kill", "--requeue", "--open-mode=append"]
-SAVED = re.compile(r"^Epoch (\d+) \| Training snapshot saved", flags=re.M)
-RESUMED = re.compile(r"^Resuming training from snapshot at Epoch (\d+)", flags=re.M)
 
 
 def test_a_node_dies_while_the_store_hangs_and_every_rank_resumes_from_the_newest_save(
@@ -81,23 +78,20 @@ def test_a_node_dies_while_the_store_hangs_and_every_rank_resumes_from_the_newes
         def published() -> int:
             return len([e for e in events(leader) if e.get("kind") == "publish" and e.get("checkpoint") == "snapshot.pt"])
 
-        def saved(text: str) -> list[int]:
-            return [int(x) for x in SAVED.findall(text)]
-
         wait_for(lambda: published() >= 3, 300, lambda: f"3 versions published; {said()}", interval=0.5)
         server.pause()
         paused = True
-        at_pause = saved(out.read_text())
+        at_pause = saved_epochs(out.read_text())
         log(f"store paused after {published()} publishes; saved so far {at_pause[-3:]}")
-        wait_for(lambda: len(saved(out.read_text())) >= len(at_pause) + 3, 120,
+        wait_for(lambda: len(saved_epochs(out.read_text())) >= len(at_pause) + 3, 120,
                  lambda: f"3 more saves while the store hangs; {said()}", interval=0.2)
         text_before = out.read_text()
         c.kill_node("n2")
         killed = time.monotonic()
-        log(f"n2 killed; saved before the kill {saved(text_before)[-3:]}")
+        log(f"n2 killed; saved before the kill {saved_epochs(text_before)[-3:]}")
 
         def resumed() -> list[int]:
-            return [int(x) for x in RESUMED.findall(out.read_text()[len(text_before):])]
+            return resumed_epochs(out.read_text()[len(text_before):])
 
         wait_for(lambda: len(resumed()) >= 4, 300, lambda: f"every rank resumed on the spare; {said()}", interval=0.5)
         log(f"every rank resumed at {resumed()} {time.monotonic() - killed:.1f}s after the kill")
@@ -113,7 +107,7 @@ def test_a_node_dies_while_the_store_hangs_and_every_rank_resumes_from_the_newes
         # the newest epoch saved before the kill (rank 0 may save once more between the test's look
         # and the kill), and newer than anything the store held
         attempt1 = text[:len(text_before) + text[len(text_before):].index("Resuming training from snapshot")]
-        assert got[0] in saved(attempt1)[-2:] and got[0] > at_pause[-1], (got, saved(attempt1)[-3:], at_pause[-1])
+        assert got[0] in saved_epochs(attempt1)[-2:] and got[0] > at_pause[-1], (got, saved_epochs(attempt1)[-3:], at_pause[-1])
         choice = next(e for e in ev if e.get("kind") == "restore-choice" and e["attempt"] == 2)
         assert choice["source"] == "nodes" and choice["checkpoint"] == "snapshot.pt" and choice["holders"] == ["0"], choice
         # the spare (node 1 now) took every byte from n1's disk, none from the store

@@ -17,7 +17,6 @@ sister n2 dies (its mom and every process in its namespaces killed; nobody marks
 
 from __future__ import annotations
 
-import re
 import time
 
 import pytest
@@ -26,6 +25,7 @@ from tests.support.journal import events
 from tests.support.paths import ROOT
 from tests.support.pbs import PbsCluster
 from tests.support.pbs_jobs import kinds, pbs_torch, setup_job
+from tests.support.tutorial_job import RESUMED, SAVED, TRAINING
 from tests.support.wait import wait_for
 
 AGAIN_WITHIN_S = 60.0
@@ -74,7 +74,7 @@ def test_a_dead_sister_is_replaced_by_the_spare_without_a_rerun(pbs: PbsCluster)
 
         def training_again() -> float | None:
             a = [x for r in (0, 1) for x in attempts(r)[1:2]]
-            ok = len(a) == 2 and all(re.search(r"^\[GPU\d\] Epoch \d+ \|", x, re.M) for x in a)
+            ok = len(a) == 2 and all(TRAINING.search(x) for x in a)
             return time.monotonic() if ok else None
 
         again = wait_for(training_again, 180, lambda: f"both ranks training again: {said()}", interval=0.2)
@@ -113,8 +113,8 @@ def test_a_dead_sister_is_replaced_by_the_spare_without_a_rerun(pbs: PbsCluster)
     assert ends[third]["exit_status"] == 0 and ends[third]["not_durable"] == [], ends[third]
     hosts = {r: [a.split()[2] for a in attempts(r)] for r in (0, 1)}
     assert sorted(h[1] for h in hosts.values()) == ["n1", "n3"], hosts
-    saved = [int(m) for r in (0, 1) for a in attempts(r)[:1] for m in re.findall(r"^Epoch (\d+) \| Training snapshot saved", a, re.M)]
-    resumed = [re.findall(r"Resuming training from snapshot at Epoch (\d+)", attempts(r)[1]) for r in (0, 1)]
+    saved = [int(m) for r in (0, 1) for a in attempts(r)[:1] for m in SAVED.findall(a)]
+    resumed = [RESUMED.findall(attempts(r)[1]) for r in (0, 1)]
     assert resumed[0] == resumed[1] and len(resumed[0]) == 1 and int(resumed[0][0]) in sorted(saved)[-2:], (resumed, saved)
     rv = kinds(evs, "restore-versions", 2)[0]
     assert rv["agree"] and set(rv["nodes"]) == {"0", "1"}, rv

@@ -6,6 +6,7 @@ bench/recovery.py submit it; only its ``#SBATCH`` lines differ."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,26 @@ from typing import Any
 from tests.support.paths import ROOT
 
 SCRIPT = ROOT / "tests" / "multinode" / "ddp_tutorial.py"
+
+# What the tutorial prints, found anywhere in a line: its ``print`` is two writes under
+# PYTHONUNBUFFERED (the text, then "\n"), and the two ranks of a node share srun's stdout, so
+# their lines can come out as "…Epoch 20Resuming training … Epoch 20\n\n" (CI: 3 of 4 found
+# when anchored at a line's start).
+RESUMED = re.compile(r"Resuming training from snapshot at Epoch (\d+)")
+SAVED = re.compile(r"Epoch (\d+) \| Training snapshot saved")
+TRAINING = re.compile(r"\[GPU\d\] Epoch \d+ \|")
+
+
+def resumed_epochs(text: str) -> list[int]:
+    """The epoch each rank resumed from, in the order printed."""
+    return [int(x) for x in RESUMED.findall(text)]
+
+
+def saved_epochs(text: str) -> list[int]:
+    """The epochs rank 0 saved, in order."""
+    return [int(x) for x in SAVED.findall(text)]
+
+
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 
 BODY = """cd {repo}
