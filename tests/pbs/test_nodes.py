@@ -35,7 +35,7 @@ from tests.support.journal import events
 from tests.support.paths import ROOT
 from tests.support.pbs import PbsCluster
 from tests.support.pbs_jobs import kinds, number, pbs_torch, setup_job
-from tests.support.tutorial_job import RESUMED, SAVED
+from tests.support.tutorial_job import resumed_epochs, saved_epochs
 from tests.support.wait import wait_for
 
 def test_shards_rerun_and_a_dead_sister(pbs: PbsCluster) -> None:
@@ -179,12 +179,12 @@ def test_rank0_in_place_moves_node_then_qdel(pbs: PbsCluster) -> None:
 
     # (b) attempt 1: rank 0 on n1 rewrote snapshot.pt there; attempt 2: rank 0 on n2, n3 new, and
     # every rank loaded the same, newest epoch: the last one rank 0 saved before the rerun
-    saved = [[int(m) for m in SAVED.findall(a)] for a in attempts(0)]
-    resumed = {r: [RESUMED.findall(a) for a in attempts(r)] for r in (0, 1)}
+    saved = [saved_epochs(a) for a in attempts(0)]
+    resumed = {r: [resumed_epochs(a) for a in attempts(r)] for r in (0, 1)}
     hosts = {r: [a.split()[2] for a in attempts(r)] for r in (0, 1)}
     assert hosts == {0: ["n1", "n2"], 1: ["n2", "n3"]}, hosts
     assert resumed[0][0] == resumed[1][0] == [], resumed
-    assert resumed[0][1] == resumed[1][1] == [str(saved[0][-1])], (resumed, saved[0][-3:])
+    assert resumed[0][1] == resumed[1][1] == [saved[0][-1]], (resumed, saved[0][-3:])
     rv = kinds(evs, "restore-versions", 2)[0]
     assert rv["agree"] and rv["choice"] == {"ckpt": "snapshot.pt"} and set(rv["nodes"]) == {"0", "1"}, rv
     assert all(e["why"] == "whole on node 0" for e in published(1)) and all(e["why"] == "whole on node 0" for e in published(2))

@@ -25,7 +25,7 @@ from tests.support.journal import events
 from tests.support.paths import ROOT
 from tests.support.pbs import PbsCluster
 from tests.support.pbs_jobs import kinds, pbs_torch, setup_job
-from tests.support.tutorial_job import RESUMED, SAVED, TRAINING
+from tests.support.tutorial_job import TRAINING, resumed_epochs, saved_epochs
 from tests.support.wait import wait_for
 
 AGAIN_WITHIN_S = 60.0
@@ -113,9 +113,9 @@ def test_a_dead_sister_is_replaced_by_the_spare_without_a_rerun(pbs: PbsCluster)
     assert ends[third]["exit_status"] == 0 and ends[third]["not_durable"] == [], ends[third]
     hosts = {r: [a.split()[2] for a in attempts(r)] for r in (0, 1)}
     assert sorted(h[1] for h in hosts.values()) == ["n1", "n3"], hosts
-    saved = [int(m) for r in (0, 1) for a in attempts(r)[:1] for m in SAVED.findall(a)]
-    resumed = [RESUMED.findall(attempts(r)[1]) for r in (0, 1)]
-    assert resumed[0] == resumed[1] and len(resumed[0]) == 1 and int(resumed[0][0]) in sorted(saved)[-2:], (resumed, saved)
+    saved = [e for r in (0, 1) for a in attempts(r)[:1] for e in saved_epochs(a)]
+    resumed = [resumed_epochs(attempts(r)[1]) for r in (0, 1)]
+    assert resumed[0] == resumed[1] and len(resumed[0]) == 1 and resumed[0][0] in sorted(saved)[-2:], (resumed, saved)
     rv = kinds(evs, "restore-versions", 2)[0]
     assert rv["agree"] and set(rv["nodes"]) == {"0", "1"}, rv
     assert again - killed <= AGAIN_WITHIN_S, f"training again {again - killed:.1f}s after the kill (bar {AGAIN_WITHIN_S}s)"
