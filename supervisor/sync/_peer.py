@@ -12,17 +12,18 @@ dropped unanswered) whose first field is the job's ``token``; every answer is a 
 - ``{"token", "op": "get", "root": NAME, "rel": "a/b", "size": N}``: answered
   ``{"ok": true, "size": N, "mtime_ns": M}`` and exactly N raw bytes. The server does not hash:
   ``fetch`` does, against the sha256 its caller expects, and renames only a whole, matching file.
-- ``{"token", "op": "put", "rel": "node-1/x", "size": N, "mtime_ns": M}``: answered
+- ``{"token", "op": "put", "root": NAME, "rel": "node-1/x", "size": N, "mtime_ns": M}`` (``root``
+  one of the inboxes, the first when absent): answered
   ``{"ok": true}`` (go ahead), or refused before any byte is sent (``quota``, ``path``); then
   the client sends N raw bytes and a trailing line ``{"sha256": HEX}``: the hash trails the
   body so that the pusher reads its file once, hashing as it sends. The server writes into a
   ``.tmp-<random>`` beside the final name, hashing as it receives, and answers ``{"ok": true}``
   once the file is fsynced, its mtime set and renamed into place; ``sha256`` (wrong hash) or
   ``short`` (the stream ended early) with the temp removed otherwise.
-- ``{"token", "op": "drop", "rel": "node-1/old"}``: that file or tree under the inbox removed
-  (already gone is ``ok`` too).
+- ``{"token", "op": "drop", "root": NAME, "rel": "node-1/old"}``: that file or tree under the
+  inbox removed (already gone is ``ok`` too).
 
-Pushes land under one root only, the *inbox*; gets may read any named root. A ``rel`` is
+Pushes land under the *inboxes* only (one per per-node pair); gets may read any named root. A ``rel`` is
 refused (``path``) if it is absolute, has an empty, ``.`` or ``..`` component, or meets a
 symlink anywhere on the way: each component is opened relative to its parent with
 ``O_NOFOLLOW``, so no check can be raced by a link swapped in after it. Waits are bounded one by
@@ -41,7 +42,8 @@ import os
 import secrets
 import stat
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterator, Mapping, TypeVar
+from functools import partial
+from typing import Any, Awaitable, Callable, Iterator, Mapping, NamedTuple, Sequence, TypeVar
 
 import anyio
 from anyio.abc import SocketAttribute, SocketStream, TaskStatus
@@ -72,17 +74,27 @@ def new_token() -> str:
     return secrets.token_hex(16)
 
 
+class Sent(NamedTuple):
+    """A file pushed: its bytes and the sha256 of what was sent (computed while sending)."""
+
+    size: int
+    sha256: str
+
+
 class PeerServer:
     """Serves ``roots`` (name → directory) to the peers that know ``token``: gets from any
-    root, puts and drops in ``roots[inbox]`` only, a put refused when the files under the inbox
-    and the pushes under way would come to more than ``quota_bytes``."""
+    root, puts and drops in the ``inbox`` roots only (a name or several; a request names one,
+    else the first), a put refused when the files under that inbox and the pushes under way
+    would come to more than ``quota_bytes``."""
 
-    def __init__(self, roots: Mapping[str, Path], token: str, inbox: str, quota_bytes: int,
+    def __init__(self, roots: Mapping[str, Path], token: str, inbox: str | Sequence[str], quota_bytes: int,
                  host: str = "0.0.0.0") -> None:
-        if inbox not in roots:
+        names = [inbox] if isinstance(inbox, str) else list(inbox)
+        if not names or any(n not in roots for n in names):
             raise ValueError(f"the inbox {inbox!r} is not one of the roots {sorted(roots)}")
         self.roots = {name: Path(p) for name, p in roots.items()}
-        self.inbox = self.roots[inbox]
+        self.inboxes = {n: self.roots[n] for n in names}
+        self.inbox = self.inboxes[names[0]]
         self.quota = quota_bytes
         self.host = host
         self._token = token.encode()
@@ -94,7 +106,8 @@ class PeerServer:
         """Listen on a free port, ``started((host, port))``, answer every connection at once
         until cancelled."""
         self._quota_lock = anyio.Lock()
-        await _fs(lambda: self.inbox.mkdir(parents=True, exist_ok=True))
+        for inbox in self.inboxes.values():
+            await _fs(partial(inbox.mkdir, parents=True, exist_ok=True))
         listener = await anyio.create_tcp_listener(local_host=self.host, local_port=0)
         port = listener.extra(SocketAttribute.local_port)
         log.info("peer files served on %s:%d (inbox %s)", self.host, port, self.inbox)
@@ -150,17 +163,25 @@ class PeerServer:
         finally:
             os.close(fd)
 
+    def _inbox(self, req: Mapping[str, Any]) -> Path:
+        name = req.get("root")
+        inbox = self.inbox if name is None else self.inboxes.get(name) if isinstance(name, str) else None
+        if inbox is None:
+            raise PeerError("root")
+        return inbox
+
     async def _put(self, stream: SocketStream, reader: BufferedByteReceiveStream, req: dict[str, Any]) -> None:
+        inbox = self._inbox(req)
         parts = _parts(req.get("rel"))
         size, mtime_ns = _count(req.get("size")), _count(req.get("mtime_ns"))
         assert self._quota_lock is not None
         async with self._quota_lock:  # one decision at a time, so two pushes cannot both take the last room
-            used = await _fs(_usage, self.inbox, set(self._arriving))
+            used = await _fs(_usage, inbox, set(self._arriving))
             if used + self._reserved + size > self.quota:
                 raise PeerError("quota")
             self._reserved += size
         try:
-            landing = await _fs(_Landing.under, self.inbox, parts)
+            landing = await _fs(_Landing.under, inbox, parts)
             self._arriving.add(landing.key)
             try:
                 await _within(IDLE_S, stream.send(_line(ok=True)))
@@ -177,7 +198,7 @@ class PeerServer:
         await _within(IDLE_S, stream.send(_line(ok=True)))
 
     async def _drop(self, stream: SocketStream, reader: BufferedByteReceiveStream, req: dict[str, Any]) -> None:
-        await _fs(_remove, self.inbox, _parts(req.get("rel")))
+        await _fs(_remove, self._inbox(req), _parts(req.get("rel")))
         await _within(IDLE_S, stream.send(_line(ok=True)))
 
 
@@ -207,10 +228,11 @@ async def fetch(addr: tuple[str, int], token: str, root: str, rel: str, *, size:
 
 
 async def push(addr: tuple[str, int], token: str, src: Path, rel: str, *, timeout: float,
-               rate: float | None = None) -> int:
-    """``src`` to ``rel`` under the peer's inbox, read once and hashed as it is sent, its mtime
-    kept; the bytes sent. ``rate`` (bytes/s) keeps a background copy from crowding out the
-    persistent one. ``PeerError`` on a refusal (``quota``, ``path``, ``sha256``…) or a lost peer."""
+               rate: float | None = None, root: str | None = None) -> Sent:
+    """``src`` to ``rel`` under the peer's inbox (``root``, else its first), read once and
+    hashed as it is sent, its mtime kept; the bytes sent and their sha256. ``rate`` (bytes/s)
+    keeps a background copy from crowding out the persistent one. ``PeerError`` on a refusal
+    (``quota``, ``path``, ``sha256``…) or a lost peer."""
     fd, size, mtime_ns = await _fs(_open_source, Path(src))
     chunk = CHUNK if rate is None else max(1 << 16, min(CHUNK, int(rate)))  # each chunk well inside the peer's IDLE_S
     sha = hashlib.sha256()
@@ -218,7 +240,8 @@ async def push(addr: tuple[str, int], token: str, src: Path, rel: str, *, timeou
         with _as_peer_error():
             async with await _connect(addr, timeout) as stream:
                 reader = BufferedByteReceiveStream(stream)
-                await _within(timeout, stream.send(_line(token=token, op="put", rel=rel, size=size, mtime_ns=mtime_ns)))
+                await _within(timeout, stream.send(_line(token=token, op="put", rel=rel, size=size, mtime_ns=mtime_ns,
+                                                         **({"root": root} if root else {}))))
                 await _answer(reader, timeout)   # the go-ahead: a refusal comes before any byte
                 sent, start = 0, anyio.current_time()
                 while sent < size:
@@ -233,7 +256,16 @@ async def push(addr: tuple[str, int], token: str, src: Path, rel: str, *, timeou
                 await _answer(reader, timeout)
     finally:
         os.close(fd)
-    return size
+    return Sent(size, sha.hexdigest())
+
+
+async def drop(addr: tuple[str, int], token: str, rel: str, *, timeout: float, root: str | None = None) -> None:
+    """``rel`` (a file or a tree) removed from the peer's inbox (``root``, else its first)."""
+    with _as_peer_error():
+        async with await _connect(addr, timeout) as stream:
+            reader = BufferedByteReceiveStream(stream)
+            await _within(timeout, stream.send(_line(token=token, op="drop", rel=rel, **({"root": root} if root else {}))))
+            await _answer(reader, timeout)
 
 
 class _Landing:

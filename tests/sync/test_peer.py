@@ -241,10 +241,10 @@ async def test_put_round_trip_lands_under_the_inbox_with_its_mtime(tmp_path: Pat
     async with serving(tmp_path) as (addr, roots):
         n = await push(addr, TOKEN, src, "node-1/step_1/model.pt", timeout=10)
         landed = roots["peer"] / "node-1" / "step_1" / "model.pt"
-        assert n == len(data) and sha(landed.read_bytes()) == sha(data)
+        assert n == (len(data), sha(data)) and sha(landed.read_bytes()) == sha(data), "the hash of what was sent"
         assert landed.stat().st_mtime_ns == MTIME
         assert files(roots["peer"]) == ["node-1/step_1/model.pt"], "no temp left beside it"
-        assert await push(addr, TOKEN, write(src, b"new"), "node-1/step_1/model.pt", timeout=10) == 3
+        assert await push(addr, TOKEN, write(src, b"new"), "node-1/step_1/model.pt", timeout=10) == (3, sha(b"new"))
         assert landed.read_bytes() == b"new", "a second push of the same name replaces it"
 
 
@@ -276,7 +276,7 @@ async def test_a_push_over_the_quota_is_refused_before_its_body(tmp_path: Path) 
         assert e.value.why == "quota" and said == b'{"ok": false, "why": "quota"}\n'
         assert files(roots["peer"]) == ["node-2/old.pt"]
         fits = write(tmp_path / "fits.pt", b"f" * 400 * 1024)
-        assert await push(addr, TOKEN, fits, "node-1/fits.pt", timeout=10) == 400 * 1024, "600 + 400 KiB is within"
+        assert (await push(addr, TOKEN, fits, "node-1/fits.pt", timeout=10)).size == 400 * 1024, "600 + 400 KiB is within"
         assert files(roots["peer"]) == ["node-1/fits.pt", "node-2/old.pt"]
 
 
@@ -317,7 +317,7 @@ async def test_64_mib_fetched_and_pushed(tmp_path: Path) -> None:
         sent = await push(addr, TOKEN, src, "node-1/shard.pt", timeout=30)
         t2 = time.perf_counter()
     print(f"\n64 MiB on 127.0.0.1: fetch {64 / (t1 - t0):.0f} MB/s, push {64 / (t2 - t1):.0f} MB/s")
-    assert got == sent == len(data)
+    assert got == sent.size == len(data)
     assert sha(dest.read_bytes()) == sha((roots["peer"] / "node-1" / "shard.pt").read_bytes()) == sha(data)
 
 
@@ -409,3 +409,25 @@ async def test_a_server_stopped_mid_transfer_leaves_nothing(tmp_path: Path, monk
         stop.cancel()
     assert [e.why for e in failed] == ["short"], failed
     assert not dest.exists() and temps(dest.parent) == []
+
+
+@pytest.mark.asyncio
+async def test_each_pair_has_its_inbox_a_push_names_it_and_drop_removes_there_only(tmp_path: Path) -> None:
+    """Two per-node pairs on one node: each pair's copies land in its own inbox (the ring's
+    ``root``); a root that is not an inbox is refused before any byte, and ``drop`` removes under
+    the inbox it names only."""
+    a, b = tmp_path / "a" / ".supervise-peer", tmp_path / "b" / ".supervise-peer"
+    roots = {"a": tmp_path / "a", "a.peer": a, "b.peer": b}
+    src = write(tmp_path / "x.pt", b"x" * 1000, MTIME)
+    async with anyio.create_task_group() as tg:
+        addr = await tg.start(PeerServer(roots, TOKEN, ["a.peer", "b.peer"], 1 << 30, host="127.0.0.1").serve)
+        assert await push(addr, TOKEN, src, "node-1/x.pt", timeout=10, root="b.peer") == (1000, sha(b"x" * 1000))
+        assert await push(addr, TOKEN, src, "node-1/x.pt", timeout=10) == (1000, sha(b"x" * 1000))  # the first inbox
+        with pytest.raises(PeerError) as e:
+            await push(addr, TOKEN, src, "node-1/x.pt", timeout=10, root="a")
+        assert e.value.why == "root"
+        assert files(a) == files(b) == ["node-1/x.pt"], (files(a), files(b))
+        await _peer.drop(addr, TOKEN, "node-1", timeout=10, root="b.peer")
+        tg.cancel_scope.cancel()
+    assert files(b) == [] and files(a) == ["node-1/x.pt"], (files(a), files(b))
+    assert (tmp_path / "a" / "node-1").exists() is False, "nothing landed in a root that is not an inbox"
