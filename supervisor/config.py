@@ -86,6 +86,7 @@ class SyncPair:
     fsync: bool = False
     nodes: int = 1  # > 1: every node writes its own part; published once all parts are durable (0: auto, see for_job)
     profile: str = "auto"  # the framework's layout (supervisor/sync/_profiles.py), or auto: detected
+    peer_copies: int = 1  # nodes > 1: each node's complete versions copied to the next node's disk too (0: off)
     origin: str = field(default="", compare=False)  # the file that set it: the plan's errors name it
     store: StoreSpec | None = None
 
@@ -311,6 +312,14 @@ def _nodes(v: Any) -> int:
     return n
 
 
+def _peer_copies(v: Any) -> int:
+    """How many other nodes keep a copy of each node's complete versions (the ring, docs/sync.md)."""
+    n = _count(v)
+    if n not in (0, 1):
+        raise ValueError("0 (off) or 1 (the next node keeps a copy); more copies are not built yet")
+    return n
+
+
 @dataclass(frozen=True)
 class Key:
     """One scalar setting: its TOML name (also ``SUPERVISE_<NAME>`` and ``--name``), how a
@@ -400,7 +409,7 @@ SCALAR_KEYS: dict[str, Callable[[Any], Any]] = {k.name: k.convert for k in KEYS}
 DEFAULT: dict[str, Any] = {k.name: k.default for k in KEYS}
 SECRET_KEYS = frozenset({"notify"})
 SYNC_KEYS = ("name", "kind", "from", "to", "markers", "every", "restore", "exclude", "keep_local", "settle", "fsync", "profile",
-             "nodes", *STORE_KEYS)
+             "nodes", "peer_copies", *STORE_KEYS)
 TOP_LEVEL_TABLES = ("sync",)
 
 
@@ -588,6 +597,7 @@ def _sync_table(t: Mapping[str, Any], index: int, path: Path) -> SyncPair:
         settle=conv("settle", settle, _PAIR.settle),
         fsync=conv("fsync", _bool, _PAIR.fsync),
         nodes=conv("nodes", _nodes, _PAIR.nodes),
+        peer_copies=conv("peer_copies", _peer_copies, _PAIR.peer_copies),
         profile=conv("profile", _profile, _PAIR.profile),
         origin=source,
         store=store,

@@ -14,7 +14,7 @@ from typing import Any
 from supervisor._units import natural_key
 from supervisor.report._goodput import Goodput, goodput, is_checkpoint, step_of
 from supervisor.report._load import GpuAcc, RunData
-from supervisor.report._nodes import NodeRow, partless_nodes, silent_node
+from supervisor.report._nodes import NodeRow, node_events, partless_nodes, silent_node
 from supervisor.sched import label_of
 
 FAILED = {"child-failed", "spawn-failed", "supervisor-error", "hang"}
@@ -119,6 +119,18 @@ class Checkpoints:
     settled: int = 0  # checkpoints with no marker: durable only after the settle time
     torn: list[str] = field(default_factory=list)  # checkpoints the training died in the middle of
     profiles: list[str] = field(default_factory=list)  # sync-profile: what completeness rests on
+    peer: PeerCopies | None = None  # the ring's copies (peer_copies), from every node's journal
+
+
+@dataclass
+class PeerCopies:
+    """The ring (``peer-copy``, ``peer-copy-failed`` in every node's journal): versions copied
+    to a partner node, and each one's single-copy exposure (its save → the partner's whole copy)."""
+
+    copies: int
+    exposure_p50_s: float | None
+    exposure_p99_s: float | None
+    failed: int
 
 
 @dataclass
@@ -194,6 +206,17 @@ def pct(values: list[float], q: float) -> float | None:
     return s[max(0, min(len(s) - 1, -(-int(q * 100) * len(s) // 100) - 1))]
 
 
+PEER_KINDS = frozenset({"peer-copy", "peer-copy-failed"})
+
+
+def _peer_copies(events: list[dict[str, Any]]) -> PeerCopies | None:
+    copies = [float(e["exposure_s"]) for e in events if e.get("kind") == "peer-copy" and _num(e.get("exposure_s")) is not None]
+    failed = sum(1 for e in events if e.get("kind") == "peer-copy-failed")
+    if not copies and not failed:
+        return None
+    return PeerCopies(copies=len(copies), exposure_p50_s=pct(copies, 0.50), exposure_p99_s=pct(copies, 0.99), failed=failed)
+
+
 def build(data: RunData) -> Facts:
     events = data.journal.events
     by_attempt: dict[int, list[dict[str, Any]]] = {}
@@ -204,6 +227,7 @@ def build(data: RunData) -> Facts:
     stops = [s for n, evs in sorted(by_attempt.items()) for s in _stops(n, evs)]
     first_start = next((e for e in events if e.get("kind") == "start"), {})
     checkpoints = _checkpoints(events, attempts, partless_nodes(data.run_dir, events))
+    checkpoints.peer = _peer_copies(events + node_events(data.run_dir, PEER_KINDS))
     gpu_events = [e for e in events if e.get("kind") in GPU_KINDS]  # _gpu's, once, not once per GPU
     for r in checkpoints.restores:
         for a in attempts:

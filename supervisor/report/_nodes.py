@@ -159,6 +159,11 @@ def _node_journals(run_dir: Path) -> list[tuple[int, list[dict[str, Any]], Path]
     return out
 
 
+def node_events(run_dir: Path, kinds: frozenset[str]) -> list[dict[str, Any]]:
+    """Every node agent's events of ``kinds`` (``nodes/node-K/events.jsonl``), in journal order per node."""
+    return [e for _rank, evs, _d in _node_journals(run_dir) for e in evs if e.get("kind") in kinds]
+
+
 # The leader's line for a node that did not answer its last flush, or that the scheduler calls
 # down (conduct/fleet.py, ``Fleet.flush``): said of any node, whether it held a part or not.
 _PART_MAY_BE_MISSING = re.compile(r"^node (\d+)\b[^:]*: .*its newest part may be missing$")

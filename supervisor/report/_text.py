@@ -215,6 +215,11 @@ def _checkpoints(f: Facts, st: Style) -> list[str]:
     copy = f" · copy p95 {dur(c.copy_p95_s)}" if c.copy_p95_s is not None else ""
     settled = f" · {c.settled} with no marker (durable only after the settle time)" if c.settled else ""
     out.append(f"  {c.published} published{versions} ({', '.join(c.pairs) or '?'}){lag}{copy}{every}{settled}")
+    if c.peer is not None:
+        failed = f" · {st('33', f'{c.peer.failed} failed')} (tried again at the next look)" if c.peer.failed else ""
+        exposure = f" · single-copy exposure p50 {dur(c.peer.exposure_p50_s)} p99 {dur(c.peer.exposure_p99_s)}" \
+            if c.peer.copies else ""
+        out.append(f"  peer copies: {c.peer.copies} versions on a partner node's disk{exposure}{failed}")
     if c.last:
         out.append(f"  last durable: {st('1', c.last.name)} ({c.last.pair}) at {utc(c.last.t)} UTC, attempt {c.last.attempt}")
     else:

@@ -6,7 +6,8 @@ it trusted sizes. Now every file of the version's content manifest (size, sha256
 on a directory, the object store's own manifest) is taken, in order, from:
 
 1. the node's live copy at the checkpoint's own path;
-2. the copies of that name set aside on this node (``LOCAL/.supervise-set-aside/``);
+2. the copies of that name set aside on this node (``LOCAL/.supervise-set-aside/``), and the
+   copies partner nodes pushed here (``LOCAL/.supervise-peer/node-K/``: ``_ring``);
 3. the other nodes that hold it (``peers``: ``_peers.remote``, over ``_peer``);
 4. the persistent side (``fetch``: a copy or a download that hashes as it reads).
 
@@ -40,6 +41,7 @@ from supervisor.sync._state import to_thread
 # rel, the manifest's entry for it, where to write it → bytes written; raises Mismatch
 Fetch = Callable[[str, Mapping[str, Any], Path], Awaitable[int]]
 FETCHES = 8  # files brought from the persistent side at once
+PEER_DIR = ".supervise-peer"   # LOCAL/.supervise-peer/node-K/: copies partner node K pushed here (hidden: never a checkpoint)
 
 
 class Mismatch(Exception):
@@ -79,7 +81,8 @@ class Filled:
 
 def local_candidates(src: Path, name: str) -> list[tuple[str, Path]]:
     """Where this node may already hold ``name``: its live path, then every copy of it set
-    aside (``name``, ``name.1``, …; the most recently set aside first)."""
+    aside (``name``, ``name.1``, …; the most recently set aside first), then the copies of it
+    partner nodes pushed here (``copy``)."""
     out: list[tuple[str, Path]] = [("live", src / name)]
     aside = src / SET_ASIDE_DIR
     try:
@@ -87,7 +90,11 @@ def local_candidates(src: Path, name: str) -> list[tuple[str, Path]]:
     except OSError:
         names = []
     names.sort(key=lambda n: int(n[len(name) + 1:] or 0) if n != name else 0, reverse=True)
-    return out + [("aside", aside / n) for n in names]
+    try:
+        writers = sorted(n for n in os.listdir(src / PEER_DIR) if n.startswith("node-"))
+    except OSError:
+        writers = []
+    return out + [("aside", aside / n) for n in names] + [("copy", src / PEER_DIR / w / name) for w in writers]
 
 
 def _at(root: Path, rel: str) -> Path:

@@ -11,11 +11,13 @@ lacking a file always read it back from persistent storage. Now, before the lead
   0600);
 - every node offers what it holds (``holdings``: each whole local version of each per-node
   pair, every file's size, mtime and sha256; a file whose size and mtime are those of the
-  published version's content manifest takes its hash from there, unread);
+  published version's content manifest takes its hash from there, unread), and the copies its
+  partners pushed to it while the training ran (``copies``: ``_ring``);
 - the leader chooses the newest version that is whole **across** the offers (``across``: a
-  single file on any node, a directory once every node's part is there, one file from one
-  node) when it is newer than the newest published one, else that published one, and names
-  for each file the nodes that hold it;
+  single file on any node, a directory once every node's part is there, on that node or as a
+  partner's copy of it) when it is newer than the newest published one, else that published
+  one, and names for each file the nodes that hold it (``"K"``: node K's own; ``"P/K"``:
+  node P's copy of node K's part);
 - every node then fills the version from its own copies, then the holders (``remote``), then
   persistent storage, each file verified against its sha256 (``_fill``).
 
@@ -28,9 +30,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import socket
 import time
-from functools import partial
+from functools import cmp_to_key, partial
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -42,14 +45,15 @@ from supervisor.reach import addresses
 from supervisor.sync import _content
 from supervisor.sync._aside import SET_ASIDE_DIR
 from supervisor.sync._complete import Entry, Listing
-from supervisor.sync._fill import Fetch, Mismatch
+from supervisor.sync._fill import PEER_DIR, Fetch, Mismatch
 from supervisor.sync._manifest import checkpoint_doc, entry_of
-from supervisor.sync._peer import PeerError, PeerServer, fetch, new_token
+from supervisor.sync._peer import PeerError, PeerServer, Sent, drop, fetch, new_token, push
 from supervisor.sync._profiles import Profile
 
 log = logging.getLogger("supervise")
 
-PEER_DIR = ".supervise-peer"   # LOCAL/.supervise-peer/: copies pushed by partner nodes (hidden: never a checkpoint)
+MANIFESTS = ".manifests"       # LOCAL/.supervise-peer/node-K/.manifests/NAME.json: a whole copy of node K's NAME
+COPIES = ".copies"             # in a node's offer of a pair: the partners' copies it holds (``copies``), beside its own versions
 TOKEN_FILE = "peer-token"      # RUN/nodes/peer-token
 PEER_FILE = "peer.json"        # RUN/nodes/node-K/peer.json
 QUOTA_BYTES = 1 << 50          # the inbox's bound; the ring's retention (two versions) keeps it small
@@ -103,7 +107,7 @@ async def serve(pairs: list[SyncPair], run_dir: Path, node: int, *,
     for path in served.values():
         await anyio.to_thread.run_sync(partial(path.mkdir, parents=True, exist_ok=True))
     secret = await anyio.to_thread.run_sync(token, run_dir)
-    server = PeerServer(served, secret, inbox=f"{pairs[0].name}.peer", quota_bytes=QUOTA_BYTES)
+    server = PeerServer(served, secret, inbox=[f"{p.name}.peer" for p in pairs], quota_bytes=QUOTA_BYTES)
     async with anyio.create_task_group() as tg:
         _host, port = await tg.start(server.serve)
         await anyio.to_thread.run_sync(_publish, run_dir, node, port)
@@ -130,14 +134,40 @@ class Book:
         self._where: dict[int, list[tuple[str, int]]] = {}
         self.dead: set[int] = set()
 
+    async def _secret(self) -> str:
+        if self._token is None:
+            self._token = await anyio.to_thread.run_sync(token, self.run_dir)
+        return self._token
+
+    async def send(self, node: int, root: str, src: Path, rel: str) -> Sent:
+        """``src`` pushed into node ``node``'s inbox ``root`` at ``rel`` (``_peer.push``). A
+        node that does not answer is looked up again next time (its agent may have started
+        since, on a new port)."""
+        secret, addrs = await self._secret(), await anyio.to_thread.run_sync(self._addrs, node)
+        if not addrs:
+            raise PeerError("connection", f"node {node} says nowhere where it listens")
+        try:
+            return await push(addrs[0], secret, src, rel, timeout=FETCH_WAIT_S, root=root)
+        except PeerError as e:
+            if e.why in ("connection", "timeout", "closed"):
+                self._where.pop(node, None)
+            raise
+
+    async def remove(self, node: int, root: str, rel: str) -> None:
+        """``rel`` removed from node ``node``'s inbox ``root``."""
+        secret, addrs = await self._secret(), await anyio.to_thread.run_sync(self._addrs, node)
+        if addrs:
+            await drop(addrs[0], secret, rel, timeout=FETCH_WAIT_S, root=root)
+
     def _addrs(self, node: int) -> list[tuple[str, int]]:
+        """Where node ``node`` listens, once its ``peer.json`` says (not yet: asked again next time)."""
         if node not in self._where:
             try:
                 got = json.loads((_node_dir(self.run_dir, node) / PEER_FILE).read_text(encoding="utf-8"))
                 self._where[node] = [(str(h), int(got["port"])) for h in got["hosts"] if not str(h).startswith("127.")] \
                     or [(str(h), int(got["port"])) for h in got["hosts"]]
             except (OSError, ValueError, KeyError, TypeError):
-                self._where[node] = []
+                return []
         return self._where[node]
 
     def fetcher(self, node: int, root: str, name: str) -> Fetch:
@@ -146,13 +176,12 @@ class Book:
         async def one(rel: str, f: Mapping[str, Any], target: Path) -> int:
             if node in self.dead:
                 raise Mismatch(f"node {node} did not answer before")
-            if self._token is None:
-                self._token = await anyio.to_thread.run_sync(token, self.run_dir)
+            secret = await self._secret()
             addrs = await anyio.to_thread.run_sync(self._addrs, node)
             why = "no address"
             for addr in addrs[:2]:
                 try:
-                    return await fetch(addr, self._token, root, f"{name}/{rel}" if rel else name, size=int(f["size"]),
+                    return await fetch(addr, secret, root, f"{name}/{rel}" if rel else name, size=int(f["size"]),
                                        sha256=str(f["sha256"]), dest=target, timeout=FETCH_WAIT_S)
                 except PeerError as e:
                     why = str(e)
@@ -167,13 +196,76 @@ class Book:
 def remote(book: Book | None, pair: str, name: str, holders: Mapping[str, Any] | None,
            nodes: int) -> list[tuple[str, Fetch]]:
     """The other nodes to ask for files of ``name``: those the leader's choice names as holding
-    it (what they offered), the next ones after this node first; no other node is asked (at a
-    thousand nodes, a file missing everywhere would cost a thousand refusals)."""
+    it (what they offered: ``"K"`` its own copy, ``"P/K"`` node P's copy of node K's), the next
+    ones after this node first; no other node is asked (at a thousand nodes, a file missing
+    everywhere would cost a thousand refusals). A copy on this node's own disk is a local
+    candidate (``_fill.local_candidates``), not asked for here."""
     if book is None or not holders:
         return []
-    named = {int(k) for k in holders} - {book.me}
-    order = sorted(named, key=lambda k: (k - book.me) % nodes)
-    return [(f"node-{k}", book.fetcher(k, pair, name)) for k in order]
+    named = {holder_key(k) for k in holders}
+    order = sorted((h for h in named if h[0] != book.me), key=lambda h: ((h[0] - book.me) % nodes, len(h), h))
+    return [(f"node-{h[0]}", book.fetcher(h[0], pair, name)) if len(h) == 1 else
+            (f"node-{h[0]}-copy", book.fetcher(h[0], f"{pair}.peer", f"node-{h[1]}/{name}")) for h in order]
+
+
+def holder_key(holder: str | int) -> tuple[int, ...]:
+    """``"K"`` → (K,): node K's own copy; ``"P/K"`` → (P, K): node P's copy of node K's."""
+    return tuple(int(x) for x in str(holder).split("/"))
+
+
+def copies(p: SyncPair) -> dict[str, dict[str, Any]]:
+    """The whole copies partner nodes pushed here (``_ring``), per writer node (``"K"`` →
+    name → document): a copy counts once its manifest (written last) is there and every file
+    it names has its size and mtime. Past the newest ``HELD_VERSIONS`` of each writer, and
+    whatever no such manifest names (a push cut short), is removed: the ring's bound, kept
+    at each start for what earlier attempts left (nothing pushes before the spawn). Blocking."""
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        writers = [w for w in os.listdir(p.src / PEER_DIR) if w.startswith("node-") and w[5:].isdigit()]
+    except OSError:
+        return out
+    for w in writers:
+        here = p.src / PEER_DIR / w
+        docs = []
+        for m in sorted((here / MANIFESTS).glob("*.json")):
+            try:
+                doc = json.loads(m.read_text(encoding="utf-8"))
+                whole = m.name == f"{doc['checkpoint']}.json" and all(
+                    _same_file(here / doc["checkpoint"] / rel if rel else here / doc["checkpoint"], f)
+                    for rel, f in doc["files"].items())
+            except (OSError, ValueError, KeyError, TypeError):
+                whole = False
+            if whole:
+                docs.append(doc)
+            else:
+                m.unlink(missing_ok=True)
+        docs.sort(key=cmp_to_key(_by_save), reverse=True)
+        keep = {d["checkpoint"]: d for d in docs[:HELD_VERSIONS]}
+        for d in docs[HELD_VERSIONS:]:
+            (here / MANIFESTS / f"{d['checkpoint']}.json").unlink(missing_ok=True)
+        for n in os.listdir(here):
+            if n != MANIFESTS and n not in keep:
+                _remove_tree(here / n)
+        if keep:
+            out[w[5:]] = keep
+    return out
+
+
+def _by_save(a: Mapping[str, Any], b: Mapping[str, Any]) -> int:
+    ea, eb = entry_of(a), entry_of(b)
+    return 1 if _later(ea, eb) else -1 if _later(eb, ea) else 0
+
+
+def _same_file(path: Path, f: Mapping[str, Any]) -> bool:
+    st = os.lstat(path)
+    return (st.st_size, st.st_mtime_ns) == (int(f["size"]), int(f["mtime_ns"]))
+
+
+def _remove_tree(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def holdings(p: SyncPair, local: Listing, profile: Profile | None) -> dict[str, Any]:
@@ -198,39 +290,45 @@ def holdings(p: SyncPair, local: Listing, profile: Profile | None) -> dict[str, 
     return out
 
 
-def across(offers: Mapping[int, Mapping[str, Any]], nodes: int) -> dict[str, dict[str, Any]]:
-    """Every version whole across the nodes' ``offers`` (node → name → document): a single
+def across(offers: Mapping[int, Mapping[str, Any]], nodes: int,
+           copies: Mapping[int, Mapping[str, Mapping[str, Any]]] | None = None) -> dict[str, dict[str, Any]]:
+    """Every version whole across the nodes' ``offers`` (node → name → document) and the
+    partners' ``copies`` (node P → node K → name → document: P's copy of K's part): a single
     file held by any node (the newest copy by mtime), a directory whose parts from every one of
-    ``nodes`` nodes together hold no path twice with different bytes. Each comes back with
-    ``holders`` (node → its files)."""
-    by_name: dict[str, dict[int, Mapping[str, Any]]] = {}
+    ``nodes`` nodes (each on its node, or a partner's copy of it) together hold no path twice
+    with different bytes. Each comes back with ``holders`` (``"K"`` or ``"P/K"`` → its files)."""
+    by_name: dict[str, dict[str, tuple[int, Mapping[str, Any]]]] = {}
     for node, held in offers.items():
         for name, doc in held.items():
-            by_name.setdefault(name, {})[node] = doc
+            by_name.setdefault(name, {})[str(node)] = (node, doc)
+    for holder, writers in (copies or {}).items():
+        for k, held in writers.items():
+            for name, doc in held.items():
+                by_name.setdefault(name, {})[f"{holder}/{k}"] = (int(k), doc)
     out: dict[str, dict[str, Any]] = {}
     for name, docs in by_name.items():
-        if all(not d["is_dir"] for d in docs.values()):
-            node = max(docs, key=lambda k: int(docs[k]["files"][""]["mtime_ns"]))
-            out[name] = {**docs[node], "holders": {str(k): [""] for k, d in docs.items()
-                                                   if d["files"][""]["sha256"] == docs[node]["files"][""]["sha256"]}}
+        if all(not d["is_dir"] for _w, d in docs.values()):
+            key = max(docs, key=lambda k: int(docs[k][1]["files"][""]["mtime_ns"]))
+            sha = docs[key][1]["files"][""]["sha256"]
+            out[name] = {**docs[key][1], "holders": {k: [""] for k, (_w, d) in docs.items() if d["files"][""]["sha256"] == sha}}
             continue
-        if any(not d["is_dir"] for d in docs.values()) or set(docs) != set(range(nodes)):
+        if any(not d["is_dir"] for _w, d in docs.values()) or {w for w, _d in docs.values()} != set(range(nodes)):
             continue
         union: dict[str, Any] = {}
         holders: dict[str, list[str]] = {}
         clash = False
-        for node in sorted(docs):
-            for rel, f in docs[node]["files"].items():
+        for key in sorted(docs, key=holder_key):
+            for rel, f in docs[key][1]["files"].items():
                 if rel in union and union[rel]["sha256"] != f["sha256"]:
                     clash = True
                 union.setdefault(rel, f)
-                holders.setdefault(str(node), []).append(rel)
+                holders.setdefault(key, []).append(rel)
         if clash:
             continue
-        first = docs[min(docs)]
+        first = docs[min(docs, key=holder_key)][1]
         out[name] = {**first, "files": dict(sorted(union.items())), "bytes": sum(int(f["size"]) for f in union.values()),
                      "newest_ns": max(int(f["mtime_ns"]) for f in union.values()), "holders": holders,
-                     "markers": sorted({m for d in docs.values() for m in d.get("markers") or ()})}
+                     "markers": sorted({m for _w, d in docs.values() for m in d.get("markers") or ()})}
     return out
 
 
@@ -251,12 +349,16 @@ def newer_than(doc: Mapping[str, Any], published: Entry | None) -> bool:
 
 
 def choose_across(held: Mapping[int, Mapping[str, Any]], nodes: int, published: str | None,
-                  entry: Entry | None, *, silent: bool = False) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+                  entry: Entry | None, *, silent: bool = False,
+                  copies: Mapping[int, Mapping[str, Mapping[str, Any]]] | None = None,
+                  ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """The leader's choice for one pair from what every node holds (``held``: node → name →
-    document) and the newest published version (``published``, its listing ``entry``): the
-    choice's value, and what ``restore-choice`` says of it. ``silent``: the persistent side did
-    not answer the leader; the nodes then do not wait for it either."""
-    value, said = _choose(across(held, nodes), held, published, entry)
+    document; ``copies``: node → the partners' copies it holds, ``copies``'s shape) and the
+    newest published version (``published``, its listing ``entry``): the choice's value, and
+    what ``restore-choice`` says of it. ``silent``: the persistent side did not answer the
+    leader; the nodes then do not wait for it either."""
+    value, said = _choose(across(held, nodes, copies), held, published, entry)
+    said["offered"].update({f"{k}/{w}": sorted(v) for k, ws in sorted((copies or {}).items()) for w, v in sorted(ws.items())})
     if silent:
         return ({**value, "silent": True} if value is not None else None), {**said, "silent": True}
     return value, said
@@ -271,7 +373,7 @@ def _choose(whole: Mapping[str, dict[str, Any]], held: Mapping[int, Mapping[str,
         for d in newer[1:]:
             if _later(entry_of(d), entry_of(best)):
                 best = d
-        said = {"checkpoint": best["checkpoint"], "source": "nodes", "holders": sorted(best["holders"], key=int),
+        said = {"checkpoint": best["checkpoint"], "source": "nodes", "holders": sorted(best["holders"], key=holder_key),
                 "published": published, "offered": offered,
                 "why": "whole across the nodes and newer than the newest published" if published
                 else "whole across the nodes; nothing published"}
@@ -281,7 +383,7 @@ def _choose(whole: Mapping[str, dict[str, Any]], held: Mapping[int, Mapping[str,
                       "why": "nothing published, nothing whole across the nodes"}
     holders = _holding(held, published, entry)
     return ({"checkpoint": published, "source": "persistent", "holders": holders},
-            {"checkpoint": published, "source": "persistent", "holders": sorted(holders, key=int), "offered": offered,
+            {"checkpoint": published, "source": "persistent", "holders": sorted(holders, key=holder_key), "offered": offered,
              "why": "the newest published; nothing newer whole across the nodes"})
 
 

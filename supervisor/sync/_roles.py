@@ -31,11 +31,12 @@ from supervisor.sync._aside import set_aside, set_aside_versions
 from supervisor.sync._assembly import Assembly
 from supervisor.sync._complete import STAGING_PREFIX, Listing
 from supervisor.sync._partpublish import Gather, Handover, PartPublisher
-from supervisor.sync._peers import PERSISTENT_WAIT_S, SLOW_LOOK_S, Book, across, choose_across, holdings, remote, wanted
+from supervisor.sync._peers import COPIES, PERSISTENT_WAIT_S, SLOW_LOOK_S, Book, across, choose_across, copies, holdings, remote, wanted
 from supervisor.sync._parts import PARTS_DIR, go_path, parts_root, taken, waiting
 from supervisor.sync._profiles import Profile
 from supervisor.sync._publish import Publisher
 from supervisor.sync._restore import Restorer
+from supervisor.sync._ring import Ring
 from supervisor.sync._schedule import Schedule
 from supervisor.sync._space import SpaceWatch
 from supervisor.sync._state import PairState, to_thread
@@ -192,6 +193,7 @@ class _PerNode:
         self.tell: Callable[[str], None] = _silent
         self.linked = False
         self.book: Book | None = None               # the other nodes' peer servers (``meet``)
+        self.ring: Ring | None = None               # this node's copies to the next node (``meet``, ``peer_copies``)
 
     def link(self, tell: Callable[[str], None] | None, linked: bool) -> None:
         if tell is not None:
@@ -231,6 +233,8 @@ class _PerNode:
     async def listed(self, listing: Listing) -> None:
         """Will this node's next checkpoint fit on its local disk? Said once (``local-disk-full``)."""
         p = self.pair
+        if self.ring is not None:
+            self.ring.bell.ring()
         full = await to_thread(self.space.check, p.src, listing)
         if full is not None:
             host = socket.gethostname()
@@ -249,6 +253,14 @@ class _PerNode:
 
     def meet(self, book: Book) -> None:
         self.book = book
+        if self.pair.peer_copies and self.pair.nodes > 1:
+            self.ring = Ring(self.pair, self.node, book, rescan=self.host.rescan, emit=self.emit,
+                             profile=lambda: self.host.state.profile)
+
+    def _ringed(self) -> list[Callable[[], Awaitable[None]]]:
+        """The ring's pusher (``_ring``), where this pair keeps peer copies."""
+        ring = self.ring
+        return [lambda: ring.run(self.restored)] if ring is not None else []
 
     async def offer(self) -> dict[str, Any]:
         """Before the leader chooses what every node restores: this node's whole versions not
@@ -270,7 +282,8 @@ class _PerNode:
         finally:
             host.exited = exited
         local = await to_thread(host.restorer.judge, self.pair.src)
-        return await to_thread(holdings, self.pair, local, host.state.profile)
+        mine = await to_thread(holdings, self.pair, local, host.state.profile)
+        return {**mine, COPIES: await to_thread(copies, self.pair)}
 
     async def _choice(self) -> tuple[str | None, dict[str, Any]]:
         """After ``offer``, the newest complete version on persistent storage (waited for
@@ -289,13 +302,16 @@ class _PerNode:
         ``offers`` and its own copies when newer than the newest published, else that one, with
         the nodes that hold its files (``_peers.choose_across``)."""
         name, mine = await self._choice()
-        held = {**{k: o.get(self.pair.name) or {} for k, o in (offers or {}).items()}, self.node: mine}
-        if self.host.restorer.slow and not across(held, self.pair.nodes):
+        offered = {**{k: o.get(self.pair.name) or {} for k, o in (offers or {}).items()}, self.node: mine}
+        held = {k: {n: d for n, d in o.items() if n != COPIES} for k, o in offered.items()}
+        kept = {k: o.get(COPIES) or {} for k, o in offered.items()}
+        if self.host.restorer.slow and not across(held, self.pair.nodes, kept):
             # nothing whole on the nodes either: persistent storage is the only copy, waited for as before
             name, self.host.restorer.slow = await self.host.restorer.choose(), False
         if offers is None:
             return {self.pair.name: name}
-        want, said = choose_across(held, self.pair.nodes, name, self.host.restorer.chosen, silent=self.host.restorer.slow)
+        want, said = choose_across(held, self.pair.nodes, name, self.host.restorer.chosen, silent=self.host.restorer.slow,
+                                   copies=kept)
         self.emit("restore-choice", pair=self.pair.name, **said)
         return {self.pair.name: want}
 
@@ -347,7 +363,7 @@ class Leader(_PerNode):
         return None
 
     def watchers(self) -> list[Callable[[], Awaitable[None]]]:
-        return [self.parts_watch]
+        return [self.parts_watch, *self._ringed()]
 
     async def parts_watch(self) -> None:
         """A pass whenever a node says it staged a part (``part``, on the leader's line), or
@@ -412,7 +428,7 @@ class Node(_PerNode):
             self.awaiting_go = {n for n, e in listing.entries.items() if not e.complete and e.is_dir}
 
     def watchers(self) -> list[Callable[[], Awaitable[None]]]:
-        return [self.parts_watch]
+        return [self.parts_watch, *self._ringed()]
 
     async def parts_watch(self) -> None:
         """A pass when the leader says a checkpoint this node is waiting on is complete

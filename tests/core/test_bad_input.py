@@ -42,6 +42,8 @@ CASES = [
     ("config-sync-bad-kind", [], "[[sync]]\nfrom = '/tmp/a'\nto = '/tmp/b'\nkind = 'model'\n", {}, ["sync[0].kind", "model", "checkpoint, log"]),
     ("config-sync-unknown-key", [], "[[sync]]\nfrom = '/tmp/a'\nto = '/tmp/b'\nmarker = 'x'\n", {}, ["sync[0].marker", "did you mean 'markers'"]),
     ("config-sync-keep-zero", [], "[[sync]]\nfrom = '/tmp/a'\nto = '/tmp/b'\nkeep_local = 0\n", {}, ["keep_local", "1 or more"]),
+    ("config-sync-peer-copies-two", [], "[[sync]]\nfrom = '/tmp/a'\nto = '/tmp/b'\nnodes = 2\npeer_copies = 2\n", {},
+     ["sync[0].peer_copies", "2", "0 (off) or 1"]),
     # what a pair means is checked by the plan (sync/_checks.py), still naming the file that set it
     ("config-sync-unknown-profile", [], "[[sync]]\nfrom = '/tmp/a'\nto = '/tmp/b'\nprofile = 'keras'\n", {},
      ["sync a.profile", "keras", "hf-trainer", "supervise.toml"]),
