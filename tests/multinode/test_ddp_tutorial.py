@@ -21,12 +21,19 @@ The same job with its checkpoints' persistent side in an object store (issue 34:
 "s3://…"``, a real SeaweedFS on the cluster's network, no shared checkpoint directory at all,
 credentials from an AWS credentials file) meets the same four interruptions with the same
 outcome; every version in the bucket is whole, and the secret is in no file the run wrote.
+From the time limit's requeue until attempt 2 has chosen what to restore, the store hangs
+(SIGSTOP): the leader's offer waits 20 s for it (``restore-slow``), no more, and the leader
+chooses the version whole on the nodes' disks (``restore-choice``: ``source`` ``nodes``,
+``silent``), which the requeue kept (issue 43). Every version rank 0 saved is copied to the
+other node's disk as it runs (the ring: ``peer-copy``), and ``supervise report`` counts them.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -37,6 +44,7 @@ from tests.support.journal import events
 from tests.support.s3 import S3Server, skip_without_s3
 from tests.support.slurm import SlurmCluster, attempts_of
 from tests.support.tutorial_job import replay, resumed_epochs, saved_epochs, tutorial_job
+from tests.support.wait import wait_for
 
 EPOCHS, EVERY = 60, 1
 # By hand, the tutorial's own script (pytorch/examples distributed/ddp-tutorial-series/multinode.py,
@@ -77,7 +85,35 @@ def test_the_ddp_tutorial_pattern_with_its_checkpoints_in_an_object_store(cluste
             assert doc is not None and bucket.whole(doc) == [], doc
             return torch.load(bucket.fetch(doc, "", tmp_path / "snapshot.pt"))
 
-        _the_tutorial_through_four_interruptions(c, tmp_path, bucket.url("tutorial/ckpt"), final, env=env)
+        run = c.shared / "run"
+        paused = False
+
+        def hang() -> None:  # from the time limit's requeue until attempt 2 chose without the store
+            nonlocal paused
+            server.pause()
+            paused = True
+
+        def answer() -> None:
+            nonlocal paused
+            wait_for(lambda: [e for e in events(run / "events.jsonl") if e.get("kind") == "restore-choice"
+                              and e["attempt"] == 2], 180, "attempt 2's restore-choice while the store hangs", interval=0.5)
+            server.resume()
+            paused = False
+
+        try:
+            _the_tutorial_through_four_interruptions(c, tmp_path, bucket.url("tutorial/ckpt"), final, env=env,
+                                                     requeued=(hang, answer))
+        finally:
+            if paused:
+                server.resume()
+        # issue 43: the store hung at the restart; the leader's offer waited 20 s for it, no more
+        # (node 1 had nothing to publish: its offer did not ask the store), and the leader chose
+        # the version whole on the nodes' disks (the requeue kept them)
+        ev = events(run / "events.jsonl")
+        slow = [e for e in ev if e.get("kind") == "restore-slow" and e["attempt"] == 2]
+        assert slow and (slow[0]["node"], slow[0]["what"], slow[0]["seconds"]) == (0, "offer", 20.0), slow
+        choice = next(e for e in ev if e.get("kind") == "restore-choice" and e["attempt"] == 2)
+        assert choice["source"] == "nodes" and choice["silent"] and choice["checkpoint"] == "snapshot.pt", choice
         assert not (c.shared / "persist").exists()
         manifests = bucket.manifests("tutorial/ckpt")
         assert list(manifests) == ["snapshot.pt"] and not bucket.keys("tutorial/ckpt/.supervise/parts/"), bucket.keys()
@@ -91,7 +127,8 @@ def test_the_ddp_tutorial_pattern_with_its_checkpoints_in_an_object_store(cluste
 
 
 def _the_tutorial_through_four_interruptions(c: SlurmCluster, tmp_path: Path, to: str, final_state: Callable[[], dict],
-                                             env: dict[str, str] | None = None) -> None:
+                                             env: dict[str, str] | None = None,
+                                             requeued: tuple[Callable[[], None], Callable[[], None]] | None = None) -> None:
     t0 = time.monotonic()
     run, cfg, out = c.shared / "run", c.shared / "run.toml", c.shared / "job.out"
     cfg.write_text('requeue = true\nmax_requeues = 8\n\n'
@@ -111,7 +148,7 @@ def _the_tutorial_through_four_interruptions(c: SlurmCluster, tmp_path: Path, to
     def log(what: str) -> None:
         print(f"ddp: {time.monotonic() - t0:.1f}s {what}", flush=True)
 
-    c.four_interruptions(job, lambda a: len(publishes(a)), said, log)
+    c.four_interruptions(job, lambda a: len(publishes(a)), said, log, requeued=requeued)
     ev = events(leader)
     text = attempts_of(out.read_text())
     assert sorted(text) == [1, 2, 3, 4, 5], sorted(text)
@@ -161,6 +198,16 @@ def _the_tutorial_through_four_interruptions(c: SlurmCluster, tmp_path: Path, to
     final = final_state()
     assert final["EPOCHS_RUN"] == (EPOCHS - 1) // EVERY * EVERY, final["EPOCHS_RUN"]  # the last epoch saved
     assert ends[5]["reason"] == "child-exit" and ends[5]["not_durable"] == [], ends[5]
+    # issue 43, the ring: every version rank 0 saved on node 0 was copied to node 1's disk as it ran,
+    # and the report gives the count and the single-copy exposure
+    copies = [e for e in ev + [x for d in sorted((run / "nodes").glob("node-*")) for x in events(d / "events.jsonl")]
+              if e.get("kind") == "peer-copy"]
+    assert copies and all(c["checkpoint"] == "snapshot.pt" and c["partner"] == 1 - c["node"] for c in copies), copies
+    report = subprocess.run([sys.executable, "-m", "supervisor", "report", str(run)], capture_output=True, text=True,
+                            timeout=120)
+    assert report.returncode == 0, report.stderr
+    assert f"peer copies: {len(copies)} versions on a partner node's disk · single-copy exposure p50" in report.stdout, \
+        report.stdout
     shutil.copytree(run, tmp_path / "run")  # the journals where the contract check reads every real run's
     if SCRIPT.name == "ddp_tutorial.py" and EVERY == 1:
         # the replay: each attempt trained from the epoch it resumed at (trained again) to the

@@ -257,24 +257,31 @@ class SlurmCluster(NodeCluster):
         self.run("scontrol", "update", f"JobId={jobid}", "ExcNodeList=")
         self.release(jobid)
 
-    def time_limit_passes(self, jobid: str, minutes: int, timeout: float = 240) -> None:
+    def time_limit_passes(self, jobid: str, minutes: int, timeout: float = 240,
+                          while_queued: Callable[[], None] | None = None) -> None:
         """The job runs into its time limit (a short ``#SBATCH --time``): supervise stops it
         ahead of the end and requeues it itself; then the next attempt gets ``minutes``
-        (``TimeLimit``, set while it waits) and is started at once."""
+        (``TimeLimit``, set while it waits) and is started at once. ``while_queued`` runs
+        between the two (the previous attempt has ended, the next one not begun)."""
         restarts = int(self.show(jobid).get("Restarts", "0"))
         wait_for(lambda: int(self.show(jobid).get("Restarts", "0")) > restarts, timeout,
                  lambda: f"job {jobid} requeued by supervise at its time limit ({self.show(jobid).get('JobState')})",
                  interval=0.5)
         self.run("scontrol", "update", f"JobId={jobid}", f"TimeLimit={minutes}")
+        if while_queued is not None:
+            while_queued()
         self.release(jobid)
 
     def four_interruptions(self, jobid: str, published: Callable[[int], int], said: Callable[[], str],
-                           log: Callable[[str], None], timeout: float = 300) -> list[list[str]]:
+                           log: Callable[[str], None], timeout: float = 300,
+                           requeued: tuple[Callable[[], None], Callable[[], None]] | None = None) -> list[list[str]]:
         """What a multi-node job meets, one an attempt, each once the attempt has published
         (``published(attempt)``) a version (the time limit's) or two (the others): the time limit (a job submitted with
         ``--time=1`` and ``requeue = true``: supervise stops ahead and requeues it; then it gets
         30 minutes), a requeue onto other nodes, its non-batch node's death, its batch node's
-        death (the leader with it); attempt 5 runs to the end. The nodes of each attempt."""
+        death (the leader with it); attempt 5 runs to the end. The nodes of each attempt.
+        ``requeued``: what runs while the time limit's requeue waits in the queue, and what
+        runs once attempt 2 is started (before its publishes are waited for)."""
         def after(attempt: int, versions: int) -> list[str]:
             wait_for(lambda: published(attempt) >= versions, timeout,
                      lambda: f"{versions} versions published in attempt {attempt}; {said()}", interval=0.5)
@@ -282,8 +289,10 @@ class SlurmCluster(NodeCluster):
 
         first = after(1, 1)  # the limit itself ends attempt 1: in CI Lightning saved twice before it
         assert first == ["n1", "n2"], first
-        self.time_limit_passes(jobid, minutes=30)
+        self.time_limit_passes(jobid, minutes=30, while_queued=requeued[0] if requeued else None)
         log("requeued at the time limit")
+        if requeued:
+            requeued[1]()
         second = after(2, 2)
         self.requeue_off(jobid, second[0])
         log(f"requeued off {second[0]}")
