@@ -8,8 +8,8 @@ shards, rank 0's ``snapshot.pt``, DeepSpeed's node-local files) to node K+1's lo
 (mod the node count, a different host), directly between agents (``_peer``), not through
 shared storage and not waiting on the persistent side:
 
-- the ring looks at the newest few names of the local side after every pass and every
-  ``LOOK_S`` (a pass hung on the store does not hold it up), judges each as the pass does
+- the ring looks at the few names of the local side written last and the highest steps,
+  after every pass and every ``LOOK_S`` (a pass hung on the store does not hold it up), judges each as the pass does
   (``rescan``: open-file evidence, the framework's marker), and pushes a complete one it has
   not pushed in this form;
 - every file lands as ``.supervise-peer/node-K/NAME/…`` on the partner, hashed as it is
@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from supervisor._units import natural_key
 from supervisor.bell import Bell
 from supervisor.config import SyncPair
 from supervisor.journal import Emit
@@ -51,7 +52,7 @@ from supervisor.sync._state import to_thread
 log = logging.getLogger("supervise")
 
 LOOK_S = 2.0          # the ring looks at the local side this often when no pass rang it
-CANDIDATES = 3        # the newest names (by their own mtime) judged at each look
+CANDIDATES = 3        # the names written last (their own mtime), and the highest steps, judged at each look
 
 
 def partner(node: int, nodes: int) -> int:
@@ -86,9 +87,15 @@ class Ring:
                 self.sent[e.name] = dict(e.snap.files)
         while True:
             for e in reversed(await to_thread(self._complete)):  # the older first: the newer is kept past it
-                if self.sent.get(e.name) != e.snap.files:
+                if self.sent.get(e.name) != e.snap.files and not self._superseded(e):
                     await self._copy(e)
             await self.bell.wait(LOOK_S)
+
+    def _superseded(self, e: Entry) -> bool:
+        """Would the partner drop ``e`` at once? Older than the ``HELD_VERSIONS`` newer ones it
+        keeps (a version whose directory something touched after it was dropped)."""
+        newer = [o for o, n in self.order if n != e.name and o > e.order]
+        return len(newer) >= HELD_VERSIONS
 
     def _complete(self) -> list[Entry]:
         """The newest complete versions on the local side, judged now. Blocking."""
@@ -98,8 +105,10 @@ class Ring:
                      if not d.name.startswith(".")]
         except OSError:
             return []
+        newest = {n for _m, n in sorted(names, reverse=True)[:CANDIDATES]}     # written last (a file saved again)
+        newest |= set(sorted((n for _m, n in names), key=natural_key)[-CANDIDATES:])  # the highest steps
         out = []
-        for _m, name in sorted(names, reverse=True)[:CANDIDATES]:
+        for name in sorted(newest):
             e = self.rescan(name).entries.get(name)
             if e is not None and e.complete and e.restorable and e.snap.files:
                 out.append(e)

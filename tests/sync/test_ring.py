@@ -225,3 +225,32 @@ async def test_a_partner_not_up_yet_is_journaled_once_and_copied_to_once_it_is(t
         await wait_for_async(lambda: ev0.of("peer-copy"), 30, "the copy once node 1 listens")
         tg.cancel_scope.cancel()
     assert _copied(tmp_path / "n1" / PEER_DIR / "node-0" / "snapshot.pt", data)
+
+
+@pytest.mark.asyncio
+async def test_an_old_version_touched_after_it_was_dropped_is_not_copied_again(tmp_path: Path) -> None:
+    """On the cluster (test_ring_nodes.py) the spare's ring pushed step_25 and step_30 three times
+    each, each dropped at once (two newer ones were kept): something touched their directories,
+    the next save was not complete yet, and the names written last were all the ring judged. Now
+    it judges the highest steps too, and never pushes a version older than the two the partner
+    keeps."""
+    dst, run, ev0 = tmp_path / "persist", tmp_path / "run", Events()
+    m0 = Mirror([_pair(tmp_path / "n0", dst)], emit=ev0, node_rank=0, backend="python")
+    m1 = Mirror([_pair(tmp_path / "n1", dst)], emit=Events(), node_rank=1, backend="python")
+    async with anyio.create_task_group() as tg:
+        await tg.start(m0.serve_peers, run)
+        await tg.start(m1.serve_peers, run)
+        await tg.start(m0.run)
+        for step in (1, 2, 3):
+            _shards(tmp_path / "n0", 0, step)
+            await wait_for_async(lambda s=step: any(c["checkpoint"] == f"step_{s}" for c in ev0.of("peer-copy")), 30,
+                                 f"step_{step} copied")
+        before = len(ev0.of("peer-copy"))
+        (tmp_path / "n0" / "step_4").mkdir()  # the next save begins: not complete (no .metadata yet)
+        (tmp_path / "n0" / "step_4" / "__0_0.distcp").write_bytes(b"x" * 1000)
+        os.utime(tmp_path / "n0" / "step_1")  # its directory written again: the newest by mtime
+        await anyio.sleep(5)  # two looks
+        tg.cancel_scope.cancel()
+    assert [c["checkpoint"] for c in ev0.of("peer-copy")][before:] == [], ev0.of("peer-copy")
+    held = tmp_path / "n1" / PEER_DIR / "node-0"
+    assert sorted(p.name for p in held.iterdir() if p.name != MANIFESTS) == ["step_2", "step_3"]
