@@ -41,7 +41,7 @@ from typing import Callable
 import pytest
 
 from tests.support.journal import events
-from tests.support.s3 import S3Server, skip_without_s3
+from tests.support.s3 import on_cluster, skip_without_s3
 from tests.support.slurm import SlurmCluster, attempts_of
 from tests.support.tutorial_job import replay, resumed_epochs, saved_epochs, tutorial_job
 from tests.support.wait import wait_for
@@ -68,17 +68,9 @@ def test_the_ddp_tutorial_pattern_with_its_checkpoints_in_an_object_store(cluste
     torch = pytest.importorskip("torch")
     skip_without_s3()
     c = cluster4
-    head = next(line.split()[0] for line in (c.root / "hosts").read_text().splitlines() if line.split()[1:] == ["head"])
-    server = S3Server(tmp_path / "s3", netns=f"{c.pfx}-sw", ip=head).up()
+    server, bucket, env = on_cluster(c, tmp_path, "tutorial")
+    creds = c.shared / "aws-credentials"  # how a cluster user keeps keys: a file, not the job script
     try:
-        bucket = server.make_bucket("tutorial")
-        creds = c.shared / "aws-credentials"  # how a cluster user keeps keys: a file, not the job script
-        creds.write_text(f"[default]\naws_access_key_id = {server.env['AWS_ACCESS_KEY_ID']}\n"
-                         f"aws_secret_access_key = {server.secret}\n")
-        creds.chmod(0o600)
-        env = {"AWS_ENDPOINT_URL": server.env["AWS_ENDPOINT_URL"], "AWS_SHARED_CREDENTIALS_FILE": str(creds),
-               "AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}
-
         def final() -> dict:
             # read by hand as docs/sync.md says: the manifest names the object
             doc = bucket.manifest("tutorial/ckpt", "snapshot.pt")

@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.journal import events
-from tests.support.s3 import S3Server, skip_without_s3
+from tests.support.s3 import on_cluster, skip_without_s3
 from tests.support.slurm import SlurmCluster
 from tests.support.tutorial_job import replay, resumed_epochs, saved_epochs, tutorial_job
 from tests.support.wait import wait_for
@@ -50,17 +50,9 @@ def test_a_node_dies_while_the_store_hangs_and_every_rank_resumes_from_the_newes
     skip_without_s3()
     c = cluster4
     t0 = time.monotonic()
-    head = next(line.split()[0] for line in (c.root / "hosts").read_text().splitlines() if line.split()[1:] == ["head"])
-    server = S3Server(tmp_path / "s3", netns=f"{c.pfx}-sw", ip=head).up()
+    server, bucket, env = on_cluster(c, tmp_path, "tiers")
     paused = False
     try:
-        bucket = server.make_bucket("tiers")
-        creds = c.shared / "aws-credentials"
-        creds.write_text(f"[default]\naws_access_key_id = {server.env['AWS_ACCESS_KEY_ID']}\n"
-                         f"aws_secret_access_key = {server.secret}\n")
-        creds.chmod(0o600)
-        env = {"AWS_ENDPOINT_URL": server.env["AWS_ENDPOINT_URL"], "AWS_SHARED_CREDENTIALS_FILE": str(creds),
-               "AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}
         run, cfg, out = c.shared / "run", c.shared / "run.toml", c.shared / "job.out"
         cfg.write_text('requeue = true\nspare_nodes = 1\n\n'
                        f'[[sync]]\nname = "ckpt"\nfrom = "{c.local}/ckpt"\nto = "{bucket.url("tiers/ckpt")}"\n'

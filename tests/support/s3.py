@@ -195,5 +195,26 @@ def skip_without_s3() -> None:
     pytest.importorskip("obstore", reason="no obstore (pip install 'supervise-hpc[s3]')")
 
 
+def on_cluster(c: Any, tmp_path: Path, bucket: str) -> tuple[S3Server, Bucket, dict[str, str]]:
+    """A store on the test cluster's network (``c``: a ``SlurmCluster``), seen from its nodes at
+    the head's address, with one bucket: the server (``down()`` it), the bucket, and the job's
+    environment. The keys are in a credentials file on the cluster's shared storage (0600), as a
+    cluster user keeps them, not in the job script."""
+    head = next(line.split()[0] for line in (c.root / "hosts").read_text().splitlines() if line.split()[1:] == ["head"])
+    server = S3Server(tmp_path / "s3", netns=f"{c.pfx}-sw", ip=head).up()
+    try:
+        made = server.make_bucket(bucket)
+        creds = c.shared / "aws-credentials"
+        creds.write_text(f"[default]\naws_access_key_id = {server.env['AWS_ACCESS_KEY_ID']}\n"
+                         f"aws_secret_access_key = {server.secret}\n")
+        creds.chmod(0o600)
+    except BaseException:
+        server.down()
+        raise
+    env = {"AWS_ENDPOINT_URL": server.env["AWS_ENDPOINT_URL"], "AWS_SHARED_CREDENTIALS_FILE": str(creds),
+           "AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}
+    return server, made, env
+
+
 if __name__ == "__main__":
     _main(*sys.argv[1:4])

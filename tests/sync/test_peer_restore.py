@@ -14,58 +14,17 @@ import json
 import os
 from pathlib import Path
 
-import anyio
 import pytest
 
-from supervisor.config import SyncPair
 from supervisor.sync import Mirror
 from tests.support.emit import Events
-
-
-def _pair(local: Path, dst: Path) -> SyncPair:
-    return SyncPair("ckpt", "checkpoint", local, dst, restore=True, nodes=2, settle=0.2)
-
-
-def _save(local: Path, data: bytes) -> None:
-    """The DDP tutorial's save: rank 0 ``torch.save``s snapshot.pt in place on its node."""
-    local.mkdir(parents=True, exist_ok=True)
-    tmp = local / ".snapshot.tmp"
-    tmp.write_bytes(data)
-    os.replace(tmp, local / "snapshot.pt")
-
-
-def _flip(path: Path) -> None:
-    st = os.stat(path)
-    data = bytearray(path.read_bytes())
-    data[7] ^= 0xFF
-    path.write_bytes(bytes(data))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-
-
-async def _before_the_spawn(tmp_path: Path, dst: Path, events: tuple[Events, Events],
-                            spoil=None) -> tuple[dict, Path | None, Path | None]:
-    """The leader's and node 1's offer, choice and restore, as ``fleet.restore_everywhere`` runs
-    them, with both peer servers up. ``spoil`` runs between the offers and the restores."""
-    run = tmp_path / "run"
-    m0 = Mirror([_pair(tmp_path / "n0", dst)], emit=events[0], node_rank=0, backend="python")
-    m1 = Mirror([_pair(tmp_path / "n1", dst)], emit=events[1], node_rank=1, backend="python")
-    async with anyio.create_task_group() as tg:
-        await tg.start(m0.serve_peers, run)
-        await tg.start(m1.serve_peers, run)
-        offered = await m1.offer()
-        choice = await m0.choose({1: offered})
-        if spoil is not None:
-            spoil()
-        got1 = await m1.restore(choice)
-        got0 = await m0.restore(choice)
-        tg.cancel_scope.cancel()
-    return choice, got0, got1
+from tests.support.two_nodes import before_the_spawn, flip, pair, save
 
 
 async def _publish(tmp_path: Path, dst: Path, data: bytes) -> None:
     """snapshot.pt saved on node 0 and published (whole on node 0), with its content manifest."""
-    _save(tmp_path / "n0", data)
-    m0 = Mirror([_pair(tmp_path / "n0", dst)], emit=Events(), node_rank=0, backend="python")
+    save(tmp_path / "n0", data)
+    m0 = Mirror([pair(tmp_path / "n0", dst)], emit=Events(), node_rank=0, backend="python")
     m0.training_exited()
     await m0.flush("test")
     assert (dst / "snapshot.pt").read_bytes() == data
@@ -78,7 +37,7 @@ async def test_a_requeue_onto_the_same_nodes_reads_nothing_back_from_persistent_
     v1 = os.urandom(300_000)
     await _publish(tmp_path, dst, v1)
     ev0, ev1 = Events(), Events()
-    choice, got0, got1 = await _before_the_spawn(tmp_path, dst, (ev0, ev1))
+    choice, got0, got1 = await before_the_spawn(tmp_path, dst, (ev0, ev1))
     assert choice["ckpt"]["checkpoint"] == "snapshot.pt" and choice["ckpt"]["source"] == "persistent"
     assert choice["ckpt"]["holders"] == {"0": [""]}
     assert got1 == tmp_path / "n1" / "snapshot.pt" and got1.read_bytes() == v1
@@ -96,9 +55,9 @@ async def test_the_newest_version_whole_on_the_nodes_is_chosen_while_persistent_
     v1, v2 = os.urandom(200_000), os.urandom(200_000)
     await _publish(tmp_path, dst, v1)
     tmpfs.remount(mnt, "ro")  # the persistent side refuses every write from now on
-    _save(tmp_path / "n0", v2)  # epoch 2, saved on node 0 only, never published
+    save(tmp_path / "n0", v2)  # epoch 2, saved on node 0 only, never published
     ev0, ev1 = Events(), Events()
-    choice, got0, got1 = await _before_the_spawn(tmp_path, dst, (ev0, ev1))
+    choice, got0, got1 = await before_the_spawn(tmp_path, dst, (ev0, ev1))
     (said,) = ev0.of("restore-choice")
     assert said["source"] == "nodes" and said["published"] == "snapshot.pt" and said["holders"] == ["0"], said
     assert got0.read_bytes() == v2 and got1.read_bytes() == v2  # every node resumes from epoch 2, not epoch 1
@@ -107,7 +66,7 @@ async def test_the_newest_version_whole_on_the_nodes_is_chosen_while_persistent_
     assert (dst / "snapshot.pt").read_bytes() == v1
     # the persistent side takes writes again: the version the nodes resumed from is published
     tmpfs.remount(mnt, "rw")
-    m0 = Mirror([_pair(tmp_path / "n0", dst)], emit=Events(), node_rank=0, backend="python")
+    m0 = Mirror([pair(tmp_path / "n0", dst)], emit=Events(), node_rank=0, backend="python")
     m0.training_exited()
     await m0.flush("test")
     assert (dst / "snapshot.pt").read_bytes() == v2
@@ -120,8 +79,8 @@ async def test_a_corrupt_byte_in_a_peers_copy_is_never_loaded(tmp_path: Path) ->
     await _publish(tmp_path, dst, v1)
     ev0, ev1 = Events(), Events()
     # node 0's copy rots after it said what it holds: node 1 detects it and takes persistent storage's
-    choice, got0, got1 = await _before_the_spawn(tmp_path, dst, (ev0, ev1),
-                                                 spoil=lambda: _flip(tmp_path / "n0" / "snapshot.pt"))
+    choice, got0, got1 = await before_the_spawn(tmp_path, dst, (ev0, ev1),
+                                                 spoil=lambda: flip(tmp_path / "n0" / "snapshot.pt"))
     assert got1.read_bytes() == v1
     (v,) = ev1.of("restore-verify")
     assert v["from"] == {"persistent": len(v1)}, v
@@ -145,7 +104,7 @@ async def test_a_node_holding_an_older_version_of_the_name_is_not_named_as_holdi
     old.write_bytes(os.urandom(100_000))
     os.utime(old, ns=(1_600_000_000 * 10**9, 1_600_000_000 * 10**9))  # saved (and restored) long before
     ev0, ev1 = Events(), Events()
-    choice, got0, got1 = await _before_the_spawn(tmp_path, dst, (ev0, ev1))
+    choice, got0, got1 = await before_the_spawn(tmp_path, dst, (ev0, ev1))
     assert choice["ckpt"]["source"] == "persistent" and choice["ckpt"]["holders"] == {}, choice
     assert got0.read_bytes() == got1.read_bytes() == v1
     (v,) = ev1.of("restore-verify")

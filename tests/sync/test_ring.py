@@ -20,26 +20,13 @@ from pathlib import Path
 import anyio
 import pytest
 
-from supervisor.config import SyncPair
-from supervisor.sync import Mirror
 from supervisor.sync._fill import PEER_DIR
 from supervisor.sync._peers import MANIFESTS
 from tests.support.emit import Events
+from tests.support.two_nodes import before_the_spawn, flip, mirrors, save
 from tests.support.wait import wait_for_async
 
 SHARDS = {0: [".metadata", "__0_0.distcp", "__1_0.distcp"], 1: ["__2_0.distcp", "__3_0.distcp"]}
-
-
-def _pair(local: Path, dst: Path, **kw: object) -> SyncPair:
-    return SyncPair("ckpt", "checkpoint", local, dst, restore=True, nodes=2, settle=0.2, **kw)  # type: ignore[arg-type]
-
-
-def _save(local: Path, data: bytes) -> None:
-    """The DDP tutorial's save: rank 0 ``torch.save``s snapshot.pt on its node (whole, then renamed)."""
-    local.mkdir(parents=True, exist_ok=True)
-    tmp = local / ".snapshot.tmp"
-    tmp.write_bytes(data)
-    os.replace(tmp, local / "snapshot.pt")
 
 
 def _shards(local: Path, node: int, step: int) -> None:
@@ -59,26 +46,17 @@ def _copied(copy: Path, data: bytes) -> bool:
         return False
 
 
-def _flip(path: Path) -> None:
-    st = os.stat(path)
-    data = bytearray(path.read_bytes())
-    data[7] ^= 0xFF
-    path.write_bytes(bytes(data))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-
-
-async def _training(tmp_path: Path, dst: Path, save, until) -> tuple[Events, Events]:  # noqa: ANN001
-    """Both nodes' mirrors run (peer servers, passes, rings) while ``save()`` writes; returns once
+async def _training(tmp_path: Path, dst: Path, saves, until) -> tuple[Events, Events]:  # noqa: ANN001
+    """Both nodes' mirrors run (peer servers, passes, rings) while ``saves()`` writes; returns once
     ``until(events0, events1)`` holds."""
     run, ev0, ev1 = tmp_path / "run", Events(), Events()
-    m0 = Mirror([_pair(tmp_path / "n0", dst)], emit=ev0, node_rank=0, backend="python")
-    m1 = Mirror([_pair(tmp_path / "n1", dst)], emit=ev1, node_rank=1, backend="python")
+    m0, m1 = mirrors(tmp_path, dst, (ev0, ev1))
     async with anyio.create_task_group() as tg:
         await tg.start(m0.serve_peers, run)
         await tg.start(m1.serve_peers, run)
         await tg.start(m0.run)
         await tg.start(m1.run)
-        await anyio.to_thread.run_sync(save)
+        await anyio.to_thread.run_sync(saves)
         await wait_for_async(lambda: until(ev0, ev1), 60, "the ring's copies")
         tg.cancel_scope.cancel()
     return ev0, ev1
@@ -88,19 +66,8 @@ async def _after_node_0_died(tmp_path: Path, dst: Path, spoil=None) -> tuple[dic
     """Node 0's disk is gone; a new node 0 and node 1 offer, choose and restore."""
     shutil.rmtree(tmp_path / "n0")
     (tmp_path / "n0").mkdir()
-    run, ev0, ev1 = tmp_path / "run", Events(), Events()
-    m0 = Mirror([_pair(tmp_path / "n0", dst)], emit=ev0, node_rank=0, backend="python")
-    m1 = Mirror([_pair(tmp_path / "n1", dst)], emit=ev1, node_rank=1, backend="python")
-    async with anyio.create_task_group() as tg:
-        await tg.start(m0.serve_peers, run)
-        await tg.start(m1.serve_peers, run)
-        offered = await m1.offer()
-        choice = await m0.choose({1: offered})
-        if spoil is not None:
-            spoil()
-        got1 = await m1.restore(choice)
-        got0 = await m0.restore(choice)
-        tg.cancel_scope.cancel()
+    ev0, ev1 = Events(), Events()
+    choice, got0, got1 = await before_the_spawn(tmp_path, dst, (ev0, ev1), spoil)
     return choice, ev0, ev1, got0, got1
 
 
@@ -119,15 +86,15 @@ async def test_rank_0s_saves_are_on_node_1_and_survive_node_0s_disk_while_persis
     versions = [os.urandom(150_000) for _ in range(3)]
     copy = tmp_path / "n1" / PEER_DIR / "node-0" / "snapshot.pt"
 
-    def save() -> None:
+    def saves() -> None:
         for v in versions:  # the tutorial's epochs: one save, then the next once it is copied
-            _save(tmp_path / "n0", v)
+            save(tmp_path / "n0", v)
             for _ in range(600):
                 if _copied(copy, v):
                     break
                 time.sleep(0.1)
 
-    ev0, _ev1 = await _training(tmp_path, refusing, save, lambda e0, e1: len(e0.of("peer-copy")) >= 3)
+    ev0, _ev1 = await _training(tmp_path, refusing, saves, lambda e0, e1: len(e0.of("peer-copy")) >= 3)
     copies = ev0.of("peer-copy")
     assert [c["partner"] for c in copies] == [1, 1, 1] and all(c["checkpoint"] == "snapshot.pt" for c in copies), copies
     assert all(0 <= c["exposure_s"] < 30 and c["bytes"] == 150_000 for c in copies), copies
@@ -147,7 +114,7 @@ async def test_rank_0s_saves_are_on_node_1_and_survive_node_0s_disk_while_persis
 @pytest.mark.asyncio
 async def test_a_dcp_nodes_shards_survive_its_disk_from_the_partners_copy_and_the_partner_keeps_two(
         tmp_path: Path, refusing: Path) -> None:
-    def save() -> None:
+    def saves() -> None:
         for step in (1, 2, 3):
             _shards(tmp_path / "n0", 0, step)
             _shards(tmp_path / "n1", 1, step)
@@ -156,7 +123,7 @@ async def test_a_dcp_nodes_shards_survive_its_disk_from_the_partners_copy_and_th
     def both_copied(e0: Events, e1: Events) -> bool:
         return all(any(c["checkpoint"] == "step_3" for c in e.of("peer-copy")) for e in (e0, e1))
 
-    ev0, ev1 = await _training(tmp_path, refusing, save, both_copied)
+    ev0, ev1 = await _training(tmp_path, refusing, saves, both_copied)
     # node 0's part on node 1's disk, node 1's on node 0's: the newest two versions only
     for held, writer in ((tmp_path / "n1", 0), (tmp_path / "n0", 1)):
         here = held / PEER_DIR / f"node-{writer}"
@@ -185,10 +152,10 @@ async def test_a_dcp_nodes_shards_survive_its_disk_from_the_partners_copy_and_th
 async def test_a_corrupt_byte_in_the_partners_copy_is_never_loaded(tmp_path: Path, refusing: Path) -> None:
     data = os.urandom(120_000)
     copy = tmp_path / "n1" / PEER_DIR / "node-0" / "snapshot.pt"
-    await _training(tmp_path, refusing, lambda: _save(tmp_path / "n0", data),
+    await _training(tmp_path, refusing, lambda: save(tmp_path / "n0", data),
                     lambda e0, e1: bool(e0.of("peer-copy")))
     assert copy.read_bytes() == data
-    choice, ev0, ev1, got0, got1 = await _after_node_0_died(tmp_path, refusing, spoil=lambda: _flip(copy))
+    choice, ev0, ev1, got0, got1 = await _after_node_0_died(tmp_path, refusing, spoil=lambda: flip(copy))
     assert choice["ckpt"]["holders"] == {"1/0": [""]}, choice
     # the copy is the only one, and its bytes are not the manifest's: neither node loads them
     for got in (got0, got1):
@@ -211,9 +178,8 @@ async def test_a_partner_not_up_yet_is_journaled_once_and_copied_to_once_it_is(t
     once for the version), then, node 1's server up, copies the version at its next look."""
     dst, run, ev0, ev1 = tmp_path / "persist", tmp_path / "run", Events(), Events()
     data = os.urandom(50_000)
-    _save(tmp_path / "n0", data)
-    m0 = Mirror([_pair(tmp_path / "n0", dst)], emit=ev0, node_rank=0, backend="python")
-    m1 = Mirror([_pair(tmp_path / "n1", dst)], emit=ev1, node_rank=1, backend="python")
+    save(tmp_path / "n0", data)
+    m0, m1 = mirrors(tmp_path, dst, (ev0, ev1))
     async with anyio.create_task_group() as tg:
         await tg.start(m0.serve_peers, run)
         await tg.start(m0.run)
@@ -235,8 +201,7 @@ async def test_an_old_version_touched_after_it_was_dropped_is_not_copied_again(t
     it judges the highest steps too, and never pushes a version older than the two the partner
     keeps."""
     dst, run, ev0 = tmp_path / "persist", tmp_path / "run", Events()
-    m0 = Mirror([_pair(tmp_path / "n0", dst)], emit=ev0, node_rank=0, backend="python")
-    m1 = Mirror([_pair(tmp_path / "n1", dst)], emit=Events(), node_rank=1, backend="python")
+    m0, m1 = mirrors(tmp_path, dst, (ev0, Events()))
     async with anyio.create_task_group() as tg:
         await tg.start(m0.serve_peers, run)
         await tg.start(m1.serve_peers, run)
