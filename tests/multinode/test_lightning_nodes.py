@@ -29,7 +29,11 @@ from tests.support.journal import events
 from tests.support.paths import ROOT
 from tests.support.slurm import SlurmCluster, attempts_of
 
-EPOCHS = 40
+# Enough that attempt 5 always has epochs left: attempt 1 trains until the time limit (33 epochs
+# here, fewer in CI; at most ~45 at EPOCH_SLEEP=1), attempts 2-4 two to four each. With 40, a
+# fast run finished every epoch in attempt 4; attempt 5 then resumed at max_epochs, where
+# Lightning skips on_train_start, and no rank printed its "starts at epoch" line.
+EPOCHS = 64
 TRAIN = Path(__file__).parent / "lightning_nodes.py"
 
 JOB = """#!/bin/bash
