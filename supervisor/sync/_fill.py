@@ -48,6 +48,10 @@ class Mismatch(Exception):
     """A copy whose bytes are not the manifest's (size or sha256)."""
 
 
+class NotHeld(Mismatch):
+    """A node that did not offer this file: not asked (nothing failed)."""
+
+
 class Unverified(Exception):
     """No source gave a file of the version with its manifest's bytes."""
 
@@ -242,6 +246,8 @@ async def fill(doc: Mapping[str, Any], dest: Path, *, candidates: list[tuple[str
             for source, get in remote:
                 try:
                     n = await get(rel, f, target)
+                except NotHeld:
+                    continue
                 except Mismatch as e:
                     filled.failed.append({"file": rel, "from": source, "why": str(e)})
                     continue

@@ -35,7 +35,7 @@ import socket
 import time
 from functools import cmp_to_key, partial
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 import anyio
 from anyio.abc import TaskStatus
@@ -45,7 +45,7 @@ from supervisor.reach import addresses
 from supervisor.sync import _content
 from supervisor.sync._aside import SET_ASIDE_DIR
 from supervisor.sync._complete import Entry, Listing
-from supervisor.sync._fill import PEER_DIR, Fetch, Mismatch
+from supervisor.sync._fill import PEER_DIR, Fetch, Mismatch, NotHeld
 from supervisor.sync._manifest import checkpoint_doc, entry_of
 from supervisor.sync._peer import PeerError, PeerServer, Sent, drop, fetch, new_token, push
 from supervisor.sync._profiles import Profile
@@ -170,10 +170,13 @@ class Book:
                 return []
         return self._where[node]
 
-    def fetcher(self, node: int, root: str, name: str) -> Fetch:
-        """Files of checkpoint ``name`` from node ``node``'s ``root`` (``_fill.Fetch``)."""
+    def fetcher(self, node: int, root: str, name: str, holds: Collection[str] | None = None) -> Fetch:
+        """Files of checkpoint ``name`` from node ``node``'s ``root`` (``_fill.Fetch``); a file
+        not in ``holds`` (what the node offered) is not asked for."""
 
         async def one(rel: str, f: Mapping[str, Any], target: Path) -> int:
+            if holds is not None and rel not in holds:
+                raise NotHeld(f"node {node} did not offer it")
             if node in self.dead:
                 raise Mismatch(f"node {node} did not answer before")
             secret = await self._secret()
@@ -202,10 +205,10 @@ def remote(book: Book | None, pair: str, name: str, holders: Mapping[str, Any] |
     candidate (``_fill.local_candidates``), not asked for here."""
     if book is None or not holders:
         return []
-    named = {holder_key(k) for k in holders}
+    named = {holder_key(k): set(rels) for k, rels in holders.items()}
     order = sorted((h for h in named if h[0] != book.me), key=lambda h: ((h[0] - book.me) % nodes, len(h), h))
-    return [(f"node-{h[0]}", book.fetcher(h[0], pair, name)) if len(h) == 1 else
-            (f"node-{h[0]}-copy", book.fetcher(h[0], f"{pair}.peer", f"node-{h[1]}/{name}")) for h in order]
+    return [(f"node-{h[0]}", book.fetcher(h[0], pair, name, named[h])) if len(h) == 1 else
+            (f"node-{h[0]}-copy", book.fetcher(h[0], f"{pair}.peer", f"node-{h[1]}/{name}", named[h])) for h in order]
 
 
 def holder_key(holder: str | int) -> tuple[int, ...]:
