@@ -94,14 +94,14 @@ def test_pairs_that_differ_and_settings_from_file_or_environment_reach_the_agent
     values = {  # a value other than the default for every field of a pair: a new field must travel too
         "name": "a", "kind": "checkpoint", "src": tmp_path / "l", "dst": tmp_path / "p", "markers": ("done",),
         "every": 30.0, "restore": True, "exclude": ("*.tmp",), "keep_local": 2, "settle": 12.0, "fsync": True,
-        "nodes": 0, "profile": "deepspeed"}
+        "nodes": 0, "profile": "deepspeed", "peer_copies": 0}
     # ``store`` (an s3:// persistent side, not a directory): pair "c" below carries every key of one
     assert set(values) == {f.name for f in dataclasses.fields(SyncPair)} - {"origin", "store"}, "give the new field a value"
     cfg = tmp_path / "run.toml"
     cfg.write_text(f'sync_streams = 3\nsync_ionice = "best-effort"\ngpu_every = "4s"\n'
                    f'[[sync]]\nname = "a"\nfrom = "{tmp_path}/l"\nto = "{tmp_path}/p"\nmarkers = ["done"]\n'
                    f'every = "30s"\nrestore = true\nexclude = ["*.tmp"]\nkeep_local = 2\nsettle = "12s"\n'
-                   f'fsync = true\nnodes = "auto"\nprofile = "deepspeed"\n'
+                   f'fsync = true\nnodes = "auto"\nprofile = "deepspeed"\npeer_copies = 0\n'
                    f'[[sync]]\nname = "b"\nfrom = "{tmp_path}/l2"\nto = "{tmp_path}/p2"\nnodes = 4\n'
                    f'[[sync]]\nkind = "log"\nfrom = "{tmp_path}/tb"\nto = "{tmp_path}/ptb"\n'
                    f'[[sync]]\nname = "c"\nfrom = "{tmp_path}/l3"\nto = "s3://bkt/run/c"\nnodes = 2\n'
