@@ -1,60 +1,67 @@
-"""Node 0 (the leader) and node 1 of a per-node pair, as two real mirrors in one process: each
-its own local directory and peer server, one persistent side and one run directory shared, as
-the nodes of a job share them (tests/sync/test_peer_restore.py, tests/sync/test_ring.py)."""
+"""A two-node job on one machine: the leader, a real ``supervise`` (node 0), and node 1's real
+``supervise node-agent``, each with its own local directory, both writing to one persistent
+directory (tests/sync/test_multinode.py, tests/test_contract_runs.py)."""
 
 from __future__ import annotations
 
-import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
-from typing import Any, Callable
 
-import anyio
+from tests.support.journal import events
+from tests.support.supervise import start_supervise
+from tests.support.wait import wait_for
 
-from supervisor.config import SyncPair
-from supervisor.sync import Mirror
-from tests.support.emit import Events
-
-
-def pair(local: Path, dst: Path) -> SyncPair:
-    return SyncPair("ckpt", "checkpoint", local, dst, restore=True, nodes=2, settle=0.2)
+TRAINING = (sys.executable, "-c", "import time; time.sleep(600)")
 
 
-def save(local: Path, data: bytes) -> None:
-    """The DDP tutorial's save: rank 0 ``torch.save``s snapshot.pt on its node (whole, then renamed)."""
-    local.mkdir(parents=True, exist_ok=True)
-    tmp = local / ".snapshot.tmp"
-    tmp.write_bytes(data)
-    os.replace(tmp, local / "snapshot.pt")
+def write_config(path: Path, local: Path, persist: Path, backend: str) -> Path:
+    path.write_text(
+        f'sync_backend = "{backend}"\ngpu_every = 0\ncheckpoint_timeout = "1s"\ngrace = "3s"\n'
+        f'[[sync]]\nname = "ckpt"\nfrom = "{local}"\nto = "{persist}"\nnodes = 2\nsettle = "1s"\n')
+    return path
 
 
-def flip(path: Path) -> None:
-    """One byte of ``path`` flipped, its size and mtime kept (what a sizes-and-mtimes check misses)."""
-    st = os.stat(path)
-    data = bytearray(path.read_bytes())
-    data[7] ^= 0xFF
-    path.write_bytes(bytes(data))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+class TwoNodeJob:
+    """A leader (``supervise``, node 0) and a node agent (node 1) on this machine."""
 
+    def __init__(self, tmp: Path, backend: str, reaper: list[int]) -> None:
+        self.tmp, self.backend, self.reaper = tmp, backend, reaper
+        self.local = {0: tmp / "node0-local", 1: tmp / "node1-local"}
+        self.persist = tmp / "persistent" / "ckpt"
+        self.run = tmp / "run"
+        self.leader_journal = self.run / "events.jsonl"
+        self.node_journal = self.run / "nodes" / "node-1" / "events.jsonl"
+        self.leader: subprocess.Popen | None = None
+        self.node: subprocess.Popen | None = None
 
-def mirrors(tmp_path: Path, dst: Path, events: tuple[Events, Events]) -> tuple[Mirror, Mirror]:
-    """Node 0's and node 1's mirrors over ``tmp_path/n0`` and ``tmp_path/n1``."""
-    return (Mirror([pair(tmp_path / "n0", dst)], emit=events[0], node_rank=0, backend="python"),
-            Mirror([pair(tmp_path / "n1", dst)], emit=events[1], node_rank=1, backend="python"))
+    def start_node(self) -> subprocess.Popen:
+        cfg = write_config(self.tmp / "node1.toml", self.local[1], self.persist, self.backend)
+        self.node = start_supervise("node-agent", "--config", str(cfg), "--run-dir", str(self.run),
+                                    env={"SUPERVISE_NODE_RANK": "1"})
+        self.reaper.append(self.node.pid)
+        return self.node
 
+    def start_leader(self) -> subprocess.Popen:
+        cfg = write_config(self.tmp / "leader.toml", self.local[0], self.persist, self.backend)
+        self.leader = start_supervise("--config", str(cfg), "--run-dir", str(self.run), "--", *TRAINING)
+        self.reaper.append(self.leader.pid)
+        return self.leader
 
-async def before_the_spawn(tmp_path: Path, dst: Path, events: tuple[Events, Events],
-                           spoil: Callable[[], Any] | None = None) -> tuple[dict, Path | None, Path | None]:
-    """The leader's and node 1's offer, choice and restore, as ``fleet.restore_everywhere`` runs
-    them, with both peer servers up. ``spoil`` runs between the offers and the restores."""
-    m0, m1 = mirrors(tmp_path, dst, events)
-    async with anyio.create_task_group() as tg:
-        await tg.start(m0.serve_peers, tmp_path / "run")
-        await tg.start(m1.serve_peers, tmp_path / "run")
-        offered = await m1.offer()
-        choice = await m0.choose({1: offered})
-        if spoil is not None:
-            spoil()
-        got1 = await m1.restore(choice)
-        got0 = await m0.restore(choice)
-        tg.cancel_scope.cancel()
-    return choice, got0, got1
+    def wait_ready(self, *, node_started_at: int = 1) -> None:
+        wait_for(lambda: any(e.get("trigger") == "start" for e in events(self.leader_journal, "sync")),
+                 timeout=30, what="the leader's first sync pass")
+        wait_for(lambda: len([e for e in events(self.node_journal, "sync") if e.get("trigger") == "start"])
+                 >= node_started_at, timeout=30, what="the node agent's first sync pass")
+
+    def stop_leader(self) -> dict:
+        assert self.leader is not None
+        self.leader.send_signal(signal.SIGTERM)
+        try:
+            self.leader.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.leader.kill()
+            raise AssertionError("the leader did not end within 60 s of SIGTERM") from None
+        (end,) = events(self.leader_journal, "end")
+        return end

@@ -18,7 +18,7 @@ import pytest
 
 from supervisor.sync import Mirror
 from tests.support.emit import Events
-from tests.support.two_nodes import before_the_spawn, flip, pair, save
+from tests.support.node_mirrors import before_the_spawn, flip, pair, save
 
 
 async def _publish(tmp_path: Path, dst: Path, data: bytes) -> None:

@@ -23,7 +23,7 @@ import pytest
 from supervisor.sync._fill import PEER_DIR
 from supervisor.sync._peers import MANIFESTS
 from tests.support.emit import Events
-from tests.support.two_nodes import before_the_spawn, flip, mirrors, save
+from tests.support.node_mirrors import before_the_spawn, flip, mirrors, save
 from tests.support.wait import wait_for_async
 
 SHARDS = {0: [".metadata", "__0_0.distcp", "__1_0.distcp"], 1: ["__2_0.distcp", "__3_0.distcp"]}
