@@ -146,13 +146,12 @@ class Ring:
                   exposure_s=round(exposure, 3), dropped=dropped)
 
     async def _send_doc(self, rel: str, doc: dict[str, Any]) -> None:
-        fd, tmp = tempfile.mkstemp(prefix=".supervise-ring-", suffix=".json")
+        """``doc`` to the partner at ``rel``, through a temp file (a push sends a file)."""
+        tmp = await to_thread(_temp_json, doc)
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(doc, f)
-            await self.book.send(self.to, self.root, Path(tmp), rel)
+            await self.book.send(self.to, self.root, tmp, rel)
         finally:
-            os.unlink(tmp)
+            await to_thread(tmp.unlink)
 
     async def _drop_old(self, here: str) -> list[str]:
         """The partner keeps the newest ``HELD_VERSIONS`` this node pushed: older ones go,
@@ -170,6 +169,13 @@ class Ring:
             else:
                 dropped.append(old)
         return dropped
+
+
+def _temp_json(doc: dict[str, Any]) -> Path:
+    fd, tmp = tempfile.mkstemp(prefix=".supervise-ring-", suffix=".json")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+    return Path(tmp)
 
 
 def _unchanged(path: Path, e: Entry) -> bool:

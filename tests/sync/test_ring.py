@@ -221,3 +221,24 @@ async def test_an_old_version_touched_after_it_was_dropped_is_not_copied_again(t
     assert [c["checkpoint"] for c in ev0.of("peer-copy")][before:] == [], ev0.of("peer-copy")
     held = tmp_path / "n1" / PEER_DIR / "node-0"
     assert sorted(p.name for p in held.iterdir() if p.name != MANIFESTS) == ["step_2", "step_3"]
+
+
+@pytest.mark.asyncio
+async def test_a_link_to_a_checkpoint_is_not_copied_its_target_is(tmp_path: Path) -> None:
+    """Lightning's ``save_last="link"``: ``last.ckpt`` is a symlink to the newest epoch file. The
+    target is copied; the link is not (a restore makes it again), and no push of it fails."""
+    dst, run, ev0 = tmp_path / "persist", tmp_path / "run", Events()
+    local = tmp_path / "n0"
+    local.mkdir()
+    (local / "epoch=1-step=8.ckpt").write_bytes(os.urandom(20_000))
+    os.symlink("epoch=1-step=8.ckpt", local / "last.ckpt")
+    m0, m1 = mirrors(tmp_path, dst, (ev0, Events()))
+    async with anyio.create_task_group() as tg:
+        await tg.start(m0.serve_peers, run)
+        await tg.start(m1.serve_peers, run)
+        await tg.start(m0.run)
+        await wait_for_async(lambda: ev0.of("peer-copy"), 30, "the epoch file copied")
+        await anyio.sleep(5)  # two more looks
+        tg.cancel_scope.cancel()
+    assert [c["checkpoint"] for c in ev0.of("peer-copy")] == ["epoch=1-step=8.ckpt"], ev0.of("peer-copy")
+    assert ev0.of("peer-copy-failed") == [], ev0.of("peer-copy-failed")
