@@ -26,7 +26,7 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -48,6 +48,9 @@ log = logging.getLogger("supervise")
 READY_TIMEOUT_S = 60.0
 READY_LINE = "supervise-node-agent"  # "<READY_LINE> offered K" / "… ready K HOST HOLDS" / "… leader 0" / "… duplicate K"
 CHOICE_VAR = "SUPERVISE_NODE_CHOICE"  # the file the leader writes its choice to; agents restore exactly that
+# choices at most per start: a version that verifies nowhere on some node is passed over for the
+# one before it (the ring keeps two versions of each node's part), then the one before that
+CHOICE_ROUNDS = 3
 OFFER_FILE = "offer.json"  # RUN/nodes/node-K/offer.json: what node K holds, before the leader chooses
 SAY_VAR = "SUPERVISE_NODE_SAY"  # a directory: each agent appends its READY_LINEs to node-K there (PBS: no pipe back)
 SIGNAL_ANSWER_S = 1.5  # PBS: the stop signal to the other nodes' ranks waits this long for their agents' word
@@ -76,6 +79,7 @@ class Fleet:
         self.ready: dict[int, float] = {}
         self.offered: dict[int, float] = {}
         self.holds: dict[int, Any] = {}
+        self.restored: dict[int, tuple[int, Any]] = {}  # node → (round, what it holds) after each choice's restore
         self.requests = 0
         self.run_dir = run_dir  # the agents' journals: RUN/nodes/node-K/
         self.choice_path = self.run_dir / "nodes" / f"choice-{os.getpid()}-{time.time_ns()}.json"
@@ -176,10 +180,20 @@ class Fleet:
                 out[k] = body
         return out
 
-    async def agree(self, choice: dict[str, Any]) -> dict[int, Any]:
-        """Tell every agent the leader's choice (one version per pair, for every node) and
-        wait until each has restored exactly it and said what it holds (``ready``)."""
-        await anyio.to_thread.run_sync(_write_choice, self.choice_path, choice)
+    async def propose(self, choice: dict[str, Any], turn: int) -> dict[int, Any]:
+        """Tell every agent the leader's choice (one version per pair, for every node) and wait
+        until each has restored it and said what it holds (``restored``): a node that could
+        verify no copy of it holds ``{"unverified": name}``, and the leader chooses again."""
+        await anyio.to_thread.run_sync(_write_choice, self.choice_path, choice, turn, False)
+        self.line.ring("choice")
+        said = lambda: {k for k, (r, _h) in self.restored.items() if r == turn}  # noqa: E731
+        await self._until(lambda: self.want <= said() | set(self.spawn_failed), self.ready_timeout)
+        return {k: h for k, (r, h) in sorted(self.restored.items()) if r == turn}
+
+    async def agree(self, choice: dict[str, Any], turn: int) -> dict[int, Any]:
+        """The choice of round ``turn`` stands: every agent goes on (a late one restores it first),
+        and the leader waits until each has said what it holds (``ready``)."""
+        await anyio.to_thread.run_sync(_write_choice, self.choice_path, choice, turn, True)
         self.line.ring("choice")
         await self._until(lambda: self.want <= set(self.ready) | set(self.spawn_failed), self.ready_timeout)
         missing = sorted(self.want - set(self.ready))
@@ -329,6 +343,12 @@ class Fleet:
             node, at = int(words[2]), round(time.monotonic() - t0, 3)
             if words[1] == "offered":
                 self.offered.setdefault(node, at)
+            elif words[1] == "restored" and len(words) == 5:
+                try:
+                    said = json.loads(words[4])
+                    self.restored[node] = (int(said["round"]), said["holds"])
+                except (ValueError, KeyError, TypeError):
+                    pass
             elif words[1] in ("ready", "leader", "duplicate"):
                 self.offered.setdefault(node, at)
                 self.ready.setdefault(node, at)
@@ -404,11 +424,11 @@ async def watch_nodes(run: Any, request_stop: Callable[[Trigger], None]) -> None
     await fleet.watch(died, NODE_DOWN_WAIT)
 
 
-def _write_choice(path: Path, choice: dict[str, Any]) -> None:
+def _write_choice(path: Path, choice: dict[str, Any], turn: int, final: bool) -> None:
     """Whole or not at all (temp + rename): an agent polling for it never reads half."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({"choice": choice, "pid": os.getpid()}))
+    tmp.write_text(json.dumps({"choice": choice, "round": turn, "final": final, "pid": os.getpid()}))
     os.replace(tmp, path)
 
 
@@ -436,14 +456,26 @@ def read_offer(path: Path, choice_path: Path) -> dict[str, Any] | None:
     return body["pairs"] if ok else None
 
 
-def read_choice(path: Path) -> dict[str, Any] | None:
+class Choice(NamedTuple):
+    """The leader's choice file: the version of each pair every node restores, its round (a
+    version no copy of which verified on some node is chosen again without it), and whether
+    it stands (``final``: go on)."""
+
+    choice: dict[str, Any]
+    round: int
+    final: bool
+
+
+def read_choice(path: Path) -> Choice | None:
     """The leader's choice, once written (None before, or unreadable)."""
     try:
         body = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     choice = body.get("choice") if isinstance(body, dict) else None
-    return choice if isinstance(choice, dict) else None
+    if not isinstance(choice, dict) or not isinstance(body.get("round"), int):
+        return None
+    return Choice(choice, body["round"], bool(body.get("final")))
 
 
 def disagreement(holds: dict[int, Any]) -> str | None:
@@ -464,6 +496,8 @@ def disagreement(holds: dict[int, Any]) -> str | None:
 def _version_text(v: Any) -> str:
     if not v:
         return "nothing"
+    if v.get("unverified"):
+        return f"nothing (no copy of {v['unverified']} verified)"
     return f"{v.get('name')} ({v.get('bytes')} bytes, sha256 {str(v.get('sha256'))[:12]})"
 
 
@@ -474,15 +508,32 @@ async def restore_everywhere(agents: Fleet | None, mirror: Any, emit: Emit) -> t
     versions, the words that stop the start. Without agents, the leader's own restore."""
     if agents is None:
         return await mirror.restore(), None
-    choice = await mirror.choose(await anyio.to_thread.run_sync(agents.offers))
-    theirs = await agents.agree(choice)
-    restored = await mirror.restore(choice)
+    offers = await anyio.to_thread.run_sync(agents.offers)
+    choice, without, turn = await mirror.choose(offers), {}, 1  # type: dict[str, Any], dict[str, list[str]], int
+    while True:
+        theirs = await agents.propose(choice, turn)
+        restored = await mirror.restore(choice)
+        failed = unverified({0: await anyio.to_thread.run_sync(mirror.holds), **theirs})
+        if not failed or turn == CHOICE_ROUNDS:
+            break
+        for pair, name in failed.items():
+            without.setdefault(pair, []).append(name)
+        log.warning("no copy of %s verified on some node: every node restores the version before it",
+                    ", ".join(f"{p}/{n}" for p, n in sorted(failed.items())))
+        choice, turn = await mirror.choose(offers, without), turn + 1
+    theirs = await agents.agree(choice, turn)
     holds = {0: await anyio.to_thread.run_sync(mirror.holds), **theirs}
     differ = disagreement(holds)
     names = {pair: v.get("checkpoint") if isinstance(v, dict) else v for pair, v in choice.items()}
     emit("restore-versions", choice=names, nodes={str(k): v for k, v in sorted(holds.items())},
-         agree=differ is None, missing=sorted(agents.want - set(theirs)))
+         agree=differ is None, missing=sorted(agents.want - set(theirs)), **({"rounds": turn} if turn > 1 else {}))
     return restored, differ
+
+
+def unverified(holds: Mapping[int, Mapping[str, Any]]) -> dict[str, str]:
+    """Pair → the chosen version no copy of which verified on some node (``holds``)."""
+    return {pair: str(v["unverified"]) for h in holds.values() for pair, v in (h or {}).items()
+            if isinstance(v, Mapping) and v.get("unverified")}
 
 
 async def start(plan: Plan, tg: TaskGroup, guarded: Callable[..., Any], emit: Emit) -> Fleet | None:

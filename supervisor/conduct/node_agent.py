@@ -37,7 +37,7 @@ from anyio.abc import TaskGroup
 
 from supervisor import logs, proctree
 from supervisor.bell import LINKED_LOOK_S, Bell
-from supervisor.conduct.fleet import CHOICE_VAR, READY_TIMEOUT_S, SAY_VAR, offer_path, read_choice, write_offer
+from supervisor.conduct.fleet import CHOICE_VAR, READY_TIMEOUT_S, SAY_VAR, Choice, offer_path, read_choice, write_offer
 from supervisor.conduct.guard import guarded
 from supervisor.conduct.link import LINK, NodeLine
 from supervisor.errors import ConfigError
@@ -160,10 +160,11 @@ class NodeAgent:
             tg.start_soon(self._guarded("training", partial(self._follow_training, self.training)))
 
     async def _restore(self) -> None:
-        """Started by the leader: offer this node's unpublished whole versions, say so, wait for
-        the leader's choice and restore exactly that (every node the same version). Started by
-        the job script (no choice file named): the newest published version, as the leader's
-        own restore picks it."""
+        """Started by the leader: offer this node's unpublished whole versions, say so, then
+        restore exactly the leader's choice (every node the same version) and say what it holds,
+        again for each new choice (a version no copy of which verified on some node is passed
+        over), until the leader says the choice stands. Started by the job script (no choice
+        file named): the newest published version, as the leader's own restore picks it."""
         path = self.plan.env.get(CHOICE_VAR)
         if not path:
             await self.mirror.restore()
@@ -171,14 +172,30 @@ class NodeAgent:
         offered = await self.mirror.offer()
         await anyio.to_thread.run_sync(write_offer, offer_path(self.plan.run_dir, self.rank), path, offered)
         _say("offered", self.rank)
-        choice = None
-        with anyio.move_on_after(2 * READY_TIMEOUT_S):
-            while (choice := await anyio.to_thread.run_sync(read_choice, Path(path))) is None:
-                await self.choice_said.wait(self._pause(CHOICE_POLL_S))
-        if choice is None:
+        done = 0  # the round of the last choice restored here
+        while (said := await self._choice(Path(path), after=done)) is not None:
+            if said.round > done:
+                await self.mirror.restore(said.choice)
+                done = said.round
+            if said.final:
+                return
+            holds = await anyio.to_thread.run_sync(self.mirror.holds)
+            _say("restored", self.rank, json.dumps({"round": done, "holds": holds}, separators=(",", ":")))
+        if not done:
             log.warning("no choice from the leader in %.0fs (%s): restoring the newest published version",
                         2 * READY_TIMEOUT_S, path)
-        await self.mirror.restore(choice)
+            await self.mirror.restore()
+
+    async def _choice(self, path: Path, after: int) -> Choice | None:
+        """The leader's next word on the choice: a new one (a round after ``after``), or that it
+        stands; None when none came in ``2 × READY_TIMEOUT_S``."""
+        with anyio.move_on_after(2 * READY_TIMEOUT_S):
+            while True:
+                said = await anyio.to_thread.run_sync(read_choice, path)
+                if said is not None and (said.round > after or said.final):
+                    return said
+                await self.choice_said.wait(self._pause(CHOICE_POLL_S))
+        return None
 
     async def _follow_training(self, training: JobProcesses) -> None:
         """The job's processes on this node, looked for every ``TRAINING_POLL_S``: once found and

@@ -17,7 +17,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 import anyio
 from anyio.abc import TaskStatus
@@ -301,14 +301,15 @@ class Mirror:
                 self._emit("restore-failed", pair=eng.pair.name, error=f"offering this node's versions: {e}")
         return out
 
-    async def choose(self, offers: Mapping[int, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    async def choose(self, offers: Mapping[int, Mapping[str, Any]] | None = None,
+                     without: Mapping[str, Collection[str]] | None = None) -> dict[str, Any]:
         """The leader, before every node restores: per per-node pair, the one version they all
-        restore: the newest whole across the nodes' ``offers`` and persistent storage, and
-        which nodes hold its files (``_peers``)."""
+        restore: the newest whole across the nodes' ``offers`` and persistent storage (never one
+        ``without`` names for the pair: it verified nowhere on some node), and who holds its files."""
         out: dict[str, Any] = {}
         for eng in self._restoring():
             try:
-                out.update(await eng.role.choose(offers))
+                out.update(await eng.role.choose(offers, (without or {}).get(eng.pair.name, ())))
             except (OSError, CopyError) as e:
                 self._emit("restore-failed", pair=eng.pair.name, error=f"choosing the version: {e}")
         return out

@@ -33,7 +33,7 @@ import anyio
 
 from supervisor.sync import _fsops
 from supervisor.sync._aside import SET_ASIDE_DIR
-from supervisor.sync._backend import first_failure
+from supervisor.sync._backend import CopyError, first_failure
 from supervisor.sync._complete import STAGING_PREFIX, snapshot
 from supervisor.sync._content import CHUNK, sha256_of
 from supervisor.sync._state import to_thread
@@ -50,6 +50,16 @@ class Mismatch(Exception):
 
 class NotHeld(Mismatch):
     """A node that did not offer this file: not asked (nothing failed)."""
+
+
+class ChoiceUnverified(CopyError):
+    """The version every node restores (the leader's choice) verifies in no copy this node can
+    reach: the node restores nothing, and says so (``holds``), and the leader chooses again
+    without it (conduct/fleet.py, ``restore_everywhere``)."""
+
+    def __init__(self, name: str, why: str) -> None:
+        super().__init__(f"{name}: {why}")
+        self.name = name
 
 
 class Unverified(Exception):

@@ -12,13 +12,14 @@ import fnmatch
 import os
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 from functools import partial
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 from supervisor.sync import _content, _fsops
 from supervisor.sync._backend import CopyError, CopyResult
-from supervisor.sync._fill import Fetch, Mismatch, Unverified, copy_verified, fill, local_candidates
+from supervisor.sync._fill import ChoiceUnverified, Fetch, Mismatch, Unverified, copy_verified, fill, local_candidates
 from supervisor.sync._manifest import entry_of
 from supervisor.sync._complete import STAGING_PREFIX, Entry, Listing, identical, matches, newest_complete, snapshot
 from supervisor.sync._exclude import within
@@ -40,12 +41,13 @@ class Restorer:
         self.chosen: Entry | None = None  # what ``choose`` found newest on persistent storage
         self.slow = False                 # ``choose`` waited in vain for the persistent side's listing
 
-    async def choose(self) -> str | None:
+    async def choose(self, without: Collection[str] = ()) -> str | None:
         """The checkpoint a restore now would bring back: the newest complete one on
-        persistent storage (a multi-node leader's choice for every node)."""
+        persistent storage (a multi-node leader's choice for every node), but for those
+        named in ``without`` (versions that verified nowhere a node could reach)."""
         listing: Listing = await to_thread(self.judge, self.pair.dst)
         self.adopt_profile(listing, "persistent")
-        self.chosen = best = newest(listing, self.state.profile)
+        self.chosen = best = newest(leaving_out(listing, without), self.state.profile)
         return best.name if best is not None else None
 
     async def run(self, want: str | None = None, *, keep_newer: bool = True, doc: Mapping[str, Any] | None = None,
@@ -103,7 +105,7 @@ class Restorer:
                           reason="no copy of it verifies against its manifest: the next newest is tried"
                           if want is None else "no copy of the version every node restores verifies here")
                 if want is not None:
-                    raise CopyError(f"{best.name}: {u}") from u
+                    raise ChoiceUnverified(best.name, str(u)) from u
                 failed.append(best.name)
         self.emit("restore", pair=p.name, checkpoint=None, unverified=failed, **skipped,
                   reason="no checkpoint on persistent storage verifies against its manifest")
@@ -241,6 +243,14 @@ def _copy_local(src: Path, dst: Path) -> None:
     tmp = dst.with_name(f"{STAGING_PREFIX}{dst.name}")
     shutil.copy2(src, tmp)
     os.replace(tmp, dst)
+
+
+def leaving_out(listing: Listing, names: Collection[str]) -> Listing:
+    """``listing`` without the entries ``names`` names (the leader's choice again, after a
+    version verified nowhere: ``choose``)."""
+    if not names:
+        return listing
+    return replace(listing, entries={n: e for n, e in listing.entries.items() if n not in names})
 
 
 def newest(listing: Listing, profile: Profile | None) -> Entry | None:

@@ -30,6 +30,7 @@ from supervisor.sync import _fsops
 from supervisor.sync._aside import set_aside, set_aside_versions
 from supervisor.sync._assembly import Assembly
 from supervisor.sync._complete import STAGING_PREFIX, Listing
+from supervisor.sync._fill import ChoiceUnverified
 from supervisor.sync._partpublish import Gather, Handover, PartPublisher
 from supervisor.sync._peers import COPIES, PERSISTENT_WAIT_S, SLOW_LOOK_S, Book, across, choose_across, copies, holdings, remote, wanted
 from supervisor.sync._parts import PARTS_DIR, go_path, parts_root, taken, waiting
@@ -96,8 +97,9 @@ class Role(Protocol):
     async def offer(self) -> dict[str, Any]:
         """Before the leader chooses: this node's whole versions not yet published go up;
         returns what it holds (``_peers.holdings``)."""
-    async def choose(self, offers: Mapping[int, Mapping[str, Any]] | None) -> dict[str, Any]:
-        """Pair name → the version every node restores ({}: not a pair restored alike everywhere)."""
+    async def choose(self, offers: Mapping[int, Mapping[str, Any]] | None, without: Collection[str] = ()) -> dict[str, Any]:
+        """Pair name → the version every node restores ({}: not a pair restored alike
+        everywhere); never one named in ``without`` (it verified nowhere a node could reach)."""
     def meet(self, book: Book) -> None:
         """The other nodes' peer servers (``_peers.Book``), for the restore."""
     async def restore(self, choice: Mapping[str, Any] | None) -> Path | None:
@@ -153,7 +155,7 @@ class Single:
     async def offer(self) -> dict[str, Any]:
         return {}
 
-    async def choose(self, offers: Mapping[int, Mapping[str, Any]] | None) -> dict[str, Any]:
+    async def choose(self, offers: Mapping[int, Mapping[str, Any]] | None, without: Collection[str] = ()) -> dict[str, Any]:
         return {}
 
     def meet(self, book: Book) -> None:
@@ -189,6 +191,7 @@ class _PerNode:
         self.parts_poll = parts_poll
         self.space = SpaceWatch()                  # this node's local disk: will the next checkpoint fit?
         self.restored: Path | None = None          # the version this node restored (``holds``)
+        self.unverified: str | None = None         # the leader's choice, when no copy of it verified here (``holds``)
         self.bell = Bell()                         # a word from the other side: look now
         self.tell: Callable[[str], None] = _silent
         self.linked = False
@@ -285,34 +288,36 @@ class _PerNode:
         mine = await to_thread(holdings, self.pair, local, host.state.profile)
         return {**mine, COPIES: await to_thread(copies, self.pair)}
 
-    async def _choice(self) -> tuple[str | None, dict[str, Any]]:
+    async def _choice(self, without: Collection[str]) -> tuple[str | None, dict[str, Any]]:
         """After ``offer``, the newest complete version on persistent storage (waited for
-        ``PERSISTENT_WAIT_S`` at most), and what this node holds."""
+        ``PERSISTENT_WAIT_S`` at most) but for those ``without`` names, and what this node holds."""
         mine = await self.offer()
         wait = SLOW_LOOK_S if self.host.restorer.slow else PERSISTENT_WAIT_S  # the offer waited in vain already
         with anyio.move_on_after(wait):
-            return await self.host.restorer.choose(), mine
+            return await self.host.restorer.choose(without), mine
         self.emit("restore-slow", pair=self.pair.name, node=self.node, seconds=wait, what="choose",
                   reason="the persistent side's listing did not come: the nodes' copies count")
         self.host.restorer.chosen, self.host.restorer.slow = None, True
         return None, mine
 
-    async def choose(self, offers: Mapping[int, Mapping[str, Any]] | None) -> dict[str, Any]:
+    async def choose(self, offers: Mapping[int, Mapping[str, Any]] | None, without: Collection[str] = ()) -> dict[str, Any]:
         """The leader's choice for every node: the newest version whole across the nodes'
         ``offers`` and its own copies when newer than the newest published, else that one, with
-        the nodes that hold its files (``_peers.choose_across``)."""
-        name, mine = await self._choice()
+        the nodes that hold its files (``_peers.choose_across``). Never one named in
+        ``without``: a version no copy of which verified on some node (chosen again)."""
+        name, mine = await self._choice(without)
         offered = {**{k: o.get(self.pair.name) or {} for k, o in (offers or {}).items()}, self.node: mine}
-        held = {k: {n: d for n, d in o.items() if n != COPIES} for k, o in offered.items()}
-        kept = {k: o.get(COPIES) or {} for k, o in offered.items()}
+        held = {k: {n: d for n, d in o.items() if n != COPIES and n not in without} for k, o in offered.items()}
+        kept = {k: {w: {n: d for n, d in c.items() if n not in without} for w, c in (o.get(COPIES) or {}).items()}
+                for k, o in offered.items()}
         if self.host.restorer.slow and not across(held, self.pair.nodes, kept):
             # nothing whole on the nodes either: persistent storage is the only copy, waited for as before
-            name, self.host.restorer.slow = await self.host.restorer.choose(), False
+            name, self.host.restorer.slow = await self.host.restorer.choose(without), False
         if offers is None:
             return {self.pair.name: name}
         want, said = choose_across(held, self.pair.nodes, name, self.host.restorer.chosen, silent=self.host.restorer.slow,
                                    copies=kept)
-        self.emit("restore-choice", pair=self.pair.name, **said)
+        self.emit("restore-choice", pair=self.pair.name, **said, **({"excluded": sorted(without)} if without else {}))
         return {self.pair.name: want}
 
     async def restore(self, choice: Mapping[str, Any] | None) -> Path | None:
@@ -331,8 +336,13 @@ class _PerNode:
         await to_thread(set_aside, self.pair, self.node, self.emit, why, keep=name)
         await to_thread(set_aside_versions, self.pair, self.node, self.emit, why, keep=name if doc is not None else None)
         peers = remote(self.book, self.pair.name, name, holders, self.pair.nodes) if name else []
-        self.restored = await self.host.restorer.run(name, keep_newer=False, doc=doc, peers=peers) \
-            if name is not None else None
+        self.restored = self.unverified = None
+        try:
+            self.restored = await self.host.restorer.run(name, keep_newer=False, doc=doc, peers=peers) \
+                if name is not None else None
+        except ChoiceUnverified as e:
+            self.unverified = e.name  # said to the leader (``holds``), which chooses again without it
+            raise
         if name is None:
             self.emit("restore", pair=self.pair.name, checkpoint=None, node=self.node,
                       reason="no complete checkpoint on persistent storage, nor whole across the nodes")
@@ -341,7 +351,10 @@ class _PerNode:
     def holds(self) -> dict[str, Any]:
         """What this node holds of the restored version, to compare across nodes: its name,
         size, newest mtime and a hash (a file's content; a directory's listing, its shards'
-        names, sizes and mtimes), or None."""
+        names, sizes and mtimes), ``{"unverified": name}`` when no copy of the leader's choice
+        verified here, or None."""
+        if self.restored is None and self.unverified is not None:
+            return {self.pair.name: {"unverified": self.unverified}}
         return {self.pair.name: version_of(self.restored) if self.restored is not None else None}
 
 

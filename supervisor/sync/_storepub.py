@@ -18,7 +18,7 @@ import secrets
 from functools import partial
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 import anyio
 
@@ -30,9 +30,9 @@ from supervisor.sync._manifest import (
 )
 from supervisor.sync._publish import RECOPY_TRIES, Publisher
 from supervisor.sync._content import holds_version
-from supervisor.sync._fill import Fetch, Mismatch, Unverified, fill, local_candidates
+from supervisor.sync._fill import ChoiceUnverified, Fetch, Mismatch, Unverified, fill, local_candidates
 from supervisor.sync._peers import PERSISTENT_WAIT_S
-from supervisor.sync._restore import Restorer, same_files, is_newer, newest
+from supervisor.sync._restore import Restorer, leaving_out, same_files, is_newer, newest
 from supervisor.sync._state import PairState, to_thread
 from supervisor.sync._backend import first_failure
 from supervisor.sync._store import BATCH_BYTES, BATCH_FILES, SMALL, Changed, Exists, Store, StoreError
@@ -282,10 +282,10 @@ class StoreRestorer(Restorer):
         self.store = store
         self.manifests = StoreManifests(store)
 
-    async def choose(self) -> str | None:
+    async def choose(self, without: Collection[str] = ()) -> str | None:
         listing, _docs = await self.manifests.listing()
         self.adopt_profile(listing, "persistent")
-        self.chosen = best = newest(listing, self.state.profile)
+        self.chosen = best = newest(leaving_out(listing, without), self.state.profile)
         return best.name if best is not None else None
 
     async def run(self, want: str | None = None, *, keep_newer: bool = True, doc: Mapping[str, Any] | None = None,
@@ -329,6 +329,8 @@ class StoreRestorer(Restorer):
             try:
                 return await self._from_store(best, docs[best.name], listing, local, keep_newer, t0, skipped, peers)
             except StoreError as err:
+                if (want is not None or doc is not None) and err.code == "EBADMSG":
+                    raise ChoiceUnverified(best.name, str(err)) from err
                 if want is not None or err.code not in ("EBADMSG", "ENOENT"):
                     raise
                 skipped.append(best.name)

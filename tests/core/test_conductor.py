@@ -189,7 +189,7 @@ class FakeMirror:
         self.calls.append("offer")
         return {}
 
-    async def choose(self, offers=None) -> dict:
+    async def choose(self, offers=None, without=None) -> dict:
         return {}
 
     def holds(self) -> dict:

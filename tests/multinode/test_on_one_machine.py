@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.journal import events
+from tests.support.node_mirrors import flip
 
 STAND_IN = Path(__file__).parent / "stand_in"
 
@@ -78,13 +79,13 @@ class Machine:
                             'nodes = "auto"\nsettle = "1s"\nrestore = true\n')
         (root / "train.py").write_text(TRAIN)
 
-    def leader(self, first: int = 0) -> subprocess.CompletedProcess[str]:
+    def leader(self, first: int = 0, argv: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "PATH": f"{STAND_IN}:{os.environ['PATH']}", "STAND_IN_NODES": str(self.root),
                "STAND_IN_LOCAL": str(self.local), "SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2",
                "SLURM_JOB_NODELIST": "vm,vm2", "FIRST": str(first)}
         env.pop("SLURM_STEP_ID", None)
         argv = [sys.executable, "-m", "supervisor", "--config", str(self.cfg), "--run-dir", str(self.run_dir),
-                "--gpu-every", "0", "--", sys.executable, str(self.root / "train.py"), str(self.local), str(self.nodes[1])]
+                "--gpu-every", "0", "--", sys.executable, str(self.root / "train.py"), str(self.local), str(self.nodes[1]), *argv]
         return subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
                                'mount --bind "$1" "$2" && shift 2 && exec "$@"', "sh", str(self.nodes[0]),
                                str(self.local), *argv],
@@ -149,3 +150,53 @@ def test_every_node_restores_the_newest_version_anywhere(machine: Machine) -> No
     assert report.returncode == 0, report.stderr
     sha = held["0"]["sha256"][:12]
     assert f"attempt 2: every node (0, 1) resumed from the same snapshot.pt (sha256 {sha})" in report.stdout, report.stdout
+
+
+TRAIN_NAMED = """
+import os, sys, time
+local, node1, first = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def epoch(path):
+    try:
+        return int(open(path, "rb").read().split(b"\\n", 1)[0].split(b"=")[1])
+    except (OSError, IndexError, ValueError, TypeError):
+        return None
+held = sorted(n for n in os.listdir(node1) if n.startswith("epoch_"))
+print("node 0 loads", epoch(os.environ.get("SUPERVISE_RESTORED_FROM")), "node 1 holds", held, flush=True)
+for e in range(first, first + 3):
+    with open(os.path.join(node1, f"epoch_{e}.pt"), "wb") as f:   # rank 0 is on node 1: a file an epoch
+        f.write(f"EPOCHS_RUN={e}\\n".encode() * 100)
+    time.sleep(1.2 if e < first + 2 else 0)
+"""
+
+
+def test_a_version_that_verifies_nowhere_is_passed_over_on_every_node(machine: Machine) -> None:
+    """Every node new (nothing on their disks) and one byte of the newest published version
+    flipped on persistent storage: neither node can verify it, so the leader chooses again
+    without it, and every node restores the next newest (issue 43: never a mix, never nothing
+    while a version verifies). Before, each node journaled the failure and the training
+    started from nothing, though two older versions were whole."""
+    m = machine
+    (m.root / "train.py").write_text(TRAIN_NAMED)
+    m.cfg.write_text(m.cfg.read_text().replace('restore = true\n', 'restore = true\npeer_copies = 0\n'))
+    r = m.leader(argv=("0",))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(p.name for p in m.persist.glob("epoch_*.pt")) == ["epoch_0.pt", "epoch_1.pt", "epoch_2.pt"]
+    for node in m.nodes:  # new nodes: nothing of the last attempt's on their disks
+        shutil.rmtree(node)
+        node.mkdir()
+    flip(m.persist / "epoch_2.pt")
+    r = m.leader(argv=("3",))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "node 0 loads 1 node 1 holds ['epoch_1.pt']" in r.stdout, (r.stdout, r.stderr[-3000:])
+    ev = events(m.run_dir / "events.jsonl")
+    choices = [e for e in ev if e.get("kind") == "restore-choice" and e["attempt"] == 2]
+    assert [c["checkpoint"] for c in choices] == ["epoch_2.pt", "epoch_1.pt"], choices
+    assert choices[1]["excluded"] == ["epoch_2.pt"], choices[1]
+    failed = [e for e in ev if e.get("kind") == "restore-verify" and e["attempt"] == 2 and e["result"] == "failed"]
+    assert [e["checkpoint"] for e in failed] == ["epoch_2.pt"] and failed[0]["failed"][0]["from"] == "persistent", failed
+    node1 = events(m.run_dir / "nodes" / "node-1" / "events.jsonl")
+    assert [e["checkpoint"] for e in node1 if e.get("kind") == "restore-verify" and e["attempt"] == 2] \
+        == ["epoch_2.pt", "epoch_1.pt"], node1
+    versions = next(e for e in ev if e.get("kind") == "restore-versions" and e["attempt"] == 2)
+    assert versions["agree"] and versions["choice"] == {"ckpt": "epoch_1.pt"} and versions["rounds"] == 2, versions
+    assert {v["ckpt"]["name"] for v in versions["nodes"].values()} == {"epoch_1.pt"}, versions

@@ -7,6 +7,7 @@ coupling every rank, so ``reference(steps)`` (one process, no torch.distributed)
 uninterrupted run's weights bit for bit: a resume that loads a wrong or stale shard, or
 repeats or skips a step, ends with other weights. Rank 0 appends what happened to
 ``--progress`` (on shared storage) and, at the end, saves the full tensor to ``--final``.
+While the file ``--hold`` names exists, no rank takes a step (a test's pause between saves).
 
     torchrun ... train_dcp.py --out LOCAL --steps N --save-every K --progress FILE --final FILE
 """
@@ -59,6 +60,7 @@ def main() -> None:
     ap.add_argument("--step-sleep", type=float, default=0.2)
     ap.add_argument("--progress", required=True)
     ap.add_argument("--final", required=True)
+    ap.add_argument("--hold", help="a file on shared storage: while it exists, no rank takes a step")
     a = ap.parse_args()
 
     dist.init_process_group("gloo")
@@ -81,6 +83,8 @@ def main() -> None:
         w, step = state["w"], state["step"]
     say("start", step=int(step), restored=restored, world=world)
     while int(step) < a.steps:
+        while a.hold and os.path.exists(a.hold):  # the test holds the training still (no new save)
+            time.sleep(0.2)
         local = w.to_local()
         total = local.sum()
         dist.all_reduce(total)
