@@ -360,7 +360,7 @@ def choose_across(held: Mapping[int, Mapping[str, Any]], nodes: int, published: 
     newest published version (``published``, its listing ``entry``): the choice's value, and
     what ``restore-choice`` says of it. ``silent``: the persistent side did not answer the
     leader; the nodes then do not wait for it either."""
-    value, said = _choose(across(held, nodes, copies), held, published, entry)
+    value, said = _choose(across(held, nodes, copies), held, published, entry, copies)
     said["offered"].update({f"{k}/{w}": sorted(v) for k, ws in sorted((copies or {}).items()) for w, v in sorted(ws.items())})
     if silent:
         return ({**value, "silent": True} if value is not None else None), {**said, "silent": True}
@@ -368,7 +368,8 @@ def choose_across(held: Mapping[int, Mapping[str, Any]], nodes: int, published: 
 
 
 def _choose(whole: Mapping[str, dict[str, Any]], held: Mapping[int, Mapping[str, Any]], published: str | None,
-            entry: Entry | None) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+            entry: Entry | None, copies: Mapping[int, Mapping[str, Mapping[str, Any]]] | None,
+            ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     newer = [d for d in whole.values() if newer_than(d, entry)]
     offered = {str(k): sorted(v) for k, v in sorted(held.items())}
     if newer:
@@ -384,7 +385,7 @@ def _choose(whole: Mapping[str, dict[str, Any]], held: Mapping[int, Mapping[str,
     if published is None:
         return None, {"checkpoint": None, "source": None, "offered": offered,
                       "why": "nothing published, nothing whole across the nodes"}
-    holders = _holding(held, published, entry)
+    holders = _holding(held, published, entry, copies)
     return ({"checkpoint": published, "source": "persistent", "holders": holders},
             {"checkpoint": published, "source": "persistent", "holders": sorted(holders, key=holder_key), "offered": offered,
              "why": "the newest published; nothing newer whole across the nodes"})
@@ -401,16 +402,21 @@ def wanted(want: str | Mapping[str, Any] | None) -> tuple[str | None, dict[str, 
     return name, doc, want.get("holders") or {}
 
 
-def _holding(held: Mapping[int, Mapping[str, Any]], name: str, entry: Entry | None) -> dict[str, list[str]]:
+def _holding(held: Mapping[int, Mapping[str, Any]], name: str, entry: Entry | None,
+             copies: Mapping[int, Mapping[str, Mapping[str, Any]]] | None = None) -> dict[str, list[str]]:
     """The nodes that hold files of the published ``name`` as published (size and mtime its
-    listing's: a node's older version of the same name is not that version), and which."""
+    listing's: a node's older version of the same name is not that version), and which: ``"K"``
+    its own copy, ``"P/K"`` node P's copy of node K's (the ring's: nearer than persistent
+    storage, and the only other copy of a file whose own copy fails verification)."""
     if entry is None:
         return {}
-    out: dict[str, list[str]] = {}
-    for node, docs in held.items():
-        doc = docs.get(name)
-        rels = [rel for rel, f in (doc or {}).get("files", {}).items()
+
+    def same(doc: Mapping[str, Any] | None) -> list[str]:
+        return [rel for rel, f in (doc or {}).get("files", {}).items()
                 if entry.snap.files.get(rel) == (int(f["size"]), int(f["mtime_ns"]))]
-        if rels:
-            out[str(node)] = rels
-    return out
+
+    out: dict[str, list[str]] = {str(node): same(docs.get(name)) for node, docs in held.items()}
+    for holder, writers in (copies or {}).items():
+        for k, docs in writers.items():
+            out[f"{holder}/{k}"] = same(docs.get(name))
+    return {k: rels for k, rels in out.items() if rels}

@@ -242,3 +242,36 @@ async def test_a_link_to_a_checkpoint_is_not_copied_its_target_is(tmp_path: Path
         tg.cancel_scope.cancel()
     assert [c["checkpoint"] for c in ev0.of("peer-copy")] == ["epoch=1-step=8.ckpt"], ev0.of("peer-copy")
     assert ev0.of("peer-copy-failed") == [], ev0.of("peer-copy-failed")
+
+
+@pytest.mark.asyncio
+async def test_a_published_version_whose_own_copy_is_corrupt_comes_from_the_partners_copy(tmp_path: Path) -> None:
+    """The persistent side takes writes: ``step_2`` is published and both rings copied it. A
+    byte of node 0's own shard flips (same size and mtime): node 0 takes that file from node
+    1's copy of its part, not from persistent storage, which is read for nothing. Before, a
+    published choice named only the nodes' own copies as holders (cluster:
+    tests/multinode/test_flipped_bytes.py took the file from persistent storage)."""
+    dst = tmp_path / "persist"
+
+    def saves() -> None:
+        for step in (1, 2):
+            _shards(tmp_path / "n0", 0, step)
+            _shards(tmp_path / "n1", 1, step)
+            time.sleep(0.6)
+
+    def published_and_copied(e0: Events, e1: Events) -> bool:
+        return any(p.get("checkpoint") == "step_2" for p in e0.of("publish")) and all(
+            any(c["checkpoint"] == "step_2" for c in e.of("peer-copy")) for e in (e0, e1))
+
+    await _training(tmp_path, dst, saves, published_and_copied)
+    ev0, ev1 = Events(), Events()
+    choice, got0, got1 = await before_the_spawn(tmp_path, dst, (ev0, ev1),
+                                                spoil=lambda: flip(tmp_path / "n0" / "step_2" / "__0_0.distcp"))
+    (said,) = ev0.of("restore-choice")
+    assert said["source"] == "persistent" and said["checkpoint"] == "step_2", said
+    assert {"0", "1", "0/1", "1/0"} <= set(said["holders"]), said
+    assert got0 is not None and (got0 / "__0_0.distcp").read_bytes() == b"__0_0.distcp of step 2" * 1000
+    (v0,) = ev0.of("restore-verify")
+    assert [(f["from"], f["file"]) for f in v0["failed"]] == [("live", "__0_0.distcp")], v0
+    size = len("__0_0.distcp of step 2") * 1000
+    assert v0["from"].get("node-1-copy") == size and "persistent" not in v0["from"], v0
