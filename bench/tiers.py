@@ -39,6 +39,9 @@ each node's part is copied to the next node's disk. Printed: the single-copy exp
 part (``peer-copy``'s ``exposure_s``: its save to the partner's whole copy), p50 and p99 over the
 nodes, beside the lag to persistent storage (the leader's ``publish`` ``lag_s``) in the same run.
 The scenarios then restore from fresh local directories (the ring's copies are not used there).
+Before that, the same version is published once with the ring off (``peer_copies = 0``, a
+prefix of its own): its lag to persistent storage is the baseline for the ring's cost to the
+persistent copy (printed as a ratio).
 """
 
 from __future__ import annotations
@@ -185,11 +188,13 @@ class Persistent:
                 self.env[k] = v
         self.url = "s3://bench/job/ckpt"
 
-    def pair(self, node: int, local: Path, nodes: int) -> SyncPair:
-        common: dict[str, Any] = dict(restore=True, nodes=nodes, settle=0.5, profile="dcp")
+    def pair(self, node: int, local: Path, nodes: int, ring: bool = True) -> SyncPair:
+        """Node ``node``'s pair; ``ring`` False: no peer copies, into a prefix of its own."""
+        common: dict[str, Any] = dict(restore=True, nodes=nodes, settle=0.5, profile="dcp", peer_copies=int(ring))
         if self.url is not None:
-            return SyncPair("ckpt", "checkpoint", local, Path(self.url), store=StoreSpec.parse(self.url), **common)
-        return SyncPair("ckpt", "checkpoint", local, self.where / "persist", **common)
+            url = self.url if ring else self.url.replace("/job/", "/job-no-ring/")
+            return SyncPair("ckpt", "checkpoint", local, Path(url), store=StoreSpec.parse(url), **common)
+        return SyncPair("ckpt", "checkpoint", local, self.where / ("persist" if ring else "persist-no-ring"), **common)
 
     def describe(self) -> str:
         if self.url is not None:
@@ -237,8 +242,8 @@ def reset_local(golden: Path, local: Path, node: int, wiped: bool) -> None:
 
 
 class Job:
-    def __init__(self, work: Path, persistent: Persistent, nodes: int) -> None:
-        self.work, self.persistent, self.nodes = work, persistent, nodes
+    def __init__(self, work: Path, persistent: Persistent, nodes: int, ring: bool = True) -> None:
+        self.work, self.persistent, self.nodes, self.ring = work, persistent, nodes, ring
         self.events: list[tuple[int, str, dict[str, Any]]] = []
 
     def local(self, k: int) -> Path:
@@ -254,7 +259,7 @@ class Job:
     def mirrors(self) -> list[Mirror]:
         out = []
         for k in range(self.nodes):
-            m = Mirror([self.persistent.pair(k, self.local(k), self.nodes)], emit=self._emitter(k), sync_every=600,
+            m = Mirror([self.persistent.pair(k, self.local(k), self.nodes, self.ring)], emit=self._emitter(k), sync_every=600,
                        node_rank=k, parts_poll=0.2, backend="python", nice=0, ionice="none")
             m.check()
             out.append(m)
@@ -270,7 +275,7 @@ class Job:
                 await tg.start(m.run)
             with anyio.fail_after(timeout):
                 while not (any(k == 0 and kind == "publish" and STEP in str(f) for k, kind, f in self.events)
-                           and len({k for k, kind, _f in self.events if kind == "peer-copy"}) == self.nodes):
+                           and (not self.ring or len({k for k, kind, _f in self.events if kind == "peer-copy"}) == self.nodes)):
                     await anyio.sleep(0.1)
             tg.cancel_scope.cancel()
         return time.monotonic() - t0
@@ -375,10 +380,17 @@ def main() -> None:
             golden = work / "written"
             t = time.monotonic()
             write_parts(golden, nodes, part_mib * MiB)
+            # the baseline first: the same version published with the ring off (a prefix of its own)
+            alone = Job(work, persistent, nodes, ring=False)
+            for k in range(nodes):
+                reset_local(golden, alone.local(k), k, wiped=False)
+            print(f"written in {time.monotonic() - t:.1f} s; publishing with the ring off…", flush=True)
+            took_alone = anyio.run(alone.publish, work / "run-no-ring", 1800.0)
+            _none, lag_alone = alone.exposure()
             job = Job(work, persistent, nodes)
             for k in range(nodes):
                 reset_local(golden, job.local(k), k, wiped=False)
-            print(f"written in {time.monotonic() - t:.1f} s; publishing…", flush=True)
+            print(f"published by the {nodes} mirrors in {took_alone:.1f} s; again with the ring on…", flush=True)
             took = anyio.run(job.publish, work / "run0", 1800.0)
             copies, lag = job.exposure()
             exposure = (f"p50 {_pct(copies, 0.5):.2f} s, p99 {_pct(copies, 0.99):.2f} s over {len(copies)} parts"
@@ -425,6 +437,9 @@ def main() -> None:
     print("hash %: seconds in sha256 updates (all threads, all nodes) / sum of the nodes' restore wall times; goal <= 10 %")
     print(f"peer-copy exposure (a part's save to its partner's whole copy): {exposure}; "
           f"lag to persistent storage of the version: {lag if lag is not None else '-'} s")
+    ratio = f"{lag / lag_alone:.2f}x" if lag is not None and lag_alone else "-"
+    print(f"lag to persistent storage, ring on {lag if lag is not None else '-'} s against ring off "
+          f"{lag_alone if lag_alone is not None else '-'} s: {ratio} (whole publish {took:.1f} s against {took_alone:.1f} s)")
 
 
 if __name__ == "__main__":

@@ -526,7 +526,7 @@ async def restore_everywhere(agents: Fleet | None, mirror: Any, emit: Emit) -> t
     differ = disagreement(holds)
     names = {pair: v.get("checkpoint") if isinstance(v, dict) else v for pair, v in choice.items()}
     emit("restore-versions", choice=names, nodes={str(k): v for k, v in sorted(holds.items())},
-         agree=differ is None, missing=sorted(agents.want - set(theirs)), **({"rounds": turn} if turn > 1 else {}))
+         agree=differ is None, missing=sorted(agents.want - set(theirs)), **({"rounds": turn, "passed_over": without} if turn > 1 else {}))
     return restored, differ
 
 

@@ -591,9 +591,11 @@ def _node_versions(n: int, e: dict[str, Any]) -> list[RestoreOutcome]:
         ids = {(h or {}).get("sha256") for h in held.values()}
         first = next(iter(held.values()))
         name = (first or {}).get("name")
+        passed = (e.get("passed_over") or {}).get(pair) if isinstance(e.get("passed_over"), dict) else None
+        over = f"; passed over {', '.join(map(str, passed))}: no copy of it verified on some node" if passed else ""
         if len(ids) == 1 and name:
             text = (f"every node ({', '.join(held)}) resumed from the same {name} "
-                    f"(sha256 {str(first.get('sha256'))[:12]})" if first else "")
+                    f"(sha256 {str(first.get('sha256'))[:12]}){over}" if first else "")
             out.append(RestoreOutcome(n, pair, name, "nodes-agree", f"attempt {n}: {text}"))
         elif len(ids) > 1:
             said = "; ".join(f"node {k}: " + (f"{h.get('name')} (sha256 {str(h.get('sha256'))[:12]})" if h else "nothing")

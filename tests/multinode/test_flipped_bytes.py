@@ -24,7 +24,7 @@ it waits in the queue flips one byte of rank 0's shard (size and mtime kept):
 
 Each time every rank resumes from the checkpoint restored (the training's own "start" line),
 and the job's final weights equal an uninterrupted run's, bit for bit: no flipped byte was
-loaded. The long set (about 5 minutes):
+loaded. The long set (2 minutes here):
 
     SUPERVISE_LONG=1 .venv/bin/python -m pytest -q -s tests/multinode/test_flipped_bytes.py
 """

@@ -200,3 +200,9 @@ def test_a_version_that_verifies_nowhere_is_passed_over_on_every_node(machine: M
     versions = next(e for e in ev if e.get("kind") == "restore-versions" and e["attempt"] == 2)
     assert versions["agree"] and versions["choice"] == {"ckpt": "epoch_1.pt"} and versions["rounds"] == 2, versions
     assert {v["ckpt"]["name"] for v in versions["nodes"].values()} == {"epoch_1.pt"}, versions
+    assert versions["passed_over"] == {"ckpt": ["epoch_2.pt"]}, versions
+    report = subprocess.run([sys.executable, "-m", "supervisor", "report", str(m.run_dir)], capture_output=True,
+                            text=True, timeout=60)
+    assert report.returncode == 0, report.stderr
+    assert "attempt 2: every node (0, 1) resumed from the same epoch_1.pt (sha256 " in report.stdout, report.stdout
+    assert "passed over epoch_2.pt: no copy of it verified on some node" in report.stdout, report.stdout
