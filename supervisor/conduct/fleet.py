@@ -190,12 +190,13 @@ class Fleet:
         await self._until(lambda: self.want <= said() | set(self.spawn_failed), self.ready_timeout)
         return {k: h for k, (r, h) in sorted(self.restored.items()) if r == turn}
 
-    async def agree(self, choice: dict[str, Any], turn: int) -> dict[int, Any]:
+    async def agree(self, choice: dict[str, Any], turn: int, answered: set[int]) -> dict[int, Any]:
         """The choice of round ``turn`` stands: every agent goes on (a late one restores it first),
-        and the leader waits until each has said what it holds (``ready``)."""
+        and the leader waits until each that ``answered`` the round has said what it holds
+        (``ready``; the others were waited for already)."""
         await anyio.to_thread.run_sync(_write_choice, self.choice_path, choice, turn, True)
         self.line.ring("choice")
-        await self._until(lambda: self.want <= set(self.ready) | set(self.spawn_failed), self.ready_timeout)
+        await self._until(lambda: answered <= set(self.ready) | set(self.spawn_failed), self.ready_timeout)
         missing = sorted(self.want - set(self.ready))
         more = {"spawn_failed": {str(k): v for k, v in sorted(self.spawn_failed.items())}} if self.spawn_failed else {}
         self.emit("node-agents", started=True, nodes=list(self.nodes), pid=self.agents.pid,
@@ -521,7 +522,7 @@ async def restore_everywhere(agents: Fleet | None, mirror: Any, emit: Emit) -> t
         log.warning("no copy of %s verified on some node: every node restores the version before it",
                     ", ".join(f"{p}/{n}" for p, n in sorted(failed.items())))
         choice, turn = await mirror.choose(offers, without), turn + 1
-    theirs = await agents.agree(choice, turn)
+    theirs = await agents.agree(choice, turn, answered=set(theirs))
     holds = {0: await anyio.to_thread.run_sync(mirror.holds), **theirs}
     differ = disagreement(holds)
     names = {pair: v.get("checkpoint") if isinstance(v, dict) else v for pair, v in choice.items()}

@@ -48,6 +48,13 @@ def set_aside(p: SyncPair, node: int, emit: Emit, why: str, keep: str | None = N
     return moved
 
 
+def set_aside_names(p: SyncPair, node: int, emit: Emit, names: list[str], why: str) -> list[str]:
+    """Move the local entries ``names`` names aside, whatever they are (versions the leader
+    passed over: no copy of one verified on some node, and a rank loading the newest it finds
+    would load it here and an older one there)."""
+    return [n for n in names if os.path.lexists(p.src / n) and _move_aside(p, n, node, emit, why)]
+
+
 def _move_aside(p: SyncPair, name: str, node: int, emit: Emit, why: str) -> bool:
     where = p.src / SET_ASIDE_DIR
     where.mkdir(parents=True, exist_ok=True)

@@ -154,9 +154,7 @@ class PartPublisher(Publisher):
             if e.name in listing.sigs:
                 self.state.sigs[e.name] = listing.sigs[e.name]
             return False
-        changed_here = e.name in self.seen and not self.seen[e.name].same_content(e.snap)
-        slack = SAME_SECOND_NS if e.is_dir else 0  # a file's sameness was read byte for byte
-        if changed_here or (there is not None and written(e.snap) > written(there) + slack):
+        if not self._behind_published(e, there):
             return True
         if e.name not in self.stale:
             self.emit("sync-deferred", pair=self.pair.name, checkpoint=e.name, node=self.node,
@@ -165,6 +163,14 @@ class PartPublisher(Publisher):
         self.stale[e.name] = self.seen[e.name] = e.snap
         return False
 
+
+    def _behind_published(self, e: Entry, there: Snap | None) -> bool:
+        """Is this node's ``e`` older than ``there``, the version of its name published (by
+        another node), and unchanged here since this node accounted for it? Then it is
+        superseded, never published over the newer one, and owed nothing."""
+        changed_here = e.name in self.seen and not self.seen[e.name].same_content(e.snap)
+        slack = SAME_SECOND_NS if e.is_dir else 0  # a file's sameness was read byte for byte
+        return not changed_here and (there is None or written(e.snap) <= written(there) + slack)
 
     async def _stage_part(self, e: Entry, trigger: str, stats: CopyResult) -> bool:
         """This node's files of ``e`` into its part directory, verified, then the manifest."""
@@ -260,8 +266,10 @@ class PartPublisher(Publisher):
                 continue  # this node's files of a published checkpoint (HF's rng_state_R.pth): owed nothing
             if not e.complete:
                 out.append(f"{name_}: {e.name} (incomplete: {e.why})")
-            elif e.name in self.stale:
-                continue  # older here than the version on persistent storage (a restored copy the run moved past): superseded, owed nothing
+            elif e.name in self.stale or done is not None and self._behind_published(e, done):
+                # older here than the version on persistent storage (a restored copy the run moved
+                # past), also when that version was published in this very pass (the last one)
+                continue
             elif done is not None and done.same_content(e.snap):
                 continue
             elif (conflict := self.gather.conflict(e.name)) is not None:

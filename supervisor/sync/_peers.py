@@ -396,8 +396,10 @@ def wanted(want: str | Mapping[str, Any] | None) -> tuple[str | None, dict[str, 
     nodes that hold its files)."""
     if want is None or isinstance(want, str):
         return want, None, None
+    if want.get("checkpoint") is None:  # nothing to restore (every version passed over)
+        return None, None, None
     name = str(want["checkpoint"])
-    doc = {k: v for k, v in want.items() if k not in ("holders", "source", "silent")} \
+    doc = {k: v for k, v in want.items() if k not in ("holders", "source", "silent", "passed_over")} \
         if want.get("source") == "nodes" else None
     return name, doc, want.get("holders") or {}
 

@@ -27,7 +27,7 @@ import anyio
 
 from supervisor.bell import LINKED_LOOK_S, Bell
 from supervisor.sync import _fsops
-from supervisor.sync._aside import set_aside, set_aside_versions
+from supervisor.sync._aside import set_aside, set_aside_names, set_aside_versions
 from supervisor.sync._assembly import Assembly
 from supervisor.sync._complete import STAGING_PREFIX, Listing
 from supervisor.sync._fill import ChoiceUnverified
@@ -317,6 +317,8 @@ class _PerNode:
             return {self.pair.name: name}
         want, said = choose_across(held, self.pair.nodes, name, self.host.restorer.chosen, silent=self.host.restorer.slow,
                                    copies=kept)
+        if without:  # every node moves those aside: none is left where a rank would load the newest it finds
+            want = {**(want or {"checkpoint": None, "source": None}), "passed_over": sorted(without)}
         self.emit("restore-choice", pair=self.pair.name, **said, **({"excluded": sorted(without)} if without else {}))
         return {self.pair.name: want}
 
@@ -333,6 +335,9 @@ class _PerNode:
         if isinstance(want, Mapping) and want.get("silent"):
             self.host.restorer.slow = True  # the leader waited for the persistent side in vain: no second wait here
         why = "not the version every node restores: set aside"
+        if isinstance(want, Mapping) and want.get("passed_over"):
+            await to_thread(set_aside_names, self.pair, self.node, self.emit, list(want["passed_over"]),
+                            "passed over: no copy of it verified on some node")
         await to_thread(set_aside, self.pair, self.node, self.emit, why, keep=name)
         await to_thread(set_aside_versions, self.pair, self.node, self.emit, why, keep=name if doc is not None else None)
         peers = remote(self.book, self.pair.name, name, holders, self.pair.nodes) if name else []

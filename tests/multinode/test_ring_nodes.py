@@ -17,6 +17,10 @@ ranks' shards of every checkpoint saved since the store hung. In the attempt on 
 * once the store answers again the job completes, and its final weights equal an
   uninterrupted run's, bit for bit.
 
+The same with a directory pair whose destination refuses every write from then until the
+spare's training runs (``chattr -R +i``: a filesystem at quota, a read-only remount): the
+versions saved meanwhile are published once it takes writes again.
+
 Without the ring node 1's part of those checkpoints dies with n2, and the attempt resumes from
 the last published one (this test fails). The long set (about 4 minutes):
 
@@ -27,6 +31,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -47,19 +53,46 @@ pytestmark = [pytest.mark.slow,
 STEPS, EVERY = 60, 5
 
 
+class Refusing:
+    """The directory pair's destination refuses every write while paused: ``chattr -R +i``
+    (immutable: not even root creates an entry in it; every node sees it, as a filesystem at
+    quota or a read-only remount would be seen)."""
+
+    def __init__(self, where: Path) -> None:
+        self.where = where
+
+    def pause(self) -> None:
+        subprocess.run(["chattr", "-R", "+i", str(self.where)], check=True, capture_output=True)
+
+    def resume(self) -> None:
+        subprocess.run(["chattr", "-R", "-i", str(self.where)], check=True, capture_output=True)
+
+    def down(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("persistent", ["store", "directory"])
 def test_a_dcp_nodes_shards_come_back_from_its_partners_copy_while_the_store_hangs(
-        cluster4: SlurmCluster, tmp_path: Path) -> None:
+        cluster4: SlurmCluster, tmp_path: Path, persistent: str) -> None:
     torch = pytest.importorskip("torch")
-    skip_without_s3()
     c = cluster4
     t0 = time.monotonic()
-    server, bucket, env = on_cluster(c, tmp_path, "ring")
+    if persistent == "store":
+        skip_without_s3()
+        server, bucket, env = on_cluster(c, tmp_path, "ring")
+        to = bucket.url("ring/ckpt")
+    else:
+        if shutil.which("chattr") is None:
+            pytest.skip("needs chattr (e2fsprogs) to make the destination refuse writes")
+        to, env = f"{c.shared}/persist/ckpt", {}
+        Path(to).mkdir(parents=True, exist_ok=True)
+        server = Refusing(Path(to))  # type: ignore[assignment]
     paused = False
     try:
         run, progress, final, out = c.shared / "run", c.shared / "progress.jsonl", c.shared / "final.pt", c.shared / "job.out"
         cfg = c.shared / "run.toml"
         cfg.write_text('spare_nodes = 1\n\n'
-                       f'[[sync]]\nname = "ckpt"\nfrom = "{c.local}/ckpt"\nto = "{bucket.url("ring/ckpt")}"\n'
+                       f'[[sync]]\nname = "ckpt"\nfrom = "{c.local}/ckpt"\nto = "{to}"\n'
                        'nodes = "auto"\nsettle = "1s"\nrestore = true\n')
         script = JOB.format(repo=ROOT, python=sys.executable, cfg=cfg, run=run,
                             torchrun=Path(sys.executable).parent / "torchrun", train=Path(__file__).parent / "train_dcp.py",
