@@ -163,7 +163,6 @@ class PartPublisher(Publisher):
         self.stale[e.name] = self.seen[e.name] = e.snap
         return False
 
-
     def _behind_published(self, e: Entry, there: Snap | None) -> bool:
         """Is this node's ``e`` older than ``there``, the version of its name published (by
         another node), and unchanged here since this node accounted for it? Then it is
