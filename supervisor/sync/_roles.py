@@ -30,6 +30,7 @@ from supervisor.sync import _fsops
 from supervisor.sync._aside import set_aside, set_aside_versions
 from supervisor.sync._assembly import Assembly
 from supervisor.sync._complete import STAGING_PREFIX, Listing
+from supervisor.sync._dirside import DirParts, DirSide
 from supervisor.sync._partpublish import Gather, Handover, PartPublisher
 from supervisor.sync._peers import COPIES, PERSISTENT_WAIT_S, SLOW_LOOK_S, Book, across, choose_across, copies, holdings, remote, wanted
 from supervisor.sync._parts import PARTS_DIR, go_path, parts_root, taken, waiting
@@ -38,6 +39,7 @@ from supervisor.sync._publish import Publisher
 from supervisor.sync._restore import Restorer
 from supervisor.sync._ring import Ring
 from supervisor.sync._schedule import Schedule
+from supervisor.sync._side import Ledger
 from supervisor.sync._space import SpaceWatch
 from supervisor.sync._state import PairState, to_thread
 from supervisor.sync._versions import version_of
@@ -121,8 +123,9 @@ class Single:
 
     def compose(self, host: Host, *, on_publish: Callable[..., None], ours: set[str] | None) -> Publisher:
         self.host = host
-        return Publisher(host.state, rescan=host.rescan, recheck=host.schedule.recheck, on_publish=on_publish,
-                         ours=ours, wanted=host.schedule.wanted)
+        ledger = Ledger(host.state, ours)
+        return Publisher(host.state, DirSide(host.state, rescan=host.rescan), ledger=ledger,
+                         recheck=host.schedule.recheck, on_publish=on_publish, wanted=host.schedule.wanted)
 
     def rules(self, profile: Profile | None, local: bool) -> Profile | None:
         return profile
@@ -215,8 +218,10 @@ class _PerNode:
     def compose(self, host: Host, *, on_publish: Callable[..., None], ours: set[str] | None) -> Publisher:
         self.host = host
         self.pair, self.emit = host.state.pair, host.state.emit
-        self.parts = PartPublisher(host.state, node=self.node, rescan=host.rescan, recheck=host.schedule.recheck,
-                                   on_publish=on_publish, gather=self._gather)
+        self.parts = PartPublisher(host.state, DirSide(host.state, rescan=host.rescan),
+                                   DirParts(host.state, node=self.node, rescan=host.rescan), ledger=Ledger(host.state),
+                                   node=self.node, recheck=host.schedule.recheck, on_publish=on_publish,
+                                   gather=self._gather)
         return self.parts
 
     def rules(self, profile: Profile | None, local: bool) -> Profile | None:

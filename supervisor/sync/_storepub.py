@@ -1,6 +1,7 @@
 """Checkpoint publishing and restore where the persistent side is an object store.
 
-The publisher is ``_publish.Publisher`` with another destination: a checkpoint's files are
+``StoreSide`` is the persistent side (``_side.Side``) that ``_publish.Publisher`` is given for
+an ``s3://`` pair: a checkpoint's files are
 uploaded concurrently under their keys, checked against the local side once more, and only
 then does its manifest land (``_manifest.py``), with ``If-None-Match: *`` for a name this run
 never published and ``If-Match`` on the ETag read before for a new version of its own. A
@@ -18,7 +19,7 @@ import secrets
 from functools import partial
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import anyio
 
@@ -28,11 +29,11 @@ from supervisor.sync._manifest import (
     MANIFESTS, POINTERS, checkpoint_doc, claim_rel, data_rel, dumps, entry_of, loads, manifest_rel, pointer_doc, pointer_of,
     pointer_rel, profile_of,
 )
-from supervisor.sync._publish import RECOPY_TRIES, Publisher
 from supervisor.sync._content import holds_version
 from supervisor.sync._fill import Fetch, Mismatch, Unverified, fill, local_candidates
 from supervisor.sync._peers import PERSISTENT_WAIT_S
 from supervisor.sync._restore import Restorer, same_files, is_newer, newest
+from supervisor.sync._side import RECOPY_TRIES, Landed, Ledger
 from supervisor.sync._state import PairState, to_thread
 from supervisor.sync._backend import first_failure
 from supervisor.sync._store import BATCH_BYTES, BATCH_FILES, SMALL, Changed, Exists, Store, StoreError
@@ -118,24 +119,22 @@ class StoreManifests:
 
 
 class StoreSide:
-    """The persistent side of a publisher as an object store: what ``Publisher`` asks of a
-    directory (``_there``, ``_drop``, ``_pointer_there``, ``_write_pointer``), answered from
-    manifests, and the conditional put of one (``commit``)."""
+    """The persistent side as an object store (``_side.Side``): what publishing asks of it,
+    answered from manifests, and the conditional put of one (``commit``). ``ledger``: what
+    this run directory may replace and what it refused (``_side.Ledger``, the publisher's
+    too); ``rescan(name)`` lists that one local entry again (blocking)."""
 
-    pair: Any
-    _owns: Any
-    _refuse: Any
-
-    def __init__(self, store: Store) -> None:
+    def __init__(self, state: PairState, store: Store, *, ledger: Ledger, rescan: Callable[[str], Listing]) -> None:
+        self.state = state
+        self.pair, self.emit = state.pair, state.emit
         self.store = store
+        self.ledger = ledger
+        self.rescan = rescan
         self.manifests = StoreManifests(store)
         self.etags: dict[str, str] = {}          # manifest (rel) → its ETag when we wrote or read it
         self.docs: dict[str, dict[str, Any]] = {}  # checkpoint → its manifest on the store
         self.pointer_docs: dict[str, dict[str, Any]] = {}  # pointer → its manifest on the store
         self.claimed: set[str] = set()            # names whose own keys this run holds
-
-    async def _there(self, name: str) -> Snap | None:
-        return await self.there(name)
 
     async def there(self, name: str) -> Snap | None:
         """The published version of ``name`` (its manifest, read now; kept in ``docs``), or None."""
@@ -147,29 +146,67 @@ class StoreSide:
         self.docs[name], self.etags[manifest_rel(name)] = got
         return entry_of(got[0]).snap
 
-    async def _drop(self, name: str) -> None:
+    async def drop(self, name: str) -> None:
         return None  # objects without a manifest are never restored; the next upload writes over them
 
-    async def _pointer_there(self, name: str) -> bool:
+    async def pointer_there(self, name: str) -> bool:
         got = await self.manifests.read(pointer_rel(name))
         if got is not None:
             self.etags[pointer_rel(name)] = got[1]
             self.pointer_docs[name] = got[0]
         return got is not None
 
-    async def _write_pointer(self, ptr: Pointer, target: str) -> bool:
+    async def write_pointer(self, ptr: Pointer, target: str) -> bool:
         rel = pointer_rel(ptr.name)
         if rel not in self.etags:
-            await self._pointer_there(ptr.name)
+            await self.pointer_there(ptr.name)
         was = self.pointer_docs.get(ptr.name)
         if was is not None and was.get("target") == target and pointer_of(was).content == ptr.content:
             return False  # that very pointer is there (a restored ``latest``)
         if await self.commit(rel, dumps(pointer_doc(ptr, target)), self.etags.get(rel)) is None:
-            self._refuse(ptr.name, "pointer")
+            self.ledger.refuse(ptr.name, "pointer")
             return False
         # the pointer's own bytes beside its checkpoint, for a reader by hand (the manifest decides)
         await self.store.put_bytes(self.store.key(ptr.name), target.encode() if ptr.link else ptr.content)
         return True
+
+    async def land(self, e: Entry, stats: CopyResult) -> Landed | None:
+        """Upload, re-check the local side, then the manifest. None: the checkpoint vanished,
+        stopped being complete, kept changing, or another writer's manifest is there."""
+        p = self.pair
+        rel = manifest_rel(e.name)
+        await self.there(e.name)  # the manifest there now, and its ETag: what a new version moves
+        before = self.docs.get(e.name)
+        token = await self.place(e.name, self.state.owner) if before is None or self.ledger.owns(e.name) else False
+        if token is False:
+            self.ledger.refuse(e.name)  # another run's manifest or claim is there
+            return None
+        for _attempt in range(RECOPY_TRIES):
+            try:
+                files = await upload(self.store, p.src / e.name, e, e.name, token)
+            except FileNotFoundError:
+                if await to_thread(os.path.lexists, p.src / e.name):
+                    raise
+                return None  # rotated away under the upload: not a failure
+            again: Listing = await to_thread(self.rescan, e.name)
+            now = again.entries.get(e.name)
+            if now is None or not now.complete:
+                return None
+            if now.snap.files != e.snap.files or not uploaded_whole(files, e.snap):
+                e = now  # changed while uploaded: again, before it counts
+                continue
+            stats.files += len(files)
+            stats.bytes += sum(int(f["size"]) for f in files.values())
+            doc = checkpoint_doc(e, files, profile=self.state.profile)
+            if await self.commit(rel, dumps(doc), self.etags.get(rel)) is None:
+                self.ledger.refuse(e.name)  # another run's manifest landed first
+                return None
+            await self.superseded(before, doc)
+            self.docs[e.name] = doc
+            return Landed(e, again, {"manifest": self.store.key(manifest_rel(e.name))})
+        self.emit("sync-deferred", pair=p.name, checkpoint=e.name,
+                  reason=f"changed while being uploaded, {RECOPY_TRIES} times; trying again on the next pass")
+        return None
 
     async def commit(self, rel: str, data: bytes, etag: str | None) -> str | None:
         """Put a manifest: created where none was read, else moved from the ETag read. None:
@@ -207,71 +244,6 @@ class StoreSide:
                 return False
         self.claimed.add(name)
         return None
-
-    def may_replace(self, name: str) -> bool:
-        """This run directory published ``name`` before (``Publisher._owns``)."""
-        return bool(self._owns(name))
-
-    def refuse(self, name: str) -> None:
-        self._refuse(name)
-
-
-class StorePublisher(StoreSide, Publisher):
-    """``Publisher`` whose persistent side is an object store (``pair.store``)."""
-
-    def __init__(self, state: PairState, store: Store, **kw: Any) -> None:
-        Publisher.__init__(self, state, **kw)
-        StoreSide.__init__(self, store)
-
-    async def _publish(self, e: Entry, trigger: str, stats: CopyResult) -> bool:
-        """Upload, re-check the local side, then the manifest. False: the checkpoint vanished,
-        stopped being complete, kept changing, or another writer's manifest is there."""
-        p = self.pair
-        rel = manifest_rel(e.name)
-        await self.there(e.name)  # the manifest there now, and its ETag: what a new version moves
-        before = self.docs.get(e.name)
-        token = await self.place(e.name, self.state.owner) if before is None or self._owns(e.name) else False
-        if token is False:
-            self._refuse(e.name)  # another run's manifest or claim is there
-            return False
-        for _attempt in range(RECOPY_TRIES):
-            try:
-                files = await upload(self.store, p.src / e.name, e, e.name, token)
-            except FileNotFoundError:
-                if await to_thread(os.path.lexists, p.src / e.name):
-                    raise
-                return False  # rotated away under the upload: not a failure
-            again: Listing = await to_thread(self.rescan, e.name)
-            now = again.entries.get(e.name)
-            if now is None or not now.complete:
-                return False
-            if now.snap.files != e.snap.files or not uploaded_whole(files, e.snap):
-                e = now  # changed while uploaded: again, before it counts
-                continue
-            stats.files += len(files)
-            stats.bytes += sum(int(f["size"]) for f in files.values())
-            doc = checkpoint_doc(e, files, profile=self.state.profile)
-            if await self.commit(rel, dumps(doc), self.etags.get(rel)) is None:
-                self._refuse(e.name)  # another run's manifest landed first
-                return False
-            await self.superseded(before, doc)
-            self.docs[e.name] = doc
-            self._published(e, again, trigger)
-            return True
-        self.emit("sync-deferred", pair=p.name, checkpoint=e.name,
-                  reason=f"changed while being uploaded, {RECOPY_TRIES} times; trying again on the next pass")
-        return False
-
-    def _published(self, e: Entry, again: Listing, trigger: str) -> None:
-        self.state.published[e.name] = e.snap
-        if e.name in again.sigs:
-            self.state.sigs[e.name] = again.sigs[e.name]
-        lag = round(time.time() - e.done_at, 3) if e.done_at else None
-        stray = {} if e.restorable else {"restorable": False}
-        self.emit("publish", pair=self.pair.name, checkpoint=e.name, trigger=trigger, files=len(e.snap.files),
-                  bytes=e.snap.bytes, why=e.why, lag_s=lag, manifest=self.store.key(manifest_rel(e.name)), **stray)
-        if e.restorable:
-            self.on_publish(e.done_at, (e.name, again.sigs[e.name][0]) if e.name in again.sigs else None)
 
 
 class StoreRestorer(Restorer):

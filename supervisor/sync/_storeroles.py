@@ -1,6 +1,6 @@
 """The roles of a pair whose persistent side is an object store (``to = "s3://…"``).
 
-``StoreSingle`` publishes this node's checkpoints whole (``_storepub.StorePublisher``).
+``StoreSingle`` publishes this node's checkpoints whole (``_publish.Publisher`` given a ``_storepub.StoreSide``).
 A per-node pair needs no shared filesystem at all: every node uploads its own part straight
 to the bucket, under the checkpoint's keys, then its part manifest
 (``.supervise/parts/<checkpoint>/node-K.json``); the leader (``StoreLeader``) publishes the
@@ -24,10 +24,11 @@ from supervisor.sync._complete import Entry, Listing, Pointer, Snap, natural_key
 from supervisor.sync._manifest import PARTS, checkpoint_doc, dumps, entry_of, go_rel, loads, manifest_rel, part_rel
 from supervisor.sync._assembly import Assembly
 from supervisor.sync._partpublish import Handover, PartPublisher
-from supervisor.sync._publish import RECOPY_TRIES, Publisher
+from supervisor.sync._publish import Publisher
+from supervisor.sync._side import RECOPY_TRIES, Landed, Ledger
 from supervisor.sync._roles import WAITING_POLL_S, GO_POLL_S, Host, Leader, Node, Single, settled_here
 from supervisor.sync._state import to_thread
-from supervisor.sync._storepub import StorePublisher, StoreSide, file_is, upload, uploaded_whole
+from supervisor.sync._storepub import StoreSide, file_is, upload, uploaded_whole
 from supervisor.sync._store import Store
 from supervisor.sync._versions import contains, written
 
@@ -37,8 +38,10 @@ class StoreSingle(Single):
 
     def compose(self, host: Host, *, on_publish: Callable[..., None], ours: set[str] | None) -> Publisher:
         self.host = host
-        return StorePublisher(host.state, host.state.store, rescan=host.rescan, recheck=host.schedule.recheck,
-                              on_publish=on_publish, ours=ours, wanted=host.schedule.wanted)
+        ledger = Ledger(host.state, ours)
+        side = StoreSide(host.state, host.state.store, ledger=ledger, rescan=host.rescan)
+        return Publisher(host.state, side, ledger=ledger, recheck=host.schedule.recheck, on_publish=on_publish,
+                         wanted=host.schedule.wanted)
 
     def leftovers(self) -> list[Path]:
         return []  # nothing of ours is visible on a store without a manifest
@@ -53,49 +56,52 @@ async def parts_there(store: Store) -> dict[str, set[str]]:
     return out
 
 
-class StorePartPublisher(StoreSide, PartPublisher):
-    """A per-node pair's parts, uploaded to the store: this node's files, then its part manifest."""
+class StoreParts:
+    """This node's parts of a per-node pair on an object store (``_side.PartSide``): its files
+    uploaded under the checkpoint's keys, checked, then its part manifest. ``side``: the
+    pair's ``StoreSide`` (the published manifests, this run's claims, what it may replace)."""
 
-    def __init__(self, state: Any, store: Store, **kw: Any) -> None:
-        StoreSide.__init__(self, store)  # first: PartPublisher builds its gather, which reads the store
-        PartPublisher.__init__(self, state, **kw)
+    def __init__(self, side: StoreSide, *, node: int) -> None:
+        self.side = side
+        self.state, self.pair, self.emit, self.store = side.state, side.pair, side.emit, side.store
+        self.node = node
+        self.nodes = side.pair.nodes
 
-    async def _published_as(self, e: Entry) -> tuple[Snap | None, bool] | None:
-        there = await self.there(e.name)
+    async def published_as(self, e: Entry) -> tuple[Snap | None, bool] | None:
+        there = await self.side.there(e.name)
         if there is None:
             return None
-        same = contains(there, e.snap) if e.is_dir else await to_thread(file_is, self.pair.src / e.name, self.docs[e.name])
+        same = contains(there, e.snap) if e.is_dir else await to_thread(file_is, self.pair.src / e.name, self.side.docs[e.name])
         return there, same
 
-    async def _drop_part(self, name: str) -> None:
+    async def drop_part(self, name: str) -> None:
         return None  # objects without a part manifest are never gathered; the next upload writes over them
 
-    async def _look_inside_published(self, listing: Listing) -> None:
-        """``PartPublisher``'s, asked of the published manifest: a directory incomplete here may
-        be this node's files of a checkpoint published whole (HF's ``rng_state_R.pth``)."""
-        for e in listing.entries.values():
-            known = self.inside.get(e.name)
-            if not (e.complete or not e.is_dir or (known is not None and known[0].same_content(e.snap))):
-                there = await self.there(e.name)
-                self.inside[e.name] = (e.snap, contains(there, e.snap))
+    async def inside_published(self, e: Entry) -> bool:
+        """Asked of the published manifest: a directory incomplete here may be this node's
+        files of a checkpoint published whole (HF's ``rng_state_R.pth``)."""
+        return contains(await self.side.there(e.name), e.snap)
 
-    async def _stage_part(self, e: Entry, trigger: str, stats: CopyResult) -> bool:
-        """This node's files of ``e`` uploaded, checked, then its part manifest."""
+    async def part_there(self, e: Entry) -> bool:
         p, name = self.pair, e.name
         rel = part_rel(name, self.node)
-        old = await self.manifests.read(rel)
+        old = await self.side.manifests.read(rel)
         if old is not None and entry_of(old[0]).snap.same_content(e.snap) and old[0].get("nodes") == self.nodes:
-            self.parted[name] = self.seen[name] = e.snap  # written by an earlier attempt, from these very files
             return True
         if old is not None:
             await self.store.delete([self.store.key(rel)])
             self.emit("part-withdrawn", pair=p.name, checkpoint=name, node=self.node,
                       reason="this node's files changed after its part was written; uploading it again")
-        self.parted.pop(name, None)
-        token = await self.place(name, self.state.owner)
+        return False
+
+    async def stage_part(self, e: Entry, stats: CopyResult) -> Landed | None:
+        """This node's files of ``e`` uploaded, checked, then its part manifest."""
+        p, name = self.pair, e.name
+        rel = part_rel(name, self.node)
+        token = await self.side.place(name, self.state.owner)
         if token is False:
-            self._refuse(name)  # another run's claim on the name
-            return False
+            self.side.ledger.refuse(name)  # another run's claim on the name
+            return None
         if token is None and not e.is_dir:
             # A single file may be whole on several nodes at once (each node's version of one
             # name): each its own place, never one key that another node's upload overwrites.
@@ -106,11 +112,11 @@ class StorePartPublisher(StoreSide, PartPublisher):
             except FileNotFoundError:
                 if await to_thread(Path.exists, p.src / name):
                     raise
-                return False
-            again: Listing = await to_thread(self.rescan, name)
+                return None
+            again: Listing = await to_thread(self.side.rescan, name)
             now = again.entries.get(name)
             if now is None or not now.complete:
-                return False
+                return None
             if not now.snap.same_content(e.snap) or not uploaded_whole(files, e.snap):
                 e = now
                 continue
@@ -118,24 +124,21 @@ class StorePartPublisher(StoreSide, PartPublisher):
             stats.bytes += sum(int(f["size"]) for f in files.values())
             doc = checkpoint_doc(e, files, profile=self.state.profile, nodes=self.nodes, extra={"node": self.node})
             await self.store.put_bytes(self.store.key(rel), dumps(doc))
-            self.part_durable(e, again, trigger)
-            return True
+            return Landed(e, again, {})
         self.emit("sync-deferred", pair=p.name, checkpoint=name, node=self.node,
                   reason=f"changed while being uploaded, {RECOPY_TRIES} times; trying again on the next pass")
-        return False
-
-    def _holds(self, there: Snap | None, local: Snap) -> bool:
-        return contains(there, local)
+        return None
 
 
 class StoreAssembly(Assembly):
     """The leader's ``Gather`` on a store (``Assembly``'s, but for): the go objects, the
     checkpoint's manifest once every part manifest is there, the pointers after it."""
 
-    def __init__(self, pub: StorePartPublisher, trigger: Callable[[str], None], tell: Callable[[str], None]) -> None:
+    def __init__(self, pub: PartPublisher, side: StoreSide, trigger: Callable[[str], None],
+                 tell: Callable[[str], None]) -> None:
         super().__init__(pub, trigger, tell)
-        self.spub = pub
-        self.store = pub.store
+        self.side = side
+        self.store = side.store
         self._went: set[str] = set()
 
     async def before_stage(self, e: Entry) -> None:
@@ -188,10 +191,10 @@ class StoreAssembly(Assembly):
                 doc = loads(got[0]) if got is not None else None
                 if doc is not None and doc.get("nodes") == self.nodes:
                     manifests[k] = doc
-        there = await self.spub.there(name)
+        there = await self.side.there(name)
         if not manifests or there is None:
             return manifests
-        pub_files = self.spub.docs[name]["files"]
+        pub_files = self.side.docs[name]["files"]
         old = [k for k, m in manifests.items()
                if all(pub_files.get(r, {}).get("sha256") == f["sha256"] for r, f in m["files"].items())
                or written(entry_of(m).snap) <= written(there)]
@@ -230,15 +233,15 @@ class StoreAssembly(Assembly):
         doc = checkpoint_doc(e, files, profile=self.state.profile, nodes=self.nodes,
                              extra={"parts": {str(k): len(m["files"]) for k, m in manifests.items()}})
         rel = manifest_rel(name)
-        before = self.spub.docs.get(name)
-        if before is not None and not self.spub.may_replace(name):
-            self.spub.refuse(name)
+        before = self.side.docs.get(name)
+        if before is not None and not self.pub.ledger.owns(name):
+            self.pub.ledger.refuse(name)
             return False
-        if await self.spub.commit(rel, dumps(doc), self.spub.etags.get(rel) if before is not None else None) is None:
-            self.spub.refuse(name)
+        if await self.side.commit(rel, dumps(doc), self.side.etags.get(rel) if before is not None else None) is None:
+            self.pub.ledger.refuse(name)
             return False
-        await self.spub.superseded(before, doc)
-        self.spub.docs[name] = doc
+        await self.side.superseded(before, doc)
+        self.side.docs[name] = doc
         self.now_published(name, entry_of(doc).snap, listing)
         await self.store.delete([self.store.key(part_rel(name, k)) for k in manifests] + [self.store.key(go_rel(name))])
         self._went.discard(name)
@@ -255,17 +258,17 @@ class StoreHandover(Handover):
     gone), this node owes nothing more for that version, and node 0's word on it is spent
     (``spent``: the leader removed the go object with the part manifests)."""
 
-    def __init__(self, pub: StorePartPublisher, tell: Callable[[str], None],
+    def __init__(self, pub: PartPublisher, store: Store, tell: Callable[[str], None],
                  spent: Callable[[str], None] = lambda name: None) -> None:
         super().__init__(pub, tell)
-        self.spub = pub
+        self.store = store
         self.spent = spent
 
     async def begin(self) -> None:
-        pub = self.spub
+        pub = self.pub
         if not pub.parted:
             return
-        there = await parts_there(pub.store)
+        there = await parts_there(self.store)
         for name in [n for n in pub.parted if f"node-{pub.node}.json" not in there.get(n, set())]:
             pub.state.published[name] = pub.parted.pop(name)
             self.spent(name)
@@ -282,9 +285,11 @@ class _OnStore:
         self.host = host
         self.pair, self.emit = host.state.pair, host.state.emit
         self.store: Store = host.state.store
-        self.parts = StorePartPublisher(host.state, self.store, node=self.node, rescan=host.rescan,
-                                        recheck=host.schedule.recheck, on_publish=on_publish,
-                                        gather=self._gather)  # type: ignore[attr-defined]
+        ledger = Ledger(host.state)
+        self.side = StoreSide(host.state, self.store, ledger=ledger, rescan=host.rescan)
+        self.parts = PartPublisher(host.state, self.side, StoreParts(self.side, node=self.node), ledger=ledger,
+                                   node=self.node, recheck=host.schedule.recheck, on_publish=on_publish,
+                                   gather=self._gather)  # type: ignore[attr-defined]
         return self.parts
 
     def leftovers(self) -> list[Path]:
@@ -295,8 +300,7 @@ class StoreLeader(_OnStore, Leader):
     """Node 0 of a per-node pair on a store."""
 
     def _gather(self, pub: PartPublisher) -> StoreAssembly:  # type: ignore[override]
-        assert isinstance(pub, StorePartPublisher)
-        assembly = StoreAssembly(pub, trigger=self.host.trigger, tell=lambda word: self.tell(word))
+        assembly = StoreAssembly(pub, self.side, trigger=self.host.trigger, tell=lambda word: self.tell(word))
         self.assembly = assembly  # type: ignore[assignment]  # what parts_watch reads of it: ``missing``
         return assembly
 
@@ -327,10 +331,9 @@ class StoreNode(_OnStore, Node):
         self.went: set[str] = set()   # checkpoints node 0 saw complete (their go objects), until taken
 
     def _gather(self, pub: PartPublisher) -> StoreHandover:  # type: ignore[override]
-        assert isinstance(pub, StorePartPublisher)
         # A part taken: the word that made it complete is spent. Kept, a directory rewritten
         # in place would be complete here at once, on the word for the version before.
-        return StoreHandover(pub, tell=lambda word: self.tell(word), spent=self.went.discard)
+        return StoreHandover(pub, self.store, tell=lambda word: self.tell(word), spent=self.went.discard)
 
     def judged(self, listing: Listing, *, settle: float, finished: bool, whole_local: bool) -> None:
         go = {n for n, e in listing.entries.items() if not e.complete and e.is_dir and n in self.went}

@@ -1,0 +1,207 @@
+"""The persistent side as a directory (``to = "/path"``): the ``_side.Side`` and ``PartSide``
+answers for a filesystem.
+
+A checkpoint is copied through a staging name (``.supervise-staging-<name>``), checked that
+nothing changed while copying, its content manifest written (``_content``), then renamed into
+place; pointers are written atomically, links as links (docs/design.md, invariant 1). A
+node's part goes under ``.supervise-parts/<name>/node-K/``, verified, then its part manifest,
+written last (``_parts.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Callable
+
+from supervisor.config import SyncPair
+from supervisor.sync import _content, _fsops, _stall
+from supervisor.sync._backend import CopyError, CopyResult
+from supervisor.sync._complete import STAGING_PREFIX, Entry, Listing, Pointer, Snap, identical, matches, snapshot
+from supervisor.sync._exclude import within
+from supervisor.sync._parts import manifest_path, manifest_snap, part_dir, read_manifest, withdraw, write_manifest
+from supervisor.sync._side import RECOPY_TRIES, Landed
+from supervisor.sync._state import PairState, to_thread
+from supervisor.sync._versions import contains
+
+
+def inside_published(p: SyncPair, e: Entry) -> bool:
+    """Are this node's files of ``e`` all in the published ``e.name`` (same size and mtime)?
+    Blocking: a stat of the persistent side's files."""
+    if not os.path.lexists(p.dst / e.name):
+        return False
+    return contains(snapshot(p.dst / e.name, within(e.name, p.exclude)), e.snap)
+
+
+class DirSide:
+    """Whole checkpoints into a directory. ``rescan(name)`` lists that one local entry again
+    (blocking), to tell a copy of a checkpoint that changed meanwhile."""
+
+    def __init__(self, state: PairState, *, rescan: Callable[[str], Listing]) -> None:
+        self.state = state
+        self.pair, self.emit, self.backend = state.pair, state.emit, state.backend
+        self.rescan = rescan
+
+    async def there(self, name: str) -> Snap | None:
+        return await to_thread(snapshot, self.pair.dst / name, within(name, self.pair.exclude))
+
+    async def drop(self, name: str) -> None:
+        await to_thread(_fsops.remove_ours, self.pair.dst / f"{STAGING_PREFIX}{name}")
+
+    async def pointer_there(self, name: str) -> bool:
+        return await to_thread(os.path.lexists, self.pair.dst / name)
+
+    async def write_pointer(self, ptr: Pointer, target: str) -> bool:
+        p = self.pair
+        if ptr.link:
+            return await to_thread(_fsops.write_link, p.dst / ptr.name, target)
+        return await to_thread(_fsops.write_atomic, p.dst / ptr.name, ptr.content, ptr.mtime_ns, fsync=p.fsync,
+                               mode=ptr.mode)
+
+    async def land(self, e: Entry, stats: CopyResult) -> Landed | None:
+        """Stage, verify, rename."""
+        p = self.pair
+        src, final = p.src / e.name, p.dst / e.name
+        staging = p.dst / f"{STAGING_PREFIX}{e.name}"
+        # Staging left by a killed run is resumed (rsync skips what is already whole) but then
+        # always verified: it may hold files the source no longer has.
+        with _stall.op(f"claim {staging}"):
+            leftover = await to_thread(_fsops.claim_staging, staging, is_dir=e.is_dir)
+        for attempt in range(RECOPY_TRIES):
+            got = CopyResult()
+            try:
+                if e.is_dir:
+                    # the snapshot's files, not a second walk; shared among the copy streams
+                    got += await self.backend.copy_tree(src, staging, exclude=within(e.name, p.exclude), skip=e.markers, fsync=p.fsync,
+                                                        fresh=not leftover, files=e.snap.files, hash=True)
+                    got.bytes += await to_thread(_fsops.copy_markers, src, staging, e.markers, fsync=p.fsync)
+                    got.files += len(e.markers)
+                else:
+                    got += await self.backend.copy_file(src, staging, fsync=p.fsync, hash=True)
+            except (CopyError, FileNotFoundError):
+                if await to_thread(os.path.lexists, src):
+                    raise
+                # the whole checkpoint was rotated away under the copier: not a failure
+                await to_thread(_fsops.remove_ours, staging)
+                return None
+            stats += got
+            try:  # hashed before the rescan, so a file changed meanwhile is caught by it
+                hashes = await to_thread(_content.hash_files, src, e.snap, got.hashes)
+            except FileNotFoundError:
+                hashes = None
+            again: Listing = await to_thread(self.rescan, e.name)
+            now = again.entries.get(e.name)
+            if now is None or not now.complete or hashes is None:  # rotated away, or not what we thought: not a failure
+                await to_thread(_fsops.remove_ours, staging)
+                return None
+            if now.snap.files != e.snap.files:  # changed while copied: copy again before it counts (no copies of 100 000-entry dicts)
+                e = now
+                continue
+            # A clean first copy of an unchanged source is whole (the copier exits non-zero
+            # otherwise); a retry into a used staging area, or files that vanished, get checked.
+            if attempt or got.vanished or leftover:
+                staged = await to_thread(snapshot, staging, within(e.name, p.exclude))
+                if not matches(staged, e.snap):
+                    await to_thread(_fsops.prune_staging, staging, e.snap)
+                    continue
+            # the content manifest before the rename: every version published has one (``_content``)
+            doc = _content.doc_for(e, e.snap, hashes, profile=self.state.profile)
+            with _stall.op(f"write the manifest of {final}"):
+                await to_thread(_content.write, p.dst, doc, fsync=p.fsync)
+            with _stall.op(f"rename {staging} to {final}"):
+                await to_thread(_fsops.swap_in, staging, final, is_dir=e.is_dir, fsync=p.fsync)
+            return Landed(e, again, {})
+        self.emit("sync-deferred", pair=p.name, checkpoint=e.name,
+                  reason=f"changed while being copied, {RECOPY_TRIES} times; trying again on the next pass")
+        return None
+
+
+class DirParts:
+    """This node's parts of a per-node pair in the shared directory (``_parts.py``)."""
+
+    def __init__(self, state: PairState, *, node: int, rescan: Callable[[str], Listing]) -> None:
+        self.state = state
+        self.pair, self.emit, self.backend = state.pair, state.emit, state.backend
+        self.node = node
+        self.nodes = state.pair.nodes
+        self.rescan = rescan
+
+    async def published_as(self, e: Entry) -> tuple[Snap | None, bool] | None:
+        p = self.pair
+        if not await to_thread(os.path.lexists, p.dst / e.name):
+            return None
+        there = await to_thread(snapshot, p.dst / e.name, within(e.name, p.exclude))
+        return there, await to_thread(self._same, e, there)
+
+    def _same(self, e: Entry, there: Snap | None) -> bool:
+        """Does the published ``e.name`` hold this node's ``e``? A directory: this node's files
+        among every node's; a file: that very version (``identical``). Blocking."""
+        if e.is_dir:
+            return contains(there, e.snap)
+        return identical(self.pair.src / e.name, self.pair.dst / e.name, e.snap, there)
+
+    async def inside_published(self, e: Entry) -> bool:
+        return await to_thread(inside_published, self.pair, e)
+
+    async def drop_part(self, name: str) -> None:
+        await to_thread(shutil.rmtree, part_dir(self.pair.dst, name, self.node), True)
+
+    async def part_there(self, e: Entry) -> bool:
+        p, name = self.pair, e.name
+        old = await to_thread(read_manifest, manifest_path(p.dst, name, self.node))
+        if old is not None and manifest_snap(old).same_content(e.snap) and old.get("nodes") == self.nodes:
+            return True
+        if await to_thread(withdraw, p.dst, name, self.node):
+            self.emit("part-withdrawn", pair=p.name, checkpoint=name, node=self.node,
+                      reason="this node's files changed after its part was written; copying it again")
+        return False
+
+    async def stage_part(self, e: Entry, stats: CopyResult) -> Landed | None:
+        """This node's files of ``e`` into its part directory, verified, then the manifest."""
+        p = self.pair
+        name = e.name
+        src, pdir = p.src / name, part_dir(p.dst, name, self.node)
+        leftover = await to_thread(os.path.lexists, pdir)
+        await to_thread(pdir.mkdir, parents=True, exist_ok=True)
+        for attempt in range(RECOPY_TRIES):
+            got = CopyResult()
+            try:
+                if e.is_dir:
+                    got += await self.backend.copy_tree(src, pdir, exclude=within(e.name, p.exclude), skip=e.markers, fsync=p.fsync,
+                                                        hash=True)
+                    got.bytes += await to_thread(_fsops.copy_markers, src, pdir, e.markers, fsync=p.fsync)
+                    got.files += len(e.markers)
+                else:
+                    got += await self.backend.copy_file(src, pdir / name, fsync=p.fsync, hash=True)
+            except (CopyError, FileNotFoundError):
+                if await to_thread(os.path.lexists, src):
+                    raise
+                await to_thread(shutil.rmtree, pdir, True)  # rotated away under the copier
+                return None
+            stats += got
+            try:  # hashed before the rescan, so a file changed meanwhile is caught by it
+                hashes = await to_thread(_content.hash_files, src, e.snap, got.hashes)
+            except FileNotFoundError:
+                hashes = None
+            again: Listing = await to_thread(self.rescan, name)
+            now = again.entries.get(name)
+            if now is None or not now.complete or hashes is None:
+                await to_thread(shutil.rmtree, pdir, True)
+                return None
+            if not now.snap.same_content(e.snap):
+                e = now
+                continue
+            if attempt or got.vanished or leftover:
+                staged = await to_thread(snapshot, pdir if e.is_dir else pdir / name, within(e.name, p.exclude))
+                if not matches(staged, e.snap):
+                    if e.is_dir:
+                        await to_thread(_fsops.prune_staging, pdir, e.snap)
+                    continue
+            if p.fsync:
+                await to_thread(_fsops.fsync_dir, pdir)
+            await to_thread(write_manifest, p.dst, name, self.node, self.nodes, e.snap, is_dir=e.is_dir,
+                            markers=e.markers, why=e.why, done_at=e.done_at, hashes=hashes)
+            return Landed(e, again, {})
+        self.emit("sync-deferred", pair=p.name, checkpoint=name, node=self.node,
+                  reason=f"changed while being copied, {RECOPY_TRIES} times; trying again on the next pass")
+        return None

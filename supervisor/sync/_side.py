@@ -1,0 +1,106 @@
+"""The persistent side of one pair as its jobs ask it: a port, chosen once per pair.
+
+As httpx's client takes a transport instead of being subclassed per transport, the
+publishers (``_publish.Publisher``, ``_partpublish.PartPublisher``) take the persistent side
+they are given and never ask which kind it is. ``Side`` is what publishing whole checkpoints
+asks of it, ``PartSide`` what staging one node's parts asks. A directory answers them in
+``_dirside.py``, an object store in ``_storepub.py`` (publish) and ``_storeroles.py``
+(parts); a new kind of persistent storage is one more implementation of the same questions.
+
+What a side needs of the publisher (may this run replace a name, refuse it) is the
+``Ledger`` both are given, never an attribute of the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from supervisor.sync._backend import CopyResult
+from supervisor.sync._complete import Entry, Listing, Pointer, Snap
+from supervisor.sync._state import PairState
+
+RECOPY_TRIES = 3  # a version that changed while copied is copied again at most this often per pass
+
+
+@dataclass
+class Landed:
+    """A version that is on the persistent side now: ``entry`` as published (the last copy's),
+    ``again`` the local side's listing of it after the copy, ``fields`` what the ``publish``
+    (or ``part``) event says besides (an object store: its ``manifest`` key)."""
+
+    entry: Entry
+    again: Listing
+    fields: dict[str, Any]
+
+
+class Ledger:
+    """What this run directory may replace on the persistent side, and what it refused there:
+    the publisher's facts that a side needs, handed to both explicitly. ``ours``: names this
+    run directory published in earlier attempts (None: history unknown, every entry may be
+    replaced as before)."""
+
+    def __init__(self, state: PairState, ours: set[str] | None = None) -> None:
+        self.state = state
+        self.ours = ours
+        self.refused: set[str] = set()
+        self.pointers_done: dict[str, bytes] = {}  # pointer → the content published
+
+    def owns(self, name: str) -> bool:
+        """This run directory published ``name`` (a checkpoint, or a pointer or link, in this
+        attempt or an earlier one), whatever it has turned into since (a Lightning
+        ``last.ckpt`` link replaced by a regular file): it may replace it (issue 22)."""
+        return self.ours is None or name in self.ours or name in self.state.published or name in self.pointers_done
+
+    def refuse(self, name: str, what: str = "checkpoint") -> None:
+        """An entry of that name is on the persistent side and this run never published it
+        (another run's, sharing the directory): it is never replaced. Journaled once; the
+        local one stays pending, so ``end.not_durable`` and the report name it."""
+        if name not in self.refused:
+            self.refused.add(name)
+            self.state.emit("sync-refused", pair=self.state.pair.name, checkpoint=name, what=what,
+                            why="on the persistent side already and not published by this run directory: not replaced")
+
+
+class Side(Protocol):
+    """The persistent side as publishing whole checkpoints asks it."""
+
+    async def there(self, name: str) -> Snap | None:
+        """What the persistent side holds under ``name`` (None: nothing)."""
+
+    async def drop(self, name: str) -> None:
+        """A failed publish's leftovers (never published, so ours)."""
+
+    async def pointer_there(self, name: str) -> bool:
+        """Is a pointer or link of that name on the persistent side?"""
+
+    async def write_pointer(self, ptr: Pointer, target: str) -> bool:
+        """The pointer or link on the persistent side, as the local one; False: it was there
+        already (or, refused, it is another run's)."""
+
+    async def land(self, e: Entry, stats: CopyResult) -> Landed | None:
+        """Stage, verify and commit ``e`` (copies add to ``stats``): after it, the version is
+        published whole, or not at all. None: it vanished, stopped being complete, kept
+        changing (journaled), or another run holds the name (refused)."""
+
+
+class PartSide(Protocol):
+    """The persistent side as staging one node's parts of a per-node pair asks it."""
+
+    async def published_as(self, e: Entry) -> tuple[Snap | None, bool] | None:
+        """``e.name`` on persistent storage, if it is there: (its snapshot, whether it holds
+        this node's ``e``)."""
+
+    async def inside_published(self, e: Entry) -> bool:
+        """Are this node's files of ``e`` (incomplete here) all in the published ``e.name``?"""
+
+    async def part_there(self, e: Entry) -> bool:
+        """Is this node's part of ``e`` staged already, from these very files (an earlier
+        attempt)? An older part of this node's is withdrawn (``part-withdrawn``)."""
+
+    async def stage_part(self, e: Entry, stats: CopyResult) -> Landed | None:
+        """This node's files of ``e`` staged, verified, then its part manifest. None: it
+        vanished, stopped being complete, kept changing (journaled), or refused."""
+
+    async def drop_part(self, name: str) -> None:
+        """A part that failed to stage (never published): dropped."""
