@@ -1,26 +1,30 @@
-"""The persistent side as a directory (``to = "/path"``): the ``_side.Side`` and ``PartSide``
-answers for a filesystem.
+"""The persistent side as a directory (``to = "/path"``): the ``_side.Side``, ``PartSide`` and
+``RestoreSide`` answers for a filesystem.
 
 A checkpoint is copied through a staging name (``.supervise-staging-<name>``), checked that
 nothing changed while copying, its content manifest written (``_content``), then renamed into
 place; pointers are written atomically, links as links (docs/design.md, invariant 1). A
 node's part goes under ``.supervise-parts/<name>/node-K/``, verified, then its part manifest,
-written last (``_parts.py``).
+written last (``_parts.py``). A restore fills a version from the nearest copy that verifies
+against its content manifest (``_fill``).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from typing import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
 
 from supervisor.config import SyncPair
 from supervisor.sync import _content, _fsops, _stall
 from supervisor.sync._backend import CopyError, CopyResult
 from supervisor.sync._complete import STAGING_PREFIX, Entry, Listing, Pointer, Snap, identical, matches, snapshot
 from supervisor.sync._exclude import within
+from supervisor.sync._fill import Fetch, Mismatch, Unverified, copy_verified, fill, local_candidates
 from supervisor.sync._parts import manifest_path, manifest_snap, part_dir, read_manifest, withdraw, write_manifest
-from supervisor.sync._side import RECOPY_TRIES, Landed
+from supervisor.sync._side import RECOPY_TRIES, Brought, Landed, same_files
 from supervisor.sync._state import PairState, to_thread
 from supervisor.sync._versions import contains
 
@@ -205,3 +209,93 @@ class DirParts:
         self.emit("sync-deferred", pair=p.name, checkpoint=name, node=self.node,
                   reason=f"changed while being copied, {RECOPY_TRIES} times; trying again on the next pass")
         return None
+
+
+class DirRestore:
+    """A restore from a directory (``_side.RestoreSide``): its listing is a scan judged as
+    finished (``judge``, blocking); a version comes back from the nearest copy that verifies
+    against its content manifest (``_content``), or, published before manifests, copied
+    whole through a local staging name, sizes and mtimes trusted."""
+
+    unverified_as = "unverified"
+    none_verified = "no checkpoint on persistent storage verifies against its manifest"
+    repoints_kept = True
+
+    def __init__(self, state: PairState, *, judge: Callable[[Path], Listing]) -> None:
+        self.state = state
+        self.pair, self.emit, self.backend = state.pair, state.emit, state.backend
+        self.judge = judge
+
+    async def listing(self, doc: Mapping[str, Any] | None, slow: bool) -> tuple[Listing, dict[str, Any]]:
+        return await to_thread(self.judge, self.pair.dst), {}
+
+    def failed_reason(self, chosen: bool) -> str:
+        return ("no copy of the version every node restores verifies here" if chosen
+                else "no copy of it verifies against its manifest: the next newest is tried")
+
+    def unfit(self, name: str, u: Unverified) -> Exception:
+        return CopyError(f"{name}: {u}")
+
+    async def bring(self, best: Entry, docs: Mapping[str, Any], listing: Listing, local: Listing, *,
+                    keep_newer: bool, doc: Mapping[str, Any] | None,
+                    peers: Sequence[tuple[str, Fetch]]) -> Brought:
+        """``best`` onto local disk: from the nearest copy that verifies against its content
+        manifest (``_fill``), else, for a version published before manifests, as before.
+        ``doc``: a version only the nodes hold; persistent storage serves it only where its
+        published copy of that name has the very same bytes."""
+        p = self.pair
+        dest = p.src / best.name
+        there = listing.entries.get(best.name)
+        published = await to_thread(_content.read, p.dst, best.name)
+        published = published if there is not None and _content.describes(published, there.snap) else None
+        same = published is not None and (doc is None or same_files(published, doc))
+        doc = doc if doc is not None else published
+        if doc is not None:
+            mode = (await to_thread(os.stat, p.dst / best.name)).st_mode if same else 0o755
+            filled = await fill(doc, dest, candidates=local_candidates(p.src, best.name), peers=peers,
+                                fetch=partial(self._fetch, best.name) if same else None, mode=mode,
+                                exclude=tuple(within(best.name, p.exclude)))
+            self.emit("restore-verify", pair=p.name, checkpoint=best.name, result="verified", **filled.fields())
+            stats = CopyResult(files=sum(n for s, n in filled.files.items() if s == "persistent"),
+                               bytes=filled.came.get("persistent", 0))
+        else:
+            self.emit("restore-verify", pair=p.name, checkpoint=best.name, result="unverified",
+                      reason="no content manifest describes the persistent copy (published before issue 43, "
+                             "or renamed over since): sizes and mtimes trusted")
+            stats = await self._copy_back(best, dest, keep_newer)
+        return Brought(dest, stats, p.dst / best.name if same else "nodes", bool(stats.files))
+
+    async def _fetch(self, name: str, rel: str, f: Mapping[str, Any], target: Path) -> int:
+        """One file of ``name`` from the persistent directory, hashed as it is read."""
+        src = self.pair.dst / name
+        try:
+            return await to_thread(partial(copy_verified, src / rel if rel else src, target, size=int(f["size"]),
+                                           sha256=str(f["sha256"])))
+        except FileNotFoundError as e:
+            raise Mismatch("gone from persistent storage") from e
+
+    async def _copy_back(self, best: Entry, dest: Path, keep_newer: bool) -> CopyResult:
+        """A version without a content manifest: copied whole unless the local copy looks the
+        same (sizes and mtimes; byte for byte on a per-node pair, where it must be that very version)."""
+        p = self.pair
+        have = await to_thread(snapshot, dest, within(best.name, p.exclude))
+        stats = CopyResult()
+        same = matches(have, best.snap) if keep_newer else await to_thread(identical, dest, p.dst / best.name, have, best.snap)
+        if same:
+            return stats
+        await to_thread(p.src.mkdir, parents=True, exist_ok=True)
+        staging = p.src / f"{STAGING_PREFIX}{best.name}"
+        await to_thread(_fsops.remove_ours, staging)
+        exclude = within(best.name, p.exclude)
+        if best.is_dir:
+            stats += await self.backend.copy_tree(p.dst / best.name, staging, exclude=exclude, skip=best.markers)
+            stats.bytes += await to_thread(_fsops.copy_markers, p.dst / best.name, staging, best.markers, fsync=False)
+            stats.files += len(best.markers)
+        else:
+            stats += await self.backend.copy_file(p.dst / best.name, staging)
+        staged = await to_thread(snapshot, staging, exclude)
+        if not matches(staged, best.snap):
+            await to_thread(_fsops.remove_ours, staging)
+            raise CopyError(f"restored copy of {best.name} does not match the persistent one")
+        await to_thread(_fsops.swap_in, staging, dest, is_dir=best.is_dir, fsync=False)
+        return stats

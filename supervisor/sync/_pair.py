@@ -29,15 +29,17 @@ from supervisor.config import SyncPair
 from supervisor.journal import Emit
 from supervisor.sync._backend import Backend, CopyError, CopyResult
 from supervisor.sync._complete import Context, Listing, Snap, classify
+from supervisor.sync._dirside import DirRestore
 from supervisor.sync._logs import LogPass
 from supervisor.sync._profiles import GENERIC, Profile, torn_file
 from supervisor.sync._restore import Restorer
 from supervisor.sync._roles import Role, Single
 from supervisor.sync import _stall
 from supervisor.sync._schedule import Schedule
+from supervisor.sync._side import RestoreSide
 from supervisor.sync._state import PairState, to_thread
 from supervisor.sync._storelogs import StoreLogs
-from supervisor.sync._storepub import StoreRestorer
+from supervisor.sync._storepub import StoreRestore
 from supervisor.sync._writers import open_for_write
 
 LOG_BATCH = 10.0  # s: while logs are written, a log pair copies what grew at most this often
@@ -71,10 +73,11 @@ class PairEngine:
         store = self.state.store
         if store is None:
             self.logs: LogPass | StoreLogs = LogPass(self.state, recheck=self.schedule.recheck)
-            self.restorer = Restorer(self.state, judge=self._judge_side, adopt_profile=self.adopt_profile)
-        else:  # an object store (``to = "s3://…"``): its own log uploads and restore
+            restore_side: RestoreSide = DirRestore(self.state, judge=self._judge_side)
+        else:  # an object store (``to = "s3://…"``): its own log uploads and restore side
             self.logs = StoreLogs(self.state, store, recheck=self.schedule.recheck)
-            self.restorer = StoreRestorer(self.state, store, judge=self._judge_side, adopt_profile=self.adopt_profile)
+            restore_side = StoreRestore(self.state, store)
+        self.restorer = Restorer(self.state, restore_side, judge=self._judge_side, adopt_profile=self.adopt_profile)
 
     # ---- what the mirror reads ------------------------------------------------------
 

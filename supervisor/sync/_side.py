@@ -2,10 +2,12 @@
 
 As httpx's client takes a transport instead of being subclassed per transport, the
 publishers (``_publish.Publisher``, ``_partpublish.PartPublisher``) take the persistent side
-they are given and never ask which kind it is. ``Side`` is what publishing whole checkpoints
-asks of it, ``PartSide`` what staging one node's parts asks. A directory answers them in
-``_dirside.py``, an object store in ``_storepub.py`` (publish) and ``_storeroles.py``
-(parts); a new kind of persistent storage is one more implementation of the same questions.
+they are given and never ask which kind it is, and so does the restorer
+(``_restore.Restorer``). ``Side`` is what publishing whole checkpoints asks of it,
+``PartSide`` what staging one node's parts asks, ``RestoreSide`` what a restore asks. A
+directory answers them in ``_dirside.py``, an object store in ``_storepub.py`` (publish,
+restore) and ``_storeroles.py`` (parts); a new kind of persistent storage is one more
+implementation of the same questions.
 
 What a side needs of the publisher (may this run replace a name, refuse it) is the
 ``Ledger`` both are given, never an attribute of the other.
@@ -14,10 +16,12 @@ What a side needs of the publisher (may this run replace a name, refuse it) is t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Mapping, Protocol, Sequence
 
 from supervisor.sync._backend import CopyResult
 from supervisor.sync._complete import Entry, Listing, Pointer, Snap
+from supervisor.sync._fill import Fetch, Unverified
 from supervisor.sync._state import PairState
 
 RECOPY_TRIES = 3  # a version that changed while copied is copied again at most this often per pass
@@ -104,3 +108,52 @@ class PartSide(Protocol):
 
     async def drop_part(self, name: str) -> None:
         """A part that failed to stage (never published): dropped."""
+
+
+@dataclass
+class Brought:
+    """A version brought back onto local disk (``RestoreSide.bring``): where, what moved from
+    the persistent side (``stats``; ``copied``: whether anything did), and the ``restore``
+    event's ``source`` (the persistent copy, or ``"nodes"``)."""
+
+    dest: Path
+    stats: CopyResult
+    source: str | Path
+    copied: bool
+
+
+class RestoreSide(Protocol):
+    """The persistent side as a restore asks it. What a restore says differs a little by side,
+    and is the side's to say: ``unverified_as``, the ``restore`` event's field naming the
+    versions skipped because no copy verified; ``none_verified``, its reason when none did;
+    ``repoints_kept``, whether a local checkpoint kept over the persistent one gets its profile
+    pointer rewritten to name it (``Restorer._repoint``)."""
+
+    unverified_as: str
+    none_verified: str
+    repoints_kept: bool
+
+    async def listing(self, doc: Mapping[str, Any] | None, slow: bool) -> tuple[Listing, dict[str, Any]]:
+        """Its checkpoints and pointers as a listing judged as finished, with the manifests
+        that describe them where it keeps them with the listing (name → document; else {}).
+        ``doc``: the leader chose a version only the nodes hold (its manifest); ``slow``: the
+        persistent side did not answer before, so a choice the nodes can serve waits no more."""
+
+    async def bring(self, best: Entry, docs: Mapping[str, Any], listing: Listing, local: Listing, *,
+                    keep_newer: bool, doc: Mapping[str, Any] | None,
+                    peers: Sequence[tuple[str, Fetch]]) -> Brought:
+        """``best`` onto local disk from the nearest copy that verifies against its manifest
+        (``_fill``), journaled (``restore-verify``). Raises ``Unverified`` when no copy does."""
+
+    def failed_reason(self, chosen: bool) -> str:
+        """``restore-verify``'s reason for a version no copy verified (``chosen``: the leader's
+        choice for every node, which is that version or nothing)."""
+
+    def unfit(self, name: str, u: Unverified) -> Exception:
+        """The error a restore of the leader's choice ``name`` ends with, when no copy verified."""
+
+
+def same_files(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Do two manifests name the same files with the same sha256?"""
+    fa, fb = a["files"], b["files"]
+    return fa.keys() == fb.keys() and all(fa[r]["sha256"] == fb[r]["sha256"] for r in fa)

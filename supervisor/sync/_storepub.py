@@ -6,9 +6,9 @@ uploaded concurrently under their keys, checked against the local side once more
 then does its manifest land (``_manifest.py``), with ``If-None-Match: *`` for a name this run
 never published and ``If-Match`` on the ETag read before for a new version of its own. A
 second run writing the same prefix is refused, never overwritten (``sync-refused``). Pointers
-are manifests too, moved the same way. The restorer chooses among the manifests, downloads in
-parallel into a local staging name, verifies each file's size and sha256, and renames it into
-place. Rules: docs/sync.md, "Object stores".
+are manifests too, moved the same way. ``StoreRestore`` is the side ``_restore.Restorer`` is
+given: it lists the manifests, downloads in parallel into a local staging name, verifies each
+file's size and sha256, and renames it into place. Rules: docs/sync.md, "Object stores".
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import math
 import os
 import secrets
 from functools import partial
-import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -32,8 +31,7 @@ from supervisor.sync._manifest import (
 from supervisor.sync._content import holds_version
 from supervisor.sync._fill import Fetch, Mismatch, Unverified, fill, local_candidates
 from supervisor.sync._peers import PERSISTENT_WAIT_S
-from supervisor.sync._restore import Restorer, same_files, is_newer, newest
-from supervisor.sync._side import RECOPY_TRIES, Landed, Ledger
+from supervisor.sync._side import RECOPY_TRIES, Brought, Landed, Ledger, same_files
 from supervisor.sync._state import PairState, to_thread
 from supervisor.sync._backend import first_failure
 from supervisor.sync._store import BATCH_BYTES, BATCH_FILES, SMALL, Changed, Exists, Store, StoreError
@@ -246,94 +244,61 @@ class StoreSide:
         return None
 
 
-class StoreRestorer(Restorer):
-    """``Restorer`` from an object store: the manifests are the persistent side's listing."""
+class StoreRestore:
+    """A restore from an object store (``_side.RestoreSide``): the manifests are its listing;
+    a version comes back from the nearest copy whose sha256 is the manifest's, downloaded
+    where no nearer one is."""
 
-    def __init__(self, state: PairState, store: Store, **kw: Any) -> None:
-        super().__init__(state, **kw)
+    unverified_as = "torn"
+    none_verified = "no checkpoint on persistent storage whose objects match its manifest"
+    repoints_kept = False
+
+    def __init__(self, state: PairState, store: Store) -> None:
+        self.state = state
+        self.pair, self.emit = state.pair, state.emit
         self.store = store
         self.manifests = StoreManifests(store)
 
-    async def choose(self) -> str | None:
-        listing, _docs = await self.manifests.listing()
-        self.adopt_profile(listing, "persistent")
-        self.chosen = best = newest(listing, self.state.profile)
-        return best.name if best is not None else None
-
-    async def run(self, want: str | None = None, *, keep_newer: bool = True, doc: Mapping[str, Any] | None = None,
-                  peers: Sequence[tuple[str, Fetch]] = ()) -> Path | None:
-        p = self.pair
-        t0 = time.monotonic()
+    async def listing(self, doc: Mapping[str, Any] | None, slow: bool) -> tuple[Listing, dict[str, Any]]:
+        """The manifests; with ``doc`` (a version only the nodes hold), its document among
+        them, marked ``_persistent`` where the store's copy of that name has the very same
+        files (then downloaded from their keys). A version only the nodes hold does not wait
+        for a store that does not answer."""
         listing, docs = Listing(), {}  # type: tuple[Listing, dict[str, Any]]
-        # a version only the nodes hold does not wait for a store that does not answer
-        with anyio.move_on_after((0.0 if self.slow else PERSISTENT_WAIT_S) if doc is not None else math.inf):
+        with anyio.move_on_after((0.0 if slow else PERSISTENT_WAIT_S) if doc is not None else math.inf):
             listing, docs = await self.manifests.listing()
-        self.adopt_profile(listing, "persistent")
-        local: Listing = await to_thread(self.judge, p.src)
-        best, mine = newest(listing, self.state.profile), newest(local, self.state.profile)
         if doc is not None:
-            best = entry_of(doc)
-            published = docs.get(best.name)
-            docs = {**docs, best.name: {**doc, "_persistent": published is not None and same_files(published, doc)}}
+            name = entry_of(doc).name
+            published = docs.get(name)
+            docs = {**docs, name: {**doc, "_persistent": published is not None and same_files(published, doc)}}
             if published is not None:
-                docs[best.name]["files"] = {r: {**f, "key": published["files"][r]["key"]} if r in published["files"] else f
-                                            for r, f in doc["files"].items()}
-        elif want is not None:
-            best = listing.entries.get(want)
-        if not keep_newer:
-            mine = None
-        if mine is not None and (best is None or is_newer(mine, best)):
-            why = (f"the local {mine.name} is newer than the persistent {best.name}" if best is not None
-                   else f"nothing on persistent storage; the local {mine.name} is complete")
-            self.emit("restore", pair=p.name, checkpoint=None, kept=mine.name, reason=f"{why}: kept, and published first")
-            return p.src / mine.name
-        if best is None:
-            self.emit("restore", pair=p.name, checkpoint=None, reason="no complete checkpoint on persistent storage")
-            return None
-        # The newest first; one whose objects are not what its manifest says (deleted by hand,
-        # overwritten by another tool) is skipped for the next newest, never restored torn.
-        # The leader's choice for every node (``want``) is that version or nothing.
-        order = [best] if want is not None or doc is not None else [best] + sorted(
-            (e for e in listing.entries.values() if e.restorable and e.name != best.name), key=lambda e: e.order,
-            reverse=True)
-        skipped: list[str] = []
-        for best in order:
-            try:
-                return await self._from_store(best, docs[best.name], listing, local, keep_newer, t0, skipped, peers)
-            except StoreError as err:
-                if want is not None or err.code not in ("EBADMSG", "ENOENT"):
-                    raise
-                skipped.append(best.name)
-        self.emit("restore", pair=p.name, checkpoint=None, torn=skipped,
-                  reason="no checkpoint on persistent storage whose objects match its manifest")
-        return None
+                docs[name]["files"] = {r: {**f, "key": published["files"][r]["key"]} if r in published["files"] else f
+                                       for r, f in doc["files"].items()}
+        return listing, docs
 
-    async def _from_store(self, best: Entry, doc: Mapping[str, Any], listing: Listing, local: Listing, keep_newer: bool,
-                          t0: float, skipped: list[str], peers: Sequence[tuple[str, Fetch]] = ()) -> Path:
+    def failed_reason(self, chosen: bool) -> str:
+        return "no copy of it verifies against its manifest"
+
+    def unfit(self, name: str, u: Unverified) -> Exception:
+        return StoreError(str(u), "EBADMSG")
+
+    async def bring(self, best: Entry, docs: Mapping[str, Any], listing: Listing, local: Listing, *,
+                    keep_newer: bool, doc: Mapping[str, Any] | None,
+                    peers: Sequence[tuple[str, Fetch]]) -> Brought:
         """``best`` onto local disk from the nearest copy whose sha256 is the manifest's: the
         node's own (live or set aside), the other nodes that hold it (``peers``), else
         downloaded (``_fill``); a version only the nodes hold is downloaded only where the
         store's copy of that name has the very same bytes."""
         p = self.pair
         dest = p.src / best.name
-        stored = bool(doc.get("_persistent", True))
-        try:
-            filled = await fill(doc, dest, candidates=local_candidates(p.src, best.name), peers=peers,
-                                fetch=self._download if stored else None)
-        except Unverified as u:
-            self.emit("restore-verify", pair=p.name, checkpoint=best.name, result="failed", failed=u.failed,
-                      reason="no copy of it verifies against its manifest")
-            raise StoreError(str(u), "EBADMSG") from u
+        version = docs[best.name]
+        stored = bool(version.get("_persistent", True))
+        filled = await fill(version, dest, candidates=local_candidates(p.src, best.name), peers=peers,
+                            fetch=self._download if stored else None)
         self.emit("restore-verify", pair=p.name, checkpoint=best.name, result="verified", **filled.fields())
-        links = await to_thread(self._restore_pointers, listing, local, best)
-        repointed = await to_thread(self._repoint, listing, best)
         got = filled.came.get("persistent", 0)
-        self.emit("restore", pair=p.name, checkpoint=best.name, to=dest,
-                  source=self.store.key(manifest_rel(best.name)) if stored else "nodes",
-                  files=filled.files.get("persistent", 0), bytes=got, seconds=round(time.monotonic() - t0, 3),
-                  copied=bool(got), why=best.why, step=best.step, pointers=links,
-                  **({"torn": skipped} if skipped else {}), **repointed)
-        return dest
+        return Brought(dest, CopyResult(files=filled.files.get("persistent", 0), bytes=got),
+                       self.store.key(manifest_rel(best.name)) if stored else "nodes", bool(got))
 
     async def _download(self, rel: str, f: Mapping[str, Any], target: Path) -> int:
         """One object of the manifest, checked against its size and sha256 as it streams."""
