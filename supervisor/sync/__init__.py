@@ -62,15 +62,9 @@ class Published:
         return self.completed_at if self.completed_at is not None else self.published_at
 
 
-def _role_for(kind: str, nodes: int, node_rank: int, parts_poll: float = 1.0, *, store: bool = False) -> Role:
-    """The role of a pair of ``kind`` written by ``nodes`` nodes, on node ``node_rank``;
-    ``store``: its persistent side is an object store (``_storeroles.py``)."""
-    if store:
-        from supervisor.sync._storeroles import StoreLeader, StoreNode, StoreSingle
-
-        if kind != "checkpoint" or nodes <= 1:
-            return StoreSingle()
-        return StoreLeader(parts_poll) if node_rank == 0 else StoreNode(node_rank, parts_poll)
+def _role_for(kind: str, nodes: int, node_rank: int, parts_poll: float = 1.0) -> Role:
+    """The role of a pair of ``kind`` written by ``nodes`` nodes, on node ``node_rank``,
+    whatever its persistent side (the engine's ``storage``, chosen in ``_pair.storage_for``)."""
     if kind != "checkpoint" or nodes <= 1:
         return Single()
     return Leader(parts_poll) if node_rank == 0 else Node(node_rank, parts_poll)
@@ -157,7 +151,7 @@ class Mirror:
             self._engines.append(PairEngine(p, self._backend, emit, every=sync_every, retry_base=retry_base,
                                             retry_cap=retry_cap, on_publish=self._count_publish,
                                             writers=writers if p.kind == "checkpoint" else None, ours=ours,
-                                            role=_role_for(p.kind, p.nodes, node_rank, parts_poll, store=p.store is not None)))
+                                            role=_role_for(p.kind, p.nodes, node_rank, parts_poll)))
             self._engines[-1].state.owner = owner
 
     @staticmethod

@@ -15,18 +15,21 @@ import os
 import shutil
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 from supervisor.config import SyncPair
 from supervisor.sync import _content, _fsops, _stall
 from supervisor.sync._backend import CopyError, CopyResult
-from supervisor.sync._complete import STAGING_PREFIX, Entry, Listing, Pointer, Snap, identical, matches, snapshot
+from supervisor.sync._complete import (STAGING_PREFIX, Entry, Listing, Pointer, Snap, identical, matches, missing_shards, natural_key,
+                                       pointer_target, snapshot)
 from supervisor.sync._exclude import within
 from supervisor.sync._fill import Fetch, Mismatch, Unverified, copy_verified, fill, local_candidates
-from supervisor.sync._parts import manifest_path, manifest_snap, part_dir, read_manifest, withdraw, write_manifest
-from supervisor.sync._side import RECOPY_TRIES, Brought, Landed, same_files
+from supervisor.sync._logs import LogPass
+from supervisor.sync._parts import (PARTS_DIR, assemble, assembled_snap, go_path, manifest_path, manifest_snap, part_dir, part_source,
+                                    parts_root, read_manifest, release_parts, taken, tidy, waiting, withdraw, write_go, write_manifest)
+from supervisor.sync._side import RECOPY_TRIES, Brought, Landed, Ledger, Whole, same_files
 from supervisor.sync._state import PairState, to_thread
-from supervisor.sync._versions import contains
+from supervisor.sync._versions import contains, written
 
 
 def inside_published(p: SyncPair, e: Entry) -> bool:
@@ -299,3 +302,164 @@ class DirRestore:
             raise CopyError(f"restored copy of {best.name} does not match the persistent one")
         await to_thread(_fsops.swap_in, staging, dest, is_dir=best.is_dir, fsync=False)
         return stats
+
+
+class DirGather:
+    """A per-node pair's gathering in the shared directory (``_side.GatherSide``): node 0's
+    word is a go file, each part a directory and its manifest (``_parts.py``), the checkpoint
+    assembled by hard links into a staging directory and renamed into place."""
+
+    def __init__(self, state: PairState, *, node: int) -> None:
+        self.state = state
+        self.pair = state.pair
+        self.node = node
+        self.nodes = state.pair.nodes
+        self.told: set[str] = set()  # node K: the checkpoints whose go file it has seen
+
+    # ---- the leader's -----------------------------------------------------------------
+
+    async def write_go(self, name: str) -> bool:
+        await to_thread(write_go, self.pair.dst, name)
+        return True
+
+    def persistent_target(self, name: str) -> str | None:
+        p = self.pair
+        try:
+            with open(p.dst / name, "rb") as f:
+                return pointer_target(name, f.read(4096), os.listdir(p.dst))
+        except OSError:
+            return None
+
+    async def parts_waiting(self) -> list[tuple[str, Any]]:
+        state = await to_thread(waiting, self.pair.dst)
+        return [(name, state[name]) for name in sorted(state, key=natural_key, reverse=True)]
+
+    async def current(self, name: str, have: Any) -> dict[int, dict[str, Any]]:
+        return await to_thread(self.current_parts, name, have)
+
+    def snap_of(self, manifest: Mapping[str, Any]) -> Snap:
+        return manifest_snap(manifest)
+
+    async def short(self, name: str, manifests: Mapping[int, Mapping[str, Any]]) -> str | None:
+        return await to_thread(self._short, name, manifests)
+
+    async def assemble(self, name: str, manifests: Mapping[int, Mapping[str, Any]], single: bool) -> Whole | None:
+        got = await to_thread(assemble, self.pair.dst, name, manifests, fsync=self.pair.fsync)
+        return Whole(assembled_snap(manifests), got.files, got.bytes, got.done_at,
+                     {"parts": {str(k): n for k, n in got.parts.items()}, "shared": got.shared, "linked": got.linked,
+                      **({"differing": got.differing} if got.differing else {})})
+
+    async def release(self, name: str, manifests: Mapping[int, Mapping[str, Any]]) -> None:
+        await to_thread(release_parts, self.pair.dst, name, manifests)
+
+    async def parts_now(self) -> tuple[Any, bool]:
+        now = await to_thread(waiting, self.pair.dst)
+        return now, bool(now)
+
+    def leftovers(self) -> list[Path]:
+        """Parts are never leftovers: other nodes may be writing them now, and a complete one
+        still counts after a requeue. An assembly staging whose parts are still there is kept
+        (it may hold files renamed out of them); the parts that checkpoints already published
+        hold are released."""
+        p = self.pair
+        parts = waiting(p.dst)
+        for name in list(parts):
+            # a newer version than the published one (the last attempt's last save, its
+            # leader gone before assembling it) still counts; the rest is released
+            if (p.dst / name).exists() and not self.current_parts(name, parts[name]):
+                del parts[name]
+        keep = {f"{STAGING_PREFIX}{n}" for n in parts} | {PARTS_DIR}
+        return [s for s in _fsops.stale_staging(p.dst) if s.name not in keep]
+
+    def _short(self, name: str, manifests: Mapping[int, Mapping[str, Any]]) -> str | None:
+        """The ranks' shards that no node's part of ``name`` holds. DeepSpeed writes
+        ``latest`` with no barrier behind the other ranks' shards, so a node's part may be
+        taken before its late rank wrote one; never published without it: that node's part
+        is taken again once its shard is there (its files changed). Blocking: reads the
+        model states' rank count."""
+        owner = {rel: node for node in sorted(manifests, reverse=True) for rel in manifest_snap(manifests[node]).files}
+        return missing_shards(assembled_snap(manifests), self.state.profile,
+                              lambda rel: part_source(self.pair.dst, name, owner[rel], rel))
+
+    def current_parts(self, name: str, have: Collection[int]) -> dict[int, dict]:
+        """The manifests of ``name`` that hold a version not yet published. Blocking. Parts
+        the published ``name`` already holds (or a newer one replaced) are released here:
+        their manifests dropped, node 0's files too (node K's part directory is node K's: it
+        may be staging a newer version there now, and reuses it)."""
+        p = self.pair
+        manifests = {k: m for k in sorted(have) if k < self.nodes
+                     and (m := read_manifest(manifest_path(p.dst, name, k))) is not None}
+        if not manifests or not os.path.lexists(p.dst / name):
+            return manifests
+        there = snapshot(p.dst / name, within(name, p.exclude))
+        old = {k: m for k, m in manifests.items() if self._superseded(name, k, m, there)}
+        if old:
+            release_parts(p.dst, name, old)
+        return {k: m for k, m in manifests.items() if k not in old}
+
+    def _superseded(self, name: str, node: int, m: dict, there: Snap | None) -> bool:
+        """Is node ``node``'s part of ``name`` the published version already, or older? A single
+        file is compared byte for byte with the published one when the two look alike
+        (``identical``); a directory's part by ``contains``. Blocking."""
+        mine = manifest_snap(m)
+        if there is None:
+            return False
+        if m.get("is_dir") is False:
+            src = part_source(self.pair.dst, name, node, "")
+            return written(mine) < written(there) or identical(src, self.pair.dst / name, mine, there)
+        return contains(there, mine) or written(mine) <= written(there)
+
+    # ---- node K's ---------------------------------------------------------------------
+
+    def said_go(self, name: str) -> bool:
+        return go_path(self.pair.dst, name).exists()
+
+    async def look(self, awaiting: set[str], parted: list[str]) -> bool:
+        said = {n for n in awaiting - self.told if await to_thread(go_path(self.pair.dst, n).exists)}
+        if said or await to_thread(taken, self.pair.dst, parted, self.node):
+            self.told |= said
+            return True
+        return False
+
+    async def taken(self, parted: list[str]) -> list[str]:
+        return await to_thread(taken, self.pair.dst, parted, self.node)
+
+    async def tidy(self, gone: list[str]) -> None:
+        await to_thread(tidy, self.pair.dst, gone, self.node)
+
+
+class Directory:
+    """A directory as one pair's persistent storage (``_side.Storage``). ``rescan(name)``
+    lists one local entry again, ``judge(root)`` a side as finished (both blocking)."""
+
+    def __init__(self, state: PairState, *, rescan: Callable[[str], Listing], judge: Callable[[Path], Listing]) -> None:
+        self.state = state
+        self.rescan = rescan
+        self.judge = judge
+
+    def whole(self, ledger: Ledger) -> DirSide:
+        return DirSide(self.state, rescan=self.rescan)
+
+    def per_node(self, ledger: Ledger, node: int) -> tuple[DirSide, DirParts, DirGather]:
+        return (DirSide(self.state, rescan=self.rescan), DirParts(self.state, node=node, rescan=self.rescan),
+                DirGather(self.state, node=node))
+
+    def restore(self) -> DirRestore:
+        return DirRestore(self.state, judge=self.judge)
+
+    def logs(self, recheck: Callable[[float], None]) -> LogPass:
+        return LogPass(self.state, recheck=recheck)
+
+    async def prepare(self) -> None:
+        dst = self.state.pair.dst
+        with _stall.op(f"mkdir {dst}"):
+            await to_thread(dst.mkdir, parents=True, exist_ok=True)
+
+    @property
+    def backend(self) -> str:
+        return self.state.backend.name
+
+    def leftovers(self) -> list[Path]:
+        """Staging leftovers; never ``.supervise-parts`` (a per-node pair's, which its nodes still count)."""
+        dst = self.state.pair.dst
+        return [s for s in _fsops.stale_staging(dst) if s != parts_root(dst)]

@@ -20,10 +20,9 @@ import anyio
 
 from supervisor.sync._backend import CopyError, CopyResult
 from supervisor.sync._complete import Entry, Listing, Pointer, Snap, natural_key
-from supervisor.sync._parts import taken, tidy
 from supervisor.sync._publish import Publisher, complete_newest_first
-from supervisor.sync._side import Ledger, PartSide, Side
-from supervisor.sync._state import PairState, to_thread
+from supervisor.sync._side import GatherSide, Ledger, PartSide, Side
+from supervisor.sync._state import PairState
 from supervisor.sync._versions import SAME_SECOND_NS, contains, written
 
 
@@ -211,19 +210,21 @@ class PartPublisher(Publisher):
 class Handover:
     """Node K's piece (``Gather``): its parts are the leader's to publish; once the leader has
     taken one (its manifest gone: published, or superseded by a newer version), this node
-    owes nothing more for that version and tidies its part directory away."""
+    owes nothing more for that version, and what it keeps of it goes (``GatherSide.tidy``:
+    its part directory; on a store, node 0's spent word)."""
 
-    def __init__(self, pub: PartPublisher, tell: Callable[[str], None] = lambda word: None) -> None:
+    def __init__(self, pub: PartPublisher, side: GatherSide, tell: Callable[[str], None] = lambda word: None) -> None:
         self.pub = pub
+        self.side = side
         self.tell = tell  # a word to the leader (conduct/link.py): a part is staged
 
     async def begin(self) -> None:
         """Inside the pass: never while this node stages."""
         pub = self.pub
-        gone = await to_thread(taken, pub.pair.dst, list(pub.parted), pub.node)
+        gone = await self.side.taken(list(pub.parted))
         for name in gone:  # published or superseded: this version is owed nothing more
             pub.state.published[name] = pub.parted.pop(name)
-        await to_thread(tidy, pub.pair.dst, gone, pub.node)
+        await self.side.tidy(gone)
 
     async def before_stage(self, e: Entry) -> None:
         return None

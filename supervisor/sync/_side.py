@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from supervisor.sync._backend import CopyResult
 from supervisor.sync._complete import Entry, Listing, Pointer, Snap
@@ -151,6 +151,108 @@ class RestoreSide(Protocol):
 
     def unfit(self, name: str, u: Unverified) -> Exception:
         """The error a restore of the leader's choice ``name`` ends with, when no copy verified."""
+
+
+
+@dataclass
+class Whole:
+    """A per-node pair's checkpoint published whole from its parts (``GatherSide.assemble``):
+    the version now published, its files and bytes, its completion time (the latest part's),
+    and what the ``publish`` event says besides (after ``nodes``)."""
+
+    version: Snap
+    files: int
+    bytes: int
+    done_at: float | None
+    fields: dict[str, Any]
+
+
+class GatherSide(Protocol):
+    """The persistent side as a per-node pair's gathering asks it: the leader's
+    (``_assembly.Assembly``, the leader's parts watch and leftovers) and node K's
+    (``_partpublish.Handover``, its parts watch and judgement). ``have``: what the side lists
+    of a checkpoint's parts (its own shape, handed back to ``current``); ``manifests``: node →
+    its part manifest."""
+
+    async def write_go(self, name: str) -> bool:
+        """Node 0's word that ``name`` is complete, for the other nodes; False: said already."""
+
+    def persistent_target(self, name: str) -> str | None:
+        """The checkpoint the persistent pointer ``name`` names, or None. Blocking."""
+
+    async def parts_waiting(self) -> list[tuple[str, Any]]:
+        """Each checkpoint with parts there, newest name first, with what is there of them."""
+
+    async def current(self, name: str, have: Any) -> dict[int, dict[str, Any]]:
+        """The part manifests of ``name`` holding a version not yet published; those the
+        published version already holds (or a newer one replaced) are released here."""
+
+    def snap_of(self, manifest: Mapping[str, Any]) -> Snap:
+        """What a part manifest says its node's files are."""
+
+    async def short(self, name: str, manifests: Mapping[int, Mapping[str, Any]]) -> str | None:
+        """The ranks' shards that no node's part of ``name`` holds (None: none missing, or not asked)."""
+
+    async def assemble(self, name: str, manifests: Mapping[int, Mapping[str, Any]], single: bool) -> Whole | None:
+        """Every part into the checkpoint, published whole or not at all. None: refused
+        (another run's). Raises ``_parts.PartConflict`` (two nodes' bytes differ at one path),
+        ``PartsChanged`` or ``FileNotFoundError`` (a node is staging its part again)."""
+
+    async def release(self, name: str, manifests: Mapping[int, Mapping[str, Any]]) -> None:
+        """After ``assemble``: the parts it took are released (their nodes see them taken)."""
+
+    async def parts_now(self) -> tuple[Any, bool]:
+        """The leader's look at every node's parts: something to compare with the last look,
+        and whether any part is there. Raises ``OSError`` when the side does not answer."""
+
+    def leftovers(self) -> list[Path]:
+        """The leader's leftovers on the persistent side to remove at start. Blocking."""
+
+    def said_go(self, name: str) -> bool:
+        """Node K: did node 0 say ``name`` is complete? Blocking."""
+
+    async def look(self, awaiting: set[str], parted: list[str]) -> bool:
+        """Node K's look: node 0 said a checkpoint in ``awaiting`` is complete, or the leader
+        took one of this node's parts (``parted``): a pass is due."""
+
+    async def taken(self, parted: list[str]) -> list[str]:
+        """Node K: those of its parts the leader has taken (published, or superseded)."""
+
+    async def tidy(self, gone: list[str]) -> None:
+        """Node K: after the parts ``gone`` were taken, what it keeps of them goes."""
+
+
+class Logs(Protocol):
+    """A log pair's pass: what grew since the last one, grown in place on the persistent side."""
+
+    async def run(self, stats: CopyResult, trigger: str, *, batch: float) -> None: ...
+
+
+class Storage(Protocol):
+    """One kind of persistent storage for one pair: the sides its jobs are given, chosen
+    once per pair (``_pair.storage_for``) and asked, never told apart."""
+
+    def whole(self, ledger: Ledger) -> Side:
+        """The side whole checkpoints are published to (a pair of one node)."""
+
+    def per_node(self, ledger: Ledger, node: int) -> tuple[Side, PartSide, GatherSide]:
+        """A per-node pair on node ``node``: where its pointers go, its parts, its gathering."""
+
+    def restore(self) -> RestoreSide:
+        """The side a restore lists and brings back from."""
+
+    def logs(self, recheck: Callable[[float], None]) -> Logs:
+        """The log pass of a log pair (``_logs.LogPass``, ``_storelogs.StoreLogs``)."""
+
+    async def prepare(self) -> None:
+        """Before each pass: the persistent side is ready to be written (a directory: made)."""
+
+    @property
+    def backend(self) -> str:
+        """What the ``sync`` event names as the pair's backend."""
+
+    def leftovers(self) -> list[Path]:
+        """A pair of one node's leftovers on the persistent side to remove at start. Blocking."""
 
 
 def same_files(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
