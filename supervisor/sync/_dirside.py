@@ -1,14 +1,15 @@
-"""The persistent side as a directory (``to = "/path"``): the ``_side.Side``, ``PartSide`` and
-``RestoreSide`` answers for a filesystem.
+"""The persistent side as a directory (``to = "/path"``): ``Directory``, the ``_side.Storage``
+a pair's jobs are given, and its answers for a filesystem (``Side``, ``PartSide``,
+``GatherSide``, ``RestoreSide``; a log pair's pass is ``_logs.LogPass``).
 
 A checkpoint is copied through a staging name (``.supervise-staging-<name>``), checked that
 nothing changed while copying, its content manifest written (``_content``), then renamed into
 place; pointers are written atomically, links as links (docs/design.md, invariant 1). A
 node's part goes under ``.supervise-parts/<name>/node-K/``, verified, then its part manifest,
-written last (``_parts.py``). A restore fills a version from the nearest copy that verifies
-against its content manifest (``_fill``).
+written last (``_parts.py``); node 0's word is a go file, and the leader assembles every
+node's part into a staging directory by hard links and renames it into place. A restore
+fills a version from the nearest copy that verifies against its content manifest (``_fill``).
 """
-
 from __future__ import annotations
 
 import os

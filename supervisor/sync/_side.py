@@ -1,18 +1,21 @@
 """The persistent side of one pair as its jobs ask it: a port, chosen once per pair.
 
 As httpx's client takes a transport instead of being subclassed per transport, the
-publishers (``_publish.Publisher``, ``_partpublish.PartPublisher``) take the persistent side
-they are given and never ask which kind it is, and so does the restorer
-(``_restore.Restorer``). ``Side`` is what publishing whole checkpoints asks of it,
-``PartSide`` what staging one node's parts asks, ``RestoreSide`` what a restore asks. A
-directory answers them in ``_dirside.py``, an object store in ``_storepub.py`` (publish,
-restore) and ``_storeroles.py`` (parts); a new kind of persistent storage is one more
-implementation of the same questions.
+publishers (``_publish.Publisher``, ``_partpublish.PartPublisher``), the leader's assembly
+and node K's hand-over (``_assembly.Assembly``, ``_partpublish.Handover``), the roles
+(``_roles.py``) and the restorer (``_restore.Restorer``) take the persistent side they are
+given and never ask which kind it is. ``Side`` is what publishing whole checkpoints asks of
+it, ``PartSide`` what staging one node's parts asks, ``GatherSide`` what gathering every
+node's parts asks, ``RestoreSide`` what a restore asks, ``Logs`` a log pair's pass.
+``Storage`` hands a pair's jobs their sides; ``_pair.storage_for`` chooses it, once. A
+directory answers them in ``_dirside.py`` (``Directory``), an object store in
+``_storeroles.py`` (``ObjectStore``, its parts and gathering) with ``_storepub.py`` (publish,
+restore) and ``_storelogs.py``; a new kind of persistent storage is one more implementation
+of the same questions.
 
 What a side needs of the publisher (may this run replace a name, refuse it) is the
 ``Ledger`` both are given, never an attribute of the other.
 """
-
 from __future__ import annotations
 
 from dataclasses import dataclass
