@@ -464,3 +464,6 @@ class Directory:
         """Staging leftovers; never ``.supervise-parts`` (a per-node pair's, which its nodes still count)."""
         dst = self.state.pair.dst
         return [s for s in _fsops.stale_staging(dst) if s != parts_root(dst)]
+
+    def content_manifest(self, name: str) -> Mapping[str, Any] | None:
+        return _content.read(self.state.pair.dst, name)

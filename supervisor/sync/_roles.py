@@ -287,7 +287,7 @@ class _PerNode:
         finally:
             host.exited = exited
         local = await to_thread(host.restorer.judge, self.pair.src)
-        mine = await to_thread(holdings, self.pair, local, host.state.profile)
+        mine = await to_thread(holdings, self.pair, local, host.state.profile, host.storage.content_manifest)
         return {**mine, COPIES: await to_thread(copies, self.pair)}
 
     async def _choice(self) -> tuple[str | None, dict[str, Any]]:

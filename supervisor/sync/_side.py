@@ -257,6 +257,11 @@ class Storage(Protocol):
     def leftovers(self) -> list[Path]:
         """A pair of one node's leftovers on the persistent side to remove at start. Blocking."""
 
+    def content_manifest(self, name: str) -> Mapping[str, Any] | None:
+        """The content manifest a directory keeps beside the published ``name`` (``_content``),
+        whose hashes spare a node rehashing its copy of that version; None where there is none
+        (an object store's manifests are read by the restore itself). Blocking."""
+
 
 def same_files(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Do two manifests name the same files with the same sha256?"""
