@@ -70,30 +70,6 @@ def _role_for(kind: str, nodes: int, node_rank: int, parts_poll: float = 1.0) ->
     return Leader(parts_poll) if node_rank == 0 else Node(node_rank, parts_poll)
 
 
-def _probe(p: SyncPair) -> str | None:
-    """An object-store pair: can this run list, write and delete under its prefix? One line,
-    exit 2, nothing started, when it cannot (the extra missing, no bucket, a wrong key, no
-    endpoint); the secret is never part of it. An endpoint that accepts and does not answer
-    (hung) is a warning: the training starts, its checkpoints wait on the nodes' disks, where a
-    restore finds them (issue 43), until the store answers."""
-    key = f"sync {p.name}.to"
-    try:
-        from supervisor.sync._store import PROBE_RETRIES, PROBE_TIMEOUT, Store, StoreError
-
-        import obstore  # noqa: F401 - the s3 extra
-    except ImportError:
-        raise ConfigError(key, p.where, "an s3:// persistent side needs the s3 extra: pip install 'supervise-hpc[s3]' (obstore)",
-                          p.origin) from None
-
-    try:
-        Store(p.store, retries=PROBE_RETRIES, timeout=PROBE_TIMEOUT).probe()
-    except StoreError as e:
-        if e.code == "ETIMEDOUT":
-            return f"sync {p.name}: {p.where} does not answer ({PROBE_TIMEOUT} a request): starting anyway"
-        raise ConfigError(key, p.where, str(e).removeprefix(f"{p.where}: "), p.origin) from None
-    return None
-
-
 def _logged(emit: Emit) -> Emit:
     """What a person must hear of (a torn checkpoint, a restore refused or failed, a pair
     that relies on quiescence alone) goes to the log as well as the journal."""
@@ -227,7 +203,7 @@ class Mirror:
             if p.kind == "checkpoint" and p.nodes > 1 and self.node_rank >= p.nodes:
                 raise ConfigError("node_rank", self.node_rank, f"expected 1 to {p.nodes - 1}: sync {p.name} has nodes = {p.nodes}")
         for eng in self._engines:
-            if probe and eng.pair.store is not None and (hung := _probe(eng.pair)) is not None:
+            if probe and (hung := eng.storage.probe()) is not None:
                 warnings.append(hung)
         return warnings
 

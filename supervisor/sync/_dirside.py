@@ -456,6 +456,9 @@ class Directory:
         with _stall.op(f"mkdir {dst}"):
             await to_thread(dst.mkdir, parents=True, exist_ok=True)
 
+    def probe(self) -> str | None:
+        return None  # a directory's sides are checked by the plan (``_checks.py``)
+
     @property
     def backend(self) -> str:
         return self.state.backend.name

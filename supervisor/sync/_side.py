@@ -250,6 +250,11 @@ class Storage(Protocol):
     async def prepare(self) -> None:
         """Before each pass: the persistent side is ready to be written (a directory: made)."""
 
+    def probe(self) -> str | None:
+        """Before anything starts: may this run write the persistent side? Raises
+        ``ConfigError`` (exit 2) when it may not; a warning line when it cannot tell (a store
+        that does not answer). Blocking."""
+
     @property
     def backend(self) -> str:
         """What the ``sync`` event names as the pair's backend."""

@@ -19,6 +19,7 @@ import secrets
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from supervisor.errors import ConfigError
 from supervisor.sync._backend import CopyResult
 from supervisor.sync._complete import Entry, Listing, Snap, natural_key
 from supervisor.sync._manifest import PARTS, checkpoint_doc, dumps, entry_of, go_rel, loads, manifest_rel, part_rel
@@ -293,6 +294,30 @@ class ObjectStore:
 
     async def prepare(self) -> None:
         return None  # a bucket has no directory to make
+
+    def probe(self) -> str | None:
+        """Can this run list, write and delete under the pair's prefix? One line, exit 2,
+        nothing started, when it cannot (the extra missing, no bucket, a wrong key, no
+        endpoint); the secret is never part of it. An endpoint that accepts and does not answer
+        (hung) is a warning: the training starts, its checkpoints wait on the nodes' disks, where a
+        restore finds them (issue 43), until the store answers."""
+        p = self.state.pair
+        key = f"sync {p.name}.to"
+        try:
+            from supervisor.sync._store import PROBE_RETRIES, PROBE_TIMEOUT, StoreError
+
+            import obstore  # noqa: F401 - the s3 extra
+        except ImportError:
+            raise ConfigError(key, p.where, "an s3:// persistent side needs the s3 extra: pip install 'supervise-hpc[s3]' (obstore)",
+                              p.origin) from None
+
+        try:
+            Store(p.store, retries=PROBE_RETRIES, timeout=PROBE_TIMEOUT).probe()
+        except StoreError as e:
+            if e.code == "ETIMEDOUT":
+                return f"sync {p.name}: {p.where} does not answer ({PROBE_TIMEOUT} a request): starting anyway"
+            raise ConfigError(key, p.where, str(e).removeprefix(f"{p.where}: "), p.origin) from None
+        return None
 
     @property
     def backend(self) -> str:
