@@ -62,42 +62,12 @@ class Published:
         return self.completed_at if self.completed_at is not None else self.published_at
 
 
-def _role_for(kind: str, nodes: int, node_rank: int, parts_poll: float = 1.0, *, store: bool = False) -> Role:
-    """The role of a pair of ``kind`` written by ``nodes`` nodes, on node ``node_rank``;
-    ``store``: its persistent side is an object store (``_storeroles.py``)."""
-    if store:
-        from supervisor.sync._storeroles import StoreLeader, StoreNode, StoreSingle
-
-        if kind != "checkpoint" or nodes <= 1:
-            return StoreSingle()
-        return StoreLeader(parts_poll) if node_rank == 0 else StoreNode(node_rank, parts_poll)
+def _role_for(kind: str, nodes: int, node_rank: int, parts_poll: float = 1.0) -> Role:
+    """The role of a pair of ``kind`` written by ``nodes`` nodes, on node ``node_rank``,
+    whatever its persistent side (the engine's ``storage``, chosen in ``_pair.storage_for``)."""
     if kind != "checkpoint" or nodes <= 1:
         return Single()
     return Leader(parts_poll) if node_rank == 0 else Node(node_rank, parts_poll)
-
-
-def _probe(p: SyncPair) -> str | None:
-    """An object-store pair: can this run list, write and delete under its prefix? One line,
-    exit 2, nothing started, when it cannot (the extra missing, no bucket, a wrong key, no
-    endpoint); the secret is never part of it. An endpoint that accepts and does not answer
-    (hung) is a warning: the training starts, its checkpoints wait on the nodes' disks, where a
-    restore finds them (issue 43), until the store answers."""
-    key = f"sync {p.name}.to"
-    try:
-        from supervisor.sync._store import PROBE_RETRIES, PROBE_TIMEOUT, Store, StoreError
-
-        import obstore  # noqa: F401 - the s3 extra
-    except ImportError:
-        raise ConfigError(key, p.where, "an s3:// persistent side needs the s3 extra: pip install 'supervise-hpc[s3]' (obstore)",
-                          p.origin) from None
-
-    try:
-        Store(p.store, retries=PROBE_RETRIES, timeout=PROBE_TIMEOUT).probe()
-    except StoreError as e:
-        if e.code == "ETIMEDOUT":
-            return f"sync {p.name}: {p.where} does not answer ({PROBE_TIMEOUT} a request): starting anyway"
-        raise ConfigError(key, p.where, str(e).removeprefix(f"{p.where}: "), p.origin) from None
-    return None
 
 
 def _logged(emit: Emit) -> Emit:
@@ -157,7 +127,7 @@ class Mirror:
             self._engines.append(PairEngine(p, self._backend, emit, every=sync_every, retry_base=retry_base,
                                             retry_cap=retry_cap, on_publish=self._count_publish,
                                             writers=writers if p.kind == "checkpoint" else None, ours=ours,
-                                            role=_role_for(p.kind, p.nodes, node_rank, parts_poll, store=p.store is not None)))
+                                            role=_role_for(p.kind, p.nodes, node_rank, parts_poll)))
             self._engines[-1].state.owner = owner
 
     @staticmethod
@@ -233,7 +203,7 @@ class Mirror:
             if p.kind == "checkpoint" and p.nodes > 1 and self.node_rank >= p.nodes:
                 raise ConfigError("node_rank", self.node_rank, f"expected 1 to {p.nodes - 1}: sync {p.name} has nodes = {p.nodes}")
         for eng in self._engines:
-            if probe and eng.pair.store is not None and (hung := _probe(eng.pair)) is not None:
+            if probe and (hung := eng.storage.probe()) is not None:
                 warnings.append(hung)
         return warnings
 

@@ -2,38 +2,27 @@
 
 Node 0 (the leader, the main ``supervise``) stages its own part like every node
 (``_partpublish.py``); besides, it says when node 0's part is complete by rank 0's own
-marker (``GO_FILE``: node K need not wait for ``settle``), and once every node's manifest of a
-checkpoint is there (one, for a single file; with every rank's shard, for DeepSpeed) it
-assembles them into the staging directory and renames it into place, then the pointers
-(``_parts.assemble``): a checkpoint appears complete or not at all (docs/design.md,
-invariant 1). Parts the published version already holds are released. While a checkpoint
+marker (the go file or object: node K need not wait for ``settle``), and once every node's
+manifest of a checkpoint is there (one, for a single file; with every rank's shard, for
+DeepSpeed) it publishes them whole, then the pointers: a checkpoint appears complete or not at
+all (docs/design.md, invariant 1). How is the persistent side's (``_side.GatherSide``): in a
+directory, assembled into the staging directory and renamed into place (``_parts.assemble``);
+on an object store, the checkpoint's manifest, the union of every node's, put conditionally.
+Parts the published version already holds are released. While a checkpoint
 waits, it says which nodes it waits for (``parts-waiting``). Rules and events: docs/sync.md,
 "Multi-node checkpoints".
 """
 
 from __future__ import annotations
 
-import os
 import time
-from typing import Any, Callable, Collection, Mapping
+from typing import Callable
 
-from supervisor.config import SyncPair
-from supervisor.sync._complete import Entry, Listing, Pointer, Snap, identical, missing_shards, natural_key, pointer_target, snapshot
-from supervisor.sync._exclude import within
+from supervisor.sync._complete import Entry, Listing, Pointer, Snap, natural_key
 from supervisor.sync._partpublish import PartPublisher
-from supervisor.sync._parts import (PartConflict, PartsChanged, assemble, assembled_snap, manifest_path, manifest_snap,
-                                    part_source, read_manifest, release_parts, waiting, write_go)
-from supervisor.sync._state import to_thread
+from supervisor.sync._parts import PartConflict, PartsChanged
+from supervisor.sync._side import GatherSide
 from supervisor.sync._versions import contains, written
-
-
-def persistent_target(p: SyncPair, name: str) -> str | None:
-    """The checkpoint the persistent pointer ``name`` names, or None. Blocking."""
-    try:
-        with open(p.dst / name, "rb") as f:
-            return pointer_target(name, f.read(4096), os.listdir(p.dst))
-    except OSError:
-        return None
 
 
 def _nodes_text(missing: list[int]) -> str:
@@ -41,12 +30,14 @@ def _nodes_text(missing: list[int]) -> str:
 
 
 class Assembly:
-    """The leader's ``Gather``: go files, assembly once every part is there, the pointers
-    after it, and what is still missing. ``trigger``: a pass once its own part is staged."""
+    """The leader's ``Gather``: node 0's word, the checkpoint once every part is there, the
+    pointers after it, and what is still missing, on the persistent side it is given
+    (``side``). ``trigger``: a pass once its own part is staged."""
 
-    def __init__(self, pub: PartPublisher, trigger: Callable[[str], None],
+    def __init__(self, pub: PartPublisher, side: GatherSide, trigger: Callable[[str], None],
                  tell: Callable[[str], None] = lambda word: None) -> None:
         self.pub = pub
+        self.side = side
         self.pair, self.emit, self.state = pub.pair, pub.emit, pub.state
         self.nodes = pub.nodes
         self.node = pub.node
@@ -62,8 +53,7 @@ class Assembly:
         return None
 
     async def before_stage(self, e: Entry) -> None:
-        if self._go_applies(e):
-            await to_thread(write_go, self.pair.dst, e.name)
+        if self._go_applies(e) and await self.side.write_go(e.name):
             self.tell("go")
 
     def staged(self) -> None:
@@ -101,21 +91,20 @@ class Assembly:
     async def _assemble_ready(self, trigger: str, published: list[str], listing: Listing) -> None:
         """Publish every checkpoint whose parts are all there (every node's manifest;
         one, for a single file), including a newer version of one published before."""
-        p = self.pair
-        state = await to_thread(waiting, p.dst)
+        p, side = self.pair, self.side
         self.missing = {}
-        for name in sorted(state, key=natural_key, reverse=True):
-            manifests = await to_thread(self.current_parts, name, state[name])
+        for name, have in await side.parts_waiting():
+            manifests = await side.current(name, have)
             if not manifests:
                 continue  # a part being copied, no manifest yet, or only older versions: nothing to say
             single = all(m.get("is_dir") is False for m in manifests.values())
             if single and len(manifests) > 1:
                 # A single file is whole on the one node that wrote it (rank 0's torch.save);
                 # two nodes' versions of one name: the newest is the checkpoint.
-                newest = max(manifests, key=lambda k: written(manifest_snap(manifests[k])))
+                newest = max(manifests, key=lambda k: written(side.snap_of(manifests[k])))
                 manifests = {newest: manifests[newest]}
             missing = [] if single else [k for k in range(self.nodes) if k not in manifests]
-            short = None if single or missing else await to_thread(self._short, name, manifests)
+            short = None if single or missing else await side.short(name, manifests)
             if short:
                 self.missing[name] = []
                 self.short[name] = short
@@ -129,7 +118,7 @@ class Assembly:
                 self.say_missing(name, sorted(manifests), missing)
                 continue
             try:
-                got = await to_thread(assemble, p.dst, name, manifests, fsync=p.fsync)
+                whole = await side.assemble(name, manifests, single)
             except PartConflict as c:
                 if self.conflicts.get(name) != str(c):
                     self.emit("part-conflict", pair=p.name, checkpoint=name, path=c.path, nodes=c.nodes,
@@ -140,15 +129,16 @@ class Assembly:
                 self.missing[name] = []  # a node is copying its part again; its new manifest triggers us
                 continue
             self.conflicts.pop(name, None)
-            self.now_published(name, assembled_snap(manifests), listing)
-            await to_thread(release_parts, p.dst, name, manifests)
+            if whole is None:
+                continue  # refused: another run's
+            self.now_published(name, whole.version, listing)
+            await side.release(name, manifests)
             self.tell("taken")
-            lag = round(time.time() - got.done_at, 3) if got.done_at else None
-            self.emit("publish", pair=p.name, checkpoint=name, trigger=trigger, files=got.files, bytes=got.bytes,
+            lag = round(time.time() - whole.done_at, 3) if whole.done_at else None
+            self.emit("publish", pair=p.name, checkpoint=name, trigger=trigger, files=whole.files, bytes=whole.bytes,
                       why=f"all {self.nodes} parts" if not single else f"whole on node {min(manifests)}",
-                      lag_s=lag, nodes=self.nodes, parts={str(k): n for k, n in got.parts.items()}, shared=got.shared,
-                      linked=got.linked, **({"differing": got.differing} if got.differing else {}))
-            self.pub.on_publish(got.done_at)
+                      lag_s=lag, nodes=self.nodes, **whole.fields)
+            self.pub.on_publish(whole.done_at)
             published.append(name)
 
     def now_published(self, name: str, version: Snap, listing: Listing) -> None:
@@ -179,7 +169,7 @@ class Assembly:
         p = self.pair
         if ptr.link or ptr.target is None:
             return False
-        there = persistent_target(p, ptr.name)
+        there = self.side.persistent_target(ptr.name)
         if there is None or natural_key(there) <= natural_key(ptr.target):
             return False
         if self.held_back.get(ptr.name) != ptr.content:
@@ -189,46 +179,7 @@ class Assembly:
                              "never published over it")
         return True
 
-    def _short(self, name: str, manifests: Mapping[int, Mapping[str, Any]]) -> str | None:
-        """The ranks' shards that no node's part of ``name`` holds. DeepSpeed writes
-        ``latest`` with no barrier behind the other ranks' shards, so a node's part may be
-        taken before its late rank wrote one; never published without it: that node's part
-        is taken again once its shard is there (its files changed). Blocking: reads the
-        model states' rank count."""
-        owner = {rel: node for node in sorted(manifests, reverse=True) for rel in manifest_snap(manifests[node]).files}
-        return missing_shards(assembled_snap(manifests), self.state.profile,
-                              lambda rel: part_source(self.pair.dst, name, owner[rel], rel))
-
     def _waiting(self, name: str, missing: list[int]) -> str:
         if missing:
             return f"{_nodes_text(missing)} missing"
         return self.short.get(name) or "all parts there, not yet assembled"
-
-    def current_parts(self, name: str, have: Collection[int]) -> dict[int, dict]:
-        """The manifests of ``name`` that hold a version not yet published. Blocking. Parts
-        the published ``name`` already holds (or a newer one replaced) are released here:
-        their manifests dropped, node 0's files too (node K's part directory is node K's: it
-        may be staging a newer version there now, and reuses it)."""
-        p = self.pair
-        manifests = {k: m for k in sorted(have) if k < self.nodes
-                     and (m := read_manifest(manifest_path(p.dst, name, k))) is not None}
-        if not manifests or not os.path.lexists(p.dst / name):
-            return manifests
-        there = snapshot(p.dst / name, within(name, p.exclude))
-        old = {k: m for k, m in manifests.items() if self._superseded(name, k, m, there)}
-        if old:
-            release_parts(p.dst, name, old)
-        return {k: m for k, m in manifests.items() if k not in old}
-
-    def _superseded(self, name: str, node: int, m: dict, there: Snap | None) -> bool:
-        """Is node ``node``'s part of ``name`` the published version already, or older? A single
-        file is compared byte for byte with the published one when the two look alike
-        (``identical``); a directory's part by ``contains``. Blocking."""
-        mine = manifest_snap(m)
-        if there is None:
-            return False
-        if m.get("is_dir") is False:
-            src = part_source(self.pair.dst, name, node, "")
-            return written(mine) < written(there) or identical(src, self.pair.dst / name, mine, there)
-        return contains(there, mine) or written(mine) <= written(there)
-

@@ -8,7 +8,8 @@ watcher), checkpoint publishing (``_publish.py``), log passes (``_logs.py``) and
 (``_restore.py``). Where the pair is mirrored from (one node, or node 0 or node K of a
 per-node pair) is the engine's role (``_roles.py``): it builds the publisher, adds its
 watchers, shapes the scan and runs the restore; the engine asks it and never tells roles
-apart. The engine itself keeps the local side's listing and profile and turns a pass's
+apart. What the persistent side is (a directory, an object store) is chosen once, here
+(``storage_for``): every job is given its side (``_side.py``) and never asks which kind it is. The engine itself keeps the local side's listing and profile and turns a pass's
 failure into a journal line and a retry with capped exponential backoff: failures never leave
 this module (docs/design.md, invariant 4).
 """
@@ -29,18 +30,40 @@ from supervisor.config import SyncPair
 from supervisor.journal import Emit
 from supervisor.sync._backend import Backend, CopyError, CopyResult
 from supervisor.sync._complete import Context, Listing, Snap, classify
-from supervisor.sync._logs import LogPass
+from supervisor.sync._dirside import Directory
 from supervisor.sync._profiles import GENERIC, Profile, torn_file
 from supervisor.sync._restore import Restorer
 from supervisor.sync._roles import Role, Single
 from supervisor.sync import _stall
 from supervisor.sync._schedule import Schedule
+from supervisor.sync._side import Storage
 from supervisor.sync._state import PairState, to_thread
-from supervisor.sync._storelogs import StoreLogs
-from supervisor.sync._storepub import StoreRestorer
+from supervisor.sync._storeroles import ObjectStore
 from supervisor.sync._writers import open_for_write
 
 LOG_BATCH = 10.0  # s: while logs are written, a log pair copies what grew at most this often
+
+
+def storage_for(state: PairState, *, rescan: Callable[[str], Listing], judge: Callable[[Path], Listing]) -> Storage:
+    """The one place a pair's persistent storage is chosen: an object store for ``to =
+    "s3://…"`` (``_storeroles.ObjectStore``), else a directory (``_dirside.Directory``). Every
+    job of the pair is given its sides by it, and none asks which kind it is."""
+    if state.pair.store is None:
+        return Directory(state, rescan=rescan, judge=judge)
+    return ObjectStore(state, open_store(state.pair), rescan=rescan)
+
+
+def open_store(pair: SyncPair) -> Any:
+    """The client of a pair's object store; None when the s3 extra (obstore) is not
+    installed, or the store is refused, which ``Mirror.check`` says before anything starts."""
+    try:
+        from supervisor.sync._store import Store, StoreError
+    except ImportError:
+        return None
+    try:
+        return Store(pair.store)
+    except (ImportError, StoreError):
+        return None  # Mirror.check says why, in one line
 
 
 class PairEngine:
@@ -67,14 +90,10 @@ class PairEngine:
         self._told_generic = False
         self._newest_ns = 0
         self.schedule = Schedule(self.state, every=pair.every or every, retry_base=retry_base, retry_cap=retry_cap)
+        self.storage = storage_for(self.state, rescan=self.rescan, judge=self._judge_side)
         self.publisher = self.role.compose(self, on_publish=on_publish, ours=ours)
-        store = self.state.store
-        if store is None:
-            self.logs: LogPass | StoreLogs = LogPass(self.state, recheck=self.schedule.recheck)
-            self.restorer = Restorer(self.state, judge=self._judge_side, adopt_profile=self.adopt_profile)
-        else:  # an object store (``to = "s3://…"``): its own log uploads and restore
-            self.logs = StoreLogs(self.state, store, recheck=self.schedule.recheck)
-            self.restorer = StoreRestorer(self.state, store, judge=self._judge_side, adopt_profile=self.adopt_profile)
+        self.logs = self.storage.logs(self.schedule.recheck)
+        self.restorer = Restorer(self.state, self.storage.restore(), judge=self._judge_side, adopt_profile=self.adopt_profile)
 
     # ---- what the mirror reads ------------------------------------------------------
 
@@ -155,9 +174,7 @@ class PairEngine:
             if not await to_thread(self.pair.src.is_dir):
                 self.state.pending = [f"{self.pair.name}: local side {self.pair.src} does not exist"]
                 return {"ok": True, "files": 0, "bytes": 0, "published": [], "seconds": 0.0}
-            if self.state.store is None:
-                with _stall.op(f"mkdir {self.pair.dst}"):
-                    await to_thread(self.pair.dst.mkdir, parents=True, exist_ok=True)
+            await self.storage.prepare()
             if self.pair.kind == "checkpoint":
                 listing = await self._pass_listing(trigger)
                 await self.publisher.run(listing, trigger, stats, published)
@@ -171,7 +188,7 @@ class PairEngine:
             self.emit("sync-recovered", pair=self.pair.name, after_failures=failures)
         if stats.files or published or not trigger.startswith(("watch", "periodic", "settle", "parts")):
             self.emit("sync", pair=self.pair.name, trigger=trigger, files=stats.files, bytes=stats.bytes,
-                      seconds=seconds, published=published, backend="s3" if self.state.store else self.state.backend.name)
+                      seconds=seconds, published=published, backend=self.storage.backend)
         return {"ok": True, "files": stats.files, "bytes": stats.bytes, "published": published, "seconds": seconds}
 
     async def note_owed(self) -> None:

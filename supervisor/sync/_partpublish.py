@@ -1,9 +1,10 @@
 """Publishing a per-node pair on one node: its complete checkpoints become this node's parts.
 
 A per-node pair (``nodes = N``: every node writes its shards to its own local disk) publishes
-no checkpoint from one node. Each node's complete checkpoints are staged as *parts*
-(``_parts.py``): this node's files under ``.supervise-parts/<name>/node-K/`` on the persistent
-side, verified, then its manifest, written last. A node stages a version it has not accounted
+no checkpoint from one node. Each node's complete checkpoints are staged as *parts* on the
+persistent side it is given (``_side.PartSide``): this node's files (in a directory, under
+``.supervise-parts/<name>/node-K/``, ``_parts.py``; on an object store, under the
+checkpoint's keys), verified, then its manifest, written last. A node stages a version it has not accounted
 for yet (published, staged, restored, or found older than the published one). What happens
 beyond that is the role's piece (``Gather``): the leader gathers every node's parts into the
 checkpoint (``_assembly.py``), node K hands its parts over (``Handover``).
@@ -12,21 +13,16 @@ Rules and events: docs/sync.md, "Multi-node checkpoints".
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from typing import Callable, Protocol
 
 import anyio
 
-from supervisor.config import SyncPair
-from supervisor.sync import _content, _fsops
 from supervisor.sync._backend import CopyError, CopyResult
-from supervisor.sync._complete import Entry, Listing, Pointer, Snap, identical, matches, natural_key, snapshot
-from supervisor.sync._exclude import within
-from supervisor.sync._parts import manifest_path, manifest_snap, part_dir, read_manifest, taken, tidy, withdraw, write_manifest
-from supervisor.sync._publish import RECOPY_TRIES, Publisher, complete_newest_first
-from supervisor.sync._state import PairState, to_thread
+from supervisor.sync._complete import Entry, Listing, Pointer, Snap, natural_key
+from supervisor.sync._publish import Publisher, complete_newest_first
+from supervisor.sync._side import GatherSide, Ledger, PartSide, Side
+from supervisor.sync._state import PairState
 from supervisor.sync._versions import SAME_SECOND_NS, contains, written
 
 
@@ -60,22 +56,17 @@ class Gather(Protocol):
         """Is this local pointer one never to publish over the persistent one? Blocking."""
 
 
-def inside_published(p: SyncPair, e: Entry) -> bool:
-    """Are this node's files of ``e`` all in the published ``e.name`` (same size and mtime)?
-    Blocking: a stat of the persistent side's files."""
-    if not os.path.lexists(p.dst / e.name):
-        return False
-    return contains(snapshot(p.dst / e.name, within(e.name, p.exclude)), e.snap)
-
-
 class PartPublisher(Publisher):
     """Publishing for a per-node pair on one node: this node's complete checkpoints become
-    parts; ``gather(self)`` builds the role's piece (``Gather``) that does the rest."""
+    parts on the persistent side it is given (``part_side``, a ``_side.PartSide``; ``side``,
+    where ``Publisher`` writes pointers); ``gather(self)`` builds the role's piece (``Gather``)
+    that does the rest."""
 
-    def __init__(self, state: PairState, *, node: int, rescan: Callable[[str], Listing],
+    def __init__(self, state: PairState, side: Side, part_side: PartSide, *, ledger: Ledger, node: int,
                  recheck: Callable[[float], None], on_publish: Callable[..., None],
                  gather: Callable[[PartPublisher], Gather]) -> None:
-        super().__init__(state, rescan=rescan, recheck=recheck, on_publish=on_publish)
+        super().__init__(state, side, ledger=ledger, recheck=recheck, on_publish=on_publish)
+        self.part_side = part_side
         self.node = node
         self.nodes = state.pair.nodes
         self.parted: dict[str, Snap] = {}          # checkpoint → local snapshot whose part manifest is written
@@ -90,7 +81,7 @@ class PartPublisher(Publisher):
         for e in complete_newest_first(listing):
             if self._accounted(e):
                 continue
-            seen = await self._published_as(e)
+            seen = await self.part_side.published_as(e)
             if seen is not None and not self._new_version(e, *seen, listing):
                 continue
             todo.append(e)
@@ -102,7 +93,7 @@ class PartPublisher(Publisher):
                 await self._stage_part(e, trigger, stats)
             except (OSError, CopyError):
                 with anyio.CancelScope(shield=True):
-                    await self._drop_part(e.name)
+                    await self.part_side.drop_part(e.name)
                 raise
             self._note_pending(listing)
         await self.gather.finish(trigger, published, listing)
@@ -115,28 +106,6 @@ class PartPublisher(Publisher):
             if known is not None and known.same_content(e.snap):
                 return True
         return False
-
-    # ---- the persistent side: a directory here (``_storeroles.StorePartPublisher``: an object store) ----
-
-    async def _published_as(self, e: Entry) -> tuple[Snap | None, bool] | None:
-        """``e.name`` on persistent storage, if it is there: (its snapshot, whether it holds this
-        node's ``e``: ``_same``)."""
-        p = self.pair
-        if not await to_thread(os.path.lexists, p.dst / e.name):
-            return None
-        there = await to_thread(snapshot, p.dst / e.name, within(e.name, p.exclude))
-        return there, await to_thread(self._same, e, there)
-
-    async def _drop_part(self, name: str) -> None:
-        """A part that failed to stage (never published): dropped, a full disk gets its space back."""
-        await to_thread(shutil.rmtree, part_dir(self.pair.dst, name, self.node), True)
-
-    def _same(self, e: Entry, there: Snap | None) -> bool:
-        """Does the published ``e.name`` hold this node's ``e``? A directory: this node's files
-        among every node's; a file: that very version (``identical``). Blocking."""
-        if e.is_dir:
-            return contains(there, e.snap)
-        return identical(self.pair.src / e.name, self.pair.dst / e.name, e.snap, there)
 
     def _new_version(self, e: Entry, there: Snap | None, same: bool, listing: Listing) -> bool:
         """``e.name`` is on persistent storage already: is this node's ``e`` a newer version
@@ -172,64 +141,17 @@ class PartPublisher(Publisher):
         return not changed_here and (there is None or written(e.snap) <= written(there) + slack)
 
     async def _stage_part(self, e: Entry, trigger: str, stats: CopyResult) -> bool:
-        """This node's files of ``e`` into its part directory, verified, then the manifest."""
-        p = self.pair
-        name = e.name
-        src, pdir = p.src / name, part_dir(p.dst, name, self.node)
-        old = await to_thread(read_manifest, manifest_path(p.dst, name, self.node))
-        if old is not None and manifest_snap(old).same_content(e.snap) and old.get("nodes") == self.nodes:
-            self.parted[name] = self.seen[name] = e.snap  # written by an earlier attempt, from these very files
+        """This node's files of ``e`` staged on the persistent side (``PartSide``), verified,
+        then its part manifest; noted as ``part_durable``."""
+        if await self.part_side.part_there(e):
+            self.parted[e.name] = self.seen[e.name] = e.snap  # written by an earlier attempt, from these very files
             return True
-        if await to_thread(withdraw, p.dst, name, self.node):
-            self.emit("part-withdrawn", pair=p.name, checkpoint=name, node=self.node,
-                      reason="this node's files changed after its part was written; copying it again")
-        self.parted.pop(name, None)
-        leftover = await to_thread(os.path.lexists, pdir)
-        await to_thread(pdir.mkdir, parents=True, exist_ok=True)
-        for attempt in range(RECOPY_TRIES):
-            got = CopyResult()
-            try:
-                if e.is_dir:
-                    got += await self.backend.copy_tree(src, pdir, exclude=within(e.name, p.exclude), skip=e.markers, fsync=p.fsync,
-                                                        hash=True)
-                    got.bytes += await to_thread(_fsops.copy_markers, src, pdir, e.markers, fsync=p.fsync)
-                    got.files += len(e.markers)
-                else:
-                    got += await self.backend.copy_file(src, pdir / name, fsync=p.fsync, hash=True)
-            except (CopyError, FileNotFoundError):
-                if await to_thread(os.path.lexists, src):
-                    raise
-                await to_thread(shutil.rmtree, pdir, True)  # rotated away under the copier
-                return False
-            stats += got
-            try:  # hashed before the rescan, so a file changed meanwhile is caught by it
-                hashes = await to_thread(_content.hash_files, src, e.snap, got.hashes)
-            except FileNotFoundError:
-                hashes = None
-            again: Listing = await to_thread(self.rescan, name)
-            now = again.entries.get(name)
-            if now is None or not now.complete or hashes is None:
-                await to_thread(shutil.rmtree, pdir, True)
-                return False
-            if not now.snap.same_content(e.snap):
-                e = now
-                continue
-            if attempt or got.vanished or leftover:
-                staged = await to_thread(snapshot, pdir if e.is_dir else pdir / name, within(e.name, p.exclude))
-                if not matches(staged, e.snap):
-                    if e.is_dir:
-                        await to_thread(_fsops.prune_staging, pdir, e.snap)
-                    continue
-            if p.fsync:
-                await to_thread(_fsops.fsync_dir, pdir)
-            await to_thread(write_manifest, p.dst, name, self.node, self.nodes, e.snap, is_dir=e.is_dir,
-                            markers=e.markers, why=e.why, done_at=e.done_at, hashes=hashes)
-            self.part_durable(e, again, trigger)
-            return True
-        self.emit("sync-deferred", pair=p.name, checkpoint=name, node=self.node,
-                  reason=f"changed while being copied, {RECOPY_TRIES} times; trying again on the next pass")
-        return False
-
+        self.parted.pop(e.name, None)
+        landed = await self.part_side.stage_part(e, stats)
+        if landed is None:
+            return False
+        self.part_durable(landed.entry, landed.again, trigger)
+        return True
 
     def part_durable(self, e: Entry, again: Listing, trigger: str) -> None:
         """This node's part of ``e`` is durable with its manifest: noted, journaled (``part``), handed on."""
@@ -250,7 +172,7 @@ class PartPublisher(Publisher):
         for e in listing.entries.values():
             known = self.inside.get(e.name)
             if not (e.complete or not e.is_dir or (known is not None and known[0].same_content(e.snap))):
-                self.inside[e.name] = (e.snap, await to_thread(inside_published, self.pair, e))
+                self.inside[e.name] = (e.snap, await self.part_side.inside_published(e))
 
     def _note_pending(self, listing: Listing) -> None:
         name_ = self.pair.name
@@ -296,19 +218,21 @@ class PartPublisher(Publisher):
 class Handover:
     """Node K's piece (``Gather``): its parts are the leader's to publish; once the leader has
     taken one (its manifest gone: published, or superseded by a newer version), this node
-    owes nothing more for that version and tidies its part directory away."""
+    owes nothing more for that version, and what it keeps of it goes (``GatherSide.tidy``:
+    its part directory; on a store, node 0's spent word)."""
 
-    def __init__(self, pub: PartPublisher, tell: Callable[[str], None] = lambda word: None) -> None:
+    def __init__(self, pub: PartPublisher, side: GatherSide, tell: Callable[[str], None] = lambda word: None) -> None:
         self.pub = pub
+        self.side = side
         self.tell = tell  # a word to the leader (conduct/link.py): a part is staged
 
     async def begin(self) -> None:
         """Inside the pass: never while this node stages."""
         pub = self.pub
-        gone = await to_thread(taken, pub.pair.dst, list(pub.parted), pub.node)
+        gone = await self.side.taken(list(pub.parted))
         for name in gone:  # published or superseded: this version is owed nothing more
             pub.state.published[name] = pub.parted.pop(name)
-        await to_thread(tidy, pub.pair.dst, gone, pub.node)
+        await self.side.tidy(gone)
 
     async def before_stage(self, e: Entry) -> None:
         return None

@@ -35,7 +35,7 @@ import socket
 import time
 from functools import cmp_to_key, partial
 from pathlib import Path
-from typing import Any, Collection, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 import anyio
 from anyio.abc import TaskStatus
@@ -271,16 +271,17 @@ def _remove_tree(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def holdings(p: SyncPair, local: Listing, profile: Profile | None) -> dict[str, Any]:
+def holdings(p: SyncPair, local: Listing, profile: Profile | None,
+             published: Callable[[str], Mapping[str, Any] | None]) -> dict[str, Any]:
     """This node's newest ``HELD_VERSIONS`` whole local versions of ``p`` (judged as finished),
     each a manifest-like document: every file's size, mtime and sha256 (taken from the published
-    version's content manifest where size and mtime are its own, else read here: a version
-    never published is hashed, an old published one is not). Blocking."""
+    version's content manifest, ``published(name)``, where size and mtime are its own, else read
+    here: a version never published is hashed, an old published one is not). Blocking."""
     out: dict[str, Any] = {}
     whole = sorted((e for e in local.entries.values() if e.complete and e.restorable), key=lambda e: e.order,
                    reverse=True)
     for e in whole[:HELD_VERSIONS]:
-        known = _content.read(p.dst, e.name) if p.store is None else None
+        known = published(e.name)
         hashes = {rel: f"{_content.LINK}{f['link']}" if "link" in f else f["sha256"]
                   for rel, f in (known or {}).get("files", {}).items()
                   if rel in e.snap.files and (int(f["size"]), int(f["mtime_ns"])) == e.snap.files[rel]}

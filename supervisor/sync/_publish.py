@@ -1,8 +1,9 @@
 """Checkpoint publishing for one pair: what a checkpoint pass does with the listing it is given.
 
-Each complete checkpoint, newest first, is copied through a staging name on the persistent
-side, checked that nothing changed while copying, and renamed into place; pointers land only
-once what they name is there (docs/design.md, invariant 1). An entry this run directory never
+Each complete checkpoint, newest first, lands whole on the persistent side it is given
+(``_side.Side.land``: for a directory, copied through a staging name, checked that nothing
+changed while copying, and renamed into place; for an object store, uploaded, checked, then
+its manifest); pointers land only once what they name is there (docs/design.md, invariant 1). An entry this run directory never
 published is never replaced (issue 22). With ``keep_local``, older local copies go once their
 persistent copy is verified. Failures raise to the engine (``_pair.py``), which backs off.
 """
@@ -17,13 +18,10 @@ from typing import Any, Callable
 
 import anyio
 
-from supervisor.sync import _content, _fsops, _stall
 from supervisor.sync._backend import CopyError, CopyResult
-from supervisor.sync._complete import STAGING_PREFIX, Entry, Listing, Pointer, Snap, matches, natural_key, snapshot
-from supervisor.sync._exclude import within
+from supervisor.sync._complete import Entry, Listing, Pointer, Snap, matches, natural_key
+from supervisor.sync._side import Ledger, Side
 from supervisor.sync._state import PairState, to_thread
-
-RECOPY_TRIES = 3
 # s: a file beside the checkpoints (DeepSpeed's zero_to_fp32.py, rewritten at every save) is
 # published again at most this often while the training runs; a flush takes it at once.
 BESIDE_BATCH = 10.0
@@ -32,27 +30,28 @@ BESIDE_BATCH = 10.0
 class Publisher:
     """Publishes one checkpoint pair's complete checkpoints and their pointers.
 
-    ``rescan(name)`` lists that one entry again (blocking: run in a thread), ``recheck(at)``
+    ``side``: the persistent side it publishes to (``_side.Side``: a directory, an object
+    store), never asked which kind it is. ``ledger``: what this run directory may replace
+    there and what it refused (``_side.Ledger``, which the side is given too; its ``ours``:
+    names this run directory published in earlier attempts, None: history unknown, every entry
+    may be replaced as before); a name on the persistent side in neither this nor what is
+    published now is another run's and is never replaced. ``recheck(at)``
     asks the schedule for another pass then, ``on_publish(done_at, ident)`` tells the mirror,
     ``wanted()`` says another pass or a flush is waiting (a pass then stops after the entry it
     has published: the next one starts again from the newest).
-    ``ours``: names this run directory published in earlier attempts (None: history unknown,
-    every entry may be replaced as before); a name on the persistent side in neither this nor
-    what is published now is another run's and is never replaced.
     """
 
-    def __init__(self, state: PairState, *, rescan: Callable[[str], Listing], recheck: Callable[[float], None],
-                 on_publish: Callable[..., None], ours: set[str] | None = None,
-                 wanted: Callable[[], bool] = lambda: False) -> None:
+    def __init__(self, state: PairState, side: Side, *, ledger: Ledger, recheck: Callable[[float], None],
+                 on_publish: Callable[..., None], wanted: Callable[[], bool] = lambda: False) -> None:
         self.state = state
-        self.pair, self.emit, self.backend = state.pair, state.emit, state.backend
-        self.rescan = rescan
+        self.pair, self.emit = state.pair, state.emit
+        self.side = side
+        self.ledger = ledger
         self.recheck = recheck
         self.on_publish = on_publish
-        self.ours = ours
         self.wanted = wanted
-        self.refused: set[str] = set()
-        self.pointers_done: dict[str, bytes] = {}
+        self.refused = ledger.refused              # names refused on the persistent side (another run's)
+        self.pointers_done = ledger.pointers_done  # pointer → the content published
         self._torn: dict[str, Any] = {}         # checkpoint → Snap journaled as torn
         self._beside_at: dict[str, float] = {}  # file beside the checkpoints → time.monotonic() of its last publish
 
@@ -72,14 +71,14 @@ class Publisher:
             if prev is not None and prev.same_content(e.snap):
                 continue
             if prev is None:  # already there from an earlier attempt?
-                there = await self._there(e.name)
+                there = await self.side.there(e.name)
                 if matches(there, e.snap):
                     self.state.published[e.name] = e.snap
                     if e.name in listing.sigs:
                         self.state.sigs[e.name] = listing.sigs[e.name]
                     continue
-                if there is not None and not self._owns(e.name):
-                    self._refuse(e.name)
+                if there is not None and not self.ledger.owns(e.name):
+                    self.ledger.refuse(e.name)
                     continue
             todo.append(e)
         self._note_pending(listing)
@@ -97,7 +96,7 @@ class Publisher:
             except (OSError, CopyError):
                 # Never published, so ours to drop: a full disk gets its space back for the retry.
                 with anyio.CancelScope(shield=True):
-                    await self._drop(e.name)
+                    await self.side.drop(e.name)
                 raise
             if ok:
                 published.append(e.name)
@@ -109,27 +108,6 @@ class Publisher:
             self._note_pending(listing)
         await self.publish_pointers(listing)
         await self._end_pass(listing)
-
-    # ---- the persistent side: a directory here (``_storepub.StorePublisher``: an object store) ----
-
-    async def _there(self, name: str) -> Snap | None:
-        """What the persistent side holds under ``name`` (None: nothing)."""
-        return await to_thread(snapshot, self.pair.dst / name, within(name, self.pair.exclude))
-
-    async def _drop(self, name: str) -> None:
-        """A failed publish's leftovers (never published, so ours)."""
-        await to_thread(_fsops.remove_ours, self.pair.dst / f"{STAGING_PREFIX}{name}")
-
-    async def _pointer_there(self, name: str) -> bool:
-        return await to_thread(os.path.lexists, self.pair.dst / name)
-
-    async def _write_pointer(self, ptr: Pointer, target: str) -> bool:
-        """The pointer or link on the persistent side, as the local one; False: it was there already."""
-        p = self.pair
-        if ptr.link:
-            return await to_thread(_fsops.write_link, p.dst / ptr.name, target)
-        return await to_thread(_fsops.write_atomic, p.dst / ptr.name, ptr.content, ptr.mtime_ns, fsync=p.fsync,
-                               mode=ptr.mode)
 
     def _beside_due(self, todo: list[Entry], flushing: bool) -> list[Entry]:
         """The files beside the checkpoints that are due: one published less than
@@ -160,88 +138,26 @@ class Publisher:
         if self.pair.keep_local:
             await self._retain(listing)
 
-    def _owns(self, name: str) -> bool:
-        """This run directory published ``name`` (a checkpoint, or a pointer or link, in this
-        attempt or an earlier one), whatever it has turned into since (a Lightning
-        ``last.ckpt`` link replaced by a regular file): it may replace it (issue 22)."""
-        return self.ours is None or name in self.ours or name in self.state.published or name in self.pointers_done
-
-    def _refuse(self, name: str, what: str = "checkpoint") -> None:
-        """An entry of that name is on the persistent side and this run never published it
-        (another run's, sharing the directory): it is never replaced. Journaled once; the
-        local one stays pending, so ``end.not_durable`` and the report name it."""
-        if name not in self.refused:
-            self.refused.add(name)
-            self.emit("sync-refused", pair=self.pair.name, checkpoint=name, what=what,
-                      why="on the persistent side already and not published by this run directory: not replaced")
-
     async def _publish(self, e: Entry, trigger: str, stats: CopyResult) -> bool:
-        """Stage, verify, rename. False when the checkpoint vanished or stopped being complete."""
-        p = self.pair
-        src, final = p.src / e.name, p.dst / e.name
-        staging = p.dst / f"{STAGING_PREFIX}{e.name}"
-        # Staging left by a killed run is resumed (rsync skips what is already whole) but then
-        # always verified: it may hold files the source no longer has.
-        with _stall.op(f"claim {staging}"):
-            leftover = await to_thread(_fsops.claim_staging, staging, is_dir=e.is_dir)
-        for attempt in range(RECOPY_TRIES):
-            got = CopyResult()
-            try:
-                if e.is_dir:
-                    # the snapshot's files, not a second walk; shared among the copy streams
-                    got += await self.backend.copy_tree(src, staging, exclude=within(e.name, p.exclude), skip=e.markers, fsync=p.fsync,
-                                                        fresh=not leftover, files=e.snap.files, hash=True)
-                    got.bytes += await to_thread(_fsops.copy_markers, src, staging, e.markers, fsync=p.fsync)
-                    got.files += len(e.markers)
-                else:
-                    got += await self.backend.copy_file(src, staging, fsync=p.fsync, hash=True)
-            except (CopyError, FileNotFoundError):
-                if await to_thread(os.path.lexists, src):
-                    raise
-                # the whole checkpoint was rotated away under the copier: not a failure
-                await to_thread(_fsops.remove_ours, staging)
-                return False
-            stats += got
-            try:  # hashed before the rescan, so a file changed meanwhile is caught by it
-                hashes = await to_thread(_content.hash_files, src, e.snap, got.hashes)
-            except FileNotFoundError:
-                hashes = None
-            again: Listing = await to_thread(self.rescan, e.name)
-            now = again.entries.get(e.name)
-            if now is None or not now.complete or hashes is None:  # rotated away, or not what we thought: not a failure
-                await to_thread(_fsops.remove_ours, staging)
-                return False
-            if now.snap.files != e.snap.files:  # changed while copied: copy again before it counts (no copies of 100 000-entry dicts)
-                e = now
-                continue
-            # A clean first copy of an unchanged source is whole (the copier exits non-zero
-            # otherwise); a retry into a used staging area, or files that vanished, get checked.
-            if attempt or got.vanished or leftover:
-                staged = await to_thread(snapshot, staging, within(e.name, p.exclude))
-                if not matches(staged, e.snap):
-                    await to_thread(_fsops.prune_staging, staging, e.snap)
-                    continue
-            # the content manifest before the rename: every version published has one (``_content``)
-            doc = _content.doc_for(e, e.snap, hashes, profile=self.state.profile)
-            with _stall.op(f"write the manifest of {final}"):
-                await to_thread(_content.write, p.dst, doc, fsync=p.fsync)
-            with _stall.op(f"rename {staging} to {final}"):
-                await to_thread(_fsops.swap_in, staging, final, is_dir=e.is_dir, fsync=p.fsync)
-            self.state.published[e.name] = e.snap
-            if e.name in again.sigs:
-                self.state.sigs[e.name] = again.sigs[e.name]
-            lag = round(time.time() - e.done_at, 3) if e.done_at else None
-            # A file beside the checkpoints (DeepSpeed's zero_to_fp32.py, HF's training_args.bin)
-            # is mirrored but is no checkpoint: it never answers a request nor sets the save rhythm.
-            stray = {} if e.restorable else {"restorable": False}
-            self.emit("publish", pair=p.name, checkpoint=e.name, trigger=trigger, files=len(e.snap.files),
-                      bytes=e.snap.bytes, why=e.why, lag_s=lag, **stray)
-            if e.restorable:
-                self.on_publish(e.done_at, (e.name, again.sigs[e.name][0]) if e.name in again.sigs else None)
-            return True
-        self.emit("sync-deferred", pair=p.name, checkpoint=e.name,
-                  reason=f"changed while being copied, {RECOPY_TRIES} times; trying again on the next pass")
-        return False
+        """``e`` landed whole on the persistent side (``Side.land``), then noted, journaled
+        (``publish``) and told. False when the checkpoint vanished, stopped being complete,
+        kept changing, or another run holds the name."""
+        landed = await self.side.land(e, stats)
+        if landed is None:
+            return False
+        e, again = landed.entry, landed.again
+        self.state.published[e.name] = e.snap
+        if e.name in again.sigs:
+            self.state.sigs[e.name] = again.sigs[e.name]
+        lag = round(time.time() - e.done_at, 3) if e.done_at else None
+        # A file beside the checkpoints (DeepSpeed's zero_to_fp32.py, HF's training_args.bin)
+        # is mirrored but is no checkpoint: it never answers a request nor sets the save rhythm.
+        stray = {} if e.restorable else {"restorable": False}
+        self.emit("publish", pair=self.pair.name, checkpoint=e.name, trigger=trigger, files=len(e.snap.files),
+                  bytes=e.snap.bytes, why=e.why, lag_s=lag, **landed.fields, **stray)
+        if e.restorable:
+            self.on_publish(e.done_at, (e.name, again.sigs[e.name][0]) if e.name in again.sigs else None)
+        return True
 
     async def publish_pointers(self, listing: Listing) -> None:
         """A pointer lands only once the checkpoint it names is published (docs/design.md, invariant 1)."""
@@ -253,12 +169,12 @@ class Publisher:
             cur = listing.entries.get(target)
             if cur is not None and not self.state.published[target].same_content(cur.snap):
                 continue
-            if not self._owns(ptr.name) and await self._pointer_there(ptr.name):
-                self._refuse(ptr.name, "pointer")  # another run's `latest` sharing the directory
+            if not self.ledger.owns(ptr.name) and await self.side.pointer_there(ptr.name):
+                self.ledger.refuse(ptr.name, "pointer")  # another run's `latest` sharing the directory
                 continue
             if await to_thread(self._behind, ptr):
                 continue
-            wrote = await self._write_pointer(ptr, target)
+            wrote = await self.side.write_pointer(ptr, target)
             self.pointers_done[ptr.name] = ptr.content
             if wrote:
                 self.emit("publish", pair=p.name, checkpoint=ptr.name, pointer=True, target=target,
@@ -301,7 +217,7 @@ class Publisher:
         for e in done[p.keep_local:]:
             if e.name in named or e.name not in self.state.published or not self.state.published[e.name].same_content(e.snap):
                 continue
-            there = await self._there(e.name)
+            there = await self.side.there(e.name)
             if not self._holds(there, e.snap):
                 continue
             await to_thread(_remove_local, p.src / e.name)

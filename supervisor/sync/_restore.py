@@ -1,6 +1,8 @@
 """Restore for one checkpoint pair: before the spawn, the newest complete checkpoint from
 persistent storage back to local disk, so a requeued attempt resumes from fast local disk.
 
+What to restore is decided here, alike for every persistent side; the side the restorer is
+given (``_side.RestoreSide``) lists what it holds and brings one version back, verified.
 Pointers and links that name it come back with it; a profile pointer that names a torn
 checkpoint is rewritten to name the one restored (``repointed``). A newer complete local
 checkpoint is kept and published, never overwritten.
@@ -14,28 +16,29 @@ import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
-from functools import partial
 from typing import Any, Callable, Collection, Mapping, Sequence
 
-from supervisor.sync import _content, _fsops
-from supervisor.sync._backend import CopyError, CopyResult
-from supervisor.sync._fill import ChoiceUnverified, Fetch, Mismatch, Unverified, copy_verified, fill, local_candidates
+from supervisor.sync import _fsops
+from supervisor.sync._fill import ChoiceUnverified, Fetch, Unverified
 from supervisor.sync._manifest import entry_of
-from supervisor.sync._complete import STAGING_PREFIX, Entry, Listing, identical, matches, newest_complete, snapshot
-from supervisor.sync._exclude import within
+from supervisor.sync._complete import STAGING_PREFIX, Entry, Listing, matches, newest_complete
 from supervisor.sync._profiles import Profile
+from supervisor.sync._side import RestoreSide
 from supervisor.sync._state import PairState, to_thread
 
 
 class Restorer:
-    """Restores one checkpoint pair. ``judge(root)`` lists a side as finished (nothing writes
-    it before the spawn; blocking: run in a thread); ``adopt_profile(listing, where)`` lets
-    the engine take the profile a listing shows."""
+    """Restores one checkpoint pair from the persistent side it is given (``side``, a
+    ``_side.RestoreSide``: a directory, an object store), never asking which kind it is.
+    ``judge(root)`` lists a side as finished (nothing writes it before the spawn; blocking:
+    run in a thread); ``adopt_profile(listing, where)`` lets the engine take the profile a
+    listing shows."""
 
-    def __init__(self, state: PairState, *, judge: Callable[[Path], Listing],
+    def __init__(self, state: PairState, side: RestoreSide, *, judge: Callable[[Path], Listing],
                  adopt_profile: Callable[[Listing, str], None]) -> None:
         self.state = state
-        self.pair, self.emit, self.backend = state.pair, state.emit, state.backend
+        self.pair, self.emit = state.pair, state.emit
+        self.side = side
         self.judge = judge
         self.adopt_profile = adopt_profile
         self.chosen: Entry | None = None  # what ``choose`` found newest on persistent storage
@@ -45,7 +48,7 @@ class Restorer:
         """The checkpoint a restore now would bring back: the newest complete one on
         persistent storage (a multi-node leader's choice for every node), but for those
         named in ``without`` (versions that verified nowhere a node could reach)."""
-        listing: Listing = await to_thread(self.judge, self.pair.dst)
+        listing, _docs = await self.side.listing(None, False)
         self.adopt_profile(listing, "persistent")
         self.chosen = best = newest(leaving_out(listing, without), self.state.profile)
         return best.name if best is not None else None
@@ -62,9 +65,9 @@ class Restorer:
         every node). ``doc``: the choice is a version only the nodes hold (``_peers``), its
         files fetched from ``peers`` (other nodes, tried before persistent storage).
         """
-        p = self.pair
+        p, side = self.pair, self.side
         t0 = time.monotonic()
-        listing: Listing = await to_thread(self.judge, p.dst)
+        listing, docs = await side.listing(doc, self.slow)
         self.adopt_profile(listing, "persistent")
         local: Listing = await to_thread(self.judge, p.src)
         best, mine = newest(listing, self.state.profile), newest(local, self.state.profile)
@@ -81,7 +84,7 @@ class Restorer:
         if mine is not None and (best is None or is_newer(mine, best)):
             why = (f"the local {mine.name} is newer than the persistent {best.name}" if best is not None
                    else f"nothing on persistent storage; the local {mine.name} is complete")
-            repointed = await to_thread(self._repoint, local, mine)
+            repointed = await to_thread(self._repoint, local, mine) if side.repoints_kept else {}
             self.emit("restore", pair=p.name, checkpoint=None, kept=mine.name, reason=f"{why}: kept, and published first",
                       **skipped, **repointed)
             return p.src / mine.name
@@ -91,94 +94,31 @@ class Restorer:
             return None
         # The newest first; one whose bytes do not verify against its content manifest is
         # skipped for the next newest, never restored mixed. The leader's choice for every
-        # node (``want``) is that version or nothing.
-        order = [best] if want is not None else [best] + sorted(
+        # node (``want``; ``doc``, a version only the nodes hold, is one) is that version or nothing.
+        order = [best] if want is not None or doc is not None else [best] + sorted(
             (e for e in listing.entries.values() if e.complete and e.restorable and e.name != best.name),
             key=lambda e: e.order, reverse=True)
         failed: list[str] = []
         for best in order:
             try:
-                return await self._bring_back(best, listing, local, keep_newer, t0, {**skipped, **(
-                    {"unverified": failed} if failed else {})}, doc=doc, peers=peers)
+                brought = await side.bring(best, docs, listing, local, keep_newer=keep_newer, doc=doc, peers=peers)
             except Unverified as u:
                 self.emit("restore-verify", pair=p.name, checkpoint=best.name, result="failed", failed=u.failed,
-                          reason="no copy of it verifies against its manifest: the next newest is tried"
-                          if want is None else "no copy of the version every node restores verifies here")
+                          reason=side.failed_reason(want is not None))
                 if want is not None:
                     raise ChoiceUnverified(best.name, str(u)) from u
                 failed.append(best.name)
-        self.emit("restore", pair=p.name, checkpoint=None, unverified=failed, **skipped,
-                  reason="no checkpoint on persistent storage verifies against its manifest")
+                continue
+            links = await to_thread(self._restore_pointers, listing, local, best)
+            repointed = await to_thread(self._repoint, listing, best)
+            self.emit("restore", pair=p.name, checkpoint=best.name, source=brought.source, to=brought.dest,
+                      files=brought.stats.files, bytes=brought.stats.bytes, seconds=round(time.monotonic() - t0, 3),
+                      copied=brought.copied, why=best.why, step=best.step, pointers=links, **skipped,
+                      **({side.unverified_as: failed} if failed else {}), **repointed)
+            return brought.dest
+        self.emit("restore", pair=p.name, checkpoint=None, **{side.unverified_as: failed}, **skipped,
+                  reason=side.none_verified)
         return None
-
-    async def _bring_back(self, best: Entry, listing: Listing, local: Listing, keep_newer: bool, t0: float,
-                          skipped: dict[str, Any], *, doc: Mapping[str, Any] | None = None,
-                          peers: Sequence[tuple[str, Fetch]] = ()) -> Path:
-        """``best`` onto local disk: from the nearest copy that verifies against its content
-        manifest (``_fill``), else, for a version published before manifests, as before.
-        ``doc``: a version only the nodes hold; persistent storage serves it only where its
-        published copy of that name has the very same bytes."""
-        p = self.pair
-        dest = p.src / best.name
-        there = listing.entries.get(best.name)
-        published = await to_thread(_content.read, p.dst, best.name)
-        published = published if there is not None and _content.describes(published, there.snap) else None
-        same = published is not None and (doc is None or same_files(published, doc))
-        doc = doc if doc is not None else published
-        if doc is not None:
-            mode = (await to_thread(os.stat, p.dst / best.name)).st_mode if same else 0o755
-            filled = await fill(doc, dest, candidates=local_candidates(p.src, best.name), peers=peers,
-                                fetch=partial(self._fetch, best.name) if same else None, mode=mode,
-                                exclude=tuple(within(best.name, p.exclude)))
-            self.emit("restore-verify", pair=p.name, checkpoint=best.name, result="verified", **filled.fields())
-            stats = CopyResult(files=sum(n for s, n in filled.files.items() if s == "persistent"),
-                               bytes=filled.came.get("persistent", 0))
-        else:
-            self.emit("restore-verify", pair=p.name, checkpoint=best.name, result="unverified",
-                      reason="no content manifest describes the persistent copy (published before issue 43, "
-                             "or renamed over since): sizes and mtimes trusted")
-            stats = await self._copy_back(best, dest, keep_newer)
-        links = await to_thread(self._restore_pointers, listing, local, best)
-        repointed = await to_thread(self._repoint, listing, best)
-        self.emit("restore", pair=p.name, checkpoint=best.name, source=p.dst / best.name if same else "nodes", to=dest,
-                  files=stats.files, bytes=stats.bytes, seconds=round(time.monotonic() - t0, 3),
-                  copied=bool(stats.files), why=best.why, step=best.step, pointers=links, **skipped, **repointed)
-        return dest
-
-    async def _fetch(self, name: str, rel: str, f: Mapping[str, Any], target: Path) -> int:
-        """One file of ``name`` from the persistent directory, hashed as it is read."""
-        src = self.pair.dst / name
-        try:
-            return await to_thread(partial(copy_verified, src / rel if rel else src, target, size=int(f["size"]),
-                                           sha256=str(f["sha256"])))
-        except FileNotFoundError as e:
-            raise Mismatch("gone from persistent storage") from e
-
-    async def _copy_back(self, best: Entry, dest: Path, keep_newer: bool) -> CopyResult:
-        """A version without a content manifest: copied whole unless the local copy looks the
-        same (sizes and mtimes; byte for byte on a per-node pair, where it must be that very version)."""
-        p = self.pair
-        have = await to_thread(snapshot, dest, within(best.name, p.exclude))
-        stats = CopyResult()
-        same = matches(have, best.snap) if keep_newer else await to_thread(identical, dest, p.dst / best.name, have, best.snap)
-        if same:
-            return stats
-        await to_thread(p.src.mkdir, parents=True, exist_ok=True)
-        staging = p.src / f"{STAGING_PREFIX}{best.name}"
-        await to_thread(_fsops.remove_ours, staging)
-        exclude = within(best.name, p.exclude)
-        if best.is_dir:
-            stats += await self.backend.copy_tree(p.dst / best.name, staging, exclude=exclude, skip=best.markers)
-            stats.bytes += await to_thread(_fsops.copy_markers, p.dst / best.name, staging, best.markers, fsync=False)
-            stats.files += len(best.markers)
-        else:
-            stats += await self.backend.copy_file(p.dst / best.name, staging)
-        staged = await to_thread(snapshot, staging, exclude)
-        if not matches(staged, best.snap):
-            await to_thread(_fsops.remove_ours, staging)
-            raise CopyError(f"restored copy of {best.name} does not match the persistent one")
-        await to_thread(_fsops.swap_in, staging, dest, is_dir=best.is_dir, fsync=False)
-        return stats
 
     def _repoint(self, listing: Listing, best: Entry) -> dict[str, Any]:
         """The profile's pointer (DeepSpeed ``latest``, Megatron's tracker) names a checkpoint
@@ -230,12 +170,6 @@ class Restorer:
                     done.append(name)
         return done
 
-
-
-def same_files(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """Do two manifests name the same files with the same sha256?"""
-    fa, fb = a["files"], b["files"]
-    return fa.keys() == fb.keys() and all(fa[r]["sha256"] == fb[r]["sha256"] for r in fa)
 
 
 def _copy_local(src: Path, dst: Path) -> None:

@@ -10,7 +10,9 @@ node restores the one version the leader chose (``_aside.py`` sets the others as
 The role is what differs between them, and the engine asks it instead of telling them apart:
 the rules a side is judged by, what a scan may trust and knows of the writers, the publisher
 it builds, the watchers it adds, what of the persistent side is our leftover, and the restore
-(its preface, the offer, the choice, what this node holds). Rules: docs/sync.md,
+(its preface, the offer, the choice, what this node holds). What the persistent side is
+(a directory, an object store) is not the role's: it builds its publisher from the sides the
+engine's ``storage`` gives it (``_side.Storage``). Rules: docs/sync.md,
 "Multi-node checkpoints"; docs/multinode.md.
 """
 
@@ -26,19 +28,18 @@ from typing import Any, Awaitable, Callable, Collection, Mapping, Protocol
 import anyio
 
 from supervisor.bell import LINKED_LOOK_S, Bell
-from supervisor.sync import _fsops
 from supervisor.sync._aside import set_aside, set_aside_names, set_aside_versions
 from supervisor.sync._assembly import Assembly
-from supervisor.sync._complete import STAGING_PREFIX, Listing
+from supervisor.sync._complete import Listing
 from supervisor.sync._fill import ChoiceUnverified
 from supervisor.sync._partpublish import Gather, Handover, PartPublisher
 from supervisor.sync._peers import COPIES, PERSISTENT_WAIT_S, SLOW_LOOK_S, Book, across, choose_across, copies, holdings, remote, wanted
-from supervisor.sync._parts import PARTS_DIR, go_path, parts_root, taken, waiting
 from supervisor.sync._profiles import Profile
 from supervisor.sync._publish import Publisher
 from supervisor.sync._restore import Restorer
 from supervisor.sync._ring import Ring
 from supervisor.sync._schedule import Schedule
+from supervisor.sync._side import GatherSide, Ledger, Storage
 from supervisor.sync._space import SpaceWatch
 from supervisor.sync._state import PairState, to_thread
 from supervisor.sync._versions import version_of
@@ -53,6 +54,7 @@ class Host(Protocol):
     """What a role uses of the engine it is composed into (``_pair.PairEngine``)."""
 
     state: PairState
+    storage: Storage
     schedule: Schedule
     restorer: Restorer
     exited: bool
@@ -123,8 +125,9 @@ class Single:
 
     def compose(self, host: Host, *, on_publish: Callable[..., None], ours: set[str] | None) -> Publisher:
         self.host = host
-        return Publisher(host.state, rescan=host.rescan, recheck=host.schedule.recheck, on_publish=on_publish,
-                         ours=ours, wanted=host.schedule.wanted)
+        ledger = Ledger(host.state, ours)
+        return Publisher(host.state, host.storage.whole(ledger), ledger=ledger, recheck=host.schedule.recheck,
+                         on_publish=on_publish, wanted=host.schedule.wanted)
 
     def rules(self, profile: Profile | None, local: bool) -> Profile | None:
         return profile
@@ -145,9 +148,8 @@ class Single:
         return []
 
     def leftovers(self) -> list[Path]:
-        """Staging leftovers; never ``.supervise-parts`` (a per-node pair's, which its nodes still count)."""
-        dst = self.host.state.pair.dst
-        return [s for s in _fsops.stale_staging(dst) if s != parts_root(dst)]
+        """The persistent side's (``Storage.leftovers``: a directory's staging leftovers)."""
+        return self.host.storage.leftovers()
 
     def set_aside_role(self, was: int | None) -> list[str]:
         return []
@@ -185,6 +187,7 @@ class _PerNode:
     identifies = False
     marker_here: bool
     owns_writers: bool
+    gather_side: GatherSide                    # the persistent side of this pair's gathering (``compose``)
 
     def __init__(self, node: int, parts_poll: float) -> None:
         self.node = node
@@ -218,8 +221,10 @@ class _PerNode:
     def compose(self, host: Host, *, on_publish: Callable[..., None], ours: set[str] | None) -> Publisher:
         self.host = host
         self.pair, self.emit = host.state.pair, host.state.emit
-        self.parts = PartPublisher(host.state, node=self.node, rescan=host.rescan, recheck=host.schedule.recheck,
-                                   on_publish=on_publish, gather=self._gather)
+        ledger = Ledger(host.state)
+        side, part_side, self.gather_side = host.storage.per_node(ledger, self.node)
+        self.parts = PartPublisher(host.state, side, part_side, ledger=ledger, node=self.node,
+                                   recheck=host.schedule.recheck, on_publish=on_publish, gather=self._gather)
         return self.parts
 
     def rules(self, profile: Profile | None, local: bool) -> Profile | None:
@@ -285,7 +290,7 @@ class _PerNode:
         finally:
             host.exited = exited
         local = await to_thread(host.restorer.judge, self.pair.src)
-        mine = await to_thread(holdings, self.pair, local, host.state.profile)
+        mine = await to_thread(holdings, self.pair, local, host.state.profile, host.storage.content_manifest)
         return {**mine, COPIES: await to_thread(copies, self.pair)}
 
     async def _choice(self, without: Collection[str]) -> tuple[str | None, dict[str, Any]]:
@@ -374,7 +379,7 @@ class Leader(_PerNode):
         super().__init__(0, parts_poll)
 
     def _gather(self, pub: PartPublisher) -> Assembly:
-        self.assembly = Assembly(pub, trigger=self.host.trigger, tell=lambda word: self.tell(word))
+        self.assembly = Assembly(pub, self.gather_side, trigger=self.host.trigger, tell=lambda word: self.tell(word))
         return self.assembly
 
     def judged(self, listing: Listing, *, settle: float, finished: bool, whole_local: bool) -> None:
@@ -385,45 +390,35 @@ class Leader(_PerNode):
 
     async def parts_watch(self) -> None:
         """A pass whenever a node says it staged a part (``part``, on the leader's line), or
-        its manifest appears or goes: other nodes' writes on a network filesystem raise no
+        its manifest appears or goes: other nodes' writes on shared storage raise no
         inotify event here, so without the line the parts are polled, more often while a
         checkpoint waits for them; with it, a listing of every node's manifests is rare
         (``bell.LINKED_LOOK_S``), so the leader's looks grow with the checkpoints, not with time."""
-        last: dict[str, dict[int, float]] | None = None
+        last: Any = None
         while True:
             fast = min(self.parts_poll, WAITING_POLL_S) if self.assembly.missing else self.parts_poll
             if await self.bell.wait(self._pause(fast)):
                 self.host.trigger("parts")  # the pass reads the manifests it needs; no listing here
                 continue
             try:
-                now = await to_thread(waiting, self.pair.dst)
+                now, any_part = await self.gather_side.parts_now()
             except OSError:
                 continue
             if now != last:
                 last = now
-                if now:
+                if any_part:
                     self.host.trigger("parts")
 
     def leftovers(self) -> list[Path]:
-        """Parts are never leftovers: other nodes may be writing them now, and a complete one
-        still counts after a requeue. An assembly staging whose parts are still there is kept
-        (it may hold files renamed out of them); the parts that checkpoints already published
-        hold are released."""
-        p = self.pair
-        parts = waiting(p.dst)
-        for name in list(parts):
-            # a newer version than the published one (the last attempt's last save, its
-            # leader gone before assembling it) still counts; the rest is released
-            if (p.dst / name).exists() and not self.assembly.current_parts(name, parts[name]):
-                del parts[name]
-        keep = {f"{STAGING_PREFIX}{n}" for n in parts} | {PARTS_DIR}
-        return [s for s in _fsops.stale_staging(p.dst) if s.name not in keep]
+        """The persistent side's (``GatherSide.leftovers``): never parts, which other nodes
+        may be writing now, and a complete one still counts after a requeue."""
+        return self.gather_side.leftovers()
 
 
 class Node(_PerNode):
     """Node K > 0 of a per-node pair: stages its own part and hands it over (``Handover``).
     Rank 0's marker is never written here: a part waiting for it settles instead, or is
-    complete at once when the leader says node 0's is (``GO_FILE``). Its writers are the
+    complete at once when the leader says node 0's is (its go file or object). Its writers are the
     job's processes it found on this node, once it found them."""
 
     marker_here = False
@@ -434,13 +429,12 @@ class Node(_PerNode):
         self.awaiting_go: set[str] = set()         # directories not complete yet (the leader may say go)
 
     def _gather(self, pub: PartPublisher) -> Handover:
-        return Handover(pub, tell=lambda word: self.tell(word))
+        return Handover(pub, self.gather_side, tell=lambda word: self.tell(word))
 
     def judged(self, listing: Listing, *, settle: float, finished: bool, whole_local: bool) -> None:
         """``settled_here``, with the leader's word for the checkpoints it gave it (blocking:
-        one stat each). ``whole_local``: a scan of the whole local side says which wait."""
-        dst = self.pair.dst
-        go = {n for n, e in listing.entries.items() if not e.complete and e.is_dir and go_path(dst, n).exists()}
+        one stat each, in a directory). ``whole_local``: a scan of the whole local side says which wait."""
+        go = {n for n, e in listing.entries.items() if not e.complete and e.is_dir and self.gather_side.said_go(n)}
         settled_here(listing, settle, time.time(), finished=finished, go=go)
         if whole_local:
             self.awaiting_go = {n for n, e in listing.entries.items() if not e.complete and e.is_dir}
@@ -450,16 +444,13 @@ class Node(_PerNode):
 
     async def parts_watch(self) -> None:
         """A pass when the leader says a checkpoint this node is waiting on is complete
-        (``GO_FILE``), or has taken a part of this node's (its manifest gone: the pass tidies
-        the part directory away). The leader's words ``go`` and ``taken`` on its line say when
-        to look; without the line, it looks every ``GO_POLL_S`` while a part waits."""
-        told: set[str] = set()
+        (its go file or object), or has taken a part of this node's (its manifest gone: the
+        pass tidies what is left of it away): ``GatherSide.look``. The leader's words ``go``
+        and ``taken`` on its line say when to look; without the line, it looks every
+        ``GO_POLL_S`` while a part waits."""
         while True:
             await self.bell.wait(self._pause(GO_POLL_S if self.awaiting_go else self.parts_poll))
-            names = set(self.awaiting_go) - told
-            said = {n for n in names if await to_thread(go_path(self.pair.dst, n).exists)}
-            if said or await to_thread(taken, self.pair.dst, list(self.parts.parted), self.node):
-                told |= said
+            if await self.gather_side.look(set(self.awaiting_go), list(self.parts.parted)):
                 self.host.trigger("parts")
 
     def leftovers(self) -> list[Path]:

@@ -39,21 +39,6 @@ class PairState:
         self.sigs: dict[str, Any] = {}         # its top-level stat then, to skip re-walking it
         self.pending: list[str] = [f"{pair.name}: not synced yet"]  # what is not yet durable, a line each
         self.last_activity: float | None = None  # time.monotonic() of the last local change seen
-        self.store = open_store(pair)             # the object store of an s3:// pair (_store.py), else None
         self.owner = ""                           # this run on a store (its run directory): whose a name's keys are
         self.progress = Progress()                # what is in flight on the persistent side, and whether it moves (_stall.py)
 
-
-def open_store(pair: SyncPair) -> Any:
-    """The client of a pair's object store; None for a directory, or when the s3 extra
-    (obstore) is not installed, which ``Mirror.check`` says before anything starts."""
-    if pair.store is None:
-        return None
-    try:
-        from supervisor.sync._store import Store, StoreError
-    except ImportError:
-        return None
-    try:
-        return Store(pair.store)
-    except (ImportError, StoreError):
-        return None  # Mirror.check says why, in one line

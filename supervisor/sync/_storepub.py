@@ -1,13 +1,14 @@
 """Checkpoint publishing and restore where the persistent side is an object store.
 
-The publisher is ``_publish.Publisher`` with another destination: a checkpoint's files are
+``StoreSide`` is the persistent side (``_side.Side``) that ``_publish.Publisher`` is given for
+an ``s3://`` pair: a checkpoint's files are
 uploaded concurrently under their keys, checked against the local side once more, and only
 then does its manifest land (``_manifest.py``), with ``If-None-Match: *`` for a name this run
 never published and ``If-Match`` on the ETag read before for a new version of its own. A
 second run writing the same prefix is refused, never overwritten (``sync-refused``). Pointers
-are manifests too, moved the same way. The restorer chooses among the manifests, downloads in
-parallel into a local staging name, verifies each file's size and sha256, and renames it into
-place. Rules: docs/sync.md, "Object stores".
+are manifests too, moved the same way. ``StoreRestore`` is the side ``_restore.Restorer`` is
+given: it lists the manifests, downloads in parallel into a local staging name, verifies each
+file's size and sha256, and renames it into place. Rules: docs/sync.md, "Object stores".
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ import math
 import os
 import secrets
 from functools import partial
-import time
 from pathlib import Path
-from typing import Any, Collection, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import anyio
 
@@ -28,11 +28,10 @@ from supervisor.sync._manifest import (
     MANIFESTS, POINTERS, checkpoint_doc, claim_rel, data_rel, dumps, entry_of, loads, manifest_rel, pointer_doc, pointer_of,
     pointer_rel, profile_of,
 )
-from supervisor.sync._publish import RECOPY_TRIES, Publisher
 from supervisor.sync._content import holds_version
-from supervisor.sync._fill import ChoiceUnverified, Fetch, Mismatch, Unverified, fill, local_candidates
+from supervisor.sync._fill import Fetch, Mismatch, fill, local_candidates
 from supervisor.sync._peers import PERSISTENT_WAIT_S
-from supervisor.sync._restore import Restorer, leaving_out, same_files, is_newer, newest
+from supervisor.sync._side import RECOPY_TRIES, Brought, Landed, Ledger, same_files
 from supervisor.sync._state import PairState, to_thread
 from supervisor.sync._backend import first_failure
 from supervisor.sync._store import BATCH_BYTES, BATCH_FILES, SMALL, Changed, Exists, Store, StoreError
@@ -118,24 +117,22 @@ class StoreManifests:
 
 
 class StoreSide:
-    """The persistent side of a publisher as an object store: what ``Publisher`` asks of a
-    directory (``_there``, ``_drop``, ``_pointer_there``, ``_write_pointer``), answered from
-    manifests, and the conditional put of one (``commit``)."""
+    """The persistent side as an object store (``_side.Side``): what publishing asks of it,
+    answered from manifests, and the conditional put of one (``commit``). ``ledger``: what
+    this run directory may replace and what it refused (``_side.Ledger``, the publisher's
+    too); ``rescan(name)`` lists that one local entry again (blocking)."""
 
-    pair: Any
-    _owns: Any
-    _refuse: Any
-
-    def __init__(self, store: Store) -> None:
+    def __init__(self, state: PairState, store: Store, *, ledger: Ledger, rescan: Callable[[str], Listing]) -> None:
+        self.state = state
+        self.pair, self.emit = state.pair, state.emit
         self.store = store
+        self.ledger = ledger
+        self.rescan = rescan
         self.manifests = StoreManifests(store)
         self.etags: dict[str, str] = {}          # manifest (rel) → its ETag when we wrote or read it
         self.docs: dict[str, dict[str, Any]] = {}  # checkpoint → its manifest on the store
         self.pointer_docs: dict[str, dict[str, Any]] = {}  # pointer → its manifest on the store
         self.claimed: set[str] = set()            # names whose own keys this run holds
-
-    async def _there(self, name: str) -> Snap | None:
-        return await self.there(name)
 
     async def there(self, name: str) -> Snap | None:
         """The published version of ``name`` (its manifest, read now; kept in ``docs``), or None."""
@@ -147,29 +144,67 @@ class StoreSide:
         self.docs[name], self.etags[manifest_rel(name)] = got
         return entry_of(got[0]).snap
 
-    async def _drop(self, name: str) -> None:
+    async def drop(self, name: str) -> None:
         return None  # objects without a manifest are never restored; the next upload writes over them
 
-    async def _pointer_there(self, name: str) -> bool:
+    async def pointer_there(self, name: str) -> bool:
         got = await self.manifests.read(pointer_rel(name))
         if got is not None:
             self.etags[pointer_rel(name)] = got[1]
             self.pointer_docs[name] = got[0]
         return got is not None
 
-    async def _write_pointer(self, ptr: Pointer, target: str) -> bool:
+    async def write_pointer(self, ptr: Pointer, target: str) -> bool:
         rel = pointer_rel(ptr.name)
         if rel not in self.etags:
-            await self._pointer_there(ptr.name)
+            await self.pointer_there(ptr.name)
         was = self.pointer_docs.get(ptr.name)
         if was is not None and was.get("target") == target and pointer_of(was).content == ptr.content:
             return False  # that very pointer is there (a restored ``latest``)
         if await self.commit(rel, dumps(pointer_doc(ptr, target)), self.etags.get(rel)) is None:
-            self._refuse(ptr.name, "pointer")
+            self.ledger.refuse(ptr.name, "pointer")
             return False
         # the pointer's own bytes beside its checkpoint, for a reader by hand (the manifest decides)
         await self.store.put_bytes(self.store.key(ptr.name), target.encode() if ptr.link else ptr.content)
         return True
+
+    async def land(self, e: Entry, stats: CopyResult) -> Landed | None:
+        """Upload, re-check the local side, then the manifest. None: the checkpoint vanished,
+        stopped being complete, kept changing, or another writer's manifest is there."""
+        p = self.pair
+        rel = manifest_rel(e.name)
+        await self.there(e.name)  # the manifest there now, and its ETag: what a new version moves
+        before = self.docs.get(e.name)
+        token = await self.place(e.name, self.state.owner) if before is None or self.ledger.owns(e.name) else False
+        if token is False:
+            self.ledger.refuse(e.name)  # another run's manifest or claim is there
+            return None
+        for _attempt in range(RECOPY_TRIES):
+            try:
+                files = await upload(self.store, p.src / e.name, e, e.name, token)
+            except FileNotFoundError:
+                if await to_thread(os.path.lexists, p.src / e.name):
+                    raise
+                return None  # rotated away under the upload: not a failure
+            again: Listing = await to_thread(self.rescan, e.name)
+            now = again.entries.get(e.name)
+            if now is None or not now.complete:
+                return None
+            if now.snap.files != e.snap.files or not uploaded_whole(files, e.snap):
+                e = now  # changed while uploaded: again, before it counts
+                continue
+            stats.files += len(files)
+            stats.bytes += sum(int(f["size"]) for f in files.values())
+            doc = checkpoint_doc(e, files, profile=self.state.profile)
+            if await self.commit(rel, dumps(doc), self.etags.get(rel)) is None:
+                self.ledger.refuse(e.name)  # another run's manifest landed first
+                return None
+            await self.superseded(before, doc)
+            self.docs[e.name] = doc
+            return Landed(e, again, {"manifest": self.store.key(manifest_rel(e.name))})
+        self.emit("sync-deferred", pair=p.name, checkpoint=e.name,
+                  reason=f"changed while being uploaded, {RECOPY_TRIES} times; trying again on the next pass")
+        return None
 
     async def commit(self, rel: str, data: bytes, etag: str | None) -> str | None:
         """Put a manifest: created where none was read, else moved from the ETag read. None:
@@ -208,162 +243,59 @@ class StoreSide:
         self.claimed.add(name)
         return None
 
-    def may_replace(self, name: str) -> bool:
-        """This run directory published ``name`` before (``Publisher._owns``)."""
-        return bool(self._owns(name))
 
-    def refuse(self, name: str) -> None:
-        self._refuse(name)
+class StoreRestore:
+    """A restore from an object store (``_side.RestoreSide``): the manifests are its listing;
+    a version comes back from the nearest copy whose sha256 is the manifest's, downloaded
+    where no nearer one is."""
 
+    unverified_as = "torn"
+    none_verified = "no checkpoint on persistent storage whose objects match its manifest"
+    repoints_kept = False
 
-class StorePublisher(StoreSide, Publisher):
-    """``Publisher`` whose persistent side is an object store (``pair.store``)."""
-
-    def __init__(self, state: PairState, store: Store, **kw: Any) -> None:
-        Publisher.__init__(self, state, **kw)
-        StoreSide.__init__(self, store)
-
-    async def _publish(self, e: Entry, trigger: str, stats: CopyResult) -> bool:
-        """Upload, re-check the local side, then the manifest. False: the checkpoint vanished,
-        stopped being complete, kept changing, or another writer's manifest is there."""
-        p = self.pair
-        rel = manifest_rel(e.name)
-        await self.there(e.name)  # the manifest there now, and its ETag: what a new version moves
-        before = self.docs.get(e.name)
-        token = await self.place(e.name, self.state.owner) if before is None or self._owns(e.name) else False
-        if token is False:
-            self._refuse(e.name)  # another run's manifest or claim is there
-            return False
-        for _attempt in range(RECOPY_TRIES):
-            try:
-                files = await upload(self.store, p.src / e.name, e, e.name, token)
-            except FileNotFoundError:
-                if await to_thread(os.path.lexists, p.src / e.name):
-                    raise
-                return False  # rotated away under the upload: not a failure
-            again: Listing = await to_thread(self.rescan, e.name)
-            now = again.entries.get(e.name)
-            if now is None or not now.complete:
-                return False
-            if now.snap.files != e.snap.files or not uploaded_whole(files, e.snap):
-                e = now  # changed while uploaded: again, before it counts
-                continue
-            stats.files += len(files)
-            stats.bytes += sum(int(f["size"]) for f in files.values())
-            doc = checkpoint_doc(e, files, profile=self.state.profile)
-            if await self.commit(rel, dumps(doc), self.etags.get(rel)) is None:
-                self._refuse(e.name)  # another run's manifest landed first
-                return False
-            await self.superseded(before, doc)
-            self.docs[e.name] = doc
-            self._published(e, again, trigger)
-            return True
-        self.emit("sync-deferred", pair=p.name, checkpoint=e.name,
-                  reason=f"changed while being uploaded, {RECOPY_TRIES} times; trying again on the next pass")
-        return False
-
-    def _published(self, e: Entry, again: Listing, trigger: str) -> None:
-        self.state.published[e.name] = e.snap
-        if e.name in again.sigs:
-            self.state.sigs[e.name] = again.sigs[e.name]
-        lag = round(time.time() - e.done_at, 3) if e.done_at else None
-        stray = {} if e.restorable else {"restorable": False}
-        self.emit("publish", pair=self.pair.name, checkpoint=e.name, trigger=trigger, files=len(e.snap.files),
-                  bytes=e.snap.bytes, why=e.why, lag_s=lag, manifest=self.store.key(manifest_rel(e.name)), **stray)
-        if e.restorable:
-            self.on_publish(e.done_at, (e.name, again.sigs[e.name][0]) if e.name in again.sigs else None)
-
-
-class StoreRestorer(Restorer):
-    """``Restorer`` from an object store: the manifests are the persistent side's listing."""
-
-    def __init__(self, state: PairState, store: Store, **kw: Any) -> None:
-        super().__init__(state, **kw)
+    def __init__(self, state: PairState, store: Store) -> None:
+        self.state = state
+        self.pair, self.emit = state.pair, state.emit
         self.store = store
         self.manifests = StoreManifests(store)
 
-    async def choose(self, without: Collection[str] = ()) -> str | None:
-        listing, _docs = await self.manifests.listing()
-        self.adopt_profile(listing, "persistent")
-        self.chosen = best = newest(leaving_out(listing, without), self.state.profile)
-        return best.name if best is not None else None
-
-    async def run(self, want: str | None = None, *, keep_newer: bool = True, doc: Mapping[str, Any] | None = None,
-                  peers: Sequence[tuple[str, Fetch]] = ()) -> Path | None:
-        p = self.pair
-        t0 = time.monotonic()
+    async def listing(self, doc: Mapping[str, Any] | None, slow: bool) -> tuple[Listing, dict[str, Any]]:
+        """The manifests; with ``doc`` (a version only the nodes hold), its document among
+        them, marked ``_persistent`` where the store's copy of that name has the very same
+        files (then downloaded from their keys). A version only the nodes hold does not wait
+        for a store that does not answer."""
         listing, docs = Listing(), {}  # type: tuple[Listing, dict[str, Any]]
-        # a version only the nodes hold does not wait for a store that does not answer
-        with anyio.move_on_after((0.0 if self.slow else PERSISTENT_WAIT_S) if doc is not None else math.inf):
+        with anyio.move_on_after((0.0 if slow else PERSISTENT_WAIT_S) if doc is not None else math.inf):
             listing, docs = await self.manifests.listing()
-        self.adopt_profile(listing, "persistent")
-        local: Listing = await to_thread(self.judge, p.src)
-        best, mine = newest(listing, self.state.profile), newest(local, self.state.profile)
         if doc is not None:
-            best = entry_of(doc)
-            published = docs.get(best.name)
-            docs = {**docs, best.name: {**doc, "_persistent": published is not None and same_files(published, doc)}}
+            name = entry_of(doc).name
+            published = docs.get(name)
+            docs = {**docs, name: {**doc, "_persistent": published is not None and same_files(published, doc)}}
             if published is not None:
-                docs[best.name]["files"] = {r: {**f, "key": published["files"][r]["key"]} if r in published["files"] else f
-                                            for r, f in doc["files"].items()}
-        elif want is not None:
-            best = listing.entries.get(want)
-        if not keep_newer:
-            mine = None
-        if mine is not None and (best is None or is_newer(mine, best)):
-            why = (f"the local {mine.name} is newer than the persistent {best.name}" if best is not None
-                   else f"nothing on persistent storage; the local {mine.name} is complete")
-            self.emit("restore", pair=p.name, checkpoint=None, kept=mine.name, reason=f"{why}: kept, and published first")
-            return p.src / mine.name
-        if best is None:
-            self.emit("restore", pair=p.name, checkpoint=None, reason="no complete checkpoint on persistent storage")
-            return None
-        # The newest first; one whose objects are not what its manifest says (deleted by hand,
-        # overwritten by another tool) is skipped for the next newest, never restored torn.
-        # The leader's choice for every node (``want``) is that version or nothing.
-        order = [best] if want is not None or doc is not None else [best] + sorted(
-            (e for e in listing.entries.values() if e.restorable and e.name != best.name), key=lambda e: e.order,
-            reverse=True)
-        skipped: list[str] = []
-        for best in order:
-            try:
-                return await self._from_store(best, docs[best.name], listing, local, keep_newer, t0, skipped, peers)
-            except StoreError as err:
-                if (want is not None or doc is not None) and err.code == "EBADMSG":
-                    raise ChoiceUnverified(best.name, str(err)) from err
-                if want is not None or err.code not in ("EBADMSG", "ENOENT"):
-                    raise
-                skipped.append(best.name)
-        self.emit("restore", pair=p.name, checkpoint=None, torn=skipped,
-                  reason="no checkpoint on persistent storage whose objects match its manifest")
-        return None
+                docs[name]["files"] = {r: {**f, "key": published["files"][r]["key"]} if r in published["files"] else f
+                                       for r, f in doc["files"].items()}
+        return listing, docs
 
-    async def _from_store(self, best: Entry, doc: Mapping[str, Any], listing: Listing, local: Listing, keep_newer: bool,
-                          t0: float, skipped: list[str], peers: Sequence[tuple[str, Fetch]] = ()) -> Path:
+    def failed_reason(self, chosen: bool) -> str:
+        return "no copy of it verifies against its manifest"
+
+    async def bring(self, best: Entry, docs: Mapping[str, Any], listing: Listing, local: Listing, *,
+                    keep_newer: bool, doc: Mapping[str, Any] | None,
+                    peers: Sequence[tuple[str, Fetch]]) -> Brought:
         """``best`` onto local disk from the nearest copy whose sha256 is the manifest's: the
         node's own (live or set aside), the other nodes that hold it (``peers``), else
         downloaded (``_fill``); a version only the nodes hold is downloaded only where the
         store's copy of that name has the very same bytes."""
         p = self.pair
         dest = p.src / best.name
-        stored = bool(doc.get("_persistent", True))
-        try:
-            filled = await fill(doc, dest, candidates=local_candidates(p.src, best.name), peers=peers,
-                                fetch=self._download if stored else None)
-        except Unverified as u:
-            self.emit("restore-verify", pair=p.name, checkpoint=best.name, result="failed", failed=u.failed,
-                      reason="no copy of it verifies against its manifest")
-            raise StoreError(str(u), "EBADMSG") from u
+        version = docs[best.name]
+        stored = bool(version.get("_persistent", True))
+        filled = await fill(version, dest, candidates=local_candidates(p.src, best.name), peers=peers,
+                            fetch=self._download if stored else None)
         self.emit("restore-verify", pair=p.name, checkpoint=best.name, result="verified", **filled.fields())
-        links = await to_thread(self._restore_pointers, listing, local, best)
-        repointed = await to_thread(self._repoint, listing, best)
         got = filled.came.get("persistent", 0)
-        self.emit("restore", pair=p.name, checkpoint=best.name, to=dest,
-                  source=self.store.key(manifest_rel(best.name)) if stored else "nodes",
-                  files=filled.files.get("persistent", 0), bytes=got, seconds=round(time.monotonic() - t0, 3),
-                  copied=bool(got), why=best.why, step=best.step, pointers=links,
-                  **({"torn": skipped} if skipped else {}), **repointed)
-        return dest
+        return Brought(dest, CopyResult(files=filled.files.get("persistent", 0), bytes=got),
+                       self.store.key(manifest_rel(best.name)) if stored else "nodes", bool(got))
 
     async def _download(self, rel: str, f: Mapping[str, Any], target: Path) -> int:
         """One object of the manifest, checked against its size and sha256 as it streams."""

@@ -1,47 +1,35 @@
-"""The roles of a pair whose persistent side is an object store (``to = "s3://…"``).
+"""A pair whose persistent side is an object store (``to = "s3://…"``): ``ObjectStore``, the
+``_side.Storage`` its jobs are given, and the store's answers for a per-node pair.
 
-``StoreSingle`` publishes this node's checkpoints whole (``_storepub.StorePublisher``).
-A per-node pair needs no shared filesystem at all: every node uploads its own part straight
-to the bucket, under the checkpoint's keys, then its part manifest
-(``.supervise/parts/<checkpoint>/node-K.json``); the leader (``StoreLeader``) publishes the
+A pair of one node publishes its checkpoints whole to the ``_storepub.StoreSide``. A per-node
+pair needs no shared filesystem at all: every node uploads its own part straight to the
+bucket, under the checkpoint's keys, then its part manifest
+(``.supervise/parts/<checkpoint>/node-K.json``: ``StoreParts``); the leader publishes the
 checkpoint's manifest, the union of every node's, once all N are there (one, for a single
 file such as rank 0's ``snapshot.pt``), then removes the part manifests: their nodes see that
-as "taken". Node 0's word that a checkpoint is complete (rank 0's marker is written on node 0
-only) is an object too (``.supervise/parts/<checkpoint>/go``). The words on the leader's line
-(``part``, ``go``, ``taken``) say when to look, as for a directory. Rules: docs/sync.md,
-"Object stores"; the roles they extend: ``_roles.py``.
+as "taken" (``StoreGather``). Node 0's word that a checkpoint is complete (rank 0's marker is
+written on node 0 only) is an object too (``.supervise/parts/<checkpoint>/go``). The words on
+the leader's line (``part``, ``go``, ``taken``) say when to look, as for a directory. Rules:
+docs/sync.md, "Object stores"; the roles that ask these: ``_roles.py``.
 """
 
 from __future__ import annotations
 
 import secrets
-import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from supervisor.errors import ConfigError
 from supervisor.sync._backend import CopyResult
-from supervisor.sync._complete import Entry, Listing, Pointer, Snap, natural_key
+from supervisor.sync._complete import Entry, Listing, Snap, natural_key
 from supervisor.sync._manifest import PARTS, checkpoint_doc, dumps, entry_of, go_rel, loads, manifest_rel, part_rel
-from supervisor.sync._assembly import Assembly
-from supervisor.sync._partpublish import Handover, PartPublisher
-from supervisor.sync._publish import RECOPY_TRIES, Publisher
-from supervisor.sync._roles import WAITING_POLL_S, GO_POLL_S, Host, Leader, Node, Single, settled_here
-from supervisor.sync._state import to_thread
-from supervisor.sync._storepub import StorePublisher, StoreSide, file_is, upload, uploaded_whole
+from supervisor.sync._parts import PartConflict
+from supervisor.sync._side import RECOPY_TRIES, Landed, Ledger, Whole
+from supervisor.sync._state import PairState, to_thread
+from supervisor.sync._storelogs import StoreLogs
+from supervisor.sync._storepub import StoreRestore, StoreSide, file_is, upload, uploaded_whole
 from supervisor.sync._store import Store
 from supervisor.sync._versions import contains, written
-
-
-class StoreSingle(Single):
-    """A pair mirrored from this node alone into an object store."""
-
-    def compose(self, host: Host, *, on_publish: Callable[..., None], ours: set[str] | None) -> Publisher:
-        self.host = host
-        return StorePublisher(host.state, host.state.store, rescan=host.rescan, recheck=host.schedule.recheck,
-                              on_publish=on_publish, ours=ours, wanted=host.schedule.wanted)
-
-    def leftovers(self) -> list[Path]:
-        return []  # nothing of ours is visible on a store without a manifest
 
 
 async def parts_there(store: Store) -> dict[str, set[str]]:
@@ -53,49 +41,52 @@ async def parts_there(store: Store) -> dict[str, set[str]]:
     return out
 
 
-class StorePartPublisher(StoreSide, PartPublisher):
-    """A per-node pair's parts, uploaded to the store: this node's files, then its part manifest."""
+class StoreParts:
+    """This node's parts of a per-node pair on an object store (``_side.PartSide``): its files
+    uploaded under the checkpoint's keys, checked, then its part manifest. ``side``: the
+    pair's ``StoreSide`` (the published manifests, this run's claims, what it may replace)."""
 
-    def __init__(self, state: Any, store: Store, **kw: Any) -> None:
-        StoreSide.__init__(self, store)  # first: PartPublisher builds its gather, which reads the store
-        PartPublisher.__init__(self, state, **kw)
+    def __init__(self, side: StoreSide, *, node: int) -> None:
+        self.side = side
+        self.state, self.pair, self.emit, self.store = side.state, side.pair, side.emit, side.store
+        self.node = node
+        self.nodes = side.pair.nodes
 
-    async def _published_as(self, e: Entry) -> tuple[Snap | None, bool] | None:
-        there = await self.there(e.name)
+    async def published_as(self, e: Entry) -> tuple[Snap | None, bool] | None:
+        there = await self.side.there(e.name)
         if there is None:
             return None
-        same = contains(there, e.snap) if e.is_dir else await to_thread(file_is, self.pair.src / e.name, self.docs[e.name])
+        same = contains(there, e.snap) if e.is_dir else await to_thread(file_is, self.pair.src / e.name, self.side.docs[e.name])
         return there, same
 
-    async def _drop_part(self, name: str) -> None:
+    async def drop_part(self, name: str) -> None:
         return None  # objects without a part manifest are never gathered; the next upload writes over them
 
-    async def _look_inside_published(self, listing: Listing) -> None:
-        """``PartPublisher``'s, asked of the published manifest: a directory incomplete here may
-        be this node's files of a checkpoint published whole (HF's ``rng_state_R.pth``)."""
-        for e in listing.entries.values():
-            known = self.inside.get(e.name)
-            if not (e.complete or not e.is_dir or (known is not None and known[0].same_content(e.snap))):
-                there = await self.there(e.name)
-                self.inside[e.name] = (e.snap, contains(there, e.snap))
+    async def inside_published(self, e: Entry) -> bool:
+        """Asked of the published manifest: a directory incomplete here may be this node's
+        files of a checkpoint published whole (HF's ``rng_state_R.pth``)."""
+        return contains(await self.side.there(e.name), e.snap)
 
-    async def _stage_part(self, e: Entry, trigger: str, stats: CopyResult) -> bool:
-        """This node's files of ``e`` uploaded, checked, then its part manifest."""
+    async def part_there(self, e: Entry) -> bool:
         p, name = self.pair, e.name
         rel = part_rel(name, self.node)
-        old = await self.manifests.read(rel)
+        old = await self.side.manifests.read(rel)
         if old is not None and entry_of(old[0]).snap.same_content(e.snap) and old[0].get("nodes") == self.nodes:
-            self.parted[name] = self.seen[name] = e.snap  # written by an earlier attempt, from these very files
             return True
         if old is not None:
             await self.store.delete([self.store.key(rel)])
             self.emit("part-withdrawn", pair=p.name, checkpoint=name, node=self.node,
                       reason="this node's files changed after its part was written; uploading it again")
-        self.parted.pop(name, None)
-        token = await self.place(name, self.state.owner)
+        return False
+
+    async def stage_part(self, e: Entry, stats: CopyResult) -> Landed | None:
+        """This node's files of ``e`` uploaded, checked, then its part manifest."""
+        p, name = self.pair, e.name
+        rel = part_rel(name, self.node)
+        token = await self.side.place(name, self.state.owner)
         if token is False:
-            self._refuse(name)  # another run's claim on the name
-            return False
+            self.side.ledger.refuse(name)  # another run's claim on the name
+            return None
         if token is None and not e.is_dir:
             # A single file may be whole on several nodes at once (each node's version of one
             # name): each its own place, never one key that another node's upload overwrites.
@@ -106,11 +97,11 @@ class StorePartPublisher(StoreSide, PartPublisher):
             except FileNotFoundError:
                 if await to_thread(Path.exists, p.src / name):
                     raise
-                return False
-            again: Listing = await to_thread(self.rescan, name)
+                return None
+            again: Listing = await to_thread(self.side.rescan, name)
             now = again.entries.get(name)
             if now is None or not now.complete:
-                return False
+                return None
             if not now.snap.same_content(e.snap) or not uploaded_whole(files, e.snap):
                 e = now
                 continue
@@ -118,57 +109,64 @@ class StorePartPublisher(StoreSide, PartPublisher):
             stats.bytes += sum(int(f["size"]) for f in files.values())
             doc = checkpoint_doc(e, files, profile=self.state.profile, nodes=self.nodes, extra={"node": self.node})
             await self.store.put_bytes(self.store.key(rel), dumps(doc))
-            self.part_durable(e, again, trigger)
-            return True
+            return Landed(e, again, {})
         self.emit("sync-deferred", pair=p.name, checkpoint=name, node=self.node,
                   reason=f"changed while being uploaded, {RECOPY_TRIES} times; trying again on the next pass")
-        return False
-
-    def _holds(self, there: Snap | None, local: Snap) -> bool:
-        return contains(there, local)
+        return None
 
 
-class StoreAssembly(Assembly):
-    """The leader's ``Gather`` on a store (``Assembly``'s, but for): the go objects, the
-    checkpoint's manifest once every part manifest is there, the pointers after it."""
+class StoreGather:
+    """A per-node pair's gathering on a store (``_side.GatherSide``): node 0's word is a go
+    object, each part a part manifest, the checkpoint its manifest, the union of every
+    node's, put conditionally. ``side``: the pair's ``StoreSide`` (the published manifests,
+    what this run may replace)."""
 
-    def __init__(self, pub: StorePartPublisher, trigger: Callable[[str], None], tell: Callable[[str], None]) -> None:
-        super().__init__(pub, trigger, tell)
-        self.spub = pub
-        self.store = pub.store
-        self._went: set[str] = set()
+    def __init__(self, side: StoreSide, *, node: int) -> None:
+        self.side = side
+        self.state, self.pair, self.emit, self.store = side.state, side.pair, side.emit, side.store
+        self.node = node
+        self.nodes = side.pair.nodes
+        self.wrote_go: set[str] = set()  # the leader: go objects it put, until their checkpoint is published
+        self.went: set[str] = set()      # node K: checkpoints node 0 saw complete (their go objects), until taken
 
-    async def before_stage(self, e: Entry) -> None:
-        if self._go_applies(e) and e.name not in self._went:
-            await self.store.put_bytes(self.store.key(go_rel(e.name)), b"node 0 saw it complete\n")
-            self._went.add(e.name)
-            self.tell("go")
+    # ---- the leader's -----------------------------------------------------------------
 
-    def behind(self, ptr: Pointer) -> bool:
-        return False  # the leader's pointer follows what it published; never another node's
+    async def write_go(self, name: str) -> bool:
+        if name in self.wrote_go:
+            return False
+        await self.store.put_bytes(self.store.key(go_rel(name)), b"node 0 saw it complete\n")
+        self.wrote_go.add(name)
+        return True
 
-    async def _assemble_ready(self, trigger: str, published: list[str], listing: Listing) -> None:
-        self.missing = {}
-        for name, leaves in sorted((await parts_there(self.store)).items(), key=lambda kv: natural_key(kv[0]), reverse=True):
-            manifests = await self._current(name, leaves)
-            if "go" in leaves and name not in self._went and 0 not in manifests:
-                await self._drop_go(name)
-            if not manifests:
-                continue
-            single = all(m.get("is_dir") is False for m in manifests.values())
-            if single and len(manifests) > 1:  # one file whole on each of several nodes: the newest is the checkpoint
-                newest = max(manifests, key=lambda k: written(entry_of(manifests[k]).snap))
-                manifests = {newest: manifests[newest]}
-            missing = [] if single else [k for k in range(self.nodes) if k not in manifests]
-            if missing:
-                self.say_missing(name, sorted(manifests), missing)
-                continue
-            merged = self._merge(name, manifests)
-            if merged is None:
-                continue
-            if not await self._commit_whole(name, merged, manifests, trigger, single, listing):
-                continue
-            published.append(name)
+    def persistent_target(self, name: str) -> str | None:
+        return None  # the leader's pointer follows what it published; never another node's
+
+    async def parts_waiting(self) -> list[tuple[str, Any]]:
+        return sorted((await parts_there(self.store)).items(), key=lambda kv: natural_key(kv[0]), reverse=True)
+
+    async def current(self, name: str, have: Any) -> dict[int, dict[str, Any]]:
+        """The part manifests of ``name`` holding a version not yet published; those the
+        published manifest already holds (or a newer one replaced) are removed here. A go
+        object neither this leader wrote nor a current part of node 0's stands behind is
+        dropped (``_drop_go``)."""
+        manifests: dict[int, dict[str, Any]] = {}
+        for k in range(self.nodes):
+            if f"node-{k}.json" in have:
+                got = await self.store.get(self.store.key(part_rel(name, k)))
+                doc = loads(got[0]) if got is not None else None
+                if doc is not None and doc.get("nodes") == self.nodes:
+                    manifests[k] = doc
+        there = await self.side.there(name)
+        if manifests and there is not None:
+            pub_files = self.side.docs[name]["files"]
+            old = [k for k, m in manifests.items()
+                   if all(pub_files.get(r, {}).get("sha256") == f["sha256"] for r, f in m["files"].items())
+                   or written(entry_of(m).snap) <= written(there)]
+            await self.store.delete([self.store.key(part_rel(name, k)) for k in old])
+            manifests = {k: m for k, m in manifests.items() if k not in old}
+        if "go" in have and name not in self.wrote_go and 0 not in manifests:
+            await self._drop_go(name)
+        return manifests
 
     async def _drop_go(self, name: str) -> None:
         """A go object that neither this leader wrote (its passes put one before staging node
@@ -178,47 +176,29 @@ class StoreAssembly(Assembly):
         that name it writes later (a directory reused), before node 0 saw that one complete."""
         await self.store.delete([self.store.key(go_rel(name))])
 
-    async def _current(self, name: str, leaves: set[str]) -> dict[int, dict[str, Any]]:
-        """The part manifests of ``name`` holding a version not yet published; those the
-        published manifest already holds (or a newer one replaced) are removed here."""
-        manifests: dict[int, dict[str, Any]] = {}
-        for k in range(self.nodes):
-            if f"node-{k}.json" in leaves:
-                got = await self.store.get(self.store.key(part_rel(name, k)))
-                doc = loads(got[0]) if got is not None else None
-                if doc is not None and doc.get("nodes") == self.nodes:
-                    manifests[k] = doc
-        there = await self.spub.there(name)
-        if not manifests or there is None:
-            return manifests
-        pub_files = self.spub.docs[name]["files"]
-        old = [k for k, m in manifests.items()
-               if all(pub_files.get(r, {}).get("sha256") == f["sha256"] for r, f in m["files"].items())
-               or written(entry_of(m).snap) <= written(there)]
-        await self.store.delete([self.store.key(part_rel(name, k)) for k in old])
-        return {k: m for k, m in manifests.items() if k not in old}
+    def snap_of(self, manifest: Mapping[str, Any]) -> Snap:
+        return entry_of(manifest).snap
 
-    def _merge(self, name: str, manifests: Mapping[int, Mapping[str, Any]]) -> dict[str, Any] | None:
+    async def short(self, name: str, manifests: Mapping[int, Mapping[str, Any]]) -> str | None:
+        return None
+
+    def _merge(self, name: str, manifests: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
         """Every node's files together; two nodes holding one path with other bytes: a conflict."""
         files: dict[str, dict[str, Any]] = {}
         owner: dict[str, int] = {}
         for k in sorted(manifests):
             for rel, f in manifests[k]["files"].items():
                 if rel in files and files[rel]["sha256"] != f["sha256"]:
-                    error = f"{name}: {rel or name} differs between nodes {owner[rel]}, {k}"
-                    if self.conflicts.get(name) != error:
-                        self.emit("part-conflict", pair=self.pair.name, checkpoint=name, path=rel,
-                                  nodes=[owner[rel], k], error=error)
-                    self.conflicts[name] = error
-                    return None
+                    raise PartConflict(name, rel, [owner[rel], k])
                 files.setdefault(rel, dict(f))
                 owner.setdefault(rel, k)
-        self.conflicts.pop(name, None)
         return files
 
-    async def _commit_whole(self, name: str, files: dict[str, Any], manifests: Mapping[int, Mapping[str, Any]],
-                            trigger: str, single: bool, listing: Listing) -> bool:
-        p = self.pair
+    async def assemble(self, name: str, manifests: Mapping[int, Mapping[str, Any]], single: bool) -> Whole | None:
+        """The checkpoint's manifest, every part's files together, put with ``If-None-Match``
+        (a name this run never published) or ``If-Match`` (a new version of its own); the
+        objects of the version it replaced that it no longer names go. None: refused."""
+        files = self._merge(name, manifests)
         first = manifests[min(manifests)]
         docs = list(manifests.values())
         done = [d["done_at"] for d in docs if d.get("done_at")]
@@ -230,127 +210,121 @@ class StoreAssembly(Assembly):
         doc = checkpoint_doc(e, files, profile=self.state.profile, nodes=self.nodes,
                              extra={"parts": {str(k): len(m["files"]) for k, m in manifests.items()}})
         rel = manifest_rel(name)
-        before = self.spub.docs.get(name)
-        if before is not None and not self.spub.may_replace(name):
-            self.spub.refuse(name)
-            return False
-        if await self.spub.commit(rel, dumps(doc), self.spub.etags.get(rel) if before is not None else None) is None:
-            self.spub.refuse(name)
-            return False
-        await self.spub.superseded(before, doc)
-        self.spub.docs[name] = doc
-        self.now_published(name, entry_of(doc).snap, listing)
+        side = self.side
+        before = side.docs.get(name)
+        if before is not None and not side.ledger.owns(name):
+            side.ledger.refuse(name)
+            return None
+        if await side.commit(rel, dumps(doc), side.etags.get(rel) if before is not None else None) is None:
+            side.ledger.refuse(name)
+            return None
+        await side.superseded(before, doc)
+        side.docs[name] = doc
+        return Whole(entry_of(doc).snap, len(files), doc["bytes"], e.done_at,
+                     {"parts": doc["parts"], "manifest": self.store.key(rel)})
+
+    async def release(self, name: str, manifests: Mapping[int, Mapping[str, Any]]) -> None:
+        """The part manifests and the go object go: their nodes see that as "taken"."""
         await self.store.delete([self.store.key(part_rel(name, k)) for k in manifests] + [self.store.key(go_rel(name))])
-        self._went.discard(name)
-        self.tell("taken")
-        lag = round(time.time() - e.done_at, 3) if e.done_at else None
-        self.emit("publish", pair=p.name, checkpoint=name, trigger=trigger, files=len(files), bytes=doc["bytes"],
-                  why=e.why, lag_s=lag, nodes=self.nodes, parts=doc["parts"], manifest=self.store.key(rel))
-        self.pub.on_publish(e.done_at)
-        return True
+        self.wrote_go.discard(name)
 
-
-class StoreHandover(Handover):
-    """Node K's ``Gather`` on a store: once the leader has taken a part (its part manifest
-    gone), this node owes nothing more for that version, and node 0's word on it is spent
-    (``spent``: the leader removed the go object with the part manifests)."""
-
-    def __init__(self, pub: StorePartPublisher, tell: Callable[[str], None],
-                 spent: Callable[[str], None] = lambda name: None) -> None:
-        super().__init__(pub, tell)
-        self.spub = pub
-        self.spent = spent
-
-    async def begin(self) -> None:
-        pub = self.spub
-        if not pub.parted:
-            return
-        there = await parts_there(pub.store)
-        for name in [n for n in pub.parted if f"node-{pub.node}.json" not in there.get(n, set())]:
-            pub.state.published[name] = pub.parted.pop(name)
-            self.spent(name)
-
-
-class _OnStore:
-    """What the leader and node K share on a store: their publisher, no leftovers."""
-
-    host: Host
-    node: int
-    parts: PartPublisher
-
-    def compose(self, host: Host, *, on_publish: Callable[..., None], ours: set[str] | None) -> Publisher:
-        self.host = host
-        self.pair, self.emit = host.state.pair, host.state.emit
-        self.store: Store = host.state.store
-        self.parts = StorePartPublisher(host.state, self.store, node=self.node, rescan=host.rescan,
-                                        recheck=host.schedule.recheck, on_publish=on_publish,
-                                        gather=self._gather)  # type: ignore[attr-defined]
-        return self.parts
+    async def parts_now(self) -> tuple[Any, bool]:
+        """One listing of ``.supervise/parts/``; a part manifest there asks for a pass."""
+        now = await parts_there(self.store)
+        return now, any(any(leaf.startswith("node-") for leaf in leaves) for leaves in now.values())
 
     def leftovers(self) -> list[Path]:
-        return []
+        return []  # nothing of ours is visible on a store without a manifest
+
+    # ---- node K's ---------------------------------------------------------------------
+
+    def said_go(self, name: str) -> bool:
+        return name in self.went
+
+    async def look(self, awaiting: set[str], parted: list[str]) -> bool:
+        """A look when node 0 may have said a checkpoint this node waits on is complete, or
+        the leader may have taken a part of this node's (its part manifest gone)."""
+        if not awaiting and not parted:
+            return False
+        try:
+            there = await parts_there(self.store)
+        except OSError:
+            return False
+        said = {n for n in awaiting if "go" in there.get(n, set())} - self.went
+        gone = [n for n in parted if f"node-{self.node}.json" not in there.get(n, set())]
+        if said or gone:
+            self.went |= said
+            return True
+        return False
+
+    async def taken(self, parted: list[str]) -> list[str]:
+        if not parted:
+            return []
+        there = await parts_there(self.store)
+        return [n for n in parted if f"node-{self.node}.json" not in there.get(n, set())]
+
+    async def tidy(self, gone: list[str]) -> None:
+        """A part taken: the word that made it complete is spent. Kept, a directory rewritten
+        in place would be complete here at once, on the word for the version before."""
+        for name in gone:
+            self.went.discard(name)
 
 
-class StoreLeader(_OnStore, Leader):
-    """Node 0 of a per-node pair on a store."""
+class ObjectStore:
+    """An object store as one pair's persistent storage (``_side.Storage``): ``store``, its
+    client (``_store.Store``); ``rescan(name)`` lists one local entry again (blocking)."""
 
-    def _gather(self, pub: PartPublisher) -> StoreAssembly:  # type: ignore[override]
-        assert isinstance(pub, StorePartPublisher)
-        assembly = StoreAssembly(pub, trigger=self.host.trigger, tell=lambda word: self.tell(word))
-        self.assembly = assembly  # type: ignore[assignment]  # what parts_watch reads of it: ``missing``
-        return assembly
+    def __init__(self, state: PairState, store: Store, *, rescan: Callable[[str], Listing]) -> None:
+        self.state = state
+        self.store = store
+        self.rescan = rescan
 
-    async def parts_watch(self) -> None:
-        """A pass when a node says it uploaded a part, else when the part manifests change
-        (one listing of ``.supervise/parts/`` per look)."""
-        last: dict[str, set[str]] | None = None
-        while True:
-            fast = min(self.parts_poll, WAITING_POLL_S) if self.assembly.missing else self.parts_poll
-            if await self.bell.wait(self._pause(fast)):
-                self.host.trigger("parts")
-                continue
-            try:
-                now = await parts_there(self.store)
-            except OSError:
-                continue
-            if now != last:
-                last = now
-                if any(any(leaf.startswith("node-") for leaf in leaves) for leaves in now.values()):
-                    self.host.trigger("parts")
+    def whole(self, ledger: Ledger) -> StoreSide:
+        return StoreSide(self.state, self.store, ledger=ledger, rescan=self.rescan)
 
+    def per_node(self, ledger: Ledger, node: int) -> tuple[StoreSide, StoreParts, StoreGather]:
+        side = StoreSide(self.state, self.store, ledger=ledger, rescan=self.rescan)
+        return side, StoreParts(side, node=node), StoreGather(side, node=node)
 
-class StoreNode(_OnStore, Node):
-    """Node K > 0 of a per-node pair on a store."""
+    def restore(self) -> StoreRestore:
+        return StoreRestore(self.state, self.store)
 
-    def __init__(self, node: int, parts_poll: float = 1.0) -> None:
-        super().__init__(node, parts_poll)
-        self.went: set[str] = set()   # checkpoints node 0 saw complete (their go objects), until taken
+    def logs(self, recheck: Callable[[float], None]) -> StoreLogs:
+        return StoreLogs(self.state, self.store, recheck=recheck)
 
-    def _gather(self, pub: PartPublisher) -> StoreHandover:  # type: ignore[override]
-        assert isinstance(pub, StorePartPublisher)
-        # A part taken: the word that made it complete is spent. Kept, a directory rewritten
-        # in place would be complete here at once, on the word for the version before.
-        return StoreHandover(pub, tell=lambda word: self.tell(word), spent=self.went.discard)
+    async def prepare(self) -> None:
+        return None  # a bucket has no directory to make
 
-    def judged(self, listing: Listing, *, settle: float, finished: bool, whole_local: bool) -> None:
-        go = {n for n, e in listing.entries.items() if not e.complete and e.is_dir and n in self.went}
-        settled_here(listing, settle, time.time(), finished=finished, go=go)
-        if whole_local:
-            self.awaiting_go = {n for n, e in listing.entries.items() if not e.complete and e.is_dir}
+    def probe(self) -> str | None:
+        """Can this run list, write and delete under the pair's prefix? One line, exit 2,
+        nothing started, when it cannot (the extra missing, no bucket, a wrong key, no
+        endpoint); the secret is never part of it. An endpoint that accepts and does not answer
+        (hung) is a warning: the training starts, its checkpoints wait on the nodes' disks, where a
+        restore finds them (issue 43), until the store answers."""
+        p = self.state.pair
+        key = f"sync {p.name}.to"
+        try:
+            from supervisor.sync._store import PROBE_RETRIES, PROBE_TIMEOUT, StoreError
 
-    async def parts_watch(self) -> None:
-        """A pass when node 0 says a checkpoint this node waits on is complete, or the leader
-        took a part of this node's (its part manifest gone)."""
-        while True:
-            await self.bell.wait(self._pause(GO_POLL_S if self.awaiting_go else self.parts_poll))
-            if not self.awaiting_go and not self.parts.parted:
-                continue
-            try:
-                there = await parts_there(self.store)
-            except OSError:
-                continue
-            said = {n for n in self.awaiting_go if "go" in there.get(n, set())} - self.went
-            taken = [n for n in self.parts.parted if f"node-{self.node}.json" not in there.get(n, set())]
-            if said or taken:
-                self.went |= said
-                self.host.trigger("parts")
+            import obstore  # noqa: F401 - the s3 extra
+        except ImportError:
+            raise ConfigError(key, p.where, "an s3:// persistent side needs the s3 extra: pip install 'supervise-hpc[s3]' (obstore)",
+                              p.origin) from None
+
+        try:
+            Store(p.store, retries=PROBE_RETRIES, timeout=PROBE_TIMEOUT).probe()
+        except StoreError as e:
+            if e.code == "ETIMEDOUT":
+                return f"sync {p.name}: {p.where} does not answer ({PROBE_TIMEOUT} a request): starting anyway"
+            raise ConfigError(key, p.where, str(e).removeprefix(f"{p.where}: "), p.origin) from None
+        return None
+
+    @property
+    def backend(self) -> str:
+        return "s3"
+
+    def leftovers(self) -> list[Path]:
+        return []  # nothing of ours is visible on a store without a manifest
+
+    def content_manifest(self, name: str) -> Mapping[str, Any] | None:
+        return None  # a node's holdings are hashed here; the store's manifests are the restore's
