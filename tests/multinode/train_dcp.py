@@ -99,6 +99,10 @@ def main() -> None:
     if rank == 0:
         torch.save(final, a.final)
     say("done", step=int(step))
+    # every rank waits for rank 0's save: a rank that exited first took its torchrun agent,
+    # and with it the workers' TCPStore when that agent hosted it, and rank 0's teardown
+    # aborted on the lost store (SIGABRT, seen once in test_ring_nodes on the spare's attempt)
+    dist.barrier()
     dist.destroy_process_group()
 
 
