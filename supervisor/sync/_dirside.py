@@ -93,12 +93,7 @@ class DirSide:
                 await to_thread(_fsops.remove_ours, staging)
                 return None
             stats += got
-            try:  # hashed before the rescan, so a file changed meanwhile is caught by it
-                hashes = await to_thread(_content.hash_files, src, e.snap, got.hashes)
-            except FileNotFoundError:
-                hashes = None
-            again: Listing = await to_thread(self.rescan, e.name)
-            now = again.entries.get(e.name)
+            hashes, again, now = await _hashed_then_listed(src, e, got, self.rescan)
             if now is None or not now.complete or hashes is None:  # rotated away, or not what we thought: not a failure
                 await to_thread(_fsops.remove_ours, staging)
                 return None
@@ -122,6 +117,19 @@ class DirSide:
         self.emit("sync-deferred", pair=p.name, checkpoint=e.name,
                   reason=f"changed while being copied, {RECOPY_TRIES} times; trying again on the next pass")
         return None
+
+
+async def _hashed_then_listed(src: Path, e: Entry, got: CopyResult, rescan: Callable[[str], Listing],
+                              ) -> tuple[dict[str, str] | None, Listing, Entry | None]:
+    """After a copy of ``e`` from ``src``: each file's sha256 (the copier's, else read now; None
+    when a file is gone), then ``e.name`` listed again. Hashed before the rescan, so a file
+    changed meanwhile is caught by it."""
+    try:
+        hashes = await to_thread(_content.hash_files, src, e.snap, got.hashes)
+    except FileNotFoundError:
+        hashes = None
+    again: Listing = await to_thread(rescan, e.name)
+    return hashes, again, again.entries.get(e.name)
 
 
 class DirParts:
@@ -187,12 +195,7 @@ class DirParts:
                 await to_thread(shutil.rmtree, pdir, True)  # rotated away under the copier
                 return None
             stats += got
-            try:  # hashed before the rescan, so a file changed meanwhile is caught by it
-                hashes = await to_thread(_content.hash_files, src, e.snap, got.hashes)
-            except FileNotFoundError:
-                hashes = None
-            again: Listing = await to_thread(self.rescan, name)
-            now = again.entries.get(name)
+            hashes, again, now = await _hashed_then_listed(src, e, got, self.rescan)
             if now is None or not now.complete or hashes is None:
                 await to_thread(shutil.rmtree, pdir, True)
                 return None
