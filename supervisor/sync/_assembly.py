@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from supervisor.sync._complete import Entry, Listing, Pointer, Snap, natural_key
+from supervisor.sync._complete import Entry, Listing, Pointer, Snap, natural_key, pointer_owed
 from supervisor.sync._partpublish import PartPublisher
 from supervisor.sync._parts import PartConflict, PartsChanged
 from supervisor.sync._side import GatherSide
@@ -77,7 +77,7 @@ class Assembly:
                 out.append(f"{name_}: {name} (waiting for parts: {self._waiting(name, missing)})")
         for ptr in listing.pointers.values():
             if self.pub.pointers_done.get(ptr.name) != ptr.content:
-                out.append(f"{name_}: {ptr.name} (pointer to {ptr.target or 'a missing checkpoint'})")
+                out.append(pointer_owed(name_, ptr))
         return out
 
     def _go_applies(self, e: Entry) -> bool:

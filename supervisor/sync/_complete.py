@@ -160,6 +160,16 @@ class Pointer:
     mode: int = 0o644               # its permission bits, copied as they are (a 600 stays 600)
 
 
+def pointer_owed(pair: str, ptr: Pointer) -> str:
+    """The ``pending`` line of a pointer not yet on persistent storage. An empty pointer file
+    is torn: DeepSpeed writes ``latest`` with ``open(path, "w")``, truncated first and named at
+    close, so a rank killed between the two leaves it empty; nothing of it can be made durable
+    (like a checkpoint the training died in, ``policy.owed`` does not count it)."""
+    if not ptr.link and not ptr.content.strip():
+        return f"{pair}: {ptr.name} (torn: empty; never published)"
+    return f"{pair}: {ptr.name} ({'link' if ptr.link else 'pointer'} to {ptr.target or 'a missing checkpoint'})"
+
+
 Sig = tuple[int, int, int]  # (inode, mtime_ns, ctime_ns) of a top-level entry
 
 

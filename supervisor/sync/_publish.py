@@ -19,7 +19,7 @@ from typing import Any, Callable
 import anyio
 
 from supervisor.sync._backend import CopyError, CopyResult
-from supervisor.sync._complete import Entry, Listing, Pointer, Snap, matches, natural_key
+from supervisor.sync._complete import Entry, Listing, Pointer, Snap, matches, natural_key, pointer_owed
 from supervisor.sync._side import Ledger, Side
 from supervisor.sync._state import PairState, to_thread
 # s: a file beside the checkpoints (DeepSpeed's zero_to_fp32.py, rewritten at every save) is
@@ -200,8 +200,7 @@ class Publisher:
             if ptr.name in self.refused:
                 out.append(f"{self.pair.name}: {ptr.name} (refused: another run's {ptr.name} is on persistent storage)")
             elif self.pointers_done.get(ptr.name) != ptr.content:
-                out.append(f"{self.pair.name}: {ptr.name} ({'link' if ptr.link else 'pointer'} to "
-                           f"{ptr.target or 'a missing checkpoint'})")
+                out.append(pointer_owed(self.pair.name, ptr))
         for name in listing.outside:
             out.append(f"{self.pair.name}: {name} (a link out of the pair's directory: never followed, not mirrored)")
         self.state.pending = out

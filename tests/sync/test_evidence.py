@@ -149,6 +149,36 @@ def _restored_from(tmp_path: Path, run_dir: Path, local: Path, persist: Path) ->
     return out.read_text(), r
 
 
+def test_a_pointer_the_training_died_writing_is_torn_and_does_not_fail_the_run(tmp_path, run_dir):
+    """DeepSpeed writes ``latest`` with ``open(path, "w")``: truncated first, the name written at
+    close. A rank killed between the two (CI: SIGTERM at a preemption, under load) leaves it
+    empty. Nothing of it can be made durable: it is torn, like a checkpoint the training died in,
+    and the run exits with the training's status, not 74 (before: "latest (pointer to a
+    missing checkpoint)", owed)."""
+    local, persist = tmp_path / "local", tmp_path / "persist"
+    cmd = script(tmp_path, f"""
+        local = Path({str(local)!r})
+        for step in (10, 20):
+            d = local / f"global_step{{step}}"; d.mkdir(parents=True)
+            (d / "mp_rank_00_model_states.pt").write_bytes(b"m" * 1000)
+            if step == 10:
+                (local / "latest").write_text(d.name)
+                for _ in range(600):  # until supervise published it (bounded: 60 s)
+                    if (Path({str(persist)!r}) / "latest").exists():
+                        break
+                    time.sleep(0.1)
+        open(local / "latest", "w").close()  # the truncate, and no name: the rank died here
+    """)
+    r = run_supervise("--run-dir", str(run_dir), "--checkpoints", str(local), str(persist), "--settle", "0.5",
+                      "--gpu-every", "0", "--", *cmd, timeout=60)
+    end = events(run_dir, "end")[-1]
+    assert r.returncode == 0, (r.stderr, end)
+    assert (persist / "latest").read_text() == "global_step10"
+    assert (persist / "global_step10" / "mp_rank_00_model_states.pt").exists()
+    assert any(line.endswith(": latest (torn: empty; never published)") for line in end["not_durable"]), end
+    assert not owed(end["not_durable"]), end
+
+
 def test_restore_takes_the_newest_complete_checkpoint_never_a_stray_or_torn_one(tmp_path, run_dir):
     local, persist = tmp_path / "local", tmp_path / "persist"
     _hf_checkpoint(persist, 10)
