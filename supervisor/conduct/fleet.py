@@ -26,7 +26,7 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -35,6 +35,8 @@ from supervisor import childenv
 from supervisor.bell import Bell
 from supervisor.conduct.link import LeaderLine
 from supervisor.config import Config, agent_view
+from supervisor.conduct.choice import (CHOICE_ROUNDS, CHOICE_VAR, READY_LINE, READY_TIMEOUT_S, SAY_VAR, offer_path,
+                                       read_offer, write_choice)
 from supervisor.journal import EVENTS_FILE, Emit, JournalTail, node_dir
 from supervisor.policy import NODE_DOWN_WAIT, Reason, Trigger
 from supervisor.ports import MirrorPort
@@ -45,14 +47,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("supervise")
 
-READY_TIMEOUT_S = 60.0
-READY_LINE = "supervise-node-agent"  # "<READY_LINE> offered K" / "… ready K HOST HOLDS" / "… leader 0" / "… duplicate K"
-CHOICE_VAR = "SUPERVISE_NODE_CHOICE"  # the file the leader writes its choice to; agents restore exactly that
-# choices at most per start: a version that verifies nowhere on some node is passed over for the
-# one before it (the ring keeps two versions of each node's part), then the one before that
-CHOICE_ROUNDS = 3
-OFFER_FILE = "offer.json"  # RUN/nodes/node-K/offer.json: what node K holds, before the leader chooses
-SAY_VAR = "SUPERVISE_NODE_SAY"  # a directory: each agent appends its READY_LINEs to node-K there (PBS: no pipe back)
 SIGNAL_ANSWER_S = 1.5  # PBS: the stop signal to the other nodes' ranks waits this long for their agents' word
 
 
@@ -184,7 +178,7 @@ class Fleet:
         """Tell every agent the leader's choice (one version per pair, for every node) and wait
         until each has restored it and said what it holds (``restored``): a node that could
         verify no copy of it holds ``{"unverified": name}``, and the leader chooses again."""
-        await anyio.to_thread.run_sync(_write_choice, self.choice_path, choice, turn, False)
+        await anyio.to_thread.run_sync(write_choice, self.choice_path, choice, turn, False)
         self.line.ring("choice")
         said = lambda: {k for k, (r, _h) in self.restored.items() if r == turn}  # noqa: E731
         await self._until(lambda: self.want <= said() | set(self.spawn_failed), self.ready_timeout)
@@ -194,7 +188,7 @@ class Fleet:
         """The choice of round ``turn`` stands: every agent goes on (a late one restores it first),
         and the leader waits until each that ``answered`` the round has said what it holds
         (``ready``; the others were waited for already)."""
-        await anyio.to_thread.run_sync(_write_choice, self.choice_path, choice, turn, True)
+        await anyio.to_thread.run_sync(write_choice, self.choice_path, choice, turn, True)
         self.line.ring("choice")
         await self._until(lambda: answered <= set(self.ready) | set(self.spawn_failed), self.ready_timeout)
         missing = sorted(self.want - set(self.ready))
@@ -423,60 +417,6 @@ async def watch_nodes(run: Any, request_stop: Callable[[Trigger], None]) -> None
         request_stop(Trigger(Reason.NODE_FAILED, said, at=time.monotonic()))
 
     await fleet.watch(died, NODE_DOWN_WAIT)
-
-
-def _write_choice(path: Path, choice: dict[str, Any], turn: int, final: bool) -> None:
-    """Whole or not at all (temp + rename): an agent polling for it never reads half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({"choice": choice, "round": turn, "final": final, "pid": os.getpid()}))
-    os.replace(tmp, path)
-
-
-def offer_path(run_dir: Path, node: int) -> Path:
-    """Where node ``node``'s agent says what it holds before the leader chooses."""
-    return node_dir(run_dir, node) / OFFER_FILE
-
-
-def write_offer(path: Path, choice_path: str, pairs: dict[str, Any]) -> None:
-    """What this node holds (``Mirror.offer``), for the attempt whose choice file is
-    ``choice_path``; whole or not at all (temp + rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({"choice": choice_path, "pairs": pairs}, separators=(",", ":")))
-    os.replace(tmp, path)
-
-
-def read_offer(path: Path, choice_path: Path) -> dict[str, Any] | None:
-    """A node's offer, if it is this attempt's (its choice file is ours)."""
-    try:
-        body = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    ok = isinstance(body, dict) and body.get("choice") == str(choice_path) and isinstance(body.get("pairs"), dict)
-    return body["pairs"] if ok else None
-
-
-class Choice(NamedTuple):
-    """The leader's choice file: the version of each pair every node restores, its round (a
-    version no copy of which verified on some node is chosen again without it), and whether
-    it stands (``final``: go on)."""
-
-    choice: dict[str, Any]
-    round: int
-    final: bool
-
-
-def read_choice(path: Path) -> Choice | None:
-    """The leader's choice, once written (None before, or unreadable)."""
-    try:
-        body = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    choice = body.get("choice") if isinstance(body, dict) else None
-    if not isinstance(choice, dict) or not isinstance(body.get("round"), int):
-        return None
-    return Choice(choice, body["round"], bool(body.get("final")))
 
 
 def disagreement(holds: dict[int, Any]) -> str | None:

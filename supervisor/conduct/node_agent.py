@@ -37,7 +37,7 @@ from anyio.abc import TaskGroup
 
 from supervisor import logs, proctree
 from supervisor.bell import LINKED_LOOK_S, Bell
-from supervisor.conduct.fleet import CHOICE_VAR, READY_TIMEOUT_S, SAY_VAR, Choice, offer_path, read_choice, write_offer
+from supervisor.conduct.choice import CHOICE_VAR, READY_TIMEOUT_S, SAY_VAR, Choice, offer_path, read_choice, write_offer
 from supervisor.conduct.guard import guarded
 from supervisor.conduct.link import LINK, NodeLine
 from supervisor.errors import ConfigError
@@ -314,7 +314,7 @@ def leaders_node() -> int:
 
 
 def _say(what: str, rank: int, more: str = "") -> None:
-    """One line for the leader that started the agents (``fleet.READY_LINE``): on stdout (srun
+    """One line for the leader that started the agents (``choice.READY_LINE``): on stdout (srun
     brings it back), and appended to ``$SUPERVISE_NODE_SAY/node-K`` when the leader named that
     directory (a PBS TM task's stdout goes to the job's output file, not to the leader)."""
     line = f"supervise-node-agent {what} {rank} {socket.gethostname()} {more}".rstrip()

@@ -27,7 +27,6 @@ import filecmp
 import fnmatch
 import functools
 import os
-import pickletools
 import re
 import stat
 import zipfile
@@ -532,6 +531,8 @@ def _pickled_int(path: str, key: str, size: int, mtime_ns: int) -> int | None:
             if pkl is None:
                 return None
             data = z.read(pkl)
+        import pickletools  # here: 14 ms of pickle's opcode tables on every node agent's start (issue 44)
+
         after_key = False
         for op, arg, _pos in pickletools.genops(data):
             if op.name in ("BINPUT", "LONG_BINPUT", "MEMOIZE", "PUT"):

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
+import functools
 import os
 import shutil
 import stat
@@ -16,11 +16,18 @@ from supervisor.sync._pycopy import place_symlink
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
-try:
-    _libc = ctypes.CDLL(None, use_errno=True)
-    _renameat2: Any = _libc.renameat2
-except (OSError, AttributeError):  # pragma: no cover - very old glibc
-    _renameat2 = None
+
+
+@functools.cache
+def _renameat2() -> Any:
+    """libc's renameat2, loaded at the first swap (ctypes costs every node agent's start
+    7 ms otherwise, issue 44); None where glibc lacks it."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # pragma: no cover - very old glibc
+        return None
 
 
 def fsync_dir(path: Path) -> None:
@@ -33,11 +40,14 @@ def fsync_dir(path: Path) -> None:
 
 def _exchange(a: Path, b: Path) -> bool:
     """Atomically swap two paths (Linux renameat2). False where the filesystem cannot."""
-    if _renameat2 is None:
+    call = _renameat2()
+    if call is None:
         return False
-    rc = _renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    rc = call(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
     if rc == 0:
         return True
+    import ctypes
+
     err = ctypes.get_errno()
     if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
         return False

@@ -38,7 +38,6 @@ from supervisor.sync import _stall
 from supervisor.sync._schedule import Schedule
 from supervisor.sync._side import Storage
 from supervisor.sync._state import PairState, to_thread
-from supervisor.sync._storeroles import ObjectStore
 from supervisor.sync._writers import open_for_write
 
 LOG_BATCH = 10.0  # s: while logs are written, a log pair copies what grew at most this often
@@ -50,6 +49,8 @@ def storage_for(state: PairState, *, rescan: Callable[[str], Listing], judge: Ca
     job of the pair is given its sides by it, and none asks which kind it is."""
     if state.pair.store is None:
         return Directory(state, rescan=rescan, judge=judge)
+    from supervisor.sync._storeroles import ObjectStore  # a store's modules only where a pair has one (issue 44)
+
     return ObjectStore(state, open_store(state.pair), rescan=rescan)
 
 

@@ -1,0 +1,81 @@
+"""What the leader and its node agents read of each other's files before the training
+starts: each node's offer (what it holds), the leader's choice (what every node restores),
+and the lines an agent says when it is ready (docs/multinode.md, "Every node restores the
+same version").
+
+Its own module so that a node agent imports only this of the leader's side
+(``conduct/fleet.py``): an agent's start, from exec to ready, is paid on every node of the
+job (issue 44).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from supervisor.journal import node_dir
+
+READY_TIMEOUT_S = 60.0
+READY_LINE = "supervise-node-agent"  # "<READY_LINE> offered K" / "… ready K HOST HOLDS" / "… leader 0" / "… duplicate K"
+CHOICE_VAR = "SUPERVISE_NODE_CHOICE"  # the file the leader writes its choice to; agents restore exactly that
+# choices at most per start: a version that verifies nowhere on some node is passed over for the
+# one before it (the ring keeps two versions of each node's part), then the one before that
+CHOICE_ROUNDS = 3
+OFFER_FILE = "offer.json"  # RUN/nodes/node-K/offer.json: what node K holds, before the leader chooses
+SAY_VAR = "SUPERVISE_NODE_SAY"  # a directory: each agent appends its READY_LINEs to node-K there (PBS: no pipe back)
+
+
+def write_choice(path: Path, choice: dict[str, Any], turn: int, final: bool) -> None:
+    """Whole or not at all (temp + rename): an agent polling for it never reads half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps({"choice": choice, "round": turn, "final": final, "pid": os.getpid()}))
+    os.replace(tmp, path)
+
+
+def offer_path(run_dir: Path, node: int) -> Path:
+    """Where node ``node``'s agent says what it holds before the leader chooses."""
+    return node_dir(run_dir, node) / OFFER_FILE
+
+
+def write_offer(path: Path, choice_path: str, pairs: dict[str, Any]) -> None:
+    """What this node holds (``Mirror.offer``), for the attempt whose choice file is
+    ``choice_path``; whole or not at all (temp + rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps({"choice": choice_path, "pairs": pairs}, separators=(",", ":")))
+    os.replace(tmp, path)
+
+
+def read_offer(path: Path, choice_path: Path) -> dict[str, Any] | None:
+    """A node's offer, if it is this attempt's (its choice file is ours)."""
+    try:
+        body = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(body, dict) and body.get("choice") == str(choice_path) and isinstance(body.get("pairs"), dict)
+    return body["pairs"] if ok else None
+
+
+class Choice(NamedTuple):
+    """The leader's choice file: the version of each pair every node restores, its round (a
+    version no copy of which verified on some node is chosen again without it), and whether
+    it stands (``final``: go on)."""
+
+    choice: dict[str, Any]
+    round: int
+    final: bool
+
+
+def read_choice(path: Path) -> Choice | None:
+    """The leader's choice, once written (None before, or unreadable)."""
+    try:
+        body = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    choice = body.get("choice") if isinstance(body, dict) else None
+    if not isinstance(choice, dict) or not isinstance(body.get("round"), int):
+        return None
+    return Choice(choice, body["round"], bool(body.get("final")))
