@@ -27,7 +27,8 @@ apt_install() {
 if [ -n "$FULL" ]; then
   # openssh-server: an sshd on each node of the multi-node test cluster (horovodrun's ssh check)
   # curl: scripts/s3-up.sh creates the test buckets with its SigV4 signing
-  apt_install rsync openmpi-bin libopenmpi-dev slurmctld slurmd slurm-client munge chromium openssh-server curl
+  # strace: tests/sync/test_assembly_cost.py counts the leader's calls on shared storage
+  apt_install rsync openmpi-bin libopenmpi-dev slurmctld slurmd slurm-client munge chromium openssh-server curl strace
 fi
 
 PY=${PYTHON:-python3}

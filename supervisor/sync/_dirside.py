@@ -26,7 +26,7 @@ from supervisor.sync._complete import (STAGING_PREFIX, Entry, Listing, Pointer, 
 from supervisor.sync._exclude import within
 from supervisor.sync._fill import Fetch, Mismatch, copy_verified, fill, local_candidates
 from supervisor.sync._logs import LogPass
-from supervisor.sync._parts import (PARTS_DIR, assemble, assembled_snap, go_path, manifest_path, manifest_snap, part_dir, part_source,
+from supervisor.sync._parts import (PARTS_DIR, Ident, assemble, assembled_snap, go_path, manifest_path, manifest_snap, part_dir, part_source,
                                     parts_root, read_manifest, release_parts, taken, tidy, waiting, withdraw, write_go, write_manifest)
 from supervisor.sync._side import RECOPY_TRIES, Brought, Landed, Ledger, Whole, same_files
 from supervisor.sync._state import PairState, to_thread
@@ -316,6 +316,9 @@ class DirGather:
         self.node = node
         self.nodes = state.pair.nodes
         self.told: set[str] = set()  # node K: the checkpoints whose go file it has seen
+        # the leader: each manifest as last read, by its file's Ident (``waiting``), so a pass
+        # while parts arrive reads only the new ones, not every node's again (issue 44)
+        self._read: dict[tuple[str, int], tuple[Ident, dict[str, Any]]] = {}
 
     # ---- the leader's -----------------------------------------------------------------
 
@@ -333,6 +336,8 @@ class DirGather:
 
     async def parts_waiting(self) -> list[tuple[str, Any]]:
         state = await to_thread(waiting, self.pair.dst)
+        for key in [key for key in self._read if key[1] not in state.get(key[0], ())]:
+            del self._read[key]  # a manifest gone (released, withdrawn): its node's next one is read
         return [(name, state[name]) for name in sorted(state, key=natural_key, reverse=True)]
 
     async def current(self, name: str, have: Any) -> dict[int, dict[str, Any]]:
@@ -351,7 +356,33 @@ class DirGather:
                       **({"differing": got.differing} if got.differing else {})})
 
     async def release(self, name: str, manifests: Mapping[int, Mapping[str, Any]]) -> None:
-        await to_thread(release_parts, self.pair.dst, name, manifests)
+        await to_thread(release_parts, self.pair.dst, name, manifests, self._idents(name, manifests))
+        self._forget(name)
+
+    def _idents(self, name: str, manifests: Mapping[int, Mapping[str, Any]]) -> dict[int, Ident]:
+        """The file each of ``manifests`` was read from, where it is the one we cached."""
+        out = {}
+        for k, m in manifests.items():
+            got = self._read.get((name, k))
+            if got is not None and got[1] is m:
+                out[k] = got[0]
+        return out
+
+    def _forget(self, name: str) -> None:
+        for key in [key for key in self._read if key[0] == name]:
+            del self._read[key]
+
+    def _manifest(self, name: str, node: int, ident: Ident | None) -> dict[str, Any] | None:
+        """Node ``node``'s manifest of ``name``: read again only when its file changed."""
+        got = self._read.get((name, node))
+        if ident is not None and got is not None and got[0] == ident:
+            return got[1]
+        body = read_manifest(manifest_path(self.pair.dst, name, node))
+        if body is None or ident is None:
+            self._read.pop((name, node), None)
+        else:
+            self._read[(name, node)] = (ident, body)
+        return body
 
     async def parts_now(self) -> tuple[Any, bool]:
         now = await to_thread(waiting, self.pair.dst)
@@ -382,20 +413,21 @@ class DirGather:
         return missing_shards(assembled_snap(manifests), self.state.profile,
                               lambda rel: part_source(self.pair.dst, name, owner[rel], rel))
 
-    def current_parts(self, name: str, have: Collection[int]) -> dict[int, dict]:
+    def current_parts(self, name: str, have: Mapping[int, Ident] | Collection[int]) -> dict[int, dict]:
         """The manifests of ``name`` that hold a version not yet published. Blocking. Parts
         the published ``name`` already holds (or a newer one replaced) are released here:
         their manifests dropped, node 0's files too (node K's part directory is node K's: it
         may be staging a newer version there now, and reuses it)."""
         p = self.pair
+        idents = have if isinstance(have, Mapping) else {}
         manifests = {k: m for k in sorted(have) if k < self.nodes
-                     and (m := read_manifest(manifest_path(p.dst, name, k))) is not None}
+                     and (m := self._manifest(name, k, idents.get(k))) is not None}
         if not manifests or not os.path.lexists(p.dst / name):
             return manifests
         there = snapshot(p.dst / name, within(name, p.exclude))
         old = {k: m for k, m in manifests.items() if self._superseded(name, k, m, there)}
         if old:
-            release_parts(p.dst, name, old)
+            release_parts(p.dst, name, old, self._idents(name, old))
         return {k: m for k, m in manifests.items() if k not in old}
 
     def _superseded(self, name: str, node: int, m: dict, there: Snap | None) -> bool:

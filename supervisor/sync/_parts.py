@@ -28,9 +28,8 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
-from supervisor.sync._backend import fsync_all
 from supervisor.sync import _content
 from supervisor.sync._complete import STAGING_PREFIX, Entry, Snap, matches, snapshot
 from supervisor.sync._fsops import create_exclusive, fsync_dir, prune_staging, swap_in
@@ -110,10 +109,18 @@ def write_manifest(dst: Path, name: str, node: int, nodes: int, snap: Snap, *, i
 
 
 def read_manifest(path: Path) -> dict[str, Any] | None:
-    """A manifest, or None when missing or unreadable (a torn one is not a part)."""
+    """A manifest, or None when missing or unreadable (a torn one is not a part). One open
+    and its reads: a buffered text open also asks whether the file is a terminal and where it
+    stands, each a call on shared storage, once per node per checkpoint (issue 44)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            body = json.load(f)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            chunks = []
+            while chunk := os.read(fd, 1 << 16):
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
+        body = json.loads(b"".join(chunks))
     except (OSError, ValueError):
         return None
     if not isinstance(body, dict) or not isinstance(body.get("files"), dict):
@@ -135,23 +142,30 @@ def withdraw(dst: Path, name: str, node: int) -> bool:
     return True
 
 
-def waiting(dst: Path) -> dict[str, dict[int, float]]:
-    """Checkpoints with parts on persistent storage: name → {node: manifest mtime}."""
-    out: dict[str, dict[int, float]] = {}
+Ident = tuple[int, int, int]  # a manifest file as it is now: (inode, size, mtime_ns)
+
+
+def ident_of(st: os.stat_result) -> Ident:
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def waiting(dst: Path) -> dict[str, dict[int, Ident]]:
+    """Checkpoints with parts on persistent storage: name → {node: its manifest's ``Ident``}."""
+    out: dict[str, dict[int, Ident]] = {}
     root = parts_root(dst)
     try:
         names = [n for n in os.listdir(root) if not n.startswith(".")]
     except (FileNotFoundError, NotADirectoryError):
         return out
     for name in names:
-        have: dict[int, float] = {}
+        have: dict[int, Ident] = {}
         try:
             with os.scandir(root / name) as it:
                 for e in it:
                     n = e.name
                     if n.startswith("node-") and n.endswith(".json") and n[5:-5].isdigit():
                         try:
-                            have[int(n[5:-5])] = e.stat().st_mtime
+                            have[int(n[5:-5])] = ident_of(e.stat(follow_symlinks=False))
                         except FileNotFoundError:
                             continue
         except (FileNotFoundError, NotADirectoryError):
@@ -189,15 +203,25 @@ def missing_from(dst: Path, node: int) -> list[str]:
             and not manifest_path(dst, name, node).exists()]
 
 
-def release_parts(dst: Path, name: str, manifests: Mapping[int, Mapping[str, Any]]) -> None:
+def release_parts(dst: Path, name: str, manifests: Mapping[int, Mapping[str, Any]],
+                  idents: Mapping[int, Ident] | None = None) -> None:
     """The leader, once ``manifests`` are published (or superseded): each manifest is removed
     if it is still the one read (its node may have withdrawn it to stage a newer version of
     the same name), node 0's part directory with it, and the leader's word (``GO_FILE``).
     Node K's part directory stays: node K may be copying into it right now; its files are
-    hard links to the published ones (no space) and node K reuses it for the next version."""
+    hard links to the published ones (no space) and node K reuses it for the next version.
+    ``idents``: each manifest's file as it was read (``waiting``); one stat tells it is still
+    that one, where reading it again took an open and its reads."""
+    idents = idents or {}
     for node, m in manifests.items():
         path = manifest_path(dst, name, node)
-        if read_manifest(path) != m:
+        if node in idents:
+            try:
+                if ident_of(os.lstat(path)) != idents[node]:
+                    continue
+            except FileNotFoundError:
+                continue
+        elif read_manifest(path) != m:
             continue
         try:
             os.unlink(path)
@@ -235,33 +259,53 @@ class Assembled:
     differing: list[str] = field(default_factory=list)  # replicas' paths that differed: the lowest node's kept
 
 
-def _place(src: Path, dst: Path, size: int) -> bool:
-    """Hard-link ``src`` at ``dst`` (rename where links are refused). True if linked.
+_LINK_REFUSED = (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EACCES)
 
-    Idempotent, so a leader killed mid-assembly resumes: a ``dst`` that is ``src`` already,
-    or (after a rename) is there with the right size while ``src`` is gone, is kept.
+
+def _place(src: Path, dst: Path, size: int) -> bool:
+    """Hard-link ``src`` at ``dst`` (rename where links are refused). True if linked. Its
+    directory exists (``assemble`` makes each once).
+
+    One call on shared storage for each file of each node's part (issue 44): the link is tried
+    first, and what is there already is looked at only when it fails. Idempotent, so a
+    leader killed mid-assembly resumes: a ``dst`` that is ``src`` already, or (after a rename)
+    is there with the right size while ``src`` is gone, is kept.
     """
-    try:
-        st = os.lstat(dst)
-    except FileNotFoundError:
-        st = None
-    if st is not None:
-        try:
-            if os.path.samefile(src, dst):
-                return True
-        except FileNotFoundError:
-            if st.st_size == size:
-                return False
-        os.unlink(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.link(src, dst, follow_symlinks=False)
         return True
+    except FileExistsError:
+        try:
+            if os.path.samefile(src, dst):
+                return True
+        except FileNotFoundError:  # src renamed into place before: dst is it, if whole
+            if os.lstat(dst).st_size == size:
+                return False
+            raise
+        os.unlink(dst)
+        return _place(src, dst, size)
+    except FileNotFoundError:
+        try:
+            if os.lstat(dst).st_size == size:  # src renamed into place before
+                return False
+        except FileNotFoundError:
+            pass
+        raise
     except OSError as e:
-        if e.errno not in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EACCES):
+        if e.errno not in _LINK_REFUSED:
             raise
     os.rename(src, dst)
     return False
+
+
+def _fsync_dirs(staging: Path, rels: Iterable[str]) -> None:
+    """The assembly's directories, deepest first: the links are entries in them. Each part's
+    files were made durable by their node before its manifest (its copy fsyncs, by the same
+    pair's ``fsync``), so their data is not written again here: one fsync per directory, not
+    one open and fsync per file of every node (issue 44)."""
+    dirs = {staging} | {(staging / rel).parent for rel in rels}
+    for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
+        fsync_dir(d)
 
 
 def _same(a: Path, b: Path) -> bool:
@@ -347,6 +391,8 @@ def assemble(dst: Path, name: str, manifests: Mapping[int, Mapping[str, Any]], *
         if os.path.lexists(staging) and not os.path.isdir(staging):
             os.unlink(staging)
         staging.mkdir(exist_ok=True)
+        for d in sorted({(staging / rel).parent for rel in order} - {staging}):
+            d.mkdir(parents=True, exist_ok=True)  # each directory once, not once per file
         for rel in order:
             linked &= _place(part_source(dst, name, owner[rel], rel), staging / rel, union[rel][0])
     else:
@@ -357,8 +403,8 @@ def assemble(dst: Path, name: str, manifests: Mapping[int, Mapping[str, Any]], *
         got = snapshot(staging)
     if not matches(got, want):
         raise PartsChanged(f"{name}: the staged parts do not match their manifests")
-    if fsync:
-        fsync_all(staging)
+    if fsync and is_dir:
+        _fsync_dirs(staging, union)
     done = [float(m["done_at"]) for m in manifests.values() if isinstance(m.get("done_at"), (int, float))]
     _write_content(dst, name, manifests, owner, want, is_dir=is_dir, markers=markers,
                    done_at=max(done) if done else None, fsync=fsync)
