@@ -92,7 +92,12 @@ while step < a.steps:
         # Not SystemExit: under CI's load a rank aborted in Python 3.11's finalization, a C++
         # thread of torch's (std::thread → PyEval_AcquireThread) taking the GIL after it was gone
         # (pthread_exit through a noexcept frame: std::terminate), so mpirun said 1 after a clean
-        # stop. Everything is saved and the group is destroyed: nothing is left to finalize.
+        # stop. MPI is finalized here, as mpi4py's atexit would (a rank that leaves without it
+        # is one mpirun aborts the job for), then the process leaves without finalizing Python.
+        from mpi4py import MPI
+
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            MPI.Finalize()
         os._exit(0)
 if rank == 0:
     print(f"done {step}", flush=True)
