@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -86,6 +87,13 @@ def status_kib(pid: int, key: str) -> int:
     except OSError:
         pass
     return 0
+
+
+def op_class(call: str, line: str, shared: Path) -> str:
+    """A traced call with its path made generic (node K, step N, fd numbers): what it is done to."""
+    path = line.split(str(shared), 1)[1].split('"', 1)[0].split(">", 1)[0]
+    path = re.sub(r"node-\d+", "node-K", re.sub(r"__\d+_0", "__K_0", re.sub(r"step_\d+", "step_N", path)))
+    return f"{call} {path}"
 
 
 def publishes(run: Path) -> list[dict[str, Any]]:
@@ -177,8 +185,11 @@ def one(n: int, a: argparse.Namespace) -> dict[str, Any]:
         ops = [(t, k, line) for t, k, line in shared_ops(trace, shared) if traced_from <= t <= traced_to]
         ckpts = max(1, len([e for e in pub if traced_from < e["t"] <= traced_to]))
         kinds: dict[str, int] = {}
-        for _t, k, _line in ops:
+        paths: dict[str, int] = {}
+        for _t, k, line in ops:
             kinds[k] = kinds.get(k, 0) + 1
+            c = op_class(k, line, shared)
+            paths[c] = paths.get(c, 0) + 1
         bad = [e for e in events(run / "events.jsonl") if e.get("kind") in ("error", "part-conflict", "sync-error",
                                                                             "guard", "restore-failed")]
         sim_words = next((e["words"] for e in events(root / "sim.jsonl", "words")), {})
@@ -195,7 +206,8 @@ def one(n: int, a: argparse.Namespace) -> dict[str, Any]:
                    cpu_per_ckpt=(c1 - c0) / max(1, a.untraced), cpu_window_s=w1 - w0,
                    sim_cpu_per_ckpt=(s1 - s0) / max(1, a.untraced),
                    idle_pct=(c3 - c2) / (w3 - w2) * 100, ops_per_ckpt=len(ops) / ckpts,
-                   ops_per_node=len(ops) / ckpts / n, op_kinds=kinds, traced_checkpoints=ckpts,
+                   ops_per_node=len(ops) / ckpts / n, op_kinds=kinds,
+                   op_paths={c: round(v / ckpts / n, 2) for c, v in sorted(paths.items(), key=lambda kv: -kv[1])[:12]}, traced_checkpoints=ckpts,
                    errors=[{k: e.get(k) for k in ("kind", "error", "name", "detail") if k in e} for e in bad][:5],
                    sim_words=sim_words, stub_calls=calls, root=str(root), hz=HZ)
         out["cpu_net_per_ckpt"] = out["cpu_per_ckpt"] - out["idle_pct"] / 100 * out["cpu_window_s"] / max(1, a.untraced)
@@ -243,6 +255,8 @@ def main() -> None:
               f"ops per checkpoint x{r['ops_per_ckpt'] / max(base['ops_per_ckpt'], 1e-9):.2f}")
     print("\nleader ops by call, per checkpoint: " + json.dumps(
         {r["n"]: {k: round(v / r["traced_checkpoints"], 1) for k, v in sorted(r["op_kinds"].items())} for r in rows}))
+    print(f"leader ops per checkpoint per node at N={rows[-1]['n']}, by call and path (the most): "
+          + json.dumps(rows[-1]["op_paths"], indent=1))
 
 
 if __name__ == "__main__":
