@@ -26,7 +26,8 @@ words heard are counted, so a word the leader never said shows. With ``SIM_KILL`
 node named in it dies when the file appears, as Slurm reports a node failure: ``SIM_DOWN`` (the
 stub scontrol's list of nodes it calls DOWN) gets its host, its connection drops, and the step
 on it, every agent's, is killed: srun's error lines on stderr, every connection closed, srun
-exits 1.
+exits 1. With ``SIM_DEATH=task`` only node K's agent dies: its connection drops, srun says
+``task K: Killed`` and goes on, the node stays up.
 What happened is appended to ``SIM_OUT`` (JSON lines: ``part`` times, ``ready``, ``death``,
 ``words``).
 
@@ -77,6 +78,7 @@ class Sim:
         self.out = Path(os.environ["SIM_OUT"])
         self.kill = Path(os.environ["SIM_KILL"]) if os.environ.get("SIM_KILL") else None
         self.down = Path(os.environ["SIM_DOWN"]) if os.environ.get("SIM_DOWN") else None
+        self.whole_node = os.environ.get("SIM_DEATH", "node") == "node"  # else only the agent (task) dies
         self.nodes = range(1, self.n)
         self.writers: dict[int, asyncio.StreamWriter] = {}
         self.dead: set[int] = set()
@@ -301,6 +303,10 @@ class Sim:
         w = self.writers.pop(k, None)
         if w is not None:
             w.transport.abort()
+        if not self.whole_node:  # srun goes on with the other tasks (--kill-on-bad-exit=0); the node stays up
+            print(f"srun: error: {host(k)}: task {k}: Killed", file=sys.stderr, flush=True)
+            self.note(kind="death", node=k, host=host(k), t=time.time(), task_only=True)
+            return
         if self.down is not None:
             with open(self.down, "a") as f:
                 f.write(host(k) + "\n")

@@ -25,9 +25,13 @@ Each simulated node stages its part (``--size`` bytes, its manifest last) after 
 - the leader's shared-storage operations per checkpoint (``strace -f -y -e
   trace=%file,getdents64`` on every thread, calls naming a path under the shared directory, as
   bench/scale.py counts them) over the traced checkpoints, total and per node, by call;
-- with ``--death`` (default on): node N-1 dies once the saves are done (its connection dropped,
-  srun's error line, scontrol calls it DOWN from then on): the seconds until the leader's
-  ``stop`` with reason ``node-failed``, and the ``scontrol show node`` calls it made meanwhile.
+- ``--death node`` (the default): node N-1 dies once the saves are done, as Slurm reports a node
+  failure (scontrol calls it DOWN from then on, its connection drops, the agents' step is killed:
+  srun's error lines, srun exits 1): the seconds until the leader's ``stop`` with reason
+  ``node-failed``, and the ``scontrol show node`` calls it made from then to its end;
+- ``--death task``: only node N-1's agent dies (its connection dropped, srun's ``task K: Killed``
+  line; srun goes on, the node stays up), a few seconds before the training exits by itself:
+  how long the leader's last flush then waits for that agent's answer (``--end-wait`` at most).
 
 It checks that every checkpoint was published with all N parts and lists the leader's error
 events. The shared and local directories are on ``--root`` (default /dev/shm, a tmpfs: file
@@ -35,7 +39,7 @@ operations are cheap there, their counts are what carries to a parallel filesyst
 against the smallest N. Runs by hand (as any user; no Slurm, no root):
 
     .venv/bin/python bench/scale_sim.py --nodes 64 256 1024
-    .venv/bin/python bench/scale_sim.py --nodes 64 --saves 6 --no-death
+    .venv/bin/python bench/scale_sim.py --nodes 64 --untraced 2 --traced 2 --death none
 """
 
 from __future__ import annotations
@@ -115,8 +119,10 @@ def one(n: int, a: argparse.Namespace) -> dict[str, Any]:
                SLURM_JOB_NODELIST=f"sim[0000-{n - 1:04d}]", SLURM_JOB_NUM_NODES=str(n), SLURM_NNODES=str(n),
                SLURM_NODEID="0", SLURMD_NODENAME="sim0000", SLURM_NTASKS=str(n), SLURM_NTASKS_PER_NODE="1",
                SLURM_JOB_END_TIME=str(int(time.time()) + 7200), SIM_SIZE=str(a.size), SIM_JITTER=str(a.jitter),
-               SIM_OUT=str(root / "sim.jsonl"), SIM_KILL=str(root / "kill"), SIM_DOWN=str(root / "down"))
-    idle = a.idle + 3 + (120 if a.death else 0)  # the training idles through the idle measure (and the death)
+               SIM_OUT=str(root / "sim.jsonl"), SIM_KILL=str(root / "kill"), SIM_DOWN=str(root / "down"),
+               SIM_DEATH=a.death)
+    # the training idles through the idle measure, and through the node's death; not after a task's
+    idle = a.idle + 3 + {"node": 120, "task": 10, "none": 0}[a.death]
     argv = [sys.executable, "-m", "supervisor", "--run-dir", str(run), "--gpu-every", "0", "--sync-every", "10m",
             "--checkpoints", str(local / "ckpt"), str(shared / "persist" / "ckpt"), "--nodes", str(n), "--",
             sys.executable, str(SIM), "train", str(local / "ckpt"), "--every", str(a.every), "--saves", str(saves),
@@ -152,22 +158,28 @@ def one(n: int, a: argparse.Namespace) -> dict[str, Any]:
         time.sleep(a.idle)
         c3, w3 = cpu_s(pid), time.monotonic()
         out.update(hwm_mib=status_kib(pid, "VmHWM") / 1024, rss_mib=status_kib(pid, "VmRSS") / 1024)
-        if a.death:
+        if a.death != "none":
             calls_before = (root / "calls.log").read_text().count("show node")
             (root / "kill.tmp").write_text(f"{n - 1}\n")
             os.replace(root / "kill.tmp", root / "kill")
+        if a.death == "node":
             died = wait(lambda: [e for e in events(run / "events.jsonl", "stop") if e.get("reason") == "node-failed"]
                         or leader.poll() is not None, 120, "the leader's node-failed stop", 0.05)
             death = next((e for e in events(root / "sim.jsonl", "death")), None)
             if isinstance(died, list) and death is not None:
                 out["death_s"] = died[0]["t"] - death["t"]
         try:
-            leader.wait(timeout=180)
+            leader.wait(timeout=a.end_wait if a.death == "task" else 180)
         except subprocess.TimeoutExpired:
+            out["leader_termed"] = True  # still running: TERMed (its srun too: the same session)
             os.killpg(pid, signal.SIGTERM)
             leader.wait(timeout=60)
         out["leader_rc"] = leader.returncode
-        if a.death:
+        if a.death == "task":
+            flush = [e for e in events(run / "events.jsonl", "stop-step") if e.get("step") == "final-flush"]
+            out["task_death_flush_s"] = flush[0]["seconds"] if flush else None  # None: still waiting, killed
+            out["task_death_end"] = next((e.get("reason") for e in events(run / "events.jsonl", "end")), None)
+        if a.death != "none":
             out["death_scontrol_calls"] = (root / "calls.log").read_text().count("show node") - calls_before
         out["leader_s"] = round(time.time() - t_start, 1)
 
@@ -209,7 +221,8 @@ def one(n: int, a: argparse.Namespace) -> dict[str, Any]:
                    ops_per_node=len(ops) / ckpts / n, op_kinds=kinds,
                    op_paths={c: round(v / ckpts / n, 2) for c, v in sorted(paths.items(), key=lambda kv: -kv[1])[:12]}, traced_checkpoints=ckpts,
                    errors=[{k: e.get(k) for k in ("kind", "error", "name", "detail") if k in e} for e in bad][:5],
-                   sim_words=sim_words, stub_calls=calls, root=str(root), hz=HZ)
+                   sim_words=sim_words, journal_kib=(run / "events.jsonl").stat().st_size / 1024,
+                   parts_waiting_per_ckpt=len(events(run / "events.jsonl", "parts-waiting")) / max(1, len(pub)), stub_calls=calls, root=str(root), hz=HZ)
         out["cpu_net_per_ckpt"] = out["cpu_per_ckpt"] - out["idle_pct"] / 100 * out["cpu_window_s"] / max(1, a.untraced)
         return out
     finally:
@@ -228,7 +241,9 @@ def main() -> None:
     p.add_argument("--size", type=int, default=64 << 10, help="bytes of each node's shard")
     p.add_argument("--jitter", type=float, default=0.5, help="each node's part after the go: a delay in [0, JITTER] s")
     p.add_argument("--idle", type=float, default=8.0, help="seconds of the idle CPU measure, after the saves")
-    p.add_argument("--death", action=argparse.BooleanOptionalAction, default=True, help="kill node N-1 at the end")
+    p.add_argument("--death", choices=("node", "task", "none"), default="node",
+                   help="at the end, node N-1 fails (node), or only its agent (task), or nothing")
+    p.add_argument("--end-wait", type=float, default=90.0, help="--death task: seconds to wait for the leader's end")
     p.add_argument("--root", default="/dev/shm", help="where the shared and local directories go")
     p.add_argument("--keep", action="store_true", help="keep each run's directory")
     a = p.parse_args()
@@ -247,6 +262,11 @@ def main() -> None:
               f"{r['cpu_per_ckpt']:>7.2f}s {r['cpu_net_per_ckpt']:>5.2f}s {r['idle_pct']:>6.2f} {r['hwm_mib']:>7.1f} "
               f"{r['rss_mib']:>7.1f} {r['ops_per_ckpt']:>8.0f} {r['ops_per_node']:>8.2f} "
               f"{r.get('death_s', float('nan')):>5.2f}s")
+    for r in rows:
+        if "task_death_flush_s" in r:
+            print(f"N={r['n']}: node {r['n'] - 1}'s agent died (srun went on): the leader's last flush took "
+                  f"{r['task_death_flush_s']}s" + (f", still waiting when TERMed after --end-wait {a.end_wait:.0f}s"
+                                                   if r.get("leader_termed") else "") + f", end {r['task_death_end']}")
     for r in rows[1:]:
         print(f"N={r['n']} / N={base['n']}: nodes x{r['n'] / base['n']:.0f}, agents' wait "
               f"x{(r['agents_wait_s'] or 0) / max(base['agents_wait_s'] or 0, 1e-9):.2f}, publish p50 "
