@@ -14,8 +14,9 @@ Each simulated node stages its part (``--size`` bytes, its manifest last) after 
 ``go``, spread over ``--jitter`` s, and says ``part``. Measured, per N:
 
 - node agents: the leader's wait for all of them (its ``node-agents`` ``seconds``: the start of
-  srun to every agent ready; the simulated agents answer at once, so this is the leader's own
-  part of it, with the load generator's), and how many joined its line (``linked``);
+  srun to every agent ready; a simulated agent imports nothing and restores nothing, so this is
+  the leader's own part of it plus the load generator's: its start, every connection and offer,
+  ``sim_offered_s``), and how many joined its line (``linked``);
 - publish latency: the leader's ``publish`` of a checkpoint after the last node's ``part`` of it
   (the simulation's time, or the leader's own ``part`` for node 0), p50 and max, over the
   checkpoints published without a tracer (``--untraced``) and, apart, those under strace;
@@ -36,7 +37,8 @@ Each simulated node stages its part (``--size`` bytes, its manifest last) after 
 It checks that every checkpoint was published with all N parts and lists the leader's error
 events. The shared and local directories are on ``--root`` (default /dev/shm, a tmpfs: file
 operations are cheap there, their counts are what carries to a parallel filesystem). Ratios are
-against the smallest N. Runs by hand (as any user; no Slurm, no root):
+against the smallest N. Runs by hand, without Slurm (strace needs the right to trace the leader:
+root, or kernel.yama.ptrace_scope = 0):
 
     .venv/bin/python bench/scale_sim.py --nodes 64 256 1024
     .venv/bin/python bench/scale_sim.py --nodes 64 --untraced 2 --traced 2 --death none
@@ -212,6 +214,7 @@ def one(n: int, a: argparse.Namespace) -> dict[str, Any]:
             calls[key] = calls.get(key, 0) + 1
         out.update(agents_wait_s=agents.get("seconds"), missing=len(agents.get("missing") or []),
                    linked=len(agents.get("linked") or []), sim_linked=offered.get("linked"),
+                   sim_offered_s=offered.get("since_start"),
                    published=len(pub), all_parts=all(len(e.get("parts") or {}) == n and e.get("nodes") == n for e in pub),
                    lat_p50=pct(untraced, 0.5), lat_max=max(untraced, default=float("nan")),
                    lat_traced_p50=pct(traced, 0.5), lat_traced_max=max(traced, default=float("nan")),
