@@ -124,7 +124,7 @@ def one(n: int, a: argparse.Namespace) -> dict[str, Any]:
                SIM_OUT=str(root / "sim.jsonl"), SIM_KILL=str(root / "kill"), SIM_DOWN=str(root / "down"),
                SIM_DEATH=a.death)
     # the training idles through the idle measure, and through the node's death; not after a task's
-    idle = a.idle + 3 + {"node": 120, "task": 10, "none": 0}[a.death]
+    idle = a.idle + 3 + {"node": 120, "task": 10, "none": 10}[a.death]
     argv = [sys.executable, "-m", "supervisor", "--run-dir", str(run), "--gpu-every", "0", "--sync-every", "10m",
             "--checkpoints", str(local / "ckpt"), str(shared / "persist" / "ckpt"), "--nodes", str(n), "--",
             sys.executable, str(SIM), "train", str(local / "ckpt"), "--every", str(a.every), "--saves", str(saves),
@@ -156,10 +156,10 @@ def one(n: int, a: argparse.Namespace) -> dict[str, Any]:
         tracer.send_signal(signal.SIGINT)
         tracer.wait(timeout=60)
         time.sleep(3.0)  # the last checkpoint's tail
+        out.update(hwm_mib=status_kib(pid, "VmHWM") / 1024, rss_mib=status_kib(pid, "VmRSS") / 1024)
         c2, w2 = cpu_s(pid), time.monotonic()
         time.sleep(a.idle)
         c3, w3 = cpu_s(pid), time.monotonic()
-        out.update(hwm_mib=status_kib(pid, "VmHWM") / 1024, rss_mib=status_kib(pid, "VmRSS") / 1024)
         if a.death != "none":
             calls_before = (root / "calls.log").read_text().count("show node")
             (root / "kill.tmp").write_text(f"{n - 1}\n")
