@@ -271,6 +271,7 @@ class Sim:
                     f.seek(self.leader_at)
                     data = f.read()
             except OSError:
+                self.ended.set()  # the run directory is gone: so is the leader
                 continue
             data = data[:data.rfind(b"\n") + 1]
             self.leader_at += len(data)

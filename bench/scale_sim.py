@@ -231,6 +231,13 @@ def one(n: int, a: argparse.Namespace) -> dict[str, Any]:
     finally:
         if leader.poll() is None:
             os.killpg(leader.pid, signal.SIGKILL)
+        sim_pid = next((e.get("pid") for e in events(run / "events.jsonl", "node-agents")), None)
+        try:  # the load generator ends on the leader's end (a look a second), or now
+            wait(lambda: not Path(f"/proc/{sim_pid}").exists(), 5, "the load generator's end")
+        except RuntimeError:
+            os.kill(int(sim_pid), signal.SIGKILL)
+        except TypeError:
+            pass  # no node-agents event: no load generator started
         if not a.keep:
             shutil.rmtree(root, ignore_errors=True)
 
