@@ -88,6 +88,7 @@ class Fleet:
         self._t0 = time.monotonic()
         self.line = LeaderLine(run_dir, len(nodes), heard=self._said, linked=self._linked)
         self._answers = Bell()  # a node said it journaled an answer (``journal`` on the line)
+        self._journaled: set[int] = set()  # the nodes that said so since their journals were last read
         self._mirror: MirrorPort | None = None
 
     def connect(self, mirror: MirrorPort) -> None:
@@ -99,6 +100,7 @@ class Fleet:
 
     def _said(self, node: int, word: str) -> None:
         if word == "journal":
+            self._journaled.add(node)
             self._answers.ring()
         elif self._mirror is not None:
             self._mirror.heard(word)
@@ -107,10 +109,25 @@ class Fleet:
         if self._mirror is not None:
             self._mirror.link(on=whole)
 
-    async def _answer_pause(self) -> None:
+    async def _answer_pause(self) -> bool:
         """Until a node says it answered, or a look at their journals anyway: rarely while every
-        node is on the line, else every ``ANSWER_POLL_S``."""
-        await self._answers.wait(LINKED_ANSWER_S if self.line.whole else ANSWER_POLL_S)
+        node is on the line, else every ``ANSWER_POLL_S``. True when a node said so (and the
+        line holds every node: then only those nodes' journals need reading)."""
+        return await self._answers.wait(LINKED_ANSWER_S if self.line.whole else ANSWER_POLL_S) and self.line.whole
+
+    async def _read_answers(self, watches: Mapping[int, JournalTail], kind: str, request: str,
+                            answers: dict[int, dict[str, Any]], *, everyone: bool) -> None:
+        """The answers to ``request`` in the journals of the nodes that said they answered, or
+        of every node yet to answer (``everyone``: the first look, a pause that ran out, a node
+        off the line). One read per answer, not one per node for each answer: at 1,024 nodes a
+        last flush read a thousand journals on shared storage each time a node answered (issue 44)."""
+        said, self._journaled = self._journaled, set()
+        for k, w in watches.items():
+            if k in answers or not (everyone or k in said):
+                continue
+            for ev in await anyio.to_thread.run_sync(w.appended):
+                if ev.get("kind") == kind and ev.get("request") == request:
+                    answers[k] = ev
 
     @classmethod
     def from_plan(cls, plan: Plan, emit: Emit) -> Fleet | None:
@@ -220,14 +237,10 @@ class Fleet:
         answers: dict[int, dict[str, Any]] = {}
         down: dict[int, str] = {}  # nodes the scheduler calls down (PBS: their agent, a TM task, is gone with the mom)
         next_look = time.monotonic() + DOWN_POLL_S
+        everyone = True
         with anyio.move_on_after(max(0.0, within)):
             while len(answers) < len(nodes):
-                for k, w in watches.items():
-                    if k in answers:
-                        continue
-                    for ev in await anyio.to_thread.run_sync(w.appended):
-                        if ev.get("kind") == "node-flush" and ev.get("request") == request:
-                            answers[k] = ev
+                await self._read_answers(watches, "node-flush", request, answers, everyone=everyone)
                 if len(answers) < len(nodes):
                     if self.agents.ended():
                         break  # the agents' srun has ended: nobody is left to answer
@@ -236,7 +249,7 @@ class Fleet:
                         down.update(await self.agents.down([k for k in nodes if k not in answers and k not in down]))
                         if all(k in answers or k in down for k in nodes):
                             break
-                    await self._answer_pause()
+                    everyone = not await self._answer_pause()
         missing = [k for k in nodes if k not in answers]
         pending = [line for k in sorted(answers) for line in answers[k].get("not_durable") or []]
         ended = self.agents.ended()
@@ -268,14 +281,12 @@ class Fleet:
         self.line.ring("journal")
         t0 = time.monotonic()
         answers: dict[int, dict[str, Any]] = {}
+        everyone = True
         with anyio.move_on_after(within):
             while len(answers) < len(nodes):
-                for k, w in watches.items():
-                    for ev in await anyio.to_thread.run_sync(w.appended):
-                        if ev.get("kind") == "node-signal" and ev.get("request") == request:
-                            answers[k] = ev
+                await self._read_answers(watches, "node-signal", request, answers, everyone=everyone)
                 if len(answers) < len(nodes):
-                    await self._answer_pause()
+                    everyone = not await self._answer_pause()
         missing = [k for k in nodes if k not in answers]
         if missing:
             log.warning("the node agents of node(s) %s did not say in %.1fs that they sent %s to their ranks",
@@ -299,15 +310,17 @@ class Fleet:
 
     async def gone(self, within: float) -> dict[int, tuple[str, str]]:
         """Nodes of this attempt that the scheduler calls gone (down, drained, failing), with
-        (state, reason): each node asked once, and the silent ones (``silent``) again every
+        (state, reason): every node asked at once (``Scheduler.node_states``: one ``scontrol`` for
+        all of them), and the silent ones (``silent``) again every
         ``DOWN_POLL_S`` for at most ``within`` seconds until one is called gone (the scheduler
         needs its node timeout to say so: Slurm's SlurmdTimeout, PBS's mom heartbeat)."""
         found: dict[int, tuple[str, str]] = {}
         ask = sorted(self.want)
         with anyio.move_on_after(max(0.0, within)):
             while True:
+                states = await anyio.to_thread.run_sync(self.sched.node_states, [self.nodes[k] for k in ask])
                 for k in ask:
-                    state = await anyio.to_thread.run_sync(self.sched.node_state, self.nodes[k])
+                    state = states.get(self.nodes[k])
                     if state is not None and any(s in state[0].upper() for s in GONE_STATES):
                         found[k] = state
                 ask = [k for k in self.silent() if k not in found]

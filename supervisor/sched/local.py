@@ -80,6 +80,9 @@ class Local:
     def node_state(self, host: str) -> tuple[str, str] | None:
         return None
 
+    def node_states(self, hosts: list[str]) -> dict[str, tuple[str, str]]:
+        return {}
+
     def on_fewer_nodes(self, env: Mapping[str, str]) -> dict[str, str]:
         return dict(env)
 

@@ -220,6 +220,10 @@ class Pbs:
     def node_state(self, host: str) -> tuple[str, str] | None:
         return pbs_node_state(host)
 
+    def node_states(self, hosts: list[str]) -> dict[str, tuple[str, str]]:
+        """One ``pbsnodes`` per host (blocking): several hosts in one call are not measured here."""
+        return {h: state for h in hosts if (state := pbs_node_state(h)) is not None}
+
     def on_fewer_nodes(self, env: Mapping[str, str]) -> dict[str, str]:
         """Unchanged: ``PBS_NODEFILE`` keeps naming the job's nodefile, whose line numbers are the
         TM node numbers ``pbsdsh -h`` and ``pbs_tmrsh`` look a host up by (measured: with the
