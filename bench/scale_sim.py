@@ -71,10 +71,10 @@ STUBS = {
 echo "scontrol $*" >> {root}/calls.log
 case "$*" in
   "show config") echo "KillWait                = 30 sec" ;;
-  "-o show node "*) h="$4"
-    if grep -qx "$h" {root}/down 2>/dev/null; then
-      echo "NodeName=$h State=DOWN+NOT_RESPONDING Reason=Not responding [slurm@2026-01-01T00:00:00]"
-    else echo "NodeName=$h State=ALLOCATED"; fi ;;
+  "-o show node "*) echo "$4" | tr , '\n' | awk -v down={root}/down '  # a line per node asked, as Slurm prints them
+    BEGIN {{ while ((getline l < down) > 0) d[l] = 1 }}
+    {{ if ($0 in d) print "NodeName=" $0 " State=DOWN+NOT_RESPONDING Reason=Not responding [slurm@2026-01-01T00:00:00]"
+      else print "NodeName=" $0 " State=ALLOCATED" }}' ;;
   "show job"*) echo "JobId=424242 JobState=RUNNING Restarts=0 StartTime=2026-01-01T00:00:00 TimeLimit=02:00:00" ;;
   requeue*) echo "scontrol: error: Requeue of job is presently disabled" >&2; exit 1 ;;
   *) exit 1 ;;
