@@ -90,6 +90,16 @@ def stage(dst: Path, nodes: range, total: int, size: int) -> None:
                        hashes={rel: "0" * 64 for rel in files})
 
 
+def calls_by_kind(trace: Path, dst: Path) -> dict[str, int]:
+    """The traced calls that name the shared directory, by system call."""
+    by: dict[str, int] = {}
+    for line in trace.read_text(errors="replace").splitlines():
+        if str(dst) in line and " " in line:
+            call = line.split(None, 1)[1].split("(", 1)[0]
+            by[call] = by.get(call, 0) + 1
+    return by
+
+
 def leader_run(root: Path, n: int, size: int, traced: bool) -> tuple[dict, dict[str, int]]:
     """One assembly by the leader's code: its figures and (traced) its calls by kind."""
     shutil.rmtree(root, ignore_errors=True)
@@ -110,12 +120,7 @@ def leader_run(root: Path, n: int, size: int, traced: bool) -> tuple[dict, dict[
     out, _ = proc.communicate(timeout=600)
     if proc.returncode != 0:
         raise RuntimeError(f"the leader's assembly failed at N={n}")
-    by: dict[str, int] = {}
-    if traced:
-        for line in trace.read_text(errors="replace").splitlines():
-            if str(dst) in line and " " in line:
-                call = line.split(None, 1)[1].split("(", 1)[0]
-                by[call] = by.get(call, 0) + 1
+    by = calls_by_kind(trace, dst) if traced else {}
     return json.loads(out.strip().splitlines()[-1]), by
 
 
@@ -130,12 +135,7 @@ def floor_run(root: Path, n: int, size: int, traced: bool) -> tuple[dict, dict[s
     if traced:
         argv = ["strace", "-f", "-qq", "-y", "-e", "trace=%file,getdents64,fsync", "-o", str(trace), *argv]
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
-    by: dict[str, int] = {}
-    if traced:
-        for line in trace.read_text(errors="replace").splitlines():
-            if str(dst) in line and " " in line:
-                call = line.split(None, 1)[1].split("(", 1)[0]
-                by[call] = by.get(call, 0) + 1
+    by = calls_by_kind(trace, dst) if traced else {}
     return json.loads(out.strip().splitlines()[-1]), by
 
 

@@ -50,6 +50,15 @@ def gather(dst: Path, nodes: int) -> DirGather:
     return DirGather(PairState(pair, backend=None, emit=lambda *a, **k: None), node=0)  # type: ignore[arg-type]
 
 
+def every_part_read(tmp_path: Path, n: int) -> tuple[Path, DirGather, dict[int, dict]]:
+    """Every node's part staged, and the leader's pass that read them all."""
+    dst = tmp_path / "persist"
+    dst.mkdir()
+    stage_parts(dst, range(n), n)
+    g = gather(dst, n)
+    return dst, g, g.current_parts(NAME, waiting(dst)[NAME])
+
+
 LEADER = """
 import sys, anyio
 from pathlib import Path
@@ -109,11 +118,7 @@ def test_an_assembly_cut_short_resumes_whether_the_parts_were_linked_or_renamed(
     """A leader killed mid-assembly leaves some files in the staging directory (linked, or
     renamed where links are refused); the next leader's assembly keeps them and completes."""
     n = 4
-    dst = tmp_path / "persist"
-    dst.mkdir()
-    stage_parts(dst, range(n), n)
-    g = gather(dst, n)
-    ms = g.current_parts(NAME, waiting(dst)[NAME])
+    dst, g, ms = every_part_read(tmp_path, n)
     staging = dst / f".supervise-staging-{NAME}"
     staging.mkdir()
     os.link(part_dir(dst, NAME, 1) / "__1_0.distcp", staging / "__1_0.distcp")   # linked before the kill
@@ -137,11 +142,7 @@ def test_a_part_changed_under_the_assembly_is_never_published(tmp_path: Path) ->
     """Node 1 stages its part again after the leader read its manifest: the files no longer
     match what the manifest says, and nothing is published."""
     n = 2
-    dst = tmp_path / "persist"
-    dst.mkdir()
-    stage_parts(dst, range(n), n)
-    g = gather(dst, n)
-    ms = g.current_parts(NAME, waiting(dst)[NAME])
+    dst, g, ms = every_part_read(tmp_path, n)
     (part_dir(dst, NAME, 1) / "__1_0.distcp").write_bytes(b"a newer, longer shard" * 400)
     with pytest.raises(PartsChanged):
         assemble(dst, NAME, ms, fsync=False)
@@ -152,11 +153,7 @@ def test_a_rewritten_manifest_is_read_again(tmp_path: Path) -> None:
     """The cache of manifests goes by the file itself: node 1's newer manifest (temp + rename:
     another inode) is read, never the one cached."""
     n = 2
-    dst = tmp_path / "persist"
-    dst.mkdir()
-    stage_parts(dst, range(n), n)
-    g = gather(dst, n)
-    first = g.current_parts(NAME, waiting(dst)[NAME])
+    dst, g, first = every_part_read(tmp_path, n)
     shutil.rmtree(part_dir(dst, NAME, 1))
     (dst / ".supervise-parts" / NAME / "node-1.json").unlink()
     stage_parts(dst, range(1, 2), n)
