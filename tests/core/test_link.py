@@ -110,7 +110,9 @@ async def test_an_agent_that_loses_the_leader_says_so_and_joins_the_next_one(tmp
         assert h1.words.count((1, LINK)) == 2, "made and lost: each time it looks at everything"
         second, lh = leader(tmp_path, nodes=2)  # the next attempt's leader: a new port, a new token
         tg.start_soon(second.run)
-        await wait_for_async(lambda: second.connected == [1], 15, "node 1 on the next leader's line")
+        # both ends: the leader counts node 1 once it has sent its ``ok``, node 1 has a line to
+        # speak on once it has read it (CI: the word said in between went nowhere, by design)
+        await wait_for_async(lambda: second.connected == [1] and one.linked, 15, "node 1 on the next leader's line")
         one.say("part")
         await wait_for_async(lambda: (1, "part") in lh.words, 10, "node 1's word to the next leader")
         tg.cancel_scope.cancel()
