@@ -235,7 +235,7 @@ class Fleet:
         self.line.ring("journal")
         t0 = time.monotonic()
         answers: dict[int, dict[str, Any]] = {}
-        down: dict[int, str] = {}  # nodes the scheduler calls down (PBS: their agent, a TM task, is gone with the mom)
+        down: dict[int, str] = {}  # nodes whose agent cannot answer: srun said its task ended; PBS calls the node down
         next_look = time.monotonic() + DOWN_POLL_S
         everyone = True
         with anyio.move_on_after(max(0.0, within)):
@@ -253,7 +253,7 @@ class Fleet:
         missing = [k for k in nodes if k not in answers]
         pending = [line for k in sorted(answers) for line in answers[k].get("not_durable") or []]
         ended = self.agents.ended()
-        pending += [f"node {k} ({self.nodes[k]}): {self.sched.label} calls it {down[k]}; its newest part may be missing"
+        pending += [f"node {k} ({self.nodes[k]}): {down[k]}; its newest part may be missing"
                     if k in down else f"node {k} ({self.nodes[k]}): its agent ended before it answered the final flush; "
                     "its newest part may be missing" if ended
                     else f"node {k}: did not answer the final flush in {within:.1f}s; its newest part may be missing"
@@ -380,20 +380,23 @@ WATCH_S = 1.0  # how often the watch while the training runs looks whether a nod
 
 
 def lost_nodes(previous: list[dict[str, Any]], now: tuple[str, ...], persistent: list[Path],
-               node_state: Callable[[str], tuple[str, str] | None]) -> list[dict[str, Any]]:
+               node_states: Callable[[list[str]], dict[str, tuple[str, str]]]) -> list[dict[str, Any]]:
     """The nodes of the previous attempt that this one lacks and the scheduler calls gone, each with
-    the checkpoints whose parts from it are missing on persistent storage (never published)."""
+    the checkpoints whose parts from it are missing on persistent storage (never published).
+    The scheduler is asked once for all of them (``Scheduler.node_states``): a job requeued
+    onto other nodes lacks every one of them, 1,023 calls at 1,024 nodes (issue 44)."""
     from supervisor.sync import Mirror  # here only: a run without per-node pairs never imports sync for this
 
     start = next((e for e in reversed(previous) if e.get("kind") == "start"), None)
     if start is None or not start.get("nodes"):
         return []
     before = [str(n) for n in start["nodes"]]
+    states = node_states([host for host in before if host not in now])
     out = []
     for index, host in enumerate(before):
         if host in now:
             continue
-        state = node_state(host)
+        state = states.get(host)
         if state is None or not any(s in state[0].upper() for s in GONE_STATES):
             continue
         lost = [f"{dst.name}/{name}" if len(persistent) > 1 else name
@@ -409,7 +412,7 @@ async def journal_lost_nodes(plan: Plan, emit: Emit) -> None:
     if not sched.is_batch or plan.nodes < 2:
         return
     dsts = [p.dst for p in plan.cfg.sync if p.kind == "checkpoint" and p.nodes > 1 and p.store is None]
-    for lost in await anyio.to_thread.run_sync(lost_nodes, plan.previous_events, plan.job.nodes, dsts, sched.node_state):
+    for lost in await anyio.to_thread.run_sync(lost_nodes, plan.previous_events, plan.job.nodes, dsts, sched.node_states):
         emit("node-lost", scheduler=plan.job.scheduler, **lost)
         log.warning("node %s of attempt %s is gone (%s: %s%s)%s", lost["node"], lost["in_attempt"],
                     sched.label, lost["state"],

@@ -358,13 +358,13 @@ class PbsdshAgents:
         return False
 
     async def down(self, nodes: list[int]) -> dict[int, str]:
-        """Of these nodes, those PBS calls down, with their state: a TM task outlives no mom,
-        so their agents cannot answer."""
+        """Of these nodes, those PBS calls down, in words with their state: a TM task outlives
+        no mom, so their agents cannot answer."""
         out = {}
         for k in nodes:
             state = await anyio.to_thread.run_sync(pbs_node_state, self.launch.nodes[k])
             if state is not None and "down" in state[0].lower():
-                out[k] = state[0]
+                out[k] = f"PBS calls it {state[0]}"
         return out
 
 

@@ -16,6 +16,7 @@ import logging
 import re
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -302,6 +303,7 @@ class SrunAgents:
     def __init__(self, launch: AgentLaunch) -> None:
         self.launch = launch
         self.failed: dict[int, str] = {}  # srun starts every node's task or none
+        self.gone: dict[int, str] = {}    # nodes whose agent's task ended while srun goes on, as srun said it
         self.proc: subprocess.Popen[str] | None = None
 
     @property
@@ -319,13 +321,16 @@ class SrunAgents:
         argv, env = self.argv(), self.launch.env
         try:
             self.proc = await anyio.to_thread.run_sync(lambda: subprocess.Popen(
-                argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True))  # our session: not the training tree (Child.tree)
+                argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True))  # our session: not the training tree (Child.tree)
         except OSError as e:
             return str(e)
         return None
 
     async def hear(self, heard: Callable[[str], None], changed: Callable[[], None]) -> None:
-        """Every line srun's tasks print, until srun's stdout closes."""
+        """Every line srun's tasks print, until srun's stdout closes; and srun's own lines
+        (its stderr, passed on to the leader's), where it says that a node's task ended
+        (``gone``)."""
         proc = self.proc
         assert proc is not None
         lines: anyio.abc.ObjectReceiveStream[str]
@@ -339,13 +344,26 @@ class SrunAgents:
             finally:
                 anyio.from_thread.run_sync(send.close)
 
+        def read_errors() -> None:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                sys.stderr.write(line)  # where srun's lines went before: the job's error file
+                ended = task_ended(line, self.launch.nodes)
+                if ended is not None:
+                    anyio.from_thread.run_sync(self._task_ended, *ended, changed)
+
         async def follow() -> None:
             async for line in lines:
                 heard(line)
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: anyio.to_thread.run_sync(read, abandon_on_cancel=True))
+            tg.start_soon(lambda: anyio.to_thread.run_sync(read_errors, abandon_on_cancel=True))
             tg.start_soon(follow)
+
+    def _task_ended(self, node: int, said: str, changed: Callable[[], None]) -> None:
+        self.gone[node] = said
+        changed()
 
     async def wait(self) -> int:
         """srun's exit status, when it ends (before the leader's end: a node died, or srun could not reach one)."""
@@ -357,8 +375,25 @@ class SrunAgents:
         return self.proc is not None and self.proc.poll() is not None
 
     async def down(self, nodes: list[int]) -> dict[int, str]:
-        """{}: an agent whose node died ends srun, which ``ended`` tells."""
-        return {}
+        """Of these nodes, those whose agent's task srun said has ended (``--kill-on-bad-exit=0``:
+        srun goes on without it), and what it said. An agent whose node died ends srun,
+        which ``ended`` tells."""
+        return {k: f"its agent ended ({self.gone[k]})" for k in nodes if k in self.gone}
+
+
+# srun's line for a task that ended while the others go on, one per host:
+# "srun: error: n3: task 2: Killed", "srun: error: n3: task 2: Exited with exit code 1"
+_TASK_END = re.compile(r"^srun: error: (\S+): tasks? (\d+)(?:[-,]\S*)?: (.+)$")
+
+
+def task_ended(line: str, nodes: list[str]) -> tuple[int, str] | None:
+    """(node index, srun's words) when ``line`` is srun saying that the agent's task on one of
+    ``nodes`` ended; the host names the node (srun numbers tasks in its own node order)."""
+    m = _TASK_END.match(line.strip())
+    if m is None or m.group(1) not in nodes:
+        return None
+    host, task, what = m.groups()
+    return nodes.index(host), f"srun: {host}: task {task}: {what}"
 
 
 # ---------------------------------------------------------------------------- the end time

@@ -14,7 +14,7 @@ import os
 import stat
 from pathlib import Path
 
-from supervisor.sched.slurm import Slurm
+from supervisor.sched.slurm import Slurm, task_ended
 
 GOLDEN = Path(__file__).with_name("scontrol_show_node_o.txt")
 
@@ -44,3 +44,18 @@ def test_no_nodes_asks_nothing(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("PATH", f"{stub(tmp_path)}{os.pathsep}{os.environ['PATH']}")
     assert Slurm().node_states([]) == {}
     assert not (tmp_path / "calls").exists()
+
+
+SRUN_ERRORS = Path(__file__).with_name("srun_task_ended.txt")
+
+
+def test_srun_saying_a_task_ended_names_its_node() -> None:
+    """What srun (Slurm 22.05.8, ``--kill-on-bad-exit=0``) printed on the test cluster's stderr
+    when the task on n2 was killed and the one on n3 exited 3, the others going on: each line
+    names the node whose agent can no longer answer (``SrunAgents.down``); srun's other lines
+    name none."""
+    nodes = ["n1", "n2", "n3"]
+    said = [task_ended(line, nodes) for line in SRUN_ERRORS.read_text().splitlines()]
+    assert said == [(1, "srun: n2: task 1: Killed"), (2, "srun: n3: task 2: Exited with exit code 3"), None], said
+    assert task_ended("srun: error: n9: task 1: Killed", nodes) is None  # no node of this attempt
+    assert task_ended("srun: error: n2: tasks 1-2: Killed", nodes) == (1, "srun: n2: task 1: Killed")

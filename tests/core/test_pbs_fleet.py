@@ -68,10 +68,10 @@ def test_pbsnodes_text_of_the_real_pbs_gives_state_and_comment() -> None:
     # PBS calls it down or offline, not when it is merely elsewhere
     previous = [{"kind": "start", "attempt": 2, "nodes": ["n1", "n2"]}]
     states = {"n2": down}
-    lost = lost_nodes(previous, ("n1", "n3"), [], lambda h: states.get(h))
+    lost = lost_nodes(previous, ("n1", "n3"), [], lambda hosts: {h: states[h] for h in hosts if h in states})
     assert [(x["node"], x["index"], x["in_attempt"], x["state"], x["reason"]) for x in lost] == \
         [("n2", 1, 2, down[0], "test: n2 died")], lost
-    assert lost_nodes(previous, ("n1", "n3"), [], lambda h: free) == []
+    assert lost_nodes(previous, ("n1", "n3"), [], lambda hosts: {h: free for h in hosts}) == []
     assert not any(s in "FREE" for s in GONE_STATES)
 
 
