@@ -240,7 +240,7 @@ def test_the_last_flush_does_not_wait_for_an_agent_that_died(tmp_path: Path) -> 
     assert "srun: error: vm3: task 2: Killed" in r.stderr, r.stderr[-3000:]  # srun's word reaches the job's error file
     ev = events(m.run_dir / "events.jsonl")
     ask = next(e for e in ev if e.get("kind") == "nodes-flush")
-    assert ask["nodes"] == [1, 2], ask
+    assert ask["nodes"] == [1, 2], (ask, [e for e in ev if e.get("kind") in ("node-agents", "restore-versions")])
     final = next(e for e in ev if e.get("kind") == "stop-step" and e["step"] == "final-flush")
     nodes = final["nodes"]
     assert nodes["answered"] == [1] and nodes["missing"] == [2], nodes
