@@ -32,7 +32,10 @@ What happened is appended to ``SIM_OUT`` (JSON lines: ``part`` times, ``ready``,
 ``words``).
 
 The training on node 0 is ``_sim_nodes.py train OUT``: every ``--every`` s node 0's shard and
-the DCP marker ``.metadata`` last, ``--saves`` times, then idle ``--idle`` s and exit.
+the DCP marker ``.metadata`` last, ``--saves`` times (after the newest step in OUT: a restart
+goes on from what it restored), then idle ``--idle`` s and exit. At a restart (the run
+directory's second attempt) a node that restored the leader's choice says the version's
+identity (``version_of``) as a real agent does; its download is not simulated.
 """
 
 from __future__ import annotations
@@ -87,7 +90,11 @@ class Sim:
         self.round = 0
         self.staged: set[str] = set()                 # checkpoints whose go was seen (every node stages them)
         self.parted: dict[int, set[str]] = {k: set() for k in self.nodes}  # node → its parts not yet taken
-        self.leader_at = 0                            # offset read in the leader's journal
+        try:  # from here: an earlier attempt's lines (its ``end``) are not this leader's words
+            self.leader_at = (self.run_dir / "events.jsonl").stat().st_size
+        except OSError:
+            self.leader_at = 0
+        self.versions: dict[str, Any] = {}           # a chosen version → what a node that restored it holds
         self.ended = asyncio.Event()
         self.status = 0
         self.log = open(self.out, "a", encoding="utf-8")  # noqa: SIM115 - for the process's life
@@ -190,14 +197,29 @@ class Sim:
             turn, final = int(body.get("round") or 0), bool(body.get("final"))
             if turn > self.round and not final:
                 self.round = turn
-                said = json.dumps({"round": turn, "holds": {self.pair: None}}, separators=(",", ":"))
+                said = json.dumps({"round": turn, "holds": self.holds(body)}, separators=(",", ":"))
                 self.say([f"{READY} restored {k} {host(k)} {said}" for k in self.nodes if k not in self.dead])
             elif final:
                 self.round = turn
-                holds = json.dumps({self.pair: None}, separators=(",", ":"))
+                holds = json.dumps(self.holds(body), separators=(",", ":"))
                 self.say([f"{READY} ready {k} {host(k)} {holds}" for k in self.nodes if k not in self.dead])
                 self.note(kind="ready", t=time.time())
                 return
+
+    def holds(self, body: dict[str, Any]) -> dict[str, Any]:
+        """What a node that restored the leader's choice says it holds: the version's identity
+        as a real agent computes it of its restored copy (``version_of``, of the published one
+        here: the same names, sizes and mtimes), or None where nothing was chosen. The
+        restore itself (each node's download) is not simulated."""
+        v = (body.get("choice") or {}).get(self.pair)
+        name = v.get("checkpoint") if isinstance(v, dict) else v
+        if not name:
+            return {self.pair: None}
+        if name not in self.versions:
+            from supervisor.sync._versions import version_of  # the leader's own identity of a version
+
+            self.versions[name] = version_of(self.dst / name)
+        return {self.pair: self.versions[name]}
 
     async def gos(self) -> None:
         root = self.dst / PARTS
@@ -334,11 +356,16 @@ def train(argv: list[str]) -> None:
     stop: list[int] = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     t0 = time.time()
-    for n in range(1, a.saves + 1):
-        while not stop and time.time() < t0 + n * a.every:
+    try:  # a restart goes on after the step it restored
+        first = max((int(p.name[5:]) for p in a.out.iterdir() if p.name.startswith("step_")), default=0)
+    except OSError:
+        first = 0
+    for i in range(1, a.saves + 1):
+        while not stop and time.time() < t0 + i * a.every:
             time.sleep(0.05)
         if stop:
             return
+        n = first + i
         step = a.out / f"step_{n:06d}"
         step.mkdir(parents=True, exist_ok=True)
         (step / "__0_0.distcp").write_bytes(bytes([n % 256]) * a.size)

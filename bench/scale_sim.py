@@ -42,6 +42,7 @@ root, or kernel.yama.ptrace_scope = 0):
 
     .venv/bin/python bench/scale_sim.py --nodes 64 256 1024
     .venv/bin/python bench/scale_sim.py --nodes 64 --untraced 2 --traced 2 --death none
+    .venv/bin/python bench/scale_sim.py --nodes 64 1024 --death none --restart   # and the restart path
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ def one(n: int, a: argparse.Namespace) -> dict[str, Any]:
     # the training idles through the idle measure, and through the node's death; not after a task's
     idle = a.idle + 3 + {"node": 120, "task": 10, "none": 10}[a.death]
     argv = [sys.executable, "-m", "supervisor", "--run-dir", str(run), "--gpu-every", "0", "--sync-every", "10m",
-            "--checkpoints", str(local / "ckpt"), str(shared / "persist" / "ckpt"), "--nodes", str(n), "--",
+            "--checkpoints", str(local / "ckpt"), str(shared / "persist" / "ckpt"), "--nodes", str(n), "--restore", "--",
             sys.executable, str(SIM), "train", str(local / "ckpt"), "--every", str(a.every), "--saves", str(saves),
             "--size", str(a.size), "--idle", str(idle), "--marks", str(shared / "marks.jsonl")]
     out: dict[str, Any] = {"n": n}
@@ -227,6 +228,8 @@ def one(n: int, a: argparse.Namespace) -> dict[str, Any]:
                    sim_words=sim_words, journal_kib=(run / "events.jsonl").stat().st_size / 1024,
                    parts_waiting_per_ckpt=len(events(run / "events.jsonl", "parts-waiting")) / max(1, len(pub)), stub_calls=calls, root=str(root), hz=HZ)
         out["cpu_net_per_ckpt"] = out["cpu_per_ckpt"] - out["idle_pct"] / 100 * out["cpu_window_s"] / max(1, a.untraced)
+        if a.restart:
+            out.update(restart(n, a, root, env, argv))
         return out
     finally:
         if leader.poll() is None:
@@ -240,6 +243,69 @@ def one(n: int, a: argparse.Namespace) -> dict[str, Any]:
             pass  # no node-agents event: no load generator started
         if not a.keep:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def restart(n: int, a: argparse.Namespace, root: Path, env: dict[str, str], argv: list[str]) -> dict[str, Any]:
+    """The next attempts of the same job, requeued onto new nodes (every local disk empty: the
+    newest published version comes from persistent storage on every node): from the leader's
+    exec to every agent ready and every node restored (``restore-versions``) and to the
+    training's spawn, its CPU until then, and its ``scontrol`` calls; then once more under
+    strace, for its shared-storage calls from exec to the spawn, by call."""
+    run, shared = root / "shared" / "run", root / "shared"
+    argv = [*argv[:argv.index("--saves") + 1], "1", *argv[argv.index("--saves") + 2:]]
+    argv[argv.index("--idle") + 1] = "2"
+    out: dict[str, Any] = {}
+    for traced in (False, True):
+        shutil.rmtree(root / "local" / "ckpt", ignore_errors=True)  # new nodes: nothing on their disks
+        for f in ("kill", "down"):
+            (root / f).unlink(missing_ok=True)
+        calls0 = (root / "calls.log").read_text().count("\n")
+        attempt = len(events(run / "events.jsonl", "start")) + 1
+        trace = root / f"restart-{attempt}.strace"
+        pre = ["strace", "-f", "-qq", "-ttt", "-y", "-e", "trace=%file,getdents64", "-o", str(trace)] if traced else []
+        t0 = time.time()
+        with open(root / f"leader-{attempt}.out", "w") as log:
+            leader = subprocess.Popen([*pre, *argv], cwd=REPO, env={**env, "SIM_DEATH": "none"}, stdout=log,
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            ours = lambda kind: [e for e in events(run / "events.jsonl", kind) if e.get("attempt") == attempt]  # noqa: E731
+            spawn = wait(lambda: ours("spawn") or leader.poll() is not None, 600, f"attempt {attempt}'s spawn", 0.05)
+            if leader.poll() is not None and not ours("spawn"):
+                raise RuntimeError(f"attempt {attempt}'s leader exited {leader.returncode}: "
+                                   f"{(root / f'leader-{attempt}.out').read_text()[-3000:]}")
+            cpu = cpu_s(leader.pid) if not traced else None
+            leader.wait(timeout=180)
+        finally:
+            if leader.poll() is None:
+                os.killpg(leader.pid, signal.SIGKILL)
+        agents, versions = ours("node-agents")[0], ours("restore-versions")[0]
+        start = ours("start")[0]
+        if not traced:
+            out.update(restart_agents_s=round(agents["t"] - t0, 2), restart_agents_wait_s=agents.get("seconds"),
+                       restart_restored_s=round(versions["t"] - t0, 2), restart_spawn_s=round(spawn[0]["t"] - t0, 2),
+                       restart_exec_to_start_s=round(start["t"] - t0, 2), restart_cpu_s=cpu,
+                       restart_agree=versions.get("agree"), restart_choice=versions.get("choice"),
+                       restart_missing=len(versions.get("missing") or []),
+                       restart_calls=(root / "calls.log").read_text().splitlines()[calls0:][:8],
+                       restart_rc=leader.returncode)
+        else:
+            upto = spawn[0]["t"]
+            execs = [line for line in trace.read_text(errors="replace").splitlines() if "execve(" in line]
+            sims = {line.split()[0] for line in execs if "_sim_nodes.py" in line}  # the load generator, the training
+            copiers = {line.split()[0] for line in execs if "rsync" in line}  # node 0's restore: its copy, as every node's
+            traced_ops = [(t, k, line) for t, k, line in shared_ops(trace, shared) if t <= upto and line.split()[0] not in sims]
+            ops = [op for op in traced_ops if op[2].split()[0] not in copiers]
+            out["restart_copy_ops"] = len(traced_ops) - len(ops)
+            kinds: dict[str, int] = {}
+            paths: dict[str, int] = {}
+            for _t, k, line in ops:
+                kinds[k] = kinds.get(k, 0) + 1
+                c = op_class(k, line, shared)
+                paths[c] = paths.get(c, 0) + 1
+            out.update(restart_ops=len(ops), restart_ops_per_node=round(len(ops) / n, 2), restart_op_kinds=kinds,
+                       restart_op_paths={c: round(v / n, 2) for c, v in sorted(paths.items(), key=lambda kv: -kv[1])[:12]},
+                       restart_traced_agree=versions.get("agree"))
+    return out
 
 
 def main() -> None:
@@ -256,6 +322,8 @@ def main() -> None:
     p.add_argument("--end-wait", type=float, default=90.0, help="--death task: seconds to wait for the leader's end")
     p.add_argument("--root", default="/dev/shm", help="where the shared and local directories go")
     p.add_argument("--keep", action="store_true", help="keep each run's directory")
+    p.add_argument("--restart", action="store_true",
+                   help="then requeue the job onto new nodes twice: the restart's times, then its calls under strace")
     a = p.parse_args()
     rows = []
     for n in a.nodes:
@@ -283,6 +351,13 @@ def main() -> None:
               f"x{r['lat_p50'] / max(base['lat_p50'], 1e-9):.2f}, CPU per checkpoint "
               f"x{r['cpu_per_ckpt'] / max(base['cpu_per_ckpt'], 1e-9):.2f}, memory x{r['hwm_mib'] / base['hwm_mib']:.2f}, "
               f"ops per checkpoint x{r['ops_per_ckpt'] / max(base['ops_per_ckpt'], 1e-9):.2f}")
+    for r in rows:
+        if "restart_spawn_s" in r:
+            print(f"N={r['n']} restart onto new nodes: exec to every agent ready {r['restart_agents_s']:.2f}s "
+                  f"(srun to ready {r['restart_agents_wait_s']}s), every node restored {r['restart_restored_s']:.2f}s, "
+                  f"the training spawned {r['restart_spawn_s']:.2f}s, leader CPU {r['restart_cpu_s']:.2f}s, "
+                  f"agree {r['restart_agree']}, the leader's shared-storage calls to the spawn {r.get('restart_ops')} "
+                  f"({r.get('restart_ops_per_node')} per node; its restore's copier {r.get('restart_copy_ops')} more)")
     print("\nleader ops by call, per checkpoint: " + json.dumps(
         {r["n"]: {k: round(v / r["traced_checkpoints"], 1) for k, v in sorted(r["op_kinds"].items())} for r in rows}))
     print(f"leader ops per checkpoint per node at N={rows[-1]['n']}, by call and path (the most): "
