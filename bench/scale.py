@@ -23,6 +23,7 @@ Ratios are against the smallest N of the invocation (what grows with N). Runs by
 
     .venv/bin/python bench/scale.py                   # N = 4, 16, 64
     .venv/bin/python bench/scale.py --nodes 16 --saves 4
+    .venv/bin/python bench/scale.py --nodes 64 --restart    # and the restart path on emptied nodes
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ JOB = """#!/bin/bash
 #SBATCH --output={shared}/job.out
 cd {repo}
 exec {python} -m supervisor --run-dir {shared}/run --gpu-every 0 --sync-every 10m \\
-  --checkpoints {local}/ckpt {shared}/persist/ckpt --nodes {n} -- \\
+  --checkpoints {local}/ckpt {shared}/persist/ckpt --nodes {n} --restore -- \\
   srun --ntasks-per-node=1 {python} {writer} {local}/ckpt --barrier {shared}/barrier \\
   --marks {shared}/marks.jsonl --every {every} --saves {saves}
 """
@@ -187,6 +188,7 @@ def one(n: int, a: argparse.Namespace) -> dict[str, Any]:
         rss_agent, rss_leader = rss_mib(agent), rss_mib(leader)
         subprocess.run([str(root / "in-cluster"), "scancel", jobid], capture_output=True)
         wait(lambda: events(run / "events.jsonl", "end"), 180, "the leader's end")
+        restarted = restart(root, script, run) if a.restart else {}
 
         # publish latency and staleness, per checkpoint
         published = {e["checkpoint"]: e["t"] for e in last}
@@ -208,7 +210,7 @@ def one(n: int, a: argparse.Namespace) -> dict[str, Any]:
                "stale_p50": pct(stale, 0.5), "stale_max": max(stale) if stale else float("nan"),
                "checkpoints": len(latency), "traced_checkpoints": ckpts, "agent_start_cpu_s": start_cpu,
                "idle_agent_pct": idle_agent, "idle_leader_pct": idle_leader,
-               "rss_agent": rss_agent, "rss_leader": rss_leader}
+               "rss_agent": rss_agent, "rss_leader": rss_leader, **restarted}
         for who, got in ops.items():
             during = [k for t, k, _ in got if traced_from <= t <= ckpt_to]
             idle = [k for t, k, _ in got if idle_from < t <= idle_to]
@@ -227,12 +229,37 @@ def one(n: int, a: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def restart(root: Path, script: Path, run: Path) -> dict[str, Any]:
+    """The same job again, requeued onto new nodes (every node's local disk emptied: each
+    restores the newest published version from persistent storage): from the leader's
+    ``start`` to every agent ready (``node-agents``), to every node restored
+    (``restore-versions``, and whether they agree) and to the training's ``spawn``; then
+    cancelled."""
+    for d in (root / "nodes").glob("*/local"):
+        shutil.rmtree(d / "ckpt", ignore_errors=True)
+    attempt = len(events(run / "events.jsonl", "start")) + 1
+    sub = subprocess.run([str(root / "in-cluster"), "sbatch", "--parsable", str(script)], capture_output=True,
+                         text=True, check=True)
+    ours = lambda kind: [e for e in events(run / "events.jsonl", kind) if e.get("attempt") == attempt]  # noqa: E731
+    spawn = wait(lambda: ours("spawn"), 600, f"attempt {attempt}'s spawn", 0.1)[0]
+    subprocess.run([str(root / "in-cluster"), "scancel", sub.stdout.strip().split(";")[0]], capture_output=True)
+    wait(lambda: ours("end"), 180, f"attempt {attempt}'s end")
+    start, agents, versions = ours("start")[0], ours("node-agents")[0], ours("restore-versions")[0]
+    ready = list((agents.get("ready_s") or {}).values())
+    return {"restart_agents_s": agents["t"] - start["t"], "restart_agents_wait_s": agents.get("seconds"),
+            "restart_ready_p50": pct(ready, 0.5), "restart_ready_max": max(ready) if ready else float("nan"),
+            "restart_restored_s": versions["t"] - start["t"], "restart_spawn_s": spawn["t"] - start["t"],
+            "restart_agree": versions.get("agree"), "restart_choice": versions.get("choice"),
+            "restart_missing": versions.get("missing")}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, nargs="+", default=[4, 16, 64])
     p.add_argument("--every", type=float, default=5.0, help="seconds between checkpoints")
     p.add_argument("--saves", type=int, default=6)
     p.add_argument("--idle", type=float, default=10.0, help="seconds of each idle measure, after the saves")
+    p.add_argument("--restart", action="store_true", help="then the job again on emptied nodes: the restart path")
     a = p.parse_args()
     # supervise's modules byte-compiled first, as a wheel's install (and scripts/setup.sh) does:
     # with PYTHONDONTWRITEBYTECODE set and no .pyc, every agent compiled them at each start
@@ -254,6 +281,13 @@ def main() -> None:
               f"{r['stale_p50']:>6.2f}/{r['stale_max']:<6.2f}s {r['idle_agent_pct']:>6.2f} {r['idle_leader_pct']:>7.2f} "
               f"{r['agent_ops_per_ckpt']:>14.1f} {r['agent_idle_ops_per_s']:>11.2f} {r['leader_ops_per_ckpt']:>15.1f} "
               f"{r['leader_idle_ops_per_s']:>12.2f} {r['rss_agent']:>9.1f} {r['rss_leader']:>10.1f} {r['agent_start_cpu_s']:>8.2f}s")
+    for r in rows:
+        if "restart_spawn_s" in r:
+            print(f"N={r['n']} restart on emptied nodes, from the leader's start: every agent ready "
+                  f"{r['restart_agents_s']:.2f}s (its srun to ready {r['restart_agents_wait_s']}s; each agent "
+                  f"p50/max {r['restart_ready_p50']:.2f}/{r['restart_ready_max']:.2f}s), every node restored "
+                  f"{r['restart_restored_s']:.2f}s (agree {r['restart_agree']}, {r['restart_choice']}), "
+                  f"the training spawned {r['restart_spawn_s']:.2f}s")
     for r in rows[1:]:
         print(f"N={r['n']} / N={base['n']}: nodes x{r['n'] / base['n']:.0f}, leader ops per checkpoint "
               f"x{r['leader_ops_per_ckpt'] / max(base['leader_ops_per_ckpt'], 1e-9):.2f}, leader memory "

@@ -340,10 +340,6 @@ def _run(ns: argparse.Namespace, command: list[str]) -> int:
 
 
 def _node_agent(ns: argparse.Namespace, command: list[str]) -> int:
-    import anyio
-
-    from supervisor.conduct.node_agent import NodeAgent, leaders_node
-    from supervisor.plan import make_plan
     from supervisor.sched import node_rank
 
     if command:
@@ -356,7 +352,14 @@ def _node_agent(ns: argparse.Namespace, command: list[str]) -> int:
     logs.setup(cfg.verbosity)
     try:
         if rank == 0:
+            from supervisor.conduct.choice import leaders_node
+
             return leaders_node()
+        import anyio
+
+        from supervisor.conduct.node_agent import NodeAgent
+        from supervisor.plan import make_plan
+
         plan = make_plan(cfg, os.environ, node_rank=rank)  # the leader's own make_plan: ConfigError, exit 2, nothing made
         return anyio.run(NodeAgent(plan).run)
     finally:

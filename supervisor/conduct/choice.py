@@ -11,11 +11,15 @@ job (issue 44).
 from __future__ import annotations
 
 import json
+import logging
 import os
+import socket
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from supervisor.journal import node_dir
+
+log = logging.getLogger("supervise")
 
 READY_TIMEOUT_S = 60.0
 READY_LINE = "supervise-node-agent"  # "<READY_LINE> offered K" / "… ready K HOST HOLDS" / "… leader 0" / "… duplicate K"
@@ -88,3 +92,30 @@ def read_choice(path: Path) -> Choice | None:
     if not isinstance(choice, dict) or not isinstance(body.get("round"), int):
         return None
     return Choice(choice, body["round"], bool(body.get("final")))
+
+
+def say(what: str, rank: int, more: str = "") -> None:
+    """One line for the leader that started the agents (``READY_LINE``): on stdout (srun brings
+    it back), and appended to ``$SUPERVISE_NODE_SAY/node-K`` when the leader named that
+    directory (a PBS TM task's stdout goes to the job's output file, not to the leader)."""
+    line = f"{READY_LINE} {what} {rank} {socket.gethostname()} {more}".rstrip()
+    try:
+        print(line, flush=True)
+    except (OSError, ValueError):
+        pass  # nobody reads it (an agent started by the job script with its stdout closed)
+    where = os.environ.get(SAY_VAR)
+    if where:
+        try:
+            with open(Path(where) / f"node-{rank}", "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+        except OSError as e:
+            log.warning("could not tell the leader %r (%s): %s", what, where, e)
+
+
+def leaders_node() -> int:
+    """Node rank 0 is the leader's: the main supervise mirrors this node's part; nothing to do.
+    Said before a node agent's modules are imported: the task srun starts on the leader's node
+    costs the interpreter and this module, not 0.13 CPU-seconds of imports it never uses."""
+    log.info("node rank 0 is the leader's: the main supervise mirrors this node's part; nothing to do")
+    say("leader", 0)
+    return 0

@@ -15,7 +15,7 @@ beside it), never into the leader's ``events.jsonl``. It runs until the leader's
 counts for the next attempt), or until a second TERM/INT; a first one asks for a flush and
 goes on mirroring, because the leader's stop sequence may still be waiting for a checkpoint
 that needs this node. Node rank 0 is the leader's: an agent started there (a uniform ``srun``
-line) exits at once (``leaders_node``).
+line) exits at once (``choice.leaders_node``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from anyio.abc import TaskGroup
 
 from supervisor import logs, proctree
 from supervisor.bell import LINKED_LOOK_S, Bell
-from supervisor.conduct.choice import CHOICE_VAR, READY_TIMEOUT_S, SAY_VAR, Choice, offer_path, read_choice, write_offer
+from supervisor.conduct.choice import CHOICE_VAR, READY_TIMEOUT_S, Choice, offer_path, read_choice, say, write_offer
 from supervisor.conduct.guard import guarded
 from supervisor.conduct.link import LINK, NodeLine
 from supervisor.errors import ConfigError
@@ -76,7 +76,7 @@ class NodeAgent:
         lock = _hold(where)
         if lock is None:
             log.info("another node agent for node %d is running (%s): nothing to do", self.rank, where / LOCK_FILE)
-            _say("duplicate", self.rank)
+            say("duplicate", self.rank)
             return 0
         try:
             logs.add_file(where, self.cfg.verbosity)
@@ -105,7 +105,7 @@ class NodeAgent:
                 holds = await anyio.to_thread.run_sync(mirror.holds)
                 await tg.start(self._guarded("sync", mirror.run))
                 # the leader that started us (conduct/fleet.py) compares what every node holds, then spawns the training
-                _say("ready", rank, json.dumps(holds, separators=(",", ":")))
+                say("ready", rank, json.dumps(holds, separators=(",", ":")))
                 await self._start_parts(tg)
                 tg.start_soon(self._signals)
                 tg.start_soon(self._leader_words, leader)
@@ -171,7 +171,7 @@ class NodeAgent:
             return
         offered = await self.mirror.offer()
         await anyio.to_thread.run_sync(write_offer, offer_path(self.plan.run_dir, self.rank), path, offered)
-        _say("offered", self.rank)
+        say("offered", self.rank)
         done = 0  # the round of the last choice restored here
         while (said := await self._choice(Path(path), after=done)) is not None:
             if said.round > done:
@@ -180,7 +180,7 @@ class NodeAgent:
             if said.final:
                 return
             holds = await anyio.to_thread.run_sync(self.mirror.holds)
-            _say("restored", self.rank, json.dumps({"round": done, "holds": holds}, separators=(",", ":")))
+            say("restored", self.rank, json.dumps({"round": done, "holds": holds}, separators=(",", ":")))
         if not done:
             log.warning("no choice from the leader in %.0fs (%s): restoring the newest published version",
                         2 * READY_TIMEOUT_S, path)
@@ -304,31 +304,6 @@ def _still_there(found: dict[int, int]) -> bool:
     """Is every process found still there (the same one: pids are reused)? Blocking."""
     return bool(found) and all((info := proctree.read_stat(pid)) is not None and info.start == start
                                and info.state != "Z" for pid, start in found.items())
-
-
-def leaders_node() -> int:
-    """Node rank 0 is the leader's: the main supervise mirrors this node's part; nothing to do."""
-    log.info("node rank 0 is the leader's: the main supervise mirrors this node's part; nothing to do")
-    _say("leader", 0)
-    return 0
-
-
-def _say(what: str, rank: int, more: str = "") -> None:
-    """One line for the leader that started the agents (``choice.READY_LINE``): on stdout (srun
-    brings it back), and appended to ``$SUPERVISE_NODE_SAY/node-K`` when the leader named that
-    directory (a PBS TM task's stdout goes to the job's output file, not to the leader)."""
-    line = f"supervise-node-agent {what} {rank} {socket.gethostname()} {more}".rstrip()
-    try:
-        print(line, flush=True)
-    except (OSError, ValueError):
-        pass  # nobody reads it (an agent started by the job script with its stdout closed)
-    where = os.environ.get(SAY_VAR)
-    if where:
-        try:
-            with open(Path(where) / f"node-{rank}", "a", encoding="utf-8") as f:
-                f.write(line + "\n")
-        except OSError as e:
-            log.warning("could not tell the leader %r (%s): %s", what, where, e)
 
 
 def _hold(where: Path) -> int | None:
