@@ -237,6 +237,13 @@ def restart(root: Path, script: Path, run: Path) -> dict[str, Any]:
     cancelled."""
     for d in (root / "nodes").glob("*/local"):
         shutil.rmtree(d / "ckpt", ignore_errors=True)
+    # a node slurmd drained at the cancel ("Kill task failed": 64 steps torn down on two loaded
+    # cores) would hold the job; on a real cluster the requeue lands on other nodes instead
+    drained = subprocess.run([str(root / "in-cluster"), "sinfo", "-h", "-t", "drain", "-o", "%N"], capture_output=True,
+                             text=True).stdout.strip()
+    if drained:
+        subprocess.run([str(root / "in-cluster"), "scontrol", "update", f"nodename={drained}", "state=resume"],
+                       capture_output=True)
     attempt = len(events(run / "events.jsonl", "start")) + 1
     sub = subprocess.run([str(root / "in-cluster"), "sbatch", "--parsable", str(script)], capture_output=True,
                          text=True, check=True)
