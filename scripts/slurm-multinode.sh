@@ -92,7 +92,9 @@ echo "PFX=$PFX" >"$ROOT/multinode.env"; echo "N=$N" >>"$ROOT/multinode.env"
 [ -f "$ROOT/munge/munge.key" ] || {
   dd if=/dev/urandom of="$ROOT/munge/munge.key" bs=1 count=128 status=none; chmod 600 "$ROOT/munge/munge.key"; }
 SOCK="$ROOT/munge/munge.socket.2"
-munged -F --socket="$SOCK" --key-file="$ROOT/munge/munge.key" --pid-file="$ROOT/munge/munged.pid" \
+# 10 threads, as srun itself asks when munged refuses it ("restart with --num-threads=10"): at 128
+# nodes every slurmd, srun and step signs at once on two loaded cores (bench/scale.py, issue 44)
+munged -F --num-threads=10 --socket="$SOCK" --key-file="$ROOT/munge/munge.key" --pid-file="$ROOT/munge/munged.pid" \
   --seed-file="$ROOT/munge/munged.seed" >"$ROOT/log/munged.log" 2>&1 </dev/null &
 echo $! >"$ROOT/run/munged.pid"
 for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
