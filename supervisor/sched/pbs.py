@@ -26,7 +26,7 @@ import anyio
 
 from supervisor import childenv
 from supervisor.sched._job import (
-    AgentLaunch, Job, Refined, ScriptChoices, as_int, count_devices, gpu_count, set_directive, short_host,
+    AgentLaunch, Job, Recorded, Refined, ScriptChoices, as_int, count_devices, gpu_count, set_directive, short_host,
 )
 from supervisor.sched._tool import QUERY_TIMEOUT, REQUEUE_TIMEOUT, Report, outcome, run_tool
 
@@ -64,6 +64,7 @@ class Pbs:
     is_batch = True
     default_kill_wait: float | None = pbs_kill_wait(PBS_KILL_DELAY)  # 7.8 s: a queue that sets no kill_delay
     signals_every_node = False  # qdel, qsig, the walltime: the first node's session only
+    signals_session = True      # qsig: the whole session, which a script job's login shell leads and dies of USR1/USR2
     node_failure_note: str = ("submit with -W tolerate_node_failures=all, OpenPBS's word for a job that goes on "
                               "after a sister node fails")
     gone_states: tuple[str, ...] = ("DOWN", "OFFLINE", "UNKNOWN", "UNRESOLVABLE", "STALE")  # pbsnodes: down, offline, state-unknown…
@@ -72,6 +73,12 @@ class Pbs:
     script_options: tuple[str, ...] = ("account", "queue", "select", "filesystems")
     directive = "#PBS"
     keep_on_node_failure = "#PBS -W tolerate_node_failures=all"  # no comment: the script hands its #PBS words to qsub
+    # the environment
+    env_prefixes: tuple[str, ...] = ("PBS_",)
+    job_variable: str | None = "PBS_JOBID"  # in every process a mom starts (pbsdsh, PALS' mpiexec)
+    step_variable: str | None = None        # no steps
+    local_dir_variables: tuple[str, ...] = ("PBS_JOBFS",)  # a site's node-local scratch (NCI's)
+    gpu_variables: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------------ the environment
     def active(self, env: Mapping[str, str]) -> bool:
@@ -113,6 +120,11 @@ class Pbs:
 
     def node_name(self, env: Mapping[str, str]) -> str:
         return short_host()
+
+    def recorded(self, env: Mapping[str, str], nodes: object) -> Recorded:
+        """What a journaled PBS environment says: the job's GPUs (``PBS_NGPUS``), nothing else."""
+        v = str(env.get("PBS_NGPUS", ""))
+        return Recorded(gpus=int(v) if v.isdigit() and int(v) > 0 else None)
 
     def requeue_id(self, job: Job) -> str | None:
         return job.job_id

@@ -24,7 +24,7 @@ import anyio
 
 from supervisor.sched._hostlist import expand_hostlist, expand_tasks_per_node
 from supervisor.sched._job import (
-    AgentLaunch, Job, Refined, ScriptChoices, as_int, count_devices, gpu_count, set_directive, short_host,
+    AgentLaunch, Job, Recorded, Refined, ScriptChoices, as_int, count_devices, gpu_count, set_directive, short_host,
 )
 from supervisor.sched._tool import QUERY_TIMEOUT, REQUEUE_TIMEOUT, Report, outcome, run_tool
 
@@ -48,6 +48,7 @@ class Slurm:
     is_batch = True
     default_kill_wait: float | None = KILL_WAIT
     signals_every_node = True  # scancel --signal and its own TERM reach every step's tasks
+    signals_session = False    # scancel reaches the steps' tasks (or, with --batch, the batch shell), not a session
     node_failure_note: str = ("Slurm ends the whole job when a node fails unless the job script says "
                               "#SBATCH --no-kill (then it ends only the steps on that node)")
     gone_states: tuple[str, ...] = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWER_DOWN", "FUTURE", "UNKNOWN")
@@ -56,6 +57,13 @@ class Slurm:
     submit = "sbatch"
     script_options: tuple[str, ...] = ()
     directive = "#SBATCH"
+    # the environment
+    env_prefixes: tuple[str, ...] = ("SLURM_",)
+    job_variable: str | None = "SLURM_JOB_ID"    # in every task of every step…
+    step_variable: str | None = "SLURM_STEP_ID"  # …with its step's
+    local_dir_variables: tuple[str, ...] = ("SLURM_TMPDIR",)  # a site's node-local scratch (Compute Canada's…)
+    gpu_variables: tuple[str, ...] = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
+    node_variable = "SLURMD_NODENAME"
 
     # ------------------------------------------------------------------------ the environment
     def active(self, env: Mapping[str, str]) -> bool:
@@ -104,7 +112,22 @@ class Slurm:
 
     def node_name(self, env: Mapping[str, str]) -> str:
         """Slurm's name for the node supervise runs on (what ExcNodeList takes)."""
-        return env.get("SLURMD_NODENAME") or short_host()
+        return env.get(self.node_variable) or short_host()
+
+    def recorded(self, env: Mapping[str, str], nodes: object) -> Recorded:
+        """What a journaled Slurm environment says: GPUs (``SLURM_GPUS_ON_NODE`` times the
+        nodes, else the job's ``SLURM_GPUS``), the job's start, ``--mem`` (MiB), the node."""
+        gpus = None
+        for key in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS"):
+            v = str(env.get(key, ""))
+            if v.isdigit() and int(v) > 0:
+                n = str(nodes or env.get("SLURM_JOB_NUM_NODES") or "1")
+                gpus = int(v) * (int(n) if n.isdigit() and key == "SLURM_GPUS_ON_NODE" else 1)
+                break
+        start, mem, node = str(env.get("SLURM_JOB_START_TIME", "")), str(env.get("SLURM_MEM_PER_NODE", "")), env.get(self.node_variable)
+        return Recorded(gpus=gpus, start=float(start) if start.isdigit() else None,
+                        mem_per_node_mib=float(mem) if mem.isdigit() else None,
+                        node=node if isinstance(node, str) and node else None)
 
     def requeue_id(self, job: Job) -> str | None:
         """The id ``scontrol requeue`` wants: ``ARRAYID_TASKID`` for an array task."""
