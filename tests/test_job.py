@@ -449,10 +449,10 @@ def test_attempt_numbers_follow_pbs_run_count(tmp_path: Path) -> None:
     journal's own count still wins when it is ahead (a run directory reused by a new job)."""
     from supervisor.journal import Journal, next_attempt
 
-    assert next_attempt(tmp_path, {}, 1) == 2
-    assert next_attempt(tmp_path, {}, 0) == 1 and next_attempt(tmp_path, {}, None) == 1
+    assert next_attempt(tmp_path, 1) == 2
+    assert next_attempt(tmp_path, 0) == 1 and next_attempt(tmp_path, None) == 1
     Journal(tmp_path, 3).emit("start")
-    assert next_attempt(tmp_path, {}, 1) == 4
+    assert next_attempt(tmp_path, 1) == 4
 
 
 # ---------------------------------------------------------------------------- one class per scheduler
