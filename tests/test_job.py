@@ -17,7 +17,7 @@ from supervisor.sched import (
     SCHEDULERS, Job, Report, count_devices, detect_job, expand_hostlist, expand_tasks_per_node, gpu_count,
 )
 from supervisor.sched.pbs import parse_qstat_f, parse_walltime, pbs_end_time, pbs_gpus_per_node
-from supervisor.sched.slurm import JobView, parse_job_view, parse_slurm_duration, parse_slurm_time
+from supervisor.sched._slurm_output import JobView, parse_job_view, parse_slurm_duration, parse_slurm_time
 
 PBS = Path(__file__).parent / "fixtures" / "pbs"
 
@@ -293,7 +293,7 @@ def test_job_view_reads_the_kill_window_fields() -> None:
     (SHOW_CANCELLED.replace("COMPLETING", "REQUEUED"), "preempted", "preempted", True),
 ])
 def test_the_reason_after_a_slurm_term(text: str, was: str, reason: str, requeued: bool) -> None:
-    from supervisor.sched.slurm import reason_from_view
+    from supervisor.sched._slurm_output import reason_from_view
 
     assert reason_from_view(parse_job_view(text), was, 0) == (reason, requeued)
 
@@ -307,7 +307,7 @@ def test_the_reason_after_a_slurm_term(text: str, was: str, reason: str, requeue
     ("slurm_load_jobs error: Invalid job id specified", None),        # no view: the failure stands
 ])
 def test_the_reason_when_the_training_died_of_a_signal_first(text: str, expected: tuple[str, bool] | None) -> None:
-    from supervisor.sched.slurm import reason_after_signal_death
+    from supervisor.sched._slurm_output import reason_after_signal_death
 
     assert reason_after_signal_death(parse_job_view(text), 0) == expected
 
