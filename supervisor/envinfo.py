@@ -18,7 +18,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from supervisor.sched import Job, detect_job
-from supervisor.sched.pbs import pbs_gpus_per_node
+from supervisor.sched import pbs_gpus_per_node
 
 
 def _launcher_name(argv: Sequence[str]) -> str | None:

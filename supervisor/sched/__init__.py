@@ -27,6 +27,7 @@ from supervisor.sched._job import (
     SCHEDULERS, AgentLaunch, Agents, Environment, Job, JobKey, Recorded, Refined, Scheduler, ScriptChoices,
     count_devices, gpu_count,
 )
+from supervisor.sched._pbs_output import pbs_gpus_per_node
 from supervisor.sched._tool import Report
 from supervisor.sched.local import Local
 from supervisor.sched.pbs import Pbs
@@ -35,7 +36,7 @@ from supervisor.sched.slurm import Slurm
 __all__ = ["AgentLaunch", "Agents", "BATCH", "ENV_PREFIXES", "Environment", "GONE_STATES", "JOB_VARIABLES", "Job",
            "JobKey", "RANK_VARIABLES", "Recorded", "Refined", "Report", "SCHEDULERS", "SRUN_RANK_VARIABLES",
            "Scheduler", "ScriptChoices", "count_devices", "detect_job", "expand_hostlist", "expand_tasks_per_node",
-           "for_submit", "gpu_count", "job_key", "label_of", "local_dirs", "node_rank", "present", "recorded",
+           "for_submit", "gpu_count", "job_key", "label_of", "local_dirs", "node_rank", "pbs_gpus_per_node", "present", "recorded",
            "run_dir_id", "visible_gpus"]
 
 # In the order they are trusted: Slurm first (a PBS-to-Slurm wrapper site exports both), then

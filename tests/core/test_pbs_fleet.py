@@ -21,7 +21,8 @@ from supervisor import cli
 from supervisor.conduct.fleet import CHOICE_VAR, SAY_VAR, Fleet, lost_nodes
 from supervisor.jobprocs import JobProcesses, ranks_here, signal_ranks
 from supervisor.sched import GONE_STATES, SCHEDULERS, JobKey
-from supervisor.sched.pbs import PbsdshAgents, SaidLines, parse_pbsnodes
+from supervisor.sched._pbs_output import parse_pbsnodes
+from supervisor.sched.pbs import PbsdshAgents, SaidLines
 from tests.support.wait import wait_for
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "pbs" / "real"
