@@ -348,9 +348,10 @@ def last_attempt(run_dir: Path) -> int:
 def next_attempt(run_dir: Path, restart_count: int | None = None) -> int:
     """Attempt numbers start at 1 and never repeat within a run directory.
 
-    ``restart_count`` is the scheduler's count of requeues before this run (``Job.restart_count``:
-    Slurm's from its environment, PBS's from ``qstat -f``); None or 0 on a first run. The journal
-    covers schedulers without a counter and a run directory reused by a new submission.
+    ``restart_count`` is the scheduler's count of requeues before this run (``sched.restart_count``
+    of the environment, and PBS's ``run_count`` − 1 from ``qstat -f``: ``Job.restart_count``); None
+    or 0 on a first run. The journal covers schedulers without a counter and a run directory
+    reused by a new submission.
     """
     from_scheduler = restart_count + 1 if restart_count is not None and restart_count > 0 else 1
     return max(last_attempt(run_dir) + 1, from_scheduler)

@@ -36,8 +36,8 @@ from supervisor.sched.slurm import Slurm
 __all__ = ["AgentLaunch", "Agents", "BATCH", "ENV_PREFIXES", "Environment", "GONE_STATES", "JOB_VARIABLES", "Job",
            "JobKey", "RANK_VARIABLES", "Recorded", "Refined", "Report", "SCHEDULERS", "SRUN_RANK_VARIABLES",
            "Scheduler", "ScriptChoices", "count_devices", "detect_job", "expand_hostlist", "expand_tasks_per_node",
-           "for_submit", "gpu_count", "job_key", "label_of", "local_dirs", "node_rank", "pbs_gpus_per_node", "present", "recorded",
-           "run_dir_id", "visible_gpus"]
+           "for_submit", "gpu_count", "job_key", "label_of", "local_dirs", "node_rank", "pbs_gpus_per_node", "present",
+           "recorded", "restart_count", "run_dir_id", "visible_gpus"]
 
 # In the order they are trusted: Slurm first (a PBS-to-Slurm wrapper site exports both), then
 # PBS; Local is always active.
@@ -87,6 +87,14 @@ def job_key(env: Mapping[str, str]) -> JobKey | None:
             step = (env.get(s.step_variable, "").strip() or None) if s.step_variable else None
             return JobKey(s.job_variable, value, s.step_variable, step)
     return None
+
+
+def restart_count(env: Mapping[str, str]) -> int:
+    """The job's requeues before this run that ``env`` counts (Slurm's, unset on a first run),
+    whichever scheduler detection picks; 0 where no variable counts them (PBS: its count is
+    ``qstat``'s, ``restart_count_now``)."""
+    counts = [env.get(s.restart_variable, "") for s in DETECTION if s.restart_variable]
+    return max((int(c) for c in counts if c.isdigit()), default=0)
 
 
 def local_dirs(env: Mapping[str, str]) -> list[str]:

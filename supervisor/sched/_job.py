@@ -159,6 +159,7 @@ class Environment(Protocol):
     env_prefixes: tuple[str, ...]         # the variables the journal's ``start`` keeps (``scheduler_env``)
     job_variable: str | None              # the job's id, in every process of the job
     step_variable: str | None             # the step's id, in every process of the step
+    restart_variable: str | None          # its count of the job's requeues before this run, where it has one
     local_dir_variables: tuple[str, ...]  # node-local scratch a site gives the job
     gpu_variables: tuple[str, ...]        # device lists it grants (after CUDA_VISIBLE_DEVICES), most specific first
 

@@ -29,6 +29,7 @@ class Local:
     env_prefixes: tuple[str, ...] = ()
     job_variable: str | None = None  # no job: no process can be told to be its
     step_variable: str | None = None
+    restart_variable: str | None = None
     local_dir_variables: tuple[str, ...] = ()
     gpu_variables: tuple[str, ...] = ()
 

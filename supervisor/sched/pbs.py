@@ -71,6 +71,7 @@ class Pbs:
     env_prefixes: tuple[str, ...] = ("PBS_",)
     job_variable: str | None = "PBS_JOBID"  # in every process a mom starts (pbsdsh, PALS' mpiexec)
     step_variable: str | None = None        # no steps
+    restart_variable: str | None = None     # none: qstat's run_count (restart_count_now)
     local_dir_variables: tuple[str, ...] = ("PBS_JOBFS",)  # a site's node-local scratch (NCI's)
     gpu_variables: tuple[str, ...] = ()
 

@@ -62,6 +62,7 @@ class Slurm:
     env_prefixes: tuple[str, ...] = ("SLURM_",)
     job_variable: str | None = "SLURM_JOB_ID"    # in every task of every step…
     step_variable: str | None = "SLURM_STEP_ID"  # …with its step's
+    restart_variable: str | None = "SLURM_RESTART_COUNT"  # unset on the first run
     local_dir_variables: tuple[str, ...] = ("SLURM_TMPDIR",)  # a site's node-local scratch (Compute Canada's…)
     gpu_variables: tuple[str, ...] = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
     node_variable = "SLURMD_NODENAME"
@@ -95,7 +96,7 @@ class Slurm:
             scheduler=self.name,
             job_id=env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"),
             job_name=env.get("SLURM_JOB_NAME"),
-            restart_count=as_int(env.get("SLURM_RESTART_COUNT")) or 0,
+            restart_count=as_int(env.get(self.restart_variable)) or 0,
             nodes=nodes,
             gpus_per_node=gpus,
             ntasks=as_int(env.get("SLURM_NTASKS")) or as_int(env.get("SLURM_NPROCS")),

@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 from supervisor.journal import Journal, next_attempt, read_journal, redact_env
-from supervisor.sched import detect_job
+from supervisor.sched import restart_count
 
 
 def test_events_carry_version_time_attempt_and_kind(tmp_path: Path) -> None:
@@ -57,11 +57,10 @@ def test_redact_env_keeps_scheduler_variables_and_hides_secrets() -> None:
 
 
 def test_attempt_numbers_follow_slurm_and_never_repeat(tmp_path: Path) -> None:
-    """The scheduler's requeue count (Slurm's from its environment, ``Job.restart_count``)
-    numbers the attempt; the journal's own count wins when it is ahead."""
+    """The scheduler's requeue count (Slurm's, from its environment: ``sched.restart_count``, as the
+    plan hands it) numbers the attempt; the journal's own count wins when it is ahead."""
     def restarts(count: str | None) -> int:
-        env = {"SLURM_JOB_ID": "7", **({"SLURM_RESTART_COUNT": count} if count is not None else {})}
-        return detect_job(env).restart_count
+        return restart_count({"SLURM_JOB_ID": "7", **({"SLURM_RESTART_COUNT": count} if count is not None else {})})
 
     assert next_attempt(tmp_path, restarts(None)) == 1 and next_attempt(tmp_path) == 1
     assert next_attempt(tmp_path, restarts("2")) == 3

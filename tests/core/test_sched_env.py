@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from supervisor.sched import (
-    ENV_PREFIXES, JOB_VARIABLES, SCHEDULERS, JobKey, Recorded, job_key, local_dirs, present, recorded, visible_gpus,
+    ENV_PREFIXES, JOB_VARIABLES, SCHEDULERS, JobKey, Recorded, job_key, local_dirs, present, recorded, restart_count,
+    visible_gpus,
 )
 
 
@@ -27,6 +28,17 @@ def test_the_journal_keeps_every_schedulers_variables_and_a_process_is_told_by_e
 ])
 def test_job_key(env: dict[str, str], key: JobKey | None) -> None:
     assert job_key(env) == key
+
+
+@pytest.mark.parametrize("env, count", [
+    ({}, 0),
+    ({"SLURM_RESTART_COUNT": "2"}, 2),  # read whichever scheduler detection picks, as the journal did
+    ({"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "0"}, 0),
+    ({"SLURM_RESTART_COUNT": " 3"}, 0),  # not a count
+    ({"PBS_JOBID": "9.head"}, 0),        # PBS counts reruns in qstat only
+])
+def test_restart_count(env: dict[str, str], count: int) -> None:
+    assert restart_count(env) == count
 
 
 def test_local_dirs_are_every_schedulers_and_the_sites() -> None:
