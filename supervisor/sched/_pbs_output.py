@@ -28,7 +28,7 @@ def parse_qstat_json(text: str) -> dict[str, dict[str, str]] | None:
     """``qstat -f -F json`` output → {job id: {attribute: value}}, the same attributes and values
     ``parse_qstat_f`` reads from the text; None when it is not JSON.
 
-    Measured on OpenPBS 23.06 (tests/fixtures/pbs/real/*.json): ``{"Jobs": {ID: {…}}}``; a
+    Measured on OpenPBS 23.06 (tests/fixtures/pbs/real/json/): ``{"Jobs": {ID: {…}}}``; a
     resource list is an object (``"Resource_List": {"walltime": "00:05:00", "ncpus": 1}``),
     flattened here to ``Resource_List.walltime``; qstat types every value that reads as JSON
     (``run_count`` 1, ``substate`` 42, an environment value ``true``), written back here as the
@@ -184,7 +184,8 @@ def parse_pbs_view(attrs: Mapping[str, str] | None) -> PbsView | None:
     """``qstat -f`` attributes (``pbs_job_attrs``) → PbsView; None without a job_state."""
     if not attrs or not attrs.get("job_state"):
         return None
-    # parse_qstat_f glues continuation lines without a separator: "terminated by" + "alice@head"
+    # the text (parse_qstat_f) glues continuation lines without a separator: "terminated by" +
+    # "alice@head"; the JSON keeps the space
     m = re.search(r"\bterminated by\s*(\S+)", attrs.get("comment", ""))
     return PbsView(state=attrs["job_state"].strip(), substate=as_int(attrs.get("substate")),
                    run_count=as_int(attrs.get("run_count")), terminated_by=m.group(1) if m else None,
