@@ -87,7 +87,9 @@ def probe_session(env: Mapping[str, str]) -> tuple[str, str]:
     """In a PBS job: who leads the job's session. A script job's leader is the user's login shell
     (``-bash``), which ``qsig -s USR1|USR2`` (sent to the whole session) kills, and the job with it;
     an executable job (``qsub … -- /bin/bash SCRIPT`` whose script execs supervise) is led by supervise."""
-    if not env.get("PBS_JOBID"):
+    from supervisor.sched import present
+
+    if not any(s.signals_session for s in present(env)):
         return OK, "not in a PBS job"
     sid = os.getsid(0)
     try:
@@ -201,6 +203,7 @@ def node_evidence(cfg: Config, env: Mapping[str, str]) -> list[tuple[str, str]]:
     what the scheduler puts in every process's environment, as ``node_agent`` does with the
     environment srun (or the job script's launcher) hands it, this one's."""
     from supervisor.jobprocs import JobProcesses
+    from supervisor.sched import JOB_VARIABLES
 
     nodes = max((p.nodes for p in cfg.sync if p.kind == "checkpoint" and p.nodes > 1), default=1)
     if nodes < 2:
@@ -210,9 +213,9 @@ def node_evidence(cfg: Config, env: Mapping[str, str]) -> list[tuple[str, str]]:
     finder = JobProcesses.from_env(env)
     if finder is None:
         out.append((WARN, f"{others}: quiet time alone (settle), or node 0's word for a directory part: "
-                          "no SLURM_JOB_ID or PBS_JOBID here to find the training's processes by"))
+                          f"no {' or '.join(JOB_VARIABLES)} here to find the training's processes by"))
     else:
-        out.append((OK, f"{others}: open files of the job's processes found by {finder.key[0]} in "
+        out.append((OK, f"{others}: open files of the job's processes found by {finder.key.variable} in "
                         "/proc/PID/environ (the agent's own step left out); a directory part also waits for node 0's "
                         "word or settle"))
     return out

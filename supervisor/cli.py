@@ -172,6 +172,8 @@ def _parser(sub: str) -> _Parser:
 
 
 def _node_agent_parser() -> _Parser:
+    from supervisor.sched import RANK_VARIABLES
+
     S = argparse.SUPPRESS
     p = _Parser(prog="supervise node-agent", allow_abbrev=False,
                 description="Multi-node jobs whose nodes write checkpoint shards to their own local disks: mirror this "
@@ -185,8 +187,8 @@ def _node_agent_parser() -> _Parser:
     g.add_argument("--run-dir", metavar="DIR", default=S,
                    help="the main supervise's run directory; this agent journals into DIR/nodes/node-K/")
     g.add_argument("--node-rank", metavar="K", default=S,
-                   help="this node's index, 1 to N-1 (default: SUPERVISE_NODE_RANK, SLURM_NODEID, PMIX_RANK, "
-                        "PMI_RANK, PALS_RANKID, OMPI_COMM_WORLD_RANK); 0 is the main supervise's and exits at once")
+                   help=f"this node's index, 1 to N-1 (default: {', '.join(RANK_VARIABLES)}); 0 is the main "
+                        "supervise's and exits at once")
     g.add_argument("--leader-config", metavar="JSON", default=S,
                    help="the main supervise's resolved configuration, as it starts its agents: the whole of it "
                         "(no --config, other setting or SUPERVISE_* variable applies beside it)")

@@ -343,7 +343,7 @@ _G_CHILD, _G_SYNC, _G_SAMPLE = "child and signals", "mirroring to persistent sto
 _G_END, _G_NOTIFY = "time limit, preemption and requeue", "notifications"
 KEYS: tuple[Key, ...] = (
     Key("run_dir", _run_dir, None, "where events.jsonl, gpu.csv, host.csv and supervise.log go; put it on persistent "
-        "storage", "DIR", shown="./supervise-$SLURM_JOB_ID, or a new timestamped directory"),
+        "storage", "DIR", shown="./supervise-JOBID (the batch job's id), or a new timestamped directory"),
     Key("grace", _duration, 30.0, "stop signal → SIGKILL of every process the command started", "DURATION", _G_CHILD, "30s"),
     Key("stop_signal", _opt_signal, None, "what stops the command politely", "SIG", _G_CHILD,
         "the launcher's own: TERM (for srun to its tasks, through scancel --signal); a plain process gets the stop signal supervise got"),

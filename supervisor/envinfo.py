@@ -18,7 +18,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from supervisor.sched import Job, detect_job
-from supervisor.sched.pbs import pbs_gpus_per_node
+from supervisor.sched import pbs_gpus_per_node
 
 
 def _launcher_name(argv: Sequence[str]) -> str | None:
@@ -92,8 +92,8 @@ def gather(
     """Everything ``supervise env`` prints, as a JSON-ready dict.
 
     ``end_time``: unix seconds the caller already fetched (``job.end_time``); without it
-    only ``SLURM_JOB_END_TIME`` is used. ``qstat``: the job's ``qstat -f`` attributes, for
-    PBS GPUs per node (``Resource_List.select`` … ``ngpus=N``). ``mpi``: the installed
+    only the environment's own end time is used (Slurm's: ``Job.env_end_time``). ``qstat``: the
+    job's ``qstat -f`` attributes, for PBS GPUs per node (``Resource_List.select`` … ``ngpus=N``). ``mpi``: the installed
     ``mpiexec``'s family (``detect_mpi()``), which decides the PBS launch line.
     """
     job = detect_job(env)

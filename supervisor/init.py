@@ -91,7 +91,7 @@ def detect_gpus(env: Mapping[str, str]) -> int | None:
 
 
 ALCF_PRESETS = {"polaris": "polaris.toml", "aurora": "aurora.toml"}
-GENERIC_PBS_PRESET = "pbs.toml"
+NON_ALCF_PRESET = "pbs.toml"  # the PBS preset of a site that is not ALCF's
 
 
 def alcf_machine(env: Mapping[str, str], host: str | None = None, exists: Callable[[str], bool] = os.path.isdir) -> str | None:
@@ -373,7 +373,7 @@ def main(ns: argparse.Namespace, command: Sequence[str], env: Mapping[str, str] 
     directives: dict[str, str | None] = {k: getattr(ns, k) for k in SITE_OPTIONS}
     generic = machine is None and template.preset in ALCF_PRESETS.values()
     if generic:  # the PBS template is ALCF's: its paths and site directives would fail here
-        template = replace(template, preset=GENERIC_PBS_PRESET)
+        template = replace(template, preset=NON_ALCF_PRESET)
         defaults = {"queue": "", "filesystems": "", "select": f"ngpus={gpus}" if gpus else ""}
         given = {k for k in defaults if directives[k] is not None}
         directives.update({k: v for k, v in defaults.items() if directives[k] is None})

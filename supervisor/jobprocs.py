@@ -3,9 +3,9 @@
 The leader (the main ``supervise``) knows the training's processes as its own child tree
 (``Child.tree``), and judges a checkpoint complete by their open files (sync/_writers.py). A
 node agent on node K started none of them: the scheduler did, in another step of the same
-job. What the scheduler gives every process of a job is the job's id in its environment:
-Slurm puts ``SLURM_JOB_ID`` into every task of every step (with the step's ``SLURM_STEP_ID``),
-PBS puts ``PBS_JOBID`` into every process its MOM starts (``pbsdsh``, PALS' ``mpiexec``). So
+job. What the scheduler gives every process of a job is the job's id in its environment
+(``sched.job_key``): Slurm into every task of every step (with the step's id), PBS into every
+process its MOM starts (``pbsdsh``, PALS' ``mpiexec``). So
 the job's processes here are the live ones whose ``/proc/PID/environ`` names this job, less
 the asking agent's own: itself, its ancestors (its step's daemon, a launcher's proxy), its
 descendants (its copiers) and, under Slurm, every process of its own step.
@@ -26,19 +26,7 @@ import signal
 from typing import Any, Mapping
 
 from supervisor import proctree
-
-JOB_VARIABLES = ("SLURM_JOB_ID", "PBS_JOBID")  # in the order they are trusted
-STEP_VARIABLE = "SLURM_STEP_ID"
-
-
-def job_key(env: Mapping[str, str]) -> tuple[str, str] | None:
-    """(variable, value) that names this job in the environment the scheduler gave us; None
-    outside a job (then no process can be told to be the job's)."""
-    for var in JOB_VARIABLES:
-        value = env.get(var, "").strip()
-        if value:
-            return var, value
-    return None
+from supervisor.sched import JobKey, job_key
 
 
 def read_environ(pid: int, names: tuple[str, ...]) -> dict[str, str] | None:
@@ -80,24 +68,24 @@ class JobProcesses:
     several threads at once: each call keeps a new map of verdicts, losing at most some reuse.
     """
 
-    def __init__(self, key: tuple[str, str], step: str | None = None, me: int | None = None) -> None:
+    def __init__(self, key: JobKey, me: int | None = None) -> None:
         self.key = key
-        self.step = step if key[0] == "SLURM_JOB_ID" else None
         self.me = os.getpid() if me is None else me
         self._verdicts: dict[tuple[int, int, str], bool] = {}
+        # what is read of each process: the job's variable, and the step's where there are steps
+        self._names = (key.variable, key.step_variable) if key.step_variable else (key.variable,)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], me: int | None = None) -> JobProcesses | None:
         """For an agent whose environment is ``env``; None outside a job (no evidence to find)."""
         key = job_key(env)
-        if key is None:
-            return None
-        return cls(key, env.get(STEP_VARIABLE, "").strip() or None, me)
+        return None if key is None else cls(key, me)
 
     def describe(self) -> str:
         """How they are found, for ``supervise check`` and the journal."""
-        mine = f", not of the agent's own step ({STEP_VARIABLE}={self.step})" if self.step else ""
-        return f"the processes on this node whose /proc/PID/environ has {self.key[0]}={self.key[1]}{mine}"
+        key = self.key
+        mine = f", not of the agent's own step ({key.step_variable}={key.step})" if key.step else ""
+        return f"the processes on this node whose /proc/PID/environ has {key.variable}={key.value}{mine}"
 
     def __call__(self) -> set[int]:
         procs = proctree.all_processes()
@@ -118,10 +106,11 @@ class JobProcesses:
         return found
 
     def _is_job(self, pid: int) -> bool:
-        env = read_environ(pid, (self.key[0], STEP_VARIABLE))
-        if env is None or env.get(self.key[0]) != self.key[1]:
+        key = self.key
+        env = read_environ(pid, self._names)
+        if env is None or env.get(key.variable) != key.value:
             return False
-        return self.step is None or env.get(STEP_VARIABLE) != self.step
+        return key.step is None or key.step_variable is None or env.get(key.step_variable) != key.step
 
 
 def ranks_here(training: JobProcesses) -> tuple[set[int], set[int]]:

@@ -345,16 +345,13 @@ def last_attempt(run_dir: Path) -> int:
     return best
 
 
-def next_attempt(run_dir: Path, env: Mapping[str, str], restart_count: int | None = None) -> int:
+def next_attempt(run_dir: Path, restart_count: int | None = None) -> int:
     """Attempt numbers start at 1 and never repeat within a run directory.
 
-    ``SLURM_RESTART_COUNT`` is unset on a job's first run and counts requeues after that;
-    PBS has no such variable: its ``run_count`` − 1 (``qstat -f``) comes as ``restart_count``.
-    The journal covers schedulers without a counter and a run directory reused by a new
-    submission.
+    ``restart_count`` is the scheduler's count of requeues before this run (``sched.restart_count``
+    of the environment, and PBS's ``run_count`` − 1 from ``qstat -f``: ``Job.restart_count``); None
+    or 0 on a first run. The journal covers schedulers without a counter and a run directory
+    reused by a new submission.
     """
-    restarts = env.get("SLURM_RESTART_COUNT", "")
-    from_scheduler = int(restarts) + 1 if restarts.isdigit() else 1
-    if restart_count is not None:
-        from_scheduler = max(from_scheduler, restart_count + 1)
+    from_scheduler = restart_count + 1 if restart_count is not None and restart_count > 0 else 1
     return max(last_attempt(run_dir) + 1, from_scheduler)

@@ -52,6 +52,7 @@ from typing import Callable, Mapping, Sequence
 
 from supervisor import proctree
 from supervisor.proctree import ProcInfo
+from supervisor.sched import SRUN_RANK_VARIABLES
 
 
 # Processes that stand between a launcher and the real rank: walk through them.
@@ -448,7 +449,7 @@ PROFILES: Mapping[str, LauncherProfile] = {p.name: p for p in (
        note="Cray PALS (Polaris, Aurora): local ranks signalled, other nodes read the file"),
     _p("mpiexec", "ranks", "launcher", programs=_MPI_PROGRAMS, rank_vars=_RANK_VARS_MPI,
        env_from_grace=_OMPI_ENV, note="MPI of unknown flavour: the cautious choices"),
-    replace(_p("srun", "launcher", "launcher", programs=("srun",), rank_vars=("SLURM_PROCID",),
+    replace(_p("srun", "launcher", "launcher", programs=("srun",), rank_vars=SRUN_RANK_VARIABLES,
                note="forwards USR1; a TERM or a second INT to srun is SIGKILL of the tasks, one INT only prints "
                     "their state: the stop TERM goes to the tasks through Slurm (scancel --signal=TERM JOBID)"),
             stop_steps=True),

@@ -36,7 +36,7 @@ def on_nodes(argv: Sequence[str], nodes: Sequence[str], allocation: Sequence[str
     """The command, told to run on ``nodes`` when they are not the whole allocation. Only what
     must change changes: ``srun`` gets ``--nodes=N --nodelist=… --overlap`` (by itself it would
     start a task on every node of the allocation, spares included); the job's nodefile (PBS's
-    ``$PBS_NODEFILE``, which ``mpiexec --hostfile`` reads), wherever the command names it, becomes
+    ``Job.nodefile``, which ``mpiexec --hostfile`` reads), wherever the command names it, becomes
     the attempt's own (``nodefile``: (the job's, the attempt's), written by ``write_nodefile``).
     A host list the user spelled out (``-H n1,n2``) is left as it is."""
     argv = tuple(argv)

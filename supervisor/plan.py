@@ -28,7 +28,7 @@ from supervisor._units import format_duration
 from supervisor.config import Config, SyncPair, agent_view, pair_view, public_view
 from supervisor.autorequeue import lightning_clash
 from supervisor.errors import ConfigError
-from supervisor.sched import Job, detect_job
+from supervisor.sched import ENV_PREFIXES, Job, detect_job, restart_count
 from supervisor.journal import next_attempt, node_dir, read_journal, redact_argv, redact_env
 from supervisor.ports import MirrorPort
 
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from supervisor.sync import Mirror
 
 _T = TypeVar("_T")
-SCHEDULER_ENV_PREFIXES = ("SLURM_", "PBS_", "SUPERVISE_", "CUDA_VISIBLE_DEVICES", "OMPI_COMM_WORLD", "PMI_", "CS_")
+SCHEDULER_ENV_PREFIXES = (*ENV_PREFIXES, "SUPERVISE_", "CUDA_VISIBLE_DEVICES", "OMPI_COMM_WORLD", "PMI_", "CS_")
 
 
 @dataclass
@@ -106,7 +106,7 @@ def make_plan(cfg: Config, env: Mapping[str, str] | None = None, node_rank: int 
     assert cfg.run_dir is not None
     run_dir = cfg.run_dir
     previous, attempt = _on_disk(run_dir, lambda: (read_journal(run_dir).events,
-                                                   next_attempt(run_dir, env, job.restart_count))
+                                                   next_attempt(run_dir, max(job.restart_count, restart_count(env))))
                                  if run_dir.exists() else ([], 1))
     plan = _plan(cfg, env, job, previous, attempt, previous_start=_start_before(previous, written=0))
     clash = lightning_clash(cfg.command, env, cfg.requeue)
@@ -140,7 +140,7 @@ def _node_plan(cfg: Config, env: dict[str, str], job: Job, rank: int, parts_poll
     warnings = mirror.check()
     run_dir = cfg.run_dir
     previous, attempt = _on_disk(run_dir, lambda: (read_journal(run_dir).events,
-                                                   next_attempt(node_dir(run_dir, rank), env)))  # its own journal
+                                                   next_attempt(node_dir(run_dir, rank), restart_count(env))))  # its own journal
     plan = _plan(cfg, env, job, previous, attempt, previous_start=_start_before(previous, written=1))
     plan.node_rank, plan.mirror = rank, mirror
     plan.warnings += warnings

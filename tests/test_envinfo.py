@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.envinfo import gather, render_text
-from supervisor.sched.pbs import parse_qstat_f
+from supervisor.sched._pbs_output import parse_qstat_f
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CASES = sorted((FIXTURES / "env").glob("*.json"))

@@ -16,8 +16,8 @@ import pytest
 from supervisor.sched import (
     SCHEDULERS, Job, Report, count_devices, detect_job, expand_hostlist, expand_tasks_per_node, gpu_count,
 )
-from supervisor.sched.pbs import parse_qstat_f, parse_walltime, pbs_end_time, pbs_gpus_per_node
-from supervisor.sched.slurm import JobView, parse_job_view, parse_slurm_duration, parse_slurm_time
+from supervisor.sched._pbs_output import parse_qstat_f, parse_walltime, pbs_end_time, pbs_gpus_per_node
+from supervisor.sched._slurm_output import JobView, parse_job_view, parse_slurm_duration, parse_slurm_time
 
 PBS = Path(__file__).parent / "fixtures" / "pbs"
 
@@ -293,7 +293,7 @@ def test_job_view_reads_the_kill_window_fields() -> None:
     (SHOW_CANCELLED.replace("COMPLETING", "REQUEUED"), "preempted", "preempted", True),
 ])
 def test_the_reason_after_a_slurm_term(text: str, was: str, reason: str, requeued: bool) -> None:
-    from supervisor.sched.slurm import reason_from_view
+    from supervisor.sched._slurm_output import reason_from_view
 
     assert reason_from_view(parse_job_view(text), was, 0) == (reason, requeued)
 
@@ -307,7 +307,7 @@ def test_the_reason_after_a_slurm_term(text: str, was: str, reason: str, requeue
     ("slurm_load_jobs error: Invalid job id specified", None),        # no view: the failure stands
 ])
 def test_the_reason_when_the_training_died_of_a_signal_first(text: str, expected: tuple[str, bool] | None) -> None:
-    from supervisor.sched.slurm import reason_after_signal_death
+    from supervisor.sched._slurm_output import reason_after_signal_death
 
     assert reason_after_signal_death(parse_job_view(text), 0) == expected
 
@@ -328,7 +328,7 @@ REAL = PBS / "real"  # qstat -f of one executable job (0.head): running, during 
 
 
 def _view(name: str):
-    from supervisor.sched.pbs import parse_pbs_view, pbs_job_attrs
+    from supervisor.sched._pbs_output import parse_pbs_view, pbs_job_attrs
 
     return parse_pbs_view(pbs_job_attrs((REAL / name).read_text(), "2.head"))
 
@@ -355,13 +355,13 @@ def test_pbs_view_of_a_qdel_a_qrerun_and_a_running_job() -> None:
     ("running.txt", "preempted", ("preempted", False)),
 ])
 def test_pbs_reason_after_a_term(name: str, was: str, expected: tuple[str, bool]) -> None:
-    from supervisor.sched.pbs import pbs_reason
+    from supervisor.sched._pbs_output import pbs_reason
 
     assert pbs_reason(_view(name), was) == expected
 
 
 def test_pbs_reason_without_an_answer_keeps_the_signals_reading() -> None:
-    from supervisor.sched.pbs import parse_pbs_view, pbs_reason
+    from supervisor.sched._pbs_output import parse_pbs_view, pbs_reason
 
     assert parse_pbs_view(None) is None and parse_pbs_view({"comment": "x"}) is None
     assert pbs_reason(None, "preempted") == ("preempted", False)
@@ -372,13 +372,14 @@ def test_pbs_reason_without_an_answer_keeps_the_signals_reading() -> None:
     ({}, None), (None, None), ({"run_count": "x"}, None),
 ])
 def test_pbs_restart_count_is_run_count_less_one(attrs: dict | None, expected: int | None) -> None:
-    from supervisor.sched.pbs import pbs_restart_count
+    from supervisor.sched._pbs_output import pbs_restart_count
 
     assert pbs_restart_count(attrs) == expected
 
 
 def test_kill_delay_from_qstat_qf() -> None:
-    from supervisor.sched.pbs import parse_kill_delay, pbs_kill_wait
+    from supervisor.sched._pbs_output import parse_kill_delay
+    from supervisor.sched.pbs import pbs_kill_wait
 
     assert parse_kill_delay((REAL / "queue.txt").read_text()) == 5.0
     assert parse_kill_delay("Queue: workq\n    queue_type = Execution\n") is None  # unset: PBS's default 10
@@ -432,9 +433,9 @@ def test_qrerun_refused_is_reported(fake_bin: Path) -> None:
 
 def test_pbs_end_time_waits_for_a_reruns_start(fake_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A rerun's first moment can lack stime: the end is asked again, not given up for 5 min."""
-    import supervisor.sched.pbs as pbs
+    import supervisor.sched._pbs_server as server
 
-    monkeypatch.setattr(pbs, "START_RETRY", 0.05)
+    monkeypatch.setattr(server, "START_RETRY", 0.05)
     first = tmp_path / "first"
     text = (REAL / "running.txt").read_text()
     (tmp_path / "nostime.txt").write_text("".join(ln + "\n" for ln in text.splitlines() if "stime" not in ln))
@@ -444,15 +445,78 @@ def test_pbs_end_time_waits_for_a_reruns_start(fake_bin: Path, tmp_path: Path, m
     assert got == datetime(2026, 11, 26, 21, 28, 50).timestamp() + 300
 
 
+# qstat -f -F json and qstat -f of the same jobs at the same moments, on the test cluster
+# (scripts/pbs-up.sh, OpenPBS 23.06.06; issue 46): 0.head, submitted with
+# `qsub -l walltime=00:05:00 -v foo=005,bar=true,NUM=42,OBJ=[1] -- /bin/sh -c "trap '' TERM; sleep 300"`,
+# running, then during its qdel's kill_delay; 1.head, the same job, during a qrerun.
+JSON = REAL / "json"
+
+
+@pytest.mark.parametrize("name, job_id", [("running", "0.head"), ("qdel", "0.head"), ("qrerun", "1.head")])
+def test_qstat_json_reads_as_its_text_without_the_glue(name: str, job_id: str) -> None:
+    """Every attribute both print reads the same, but the one the text broke over two lines:
+    the qdel's comment, whose "terminated by alice@head" the text glues into "byalice@head"."""
+    from supervisor.sched._pbs_output import parse_pbs_view, pbs_job_attrs
+
+    text = pbs_job_attrs((JSON / f"{name}.txt").read_text(), job_id)
+    doc = pbs_job_attrs((JSON / f"{name}.json").read_text(), job_id)
+    assert text is not None and doc is not None
+    both = set(text) & set(doc)
+    assert {"job_state", "substate", "run_count", "stime", "Resource_List.walltime", "comment", "queue"} <= both
+    assert {k for k in both if text[k] != doc[k]} == ({"comment"} if name == "qdel" else set())
+    assert parse_pbs_view(text) == parse_pbs_view(doc)
+    if name == "qdel":
+        assert doc["comment"].endswith("and terminated by alice@head") and text["comment"].endswith("byalice@head")
+
+
+def test_qstat_json_values_come_back_as_the_text_spells_them() -> None:
+    """qstat types what reads as JSON (run_count 1, substate 42, an environment's true) and nests
+    resource lists: read back flat, as text."""
+    from supervisor.sched._pbs_output import parse_pbs_time, parse_qstat_json, pbs_job_attrs
+
+    attrs = pbs_job_attrs((JSON / "running.json").read_text(), "0.head")
+    assert attrs is not None
+    assert (attrs["run_count"], attrs["substate"], attrs["Resource_List.ncpus"]) == ("1", "42", "1")
+    assert (attrs["Variable_List.bar"], attrs["Variable_List.NUM"], attrs["Variable_List.OBJ"]) == ("true", "42", "[1]")
+    assert attrs["Variable_List.foo"] == "5"  # sent as 005: qstat's cJSON took it for a number
+    assert pbs_end_time(attrs, now=0) == parse_pbs_time(attrs["stime"]) + 300
+    assert parse_qstat_json("Job Id: 0.head\n") is None and parse_qstat_json("[1]") == {}
+    # qstat -f -F json of an unknown job (exit 153) prints the document without "Jobs"
+    assert pbs_job_attrs('{"timestamp": 1796640500, "pbs_version": "23.06.06", "pbs_server": "head"}', "9.head") is None
+
+
+def test_qstat_is_asked_for_json_first_and_for_text_where_it_has_none(fake_bin: Path, tmp_path: Path) -> None:
+    """OpenPBS answers -F json: one call. A qstat that refuses it (an older PBS Pro) is asked again
+    for the text, and its refusal is not said: the same end, the same rerun count."""
+    from supervisor.sched._pbs_output import parse_pbs_time
+
+    asked = tmp_path / "asked"
+    _fake_tool(fake_bin, "qstat", f'echo "$*" >> {asked}\n'
+                                  f'case "$*" in *-F*) cat {JSON / "running.json"};; *) exit 2;; esac\n')
+    job = Job(scheduler="pbs", job_id="0.head")
+    said: list[str] = []
+    assert anyio.run(end_time, job, said.append) == parse_pbs_time("Mon Dec  7 10:47:34 2026") + 300
+    assert job.sched.restart_count_now(job) == 0
+    assert asked.read_text().splitlines() == ["-f -F json 0.head"] * 2 and said == []
+    asked.unlink()
+    _fake_tool(fake_bin, "qstat", f'echo "$*" >> {asked}\n'
+                                  'case "$*" in *-F*) echo "qstat: invalid option -- \'F\'" >&2; exit 2;; esac\n'
+                                  f'cat {REAL / "running.txt"}\n')
+    job = Job(scheduler="pbs", job_id="2.head")
+    assert anyio.run(end_time, job, said.append) == datetime(2026, 11, 26, 21, 28, 50).timestamp() + 300
+    assert job.sched.restart_count_now(job) == 0
+    assert asked.read_text().splitlines() == ["-f -F json 2.head", "-f 2.head"] * 2 and said == []
+
+
 def test_attempt_numbers_follow_pbs_run_count(tmp_path: Path) -> None:
     """PBS's rerun count (run_count − 1) numbers the attempt, as SLURM_RESTART_COUNT does; the
     journal's own count still wins when it is ahead (a run directory reused by a new job)."""
     from supervisor.journal import Journal, next_attempt
 
-    assert next_attempt(tmp_path, {}, 1) == 2
-    assert next_attempt(tmp_path, {}, 0) == 1 and next_attempt(tmp_path, {}, None) == 1
+    assert next_attempt(tmp_path, 1) == 2
+    assert next_attempt(tmp_path, 0) == 1 and next_attempt(tmp_path, None) == 1
     Journal(tmp_path, 3).emit("start")
-    assert next_attempt(tmp_path, {}, 1) == 4
+    assert next_attempt(tmp_path, 1) == 4
 
 
 # ---------------------------------------------------------------------------- one class per scheduler

@@ -86,7 +86,7 @@ def _journal_replaced(old: Agent, before: Plan, now: Plan, ended: float, planned
 
 def _nodefile(plan: Plan) -> None:
     """The attempt's own nodefile, when it trains on fewer nodes than a job with a nodefile has
-    (PBS): ``$PBS_NODEFILE`` in the command and the training's environment name it."""
+    (PBS): the job's nodefile variable, in the command and the training's environment, names it."""
     j = plan.job
     if j.nodefile and j.allocation:
         nodeset.write_nodefile(j.nodefile, str(nodeset.nodefile_path(plan.run_dir, j.nodes)), j.nodes)

@@ -13,6 +13,7 @@ import re
 from typing import Mapping, Sequence
 
 from supervisor.gpu._types import DeviceInfo
+from supervisor.sched import visible_gpus
 
 
 def _parse_list(text: str) -> list[str]:
@@ -45,18 +46,17 @@ def _match(entry: str, devices: Sequence[DeviceInfo]) -> DeviceInfo | None:
 
 
 def select(env: Mapping[str, str], devices: Sequence[DeviceInfo]) -> tuple[list[DeviceInfo], str]:
-    """The job's devices and the variable that chose them ("all" when unconstrained)."""
-    for var in ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
-        if var not in env:
-            continue
-        if var != "CUDA_VISIBLE_DEVICES" and not env[var].strip():
-            continue
-        chosen: list[DeviceInfo] = []
-        for entry in _parse_list(env[var]):
-            d = _match(entry, devices)
-            if d is None:
-                break  # CUDA ignores the rest after an invalid entry
-            if d not in chosen:
-                chosen.append(d)
-        return chosen, var
-    return list(devices), "all"
+    """The job's devices and the variable that chose them ("all" when unconstrained): the
+    list ``sched.visible_gpus`` finds (CUDA's, else the scheduler's), matched to the devices."""
+    visible = visible_gpus(env)
+    if visible is None:
+        return list(devices), "all"
+    var, listed = visible
+    chosen: list[DeviceInfo] = []
+    for entry in _parse_list(listed):
+        d = _match(entry, devices)
+        if d is None:
+            break  # CUDA ignores the rest after an invalid entry
+        if d not in chosen:
+            chosen.append(d)
+    return chosen, var

@@ -15,7 +15,7 @@ from supervisor._units import natural_key
 from supervisor.report._goodput import Goodput, goodput, is_checkpoint, step_of
 from supervisor.report._load import GpuAcc, RunData
 from supervisor.report._nodes import NodeRow, node_events, partless_nodes, silent_node
-from supervisor.sched import label_of
+from supervisor.sched import label_of, recorded
 
 FAILED = {"child-failed", "spawn-failed", "supervisor-error", "hang"}
 EARLY = {"deadline", "preempted"}  # the work is not done; a next attempt resumes it
@@ -656,11 +656,7 @@ def _host(data: RunData, start: dict[str, Any]) -> Host | None:
     h = data.host
     if h is None:
         return None
-    env = start.get("scheduler_env") or {}
-    requested = None
-    mem = str(env.get("SLURM_MEM_PER_NODE", ""))
-    if mem.isdigit():
-        requested = float(mem)  # Slurm gives MiB
+    requested = recorded(start.get("scheduler_env") or {}).mem_per_node_mib
     return Host(
         samples=h.samples, cpu_mean_pct=round(h.cpu_sum / h.cpu_n, 1) if h.cpu_n else None, cpu_max_pct=h.cpu_max,
         rss_peak_mib=h.rss_peak, nprocs_max=h.nprocs_max, node_mem_total_mib=h.node_mem_total,

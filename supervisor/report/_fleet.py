@@ -45,6 +45,7 @@ from supervisor.journal import EVENTS_FILE
 from supervisor.policy import SUSPECT_XIDS
 from supervisor.report._facts import FAILED, Facts
 from supervisor.report._run import ReportError, facts_of
+from supervisor.sched import recorded
 
 SCHEMA = 1
 MAX_DEPTH = 8  # folders below each path searched for run directories
@@ -179,7 +180,7 @@ def _names(runs: list[Path]) -> list[str]:
 def _node(start: dict[str, Any]) -> str | None:
     """The scheduler's name for the node (what --exclude takes), else the host name."""
     env = start.get("scheduler_env") if isinstance(start.get("scheduler_env"), dict) else {}
-    name = env.get("SLURMD_NODENAME") or start.get("host")
+    name = recorded(env).node or start.get("host")
     return str(name).split(".")[0] if isinstance(name, str) and name else None
 
 

@@ -20,7 +20,7 @@ from these, per attempt:
   next attempt, or is only on local disk. Steps: from the checkpoint names, exactly when a
   checkpoint taken at the stop stayed local, else estimated from the attempt's step rate;
 * **queue wait**: from the previous attempt's end to this one's start (the batch job's start,
-  ``SLURM_JOB_START_TIME``, where the scheduler's environment records it);
+  where the scheduler's journaled environment records it: ``sched.recorded``);
 * **lost GPU-hours**: GPUs × (the attempt's wall time − its productive time): start-up,
   restore, lost work and the stop sequence, while the GPUs were held. Queue wait holds none.
 """
@@ -30,6 +30,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from supervisor.sched import recorded
 
 STEP_IN_NAME = re.compile(r"(\d+)(?!.*\d)")  # the last number in a checkpoint's name: step_000300, checkpoint-40
 
@@ -105,11 +107,9 @@ def _gpu_count(events: list[dict[str, Any]], sampled: int) -> tuple[int | None, 
         return sampled, "gpu samples"
     start = next((e for e in events if e.get("kind") == "start"), {})
     env = start.get("scheduler_env") or {}
-    for key in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS", "PBS_NGPUS"):
-        v = str(env.get(key, ""))
-        if v.isdigit() and int(v) > 0:
-            nodes = str(start.get("nodes") or env.get("SLURM_JOB_NUM_NODES") or "1")
-            return int(v) * (int(nodes) if nodes.isdigit() and key == "SLURM_GPUS_ON_NODE" else 1), "scheduler"
+    gpus = recorded(env, start.get("nodes")).gpus
+    if gpus is not None:
+        return gpus, "scheduler"
     cvd = str(env.get("CUDA_VISIBLE_DEVICES", ""))
     if cvd and cvd not in ("-1", "NoDevFiles"):
         return len([d for d in cvd.split(",") if d.strip()]), "scheduler"
@@ -117,8 +117,7 @@ def _gpu_count(events: list[dict[str, Any]], sampled: int) -> tuple[int | None, 
 
 
 def _scheduler_start(start: dict[str, Any]) -> float | None:
-    v = str((start.get("scheduler_env") or {}).get("SLURM_JOB_START_TIME", ""))
-    return float(v) if v.isdigit() else None
+    return recorded(start.get("scheduler_env") or {}).start
 
 
 def _first_step(evs: list[dict[str, Any]], written: list[tuple[float, str]], log_pairs: set[str],

@@ -71,6 +71,30 @@ class Job:
 
 
 @dataclass(frozen=True)
+class JobKey:
+    """What names one job in the environment of every process its scheduler starts for it (every
+    task of every step, every process a mom starts): how a process that is not their parent tells
+    the job's processes on its node (jobprocs.py). ``step``: the asker's own step, whose processes
+    are its own, not the training's; None where the scheduler has no steps."""
+
+    variable: str
+    value: str
+    step_variable: str | None = None
+    step: str | None = None
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What a journaled environment (the ``start`` event's ``scheduler_env``) says of its job,
+    for the report, which has nothing else of the scheduler; None where it does not say."""
+
+    gpus: int | None = None                # the job's GPUs, every node's
+    start: float | None = None             # when the batch job started, unix seconds
+    mem_per_node_mib: float | None = None  # the memory the job asked per node
+    node: str | None = None                # the scheduler's name for the node (what an exclusion takes)
+
+
+@dataclass(frozen=True)
 class Refined:
     """What the scheduler's view says of a stop signal (``Scheduler.refine_reason``): the
     reason, whether the scheduler itself requeued the job, the ``reason`` event's fields as
@@ -126,7 +150,23 @@ class ScriptChoices(Protocol):
     filesystems: str | None
 
 
-class Scheduler(Protocol):
+class Environment(Protocol):
+    """A scheduler's own variables, as any environment holds them: its job's (``job``), another
+    process's (``job_variable``), a node's (``local_dir_variables``) or a journaled one
+    (``recorded``). The package's ``job_key``, ``local_dirs``, ``visible_gpus`` and ``recorded``
+    ask every scheduler, in the order they are trusted, so nothing outside sched/ names one."""
+
+    env_prefixes: tuple[str, ...]         # the variables the journal's ``start`` keeps (``scheduler_env``)
+    job_variable: str | None              # the job's id, in every process of the job
+    step_variable: str | None             # the step's id, in every process of the step
+    restart_variable: str | None          # its count of the job's requeues before this run, where it has one
+    local_dir_variables: tuple[str, ...]  # node-local scratch a site gives the job
+    gpu_variables: tuple[str, ...]        # device lists it grants (after CUDA_VISIBLE_DEVICES), most specific first
+
+    def recorded(self, env: Mapping[str, str], nodes: object) -> Recorded: ...
+
+
+class Scheduler(Environment, Protocol):
     """One scheduler's knowledge: its environment map, its tools, its signals, its job scripts.
     Implementations are stateless singletons; methods that need the job take it."""
 
@@ -135,6 +175,7 @@ class Scheduler(Protocol):
     is_batch: bool              # a batch job: an end, a queue to requeue into, nodes the leader starts agents on
     default_kill_wait: float | None  # TERM → KILL when the scheduler cannot be asked; None: no KILL comes
     signals_every_node: bool    # its signal reaches the training's ranks on every node (PBS: the first node's only)
+    signals_session: bool       # its signal command goes to the job's whole session, a login shell leading it too (qsig)
     gone_states: tuple[str, ...]  # node states (upper case, as substrings) that mean the node is gone
     node_failure_note: str        # what the scheduler does to the job when one of its nodes fails (supervise check)
     # supervise init's job script

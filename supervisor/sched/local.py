@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from supervisor.sched._job import AgentLaunch, Agents, Job, Refined, ScriptChoices, count_devices, short_host
+from supervisor.sched._job import AgentLaunch, Agents, Job, Recorded, Refined, ScriptChoices, count_devices, short_host
 from supervisor.sched._tool import REQUEUE_TIMEOUT, Report
 
 
@@ -18,6 +18,7 @@ class Local:
     is_batch = False
     default_kill_wait: float | None = None
     signals_every_node = True  # one node: a signal to the training reaches all of it
+    signals_session = False
     node_failure_note: str = "no scheduler: spare nodes mean nothing here"
     gone_states: tuple[str, ...] = ()
     script_suffix = ""
@@ -25,6 +26,12 @@ class Local:
     script_options: tuple[str, ...] = ()
     directive = ""
     keep_on_node_failure = ""
+    env_prefixes: tuple[str, ...] = ()
+    job_variable: str | None = None  # no job: no process can be told to be its
+    step_variable: str | None = None
+    restart_variable: str | None = None
+    local_dir_variables: tuple[str, ...] = ()
+    gpu_variables: tuple[str, ...] = ()
 
     def active(self, env: Mapping[str, str]) -> bool:
         return True
@@ -38,6 +45,9 @@ class Local:
 
     def node_name(self, env: Mapping[str, str]) -> str:
         return short_host()
+
+    def recorded(self, env: Mapping[str, str], nodes: object) -> Recorded:
+        return Recorded()
 
     def requeue_id(self, job: Job) -> str | None:
         return None

@@ -1,5 +1,5 @@
-"""PBS Pro / OpenPBS: its environment map, its tools (qstat, qrerun, pbsnodes, pbsdsh) and its
-job script.
+"""PBS Pro / OpenPBS: its environment map, its tools (qrerun, pbsdsh; qstat and pbsnodes are
+asked in ``_pbs_server.py``, their output read in ``_pbs_output.py``) and its job script.
 
 Facts relied on (measured on OpenPBS 23.06, docs/pbs.md):
 * PBS has no end-time variable; ``qstat -f`` gives ``stime`` and ``Resource_List.walltime``.
@@ -17,33 +17,27 @@ import os
 import re
 import signal
 import subprocess
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
 import anyio
 
 from supervisor import childenv
+from supervisor.sched import _pbs_server as server
 from supervisor.sched._job import (
-    AgentLaunch, Job, Refined, ScriptChoices, as_int, count_devices, gpu_count, set_directive, short_host,
+    AgentLaunch, Job, Recorded, Refined, ScriptChoices, as_int, count_devices, gpu_count, set_directive, short_host,
 )
+from supervisor.sched._pbs_output import parse_kill_delay, pbs_reason, pbs_restart_count
 from supervisor.sched._tool import QUERY_TIMEOUT, REQUEUE_TIMEOUT, Report, outcome, run_tool
 
 log = logging.getLogger(__name__)
 
-START_RETRIES, START_RETRY = 10, 1.0  # a rerun's first moment has no stime: ask again, 10 s at most
-# JOB_SUBSTATE_RERUN..RERUN3 (OpenPBS src/include/job.h): the server is rerunning the job
-# (``qrerun``; measured: substate 60 from the qrerun until the run ends, job_state still R).
-PBS_RERUN_SUBSTATES = frozenset({60, 61, 62, 63})
 # MoM's SIGKILL after its TERM comes kill_delay later by MoM's loop clock, which can be stale:
 # measured gaps 0.9-3.0 s for kill_delay 3 and 5.0 s for 5 (OpenPBS 23.06, MoM polls 1/2 s),
 # 11-17 s for 10 with the default polls. The wait counted on is the smaller of
 # kill_delay less this and a quarter of kill_delay.
 PBS_KILL_EARLY = 2.2
 PBS_KILL_DELAY = 10.0  # a queue's kill_delay when unset (OpenPBS req_runjob.c)
-RERUN_ACCEPTED = -1  # _pbs_rerun's status when the server took the rerun before qrerun returned
-RERUN_POLL = 0.25    # seconds between looks at the job's substate while qrerun runs
 # What a TM task must get from the leader to run the same Python and package: the leader's own
 # values travel on the agent's command line (pbsdsh passes no environment).
 FORWARDED = ("PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "VIRTUAL_ENV", "CONDA_PREFIX",
@@ -64,6 +58,7 @@ class Pbs:
     is_batch = True
     default_kill_wait: float | None = pbs_kill_wait(PBS_KILL_DELAY)  # 7.8 s: a queue that sets no kill_delay
     signals_every_node = False  # qdel, qsig, the walltime: the first node's session only
+    signals_session = True      # qsig: the whole session, which a script job's login shell leads and dies of USR1/USR2
     node_failure_note: str = ("submit with -W tolerate_node_failures=all, OpenPBS's word for a job that goes on "
                               "after a sister node fails")
     gone_states: tuple[str, ...] = ("DOWN", "OFFLINE", "UNKNOWN", "UNRESOLVABLE", "STALE")  # pbsnodes: down, offline, state-unknown…
@@ -72,6 +67,13 @@ class Pbs:
     script_options: tuple[str, ...] = ("account", "queue", "select", "filesystems")
     directive = "#PBS"
     keep_on_node_failure = "#PBS -W tolerate_node_failures=all"  # no comment: the script hands its #PBS words to qsub
+    # the environment
+    env_prefixes: tuple[str, ...] = ("PBS_",)
+    job_variable: str | None = "PBS_JOBID"  # in every process a mom starts (pbsdsh, PALS' mpiexec)
+    step_variable: str | None = None        # no steps
+    restart_variable: str | None = None     # none: qstat's run_count (restart_count_now)
+    local_dir_variables: tuple[str, ...] = ("PBS_JOBFS",)  # a site's node-local scratch (NCI's)
+    gpu_variables: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------------ the environment
     def active(self, env: Mapping[str, str]) -> bool:
@@ -114,6 +116,11 @@ class Pbs:
     def node_name(self, env: Mapping[str, str]) -> str:
         return short_host()
 
+    def recorded(self, env: Mapping[str, str], nodes: object) -> Recorded:
+        """What a journaled PBS environment says: the job's GPUs (``PBS_NGPUS``), nothing else."""
+        v = str(env.get("PBS_NGPUS", ""))
+        return Recorded(gpus=int(v) if v.isdigit() and int(v) > 0 else None)
+
     def requeue_id(self, job: Job) -> str | None:
         return job.job_id
 
@@ -123,7 +130,7 @@ class Pbs:
         on any failure."""
         report = report or log.warning
         try:
-            return await _end_time(job, report)
+            return await server.end_time(job, report)
         except Exception as exc:  # noqa: BLE001 - a scheduler query must never end the supervision
             report(f"end time of {self.name} job {job.job_id}: {exc!r}")
             return None
@@ -133,7 +140,7 @@ class Pbs:
         10) less MoM's early KILL (``pbs_kill_wait``)."""
         report = report or log.warning
         # PBS_QUEUE is in every job's environment (measured); qstat -f only where it is not.
-        queue = job.queue or getattr(await pbs_view(job, report), "queue", None)
+        queue = job.queue or getattr(await server.job_view(job, report), "queue", None)
         delay = None
         if queue:
             rc, out = await run_tool(["qstat", "-Qf", queue], QUERY_TIMEOUT, report)
@@ -143,18 +150,7 @@ class Pbs:
     def restart_count_now(self, job: Job, timeout: float = QUERY_TIMEOUT) -> int | None:
         """This job's reruns so far, from ``qstat -f`` (blocking: for the plan, before the
         event loop). None when qstat does not answer."""
-        if not job.job_id:
-            return None
-        try:
-            proc = subprocess.run(["qstat", "-f", job.job_id], capture_output=True, text=True, timeout=timeout,
-                                  stdin=subprocess.DEVNULL, start_new_session=True)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            log.warning("qstat -f %s: %s", job.job_id, exc)
-            return None
-        if proc.returncode != 0:
-            log.warning("qstat -f %s exited %d: %s", job.job_id, proc.returncode, " ".join(proc.stderr.split())[:200])
-            return None
-        return pbs_restart_count(pbs_job_attrs(proc.stdout, job.job_id, log.warning))
+        return pbs_restart_count(server.job_attrs_now(job.job_id, timeout)) if job.job_id else None
 
     # ------------------------------------------------------------------------ signals
     def signalled_all(self, sig: int | None, received: float | None, last_cont: float | None) -> bool:
@@ -179,7 +175,7 @@ class Pbs:
         and any other TERM (``pbs_reason``)."""
         if not termed:
             return None
-        view = await pbs_view(job, report=report or log.warning)
+        view = await server.job_view(job, report=report or log.warning)
         reason, requeued = pbs_reason(view, was)
         state = None if view is None else f"{view.state}/{view.substate}"
         fields = {"state": state, "reason": reason, "was": was, "requeued_by_scheduler": requeued,
@@ -193,12 +189,12 @@ class Pbs:
         return ["qrerun", job.job_id] if job.job_id else None
 
     async def requeue(self, job: Job, timeout: float = REQUEUE_TIMEOUT, report: Report | None = None) -> tuple[bool, str]:
-        """``qrerun`` of our own job, done when the server shows it rerunning (``_pbs_rerun``)."""
+        """``qrerun`` of our own job, done when the server shows it rerunning (``_pbs_server.rerun``)."""
         argv = self.requeue_command(job)
         if argv is None:
             return False, f"no requeue on a {self.name} job"
-        rc, out = await _pbs_rerun(job, argv, timeout, report or log.warning)
-        if rc == RERUN_ACCEPTED:
+        rc, out = await server.rerun(job, argv, timeout, report or log.warning)
+        if rc == server.RERUN_ACCEPTED:
             return True, f"{' '.join(argv)}: accepted (the server is rerunning the job: substate {out})"
         return outcome(argv, rc, out)
 
@@ -218,11 +214,11 @@ class Pbs:
 
     # ------------------------------------------------------------------------ nodes
     def node_state(self, host: str) -> tuple[str, str] | None:
-        return pbs_node_state(host)
+        return server.node_state(host)
 
     def node_states(self, hosts: list[str]) -> dict[str, tuple[str, str]]:
         """One ``pbsnodes`` per host (blocking): several hosts in one call are not measured here."""
-        return {h: state for h in hosts if (state := pbs_node_state(h)) is not None}
+        return {h: state for h in hosts if (state := server.node_state(h)) is not None}
 
     def on_fewer_nodes(self, env: Mapping[str, str]) -> dict[str, str]:
         """Unchanged: ``PBS_NODEFILE`` keeps naming the job's nodefile, whose line numbers are the
@@ -362,7 +358,7 @@ class PbsdshAgents:
         no mom, so their agents cannot answer."""
         out = {}
         for k in nodes:
-            state = await anyio.to_thread.run_sync(pbs_node_state, self.launch.nodes[k])
+            state = await anyio.to_thread.run_sync(server.node_state, self.launch.nodes[k])
             if state is not None and "down" in state[0].lower():
                 out[k] = f"PBS calls it {state[0]}"
         return out
@@ -393,258 +389,9 @@ class SaidLines:
         return lines
 
 
-def pbs_node_state(host: str) -> tuple[str, str] | None:
-    """(state, comment) of a node from ``pbsnodes HOST`` (``down``, ``offline``,
-    ``state-unknown,down``…; the comment an operator or the server left); None when it cannot tell."""
-    try:
-        out = subprocess.run(["pbsnodes", host], capture_output=True, text=True, timeout=10,
-                             stdin=subprocess.DEVNULL).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return parse_pbsnodes(out)
-
-
-def parse_pbsnodes(out: str) -> tuple[str, str] | None:
-    """(state, comment) from the text of ``pbsnodes HOST``; None without a state line (an
-    unknown node: ``pbsnodes: Unknown node``, on stderr, leaves stdout empty)."""
-    fields = {k.strip(): v.strip() for k, _, v in (line.partition(" = ") for line in out.splitlines()) if v}
-    if "state" not in fields:
-        return None
-    return fields["state"], fields.get("comment", "")
-
-
 def read_nodefile(path: str | os.PathLike[str]) -> list[str]:
     """Lines of a PBS nodefile (one per MPI rank; hosts repeat). Missing file → []."""
     try:
         return [ln.strip() for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
     except OSError:
         return []
-
-
-# ---------------------------------------------------------------------------- qstat -f
-
-async def _end_time(job: Job, report: Report) -> float | None:
-    if not job.job_id:
-        return None
-    # A rerun's first moment can lack ``stime`` (measured, OpenPBS 23.06) and
-    # ``resources_used.walltime`` comes only with MoM's first sample: ask again shortly
-    # rather than wait END_REFRESH with no end (the walltime would then arrive unwarned).
-    for attempt in range(START_RETRIES + 1):
-        attrs = await pbs_attrs(job, report)
-        if attrs is None:
-            return None
-        end = pbs_end_time(attrs, now=time.time())
-        if end is not None or not attrs.get("Resource_List.walltime"):
-            return end
-        if attempt < START_RETRIES:
-            await anyio.sleep(START_RETRY)
-    report(f"qstat -f {job.job_id} shows a walltime but no start time yet")
-    return None
-
-
-def parse_walltime(text: str) -> float | None:
-    """PBS ``HH:MM:SS`` (hours may exceed 24), ``MM:SS`` or plain seconds → seconds."""
-    parts = text.strip().split(":")
-    try:
-        nums = [float(p) for p in parts]
-    except ValueError:
-        return None
-    if not 1 <= len(nums) <= 3 or any(n < 0 for n in nums):
-        return None
-    total = 0.0
-    for n in nums:
-        total = total * 60 + n
-    return total
-
-
-def parse_pbs_time(text: str) -> float | None:
-    """``Thu Nov 20 10:15:32 2025`` (ctime, local time) or epoch seconds → unix seconds."""
-    s = " ".join(text.split())
-    if s.isdigit():
-        return float(s)
-    try:
-        return time.mktime(time.strptime(s, "%a %b %d %H:%M:%S %Y"))
-    except (ValueError, OverflowError):
-        return None
-
-
-def parse_qstat_f(text: str) -> dict[str, dict[str, str]]:
-    """``qstat -f`` output → {job id: {attribute: value}}.
-
-    Attribute lines are ``    name = value``; a long value goes on in lines that start with
-    a tab, which are glued to it without a separator (PBS breaks values anywhere, even inside
-    a word). Blank lines separate jobs.
-    """
-    jobs: dict[str, dict[str, str]] = {}
-    cur: dict[str, str] | None = None
-    last: str | None = None
-    for raw in text.splitlines():
-        line = raw.rstrip("\n")
-        if line.startswith("Job Id:"):
-            cur = jobs.setdefault(line.split(":", 1)[1].strip(), {})
-            last = None
-        elif cur is None or not line.strip():
-            last = None if not line.strip() else last
-        elif line.startswith("\t") and last is not None:
-            cur[last] += line[1:].rstrip()
-        else:
-            name, sep, value = line.strip().partition(" = ")
-            if sep:
-                last = name
-                cur[name] = value.rstrip()
-    return jobs
-
-
-def pbs_end_time(attrs: Mapping[str, str], now: float) -> float | None:
-    """End of a PBS job from its ``qstat -f`` attributes: start + walltime limit.
-
-    The start is ``stime`` (PBS Pro) or ``start_time`` (Torque-style); without one, the
-    walltime already used is taken off the limit. None when there is no walltime limit.
-    """
-    limit = attrs.get("Resource_List.walltime")
-    walltime = parse_walltime(limit) if limit else None
-    if walltime is None:
-        return None
-    for key in ("stime", "start_time"):
-        if attrs.get(key):
-            start = parse_pbs_time(attrs[key])
-            if start is not None:
-                return start + walltime
-    used = attrs.get("resources_used.walltime")
-    used_s = parse_walltime(used) if used else None
-    if used_s is not None:
-        return now + walltime - used_s
-    return None
-
-
-def pbs_gpus_per_node(attrs: Mapping[str, str]) -> int | None:
-    """GPUs per node from ``qstat -f`` attributes.
-
-    ``ngpus=N`` in the first chunk of ``Resource_List.select`` (``2:ncpus=64:ngpus=4``), else
-    in the first vnode of ``exec_vnode`` (Polaris' select names only ``system=polaris``),
-    else ``Resource_List.ngpus`` (a job total) over ``Resource_List.nodect``.
-    """
-    for key in ("Resource_List.select", "exec_vnode"):
-        first_chunk = attrs.get(key, "").split("+")[0]
-        m = re.search(r"\bngpus=(\d+)", first_chunk)
-        if m:
-            return int(m.group(1))
-    total, nodes = as_int(attrs.get("Resource_List.ngpus")), as_int(attrs.get("Resource_List.nodect"))
-    if total is not None and nodes:
-        return total // nodes
-    return None
-
-
-async def pbs_attrs(job: Job, report: Report) -> dict[str, str] | None:
-    """``qstat -f JOBID`` of this job as attributes; None when qstat fails or lists no such job."""
-    if not job.job_id:
-        return None
-    rc, out = await run_tool(["qstat", "-f", job.job_id], QUERY_TIMEOUT, report)
-    if rc != 0:
-        return None
-    return pbs_job_attrs(out, job.job_id, report)
-
-
-def pbs_job_attrs(text: str, job_id: str, report: Report | None = None) -> dict[str, str] | None:
-    """The attributes of ``job_id`` in ``qstat -f`` output (the only job listed will do)."""
-    jobs = parse_qstat_f(text)
-    attrs = jobs.get(job_id) or (next(iter(jobs.values())) if len(jobs) == 1 else None)
-    if attrs is None and report is not None:
-        report(f"qstat -f {job_id} did not list the job")
-    return attrs
-
-
-# ---------------------------------------------------------------------------- the job's own view
-
-@dataclass(frozen=True)
-class PbsView:
-    """What ``qstat -f`` says of the job while it is being stopped (measured, OpenPBS 23.06).
-
-    During a ``qdel``'s kill_delay the job stays ``job_state = R`` (substate 42) with no
-    ``Exit_status``; only the ``comment`` changes, at once, to ``... and terminated by
-    USER@HOST``. During a ``qrerun`` it is ``R`` with substate 60 (RERUN); ``run_count`` rises
-    only when the next run starts. At the walltime's TERM nothing changes (the comment says
-    ``exceeded resource walltime`` only once the job has finished)."""
-
-    state: str | None           # job_state: R, E, Q, F, ...
-    substate: int | None
-    run_count: int | None       # runs so far, this one included (1 on the first)
-    terminated_by: str | None   # USER@HOST of a qdel, from the comment
-    queue: str | None
-
-    @property
-    def rerunning(self) -> bool:
-        return self.substate in PBS_RERUN_SUBSTATES
-
-
-def parse_pbs_view(attrs: Mapping[str, str] | None) -> PbsView | None:
-    """``qstat -f`` attributes (``pbs_job_attrs``) → PbsView; None without a job_state."""
-    if not attrs or not attrs.get("job_state"):
-        return None
-    # parse_qstat_f glues continuation lines without a separator: "terminated by" + "alice@head"
-    m = re.search(r"\bterminated by\s*(\S+)", attrs.get("comment", ""))
-    return PbsView(state=attrs["job_state"].strip(), substate=as_int(attrs.get("substate")),
-                   run_count=as_int(attrs.get("run_count")), terminated_by=m.group(1) if m else None,
-                   queue=attrs.get("queue") or None)
-
-
-def pbs_reason(view: PbsView | None, was: str) -> tuple[str, bool]:
-    """(reason, requeued by the scheduler) from ``qstat -f`` after a SIGTERM under PBS: a
-    ``qdel`` is ``cancelled``; a ``qrerun`` (an operator's) requeues the job, whatever we took
-    the TERM for (kept, as under Slurm: a deadline stays one, else a preemption); anything else
-    (the walltime: nothing changes) stays what the signal's timing said."""
-    if view is None:
-        return was, False
-    if view.rerunning:
-        return ("deadline" if was == "deadline" else "preempted"), True
-    if view.terminated_by is not None:
-        return "cancelled", False
-    return was, False
-
-
-def pbs_restart_count(attrs: Mapping[str, str] | None) -> int | None:
-    """Reruns before this run: ``run_count`` − 1 (qstat -f only; PBS sets no variable)."""
-    count = as_int((attrs or {}).get("run_count"))
-    return max(0, count - 1) if count is not None else None
-
-
-def parse_kill_delay(text: str) -> float | None:
-    """``kill_delay`` of ``qstat -Qf QUEUE`` output (seconds); None when the queue has none set."""
-    m = re.search(r"^\s*kill_delay\s*=\s*(\d+)\s*$", text, re.M)
-    return float(m.group(1)) if m else None
-
-
-async def pbs_view(job: Job, report: Report | None = None) -> PbsView | None:
-    """What ``qstat -f`` says of this PBS job now; None without a job id or an answer. Never raises."""
-    if not job.job_id:
-        return None
-    return parse_pbs_view(await pbs_attrs(job, report or log.warning))
-
-
-async def _pbs_rerun(job: Job, argv: list[str], timeout: float, report: Report) -> tuple[int | None, str]:
-    """``qrerun`` of our own job. It answers only when the run has ended (measured: 6.2 s with
-    kill_delay 5: the TERM, then MoM's KILL), so waiting for it would have us killed inside it.
-    It is done when the server shows the job rerunning (substate 60, at once) or qrerun exits
-    first (a refusal: ``Unauthorized Request``, rc 159, for a user who is not an operator;
-    ``job is not rerunnable``, rc 190, with ``-r n``). Then the run may end: the server
-    requeues the job when it does (cancelling the qrerun client does not undo that)."""
-    result: tuple[int | None, str] = (None, f"timed out after {timeout:g}s")
-    with anyio.move_on_after(timeout):
-        async with anyio.create_task_group() as tg:
-            async def rerun() -> None:
-                nonlocal result
-                result = await run_tool(argv, timeout, report)
-                tg.cancel_scope.cancel()
-
-            async def watch() -> None:
-                nonlocal result
-                while True:
-                    await anyio.sleep(RERUN_POLL)
-                    view = await pbs_view(job, lambda _: None)
-                    if view is not None and view.rerunning:
-                        result = (RERUN_ACCEPTED, str(view.substate))
-                        tg.cancel_scope.cancel()
-
-            tg.start_soon(rerun)
-            tg.start_soon(watch)
-    return result

@@ -1,4 +1,5 @@
-"""Slurm: its environment map, its tools (squeue, scontrol, scancel, srun) and its job script.
+"""Slurm: its environment map, its tools (squeue, scontrol, scancel, srun; what they print is
+read in ``_slurm_output.py``) and its job script.
 
 Facts relied on (docs/slurm.md):
 * ``SLURM_JOB_END_TIME`` exists only from Slurm 23.02; on 22.05 the end time comes from
@@ -13,19 +14,20 @@ Facts relied on (docs/slurm.md):
 from __future__ import annotations
 
 import logging
-import re
 import signal
 import subprocess
 import sys
-import time
-from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import anyio
 
 from supervisor.sched._hostlist import expand_hostlist, expand_tasks_per_node
 from supervisor.sched._job import (
-    AgentLaunch, Job, Refined, ScriptChoices, as_int, count_devices, gpu_count, set_directive, short_host,
+    AgentLaunch, Job, Recorded, Refined, ScriptChoices, as_int, count_devices, gpu_count, set_directive, short_host,
+)
+from supervisor.sched._slurm_output import (
+    JobView, excluded_nodes, node_line, parse_job_view, parse_kill_wait, parse_squeue_end, reason_after_signal_death,
+    reason_from_view, scontrol_end, slurm_seconds, task_ended,
 )
 from supervisor.sched._tool import QUERY_TIMEOUT, REQUEUE_TIMEOUT, Report, outcome, run_tool
 
@@ -34,7 +36,6 @@ log = logging.getLogger(__name__)
 KILL_WAIT = 30.0  # KillWait's default (slurm.conf)
 JOB_WIDE = 2.0  # a SIGCONT this close to a TERM means the scheduler signalled every process
 EXCLUDE_RETRY = 0.25  # seconds between tries while the requeued job is still leaving RUNNING
-END_TOLERANCE = 2.0  # s: Slurm's times have a 1 s grain; an EndTime this close to the time limit is it
 # supervise init: the templates' --signal=B:USR2@600, scaled to a short job
 LEAD_MAX = 600     # seconds: the templates' --signal=B:USR2@600, for jobs of 40 min and more
 LEAD_SHARE = 0.25  # a shorter job is warned this share of its time limit before the end…
@@ -49,6 +50,7 @@ class Slurm:
     is_batch = True
     default_kill_wait: float | None = KILL_WAIT
     signals_every_node = True  # scancel --signal and its own TERM reach every step's tasks
+    signals_session = False    # scancel reaches the steps' tasks (or, with --batch, the batch shell), not a session
     node_failure_note: str = ("Slurm ends the whole job when a node fails unless the job script says "
                               "#SBATCH --no-kill (then it ends only the steps on that node)")
     gone_states: tuple[str, ...] = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWER_DOWN", "FUTURE", "UNKNOWN")
@@ -57,6 +59,14 @@ class Slurm:
     submit = "sbatch"
     script_options: tuple[str, ...] = ()
     directive = "#SBATCH"
+    # the environment
+    env_prefixes: tuple[str, ...] = ("SLURM_",)
+    job_variable: str | None = "SLURM_JOB_ID"    # in every task of every step…
+    step_variable: str | None = "SLURM_STEP_ID"  # …with its step's
+    restart_variable: str | None = "SLURM_RESTART_COUNT"  # unset on the first run
+    local_dir_variables: tuple[str, ...] = ("SLURM_TMPDIR",)  # a site's node-local scratch (Compute Canada's…)
+    gpu_variables: tuple[str, ...] = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
+    node_variable = "SLURMD_NODENAME"
 
     # ------------------------------------------------------------------------ the environment
     def active(self, env: Mapping[str, str]) -> bool:
@@ -87,7 +97,7 @@ class Slurm:
             scheduler=self.name,
             job_id=env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"),
             job_name=env.get("SLURM_JOB_NAME"),
-            restart_count=as_int(env.get("SLURM_RESTART_COUNT")) or 0,
+            restart_count=as_int(env.get(self.restart_variable)) or 0,
             nodes=nodes,
             gpus_per_node=gpus,
             ntasks=as_int(env.get("SLURM_NTASKS")) or as_int(env.get("SLURM_NPROCS")),
@@ -105,7 +115,22 @@ class Slurm:
 
     def node_name(self, env: Mapping[str, str]) -> str:
         """Slurm's name for the node supervise runs on (what ExcNodeList takes)."""
-        return env.get("SLURMD_NODENAME") or short_host()
+        return env.get(self.node_variable) or short_host()
+
+    def recorded(self, env: Mapping[str, str], nodes: object) -> Recorded:
+        """What a journaled Slurm environment says: GPUs (``SLURM_GPUS_ON_NODE`` times the
+        nodes, else the job's ``SLURM_GPUS``), the job's start, ``--mem`` (MiB), the node."""
+        gpus = None
+        for key in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS"):
+            v = str(env.get(key, ""))
+            if v.isdigit() and int(v) > 0:
+                n = str(nodes or env.get("SLURM_JOB_NUM_NODES") or "1")
+                gpus = int(v) * (int(n) if n.isdigit() and key == "SLURM_GPUS_ON_NODE" else 1)
+                break
+        start, mem, node = str(env.get("SLURM_JOB_START_TIME", "")), str(env.get("SLURM_MEM_PER_NODE", "")), env.get(self.node_variable)
+        return Recorded(gpus=gpus, start=float(start) if start.isdigit() else None,
+                        mem_per_node_mib=float(mem) if mem.isdigit() else None,
+                        node=node if isinstance(node, str) and node else None)
 
     def requeue_id(self, job: Job) -> str | None:
         """The id ``scontrol requeue`` wants: ``ARRAYID_TASKID`` for an array task."""
@@ -127,8 +152,8 @@ class Slurm:
         """``KillWait`` from ``scontrol show config``: the TERM → KILL wait after a job-wide
         TERM; else its default."""
         rc, out = await run_tool(["scontrol", "show", "config"], QUERY_TIMEOUT, report or log.warning)
-        m = re.search(r"^KillWait\s*=\s*(\d+)", out, re.M) if rc == 0 else None
-        return float(m.group(1)) if m else self.default_kill_wait
+        wait = parse_kill_wait(out) if rc == 0 else None
+        return wait if wait is not None else self.default_kill_wait
 
     def restart_count_now(self, job: Job) -> int | None:
         """None: ``SLURM_RESTART_COUNT`` already said it (``job.restart_count``)."""
@@ -238,7 +263,7 @@ class Slurm:
                                  text=True, timeout=10 + len(hosts) / 100, stdin=subprocess.DEVNULL).stdout
         except (OSError, subprocess.TimeoutExpired):
             return {}
-        return {host: state for line in out.splitlines() if (got := _node_line(line)) for host, state in [got]}
+        return {host: state for line in out.splitlines() if (got := node_line(line)) for host, state in [got]}
 
     def on_fewer_nodes(self, env: Mapping[str, str]) -> dict[str, str]:
         """The environment of a launcher that runs on fewer nodes than the allocation (spares kept
@@ -381,21 +406,6 @@ class SrunAgents:
         return {k: f"its agent ended ({self.gone[k]})" for k in nodes if k in self.gone}
 
 
-# srun's line for a task that ended while the others go on, one per host:
-# "srun: error: n3: task 2: Killed", "srun: error: n3: task 2: Exited with exit code 1"
-_TASK_END = re.compile(r"^srun: error: (\S+): tasks? (\d+)(?:[-,]\S*)?: (.+)$")
-
-
-def task_ended(line: str, nodes: list[str]) -> tuple[int, str] | None:
-    """(node index, srun's words) when ``line`` is srun saying that the agent's task on one of
-    ``nodes`` ended; the host names the node (srun numbers tasks in its own node order)."""
-    m = _TASK_END.match(line.strip())
-    if m is None or m.group(1) not in nodes:
-        return None
-    host, task, what = m.groups()
-    return nodes.index(host), f"srun: {host}: task {task}: {what}"
-
-
 # ---------------------------------------------------------------------------- the end time
 
 async def _end_time(job: Job, report: Report) -> float | None:
@@ -406,94 +416,15 @@ async def _end_time(job: Job, report: Report) -> float | None:
     # EndTime with StartTime and TimeLimit: a scancel moves EndTime, the time limit does not.
     rc, out = await run_tool(["squeue", "-h", "-j", job.job_id, "-o", "%e %S %l"], QUERY_TIMEOUT, report)
     if rc == 0 and out.strip():
-        value, *rest = out.strip().splitlines()[0].split()
-        if value.upper() in ("NONE", "UNLIMITED", "N/A", "UNKNOWN"):
-            return None
-        parsed = parse_slurm_time(value)
-        if parsed is not None:
-            start, limit = (rest + ["", ""])[:2]
-            return time_limit_end(parsed, parse_slurm_time(start), parse_slurm_duration(limit))
-        report(f"squeue printed an end time we cannot read: {value!r}")
+        read, end = parse_squeue_end(out)
+        if read:
+            return end
+        report(f"squeue printed an end time we cannot read: {out.split()[0]!r}")
     rc, out = await run_tool(["scontrol", "show", "job", job.job_id], QUERY_TIMEOUT, report)
-    if rc == 0:
-        view = parse_job_view(out)
-        if view is not None and view.end is not None:
-            return time_limit_end(view.end, view.start, view.limit)
-        m = re.search(r"\bEndTime=(\S+)", out)
-        if m:
-            return parse_slurm_time(m.group(1))
-    return None
-
-
-def parse_slurm_time(text: str) -> float | None:
-    """``2026-11-21T13:44:55`` (local time, Slurm prints no zone) → unix seconds."""
-    try:
-        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
-    except (ValueError, OverflowError):
-        return None
-
-
-def parse_slurm_duration(text: str) -> float | None:
-    """A Slurm time limit (``TimeLimit=``, squeue ``%l``) → seconds: ``MM:SS``, ``HH:MM:SS``,
-    ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``; None for ``UNLIMITED``, ``Partition_Limit`` and
-    anything else."""
-    days, dash, rest = text.strip().rpartition("-")
-    parts = rest.split(":")
-    if (dash and not days.isdigit()) or not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3:
-        return None
-    nums = [int(p) for p in parts]
-    if days:
-        nums += [0] * (3 - len(nums))  # D-HH, D-HH:MM: hours first
-        return float(int(days) * 86400 + nums[0] * 3600 + nums[1] * 60 + nums[2])
-    if len(nums) == 1:
-        return float(nums[0] * 60)  # minutes
-    total = 0
-    for n in nums:
-        total = total * 60 + n
-    return float(total)
-
-
-def ended_early(end: float | None, start: float | None, limit: float | None) -> bool:
-    """EndTime before StartTime + TimeLimit (by more than the clock's grain): the job is being
-    ended before its time limit, by a scancel (issue 30: read as the time limit). Unknowable
-    without all three."""
-    if end is None or start is None or limit is None:
-        return False
-    return end < start + limit - END_TOLERANCE
-
-
-def time_limit_end(end: float | None, start: float | None, limit: float | None) -> float | None:
-    """The job's end as its time limit sets it: StartTime + TimeLimit when EndTime was moved
-    earlier (a scancel landing while supervise reads the end at start-up would otherwise be
-    taken for a time limit reached, and warned and requeued as one), else EndTime."""
-    if ended_early(end, start, limit):
-        return start + limit  # type: ignore[operator]
-    return end
+    return scontrol_end(out) if rc == 0 else None
 
 
 # ---------------------------------------------------------------------------- the controller's view
-
-@dataclass(frozen=True)
-class JobView:
-    """What the controller says of the job while it is being stopped.
-
-    After a job-wide SIGTERM, Slurm 22.05 shows ``JobState=COMPLETING`` for the whole
-    KillWait, whatever the cause; the other fields tell the causes apart (measured on the
-    local cluster, docs/slurm.md): ``scancel`` moves ``EndTime`` to the cancel time,
-    ``scontrol requeue`` raises ``Restarts`` at once, a preemption sets ``PreemptTime``.
-    """
-
-    state: str                 # JobState, e.g. RUNNING, COMPLETING, CANCELLED, REQUEUED, TIMEOUT
-    restarts: int | None       # Restarts: the requeue counter (SLURM_RESTART_COUNT of the next run)
-    end: float | None          # EndTime, unix seconds
-    preempt_time: float | None  # PreemptTime, unix seconds; None when not preempted
-    start: float | None = None  # StartTime, unix seconds
-    limit: float | None = None  # TimeLimit, seconds; None when unlimited or unreadable
-
-    def ended_early(self) -> bool:
-        """EndTime before StartTime + TimeLimit: the job ends before its time limit (a scancel
-        moves EndTime to the cancel time; the time limit leaves it there or later)."""
-        return ended_early(self.end, self.start, self.limit)
 
 
 async def job_view(job: Job, report: Report | None = None, timeout: float = 5.0) -> JobView | None:
@@ -504,85 +435,7 @@ async def job_view(job: Job, report: Report | None = None, timeout: float = 5.0)
     return parse_job_view(out) if rc == 0 else None
 
 
-def parse_job_view(text: str) -> JobView | None:
-    """``scontrol show job -o`` output → JobView; None without a JobState."""
-    fields = dict(re.findall(r"\b(JobState|Restarts|EndTime|PreemptTime|StartTime|TimeLimit)=(\S+)", text))
-    if "JobState" not in fields:
-        return None
-    restarts = fields.get("Restarts")
-    return JobView(
-        state=fields["JobState"].upper(),
-        restarts=int(restarts) if restarts and restarts.isdigit() else None,
-        end=parse_slurm_time(fields.get("EndTime", "")),
-        preempt_time=parse_slurm_time(fields.get("PreemptTime", "")),
-        start=parse_slurm_time(fields.get("StartTime", "")),
-        limit=parse_slurm_duration(fields.get("TimeLimit", "")),
-    )
-
-
-_STATE_REASONS = {"CANCELLED": "cancelled", "TIMEOUT": "deadline", "DEADLINE": "deadline", "PREEMPTED": "preempted"}
-
-
-def reason_from_view(view: JobView | None, was: str, restart_count: int) -> tuple[str, bool]:
-    """(reason, requeued by the scheduler) from the controller's view after a SIGTERM.
-
-    A job-wide TERM shows as COMPLETING for all of KillWait; then a raised ``Restarts``
-    means a requeue (a preemption with PreemptMode=REQUEUE, or an admin's), a
-    ``PreemptTime`` a preemption, and a TERM we took for a preemption with neither is
-    a cancel; so is one we took for the time limit when EndTime is before StartTime +
-    TimeLimit (the cancel moved it: ``ended_early``). A job still RUNNING got its TERM at the batch shell only (a site's
-    preemption script, ``scancel --signal=TERM --batch``): it stays a preemption.
-    """
-    if view is None:
-        return was, False
-    requeued = view.state.startswith("REQUEUE") or (view.restarts is not None and view.restarts > restart_count)
-    base = view.state.split("+")[0]
-    if base in _STATE_REASONS:
-        return _STATE_REASONS[base], requeued
-    if requeued or view.preempt_time is not None:
-        return ("deadline" if was == "deadline" else "preempted"), requeued
-    if base == "COMPLETING" and (was == "preempted" or view.ended_early()):
-        return "cancelled", False  # a TERM near an end that a scancel moved is no time limit
-    return was, False
-
-
-def reason_after_signal_death(view: JobView | None, restart_count: int) -> tuple[str, bool] | None:
-    """(reason, requeued by the scheduler) when the training died of a signal supervise did not
-    send, before any TERM reached supervise: a scancel, the time limit or a requeue signals every
-    process of the job at once, and the child may be seen dead first (CI: exit 143 33 ms before
-    supervise's own TERM). The controller has changed the job's state before it signals, so a job
-    that is no longer RUNNING says which; a RUNNING one (or no view) means something else killed
-    the training (the OOM killer, a user's ``kill``): None, the failure stands."""
-    if view is None or view.state.split("+")[0] in ("RUNNING", "PENDING", "SUSPENDED"):
-        return None
-    return reason_from_view(view, "preempted", restart_count)
-
-
-def excluded_nodes(view_text: str) -> tuple[str, ...]:
-    """``ExcNodeList=`` of ``scontrol show job -o`` output, expanded; () for ``(null)``."""
-    m = re.search(r"\bExcNodeList=(\S*)", view_text)
-    return () if not m or m.group(1) in ("", "(null)") else expand_hostlist(m.group(1))
-
-
 # ---------------------------------------------------------------------------- supervise init
-
-def slurm_seconds(text: str) -> float | None:
-    """Slurm's ``--time``: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS → seconds."""
-    days, _, rest = text.strip().rpartition("-")
-    try:
-        d = int(days) if days else 0
-        parts = [int(p) for p in rest.split(":")]
-    except ValueError:
-        return None
-    if days:  # D-HH[:MM[:SS]]
-        parts = (parts + [0, 0])[:3] if 1 <= len(parts) <= 3 else []
-    elif len(parts) == 1:  # minutes
-        parts = [0, parts[0], 0]
-    elif len(parts) == 2:  # MM:SS
-        parts = [0, *parts]
-    if len(parts) != 3 or min(parts) < 0 or d < 0:
-        return None
-    return float(((d * 24 + parts[0]) * 60 + parts[1]) * 60 + parts[2])
 
 
 def warning_lead(limit: float) -> int:
@@ -590,12 +443,3 @@ def warning_lead(limit: float) -> int:
     scaled down for a short job (a 2-minute job must not be warned 10 minutes ahead, which is
     at once), at least ``LEAD_FLOOR`` and never more than half the limit."""
     return int(min(LEAD_MAX, max(LEAD_FLOOR, LEAD_SHARE * limit), limit / 2))
-
-
-def _node_line(line: str) -> tuple[str, tuple[str, str]] | None:
-    """(NodeName, (State, Reason)) from one line of ``scontrol -o show node``."""
-    fields = dict(w.split("=", 1) for w in line.split() if "=" in w)
-    if "NodeName" not in fields or "State" not in fields:
-        return None
-    reason = line.split("Reason=", 1)[1].split(" [", 1)[0].strip() if "Reason=" in line else ""
-    return fields["NodeName"], (fields["State"], reason)

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+from supervisor import sched
 from supervisor.config import SyncPair
 from supervisor.errors import ConfigError
 from supervisor.sync._exclude import excluded_path
@@ -54,7 +55,7 @@ def check_pairs(pairs: Sequence[SyncPair], env: dict[str, str] | None = None) ->
     env = dict(os.environ if env is None else env)
     warnings: list[str] = []
     names: set[str] = set()
-    local_dirs = [env[k] for k in ("TMPDIR", "SLURM_TMPDIR", "LOCAL_SCRATCH", "PBS_JOBFS") if env.get(k)]
+    local_dirs = sched.local_dirs(env)
     for i, p in enumerate(pairs):
         key = f"sync {p.name or i}"
         if p.kind not in ("checkpoint", "log"):

@@ -18,7 +18,8 @@ from typing import Iterator
 import pytest
 
 from supervisor import proctree
-from supervisor.jobprocs import JobProcesses, job_key
+from supervisor.jobprocs import JobProcesses
+from supervisor.sched import JobKey, job_key
 
 BASE = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 SLURM_AGENT = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "1"}
@@ -95,7 +96,9 @@ def test_the_jobs_processes_are_found_by_the_job_id_in_their_environment(agent_e
 
 def test_outside_a_job_there_is_nothing_to_find() -> None:
     assert JobProcesses.from_env({"SLURM_STEP_ID": "3", "HOME": "/root"}) is None
-    assert job_key({"SLURM_JOB_ID": " ", "PBS_JOBID": "9.s"}) == ("PBS_JOBID", "9.s")
+    assert job_key({"SLURM_JOB_ID": " ", "PBS_JOBID": "9.s"}) == JobKey("PBS_JOBID", "9.s")
+    assert job_key({"SLURM_JOB_ID": "4", "SLURM_STEP_ID": "2"}) == JobKey("SLURM_JOB_ID", "4", "SLURM_STEP_ID", "2")
+    assert job_key({"PBS_JOBID": "9.s", "SLURM_STEP_ID": "2"}) == JobKey("PBS_JOBID", "9.s")  # PBS has no steps
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
@@ -107,7 +110,8 @@ def test_a_process_whose_environment_cannot_be_read_is_not_the_jobs(tmp_path: Pa
                             env={**BASE, "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0"}, stdin=subprocess.DEVNULL)
     procs.extend([theirs, ours])
     code = ("import sys; from supervisor.jobprocs import JobProcesses; "
-            "print(sorted(JobProcesses(('SLURM_JOB_ID', '4242'), '1')()))")
+            "from supervisor.sched import JobKey; "
+            "print(sorted(JobProcesses(JobKey('SLURM_JOB_ID', '4242', 'SLURM_STEP_ID', '1'))()))")
     root = str(Path(__file__).resolve().parents[2])
     out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
                          env={**BASE, "PYTHONPATH": root}, cwd="/", capture_output=True, text=True, timeout=60)

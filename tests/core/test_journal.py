@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 from supervisor.journal import Journal, next_attempt, read_journal, redact_env
+from supervisor.sched import restart_count
 
 
 def test_events_carry_version_time_attempt_and_kind(tmp_path: Path) -> None:
@@ -56,11 +57,16 @@ def test_redact_env_keeps_scheduler_variables_and_hides_secrets() -> None:
 
 
 def test_attempt_numbers_follow_slurm_and_never_repeat(tmp_path: Path) -> None:
-    assert next_attempt(tmp_path, {}) == 1
-    assert next_attempt(tmp_path, {"SLURM_RESTART_COUNT": "2"}) == 3
+    """The scheduler's requeue count (Slurm's, from its environment: ``sched.restart_count``, as the
+    plan hands it) numbers the attempt; the journal's own count wins when it is ahead."""
+    def restarts(count: str | None) -> int:
+        return restart_count({"SLURM_JOB_ID": "7", **({"SLURM_RESTART_COUNT": count} if count is not None else {})})
+
+    assert next_attempt(tmp_path, restarts(None)) == 1 and next_attempt(tmp_path) == 1
+    assert next_attempt(tmp_path, restarts("2")) == 3
     with Journal(tmp_path, attempt=5) as j:
         j.emit("start")
-    assert next_attempt(tmp_path, {"SLURM_RESTART_COUNT": "1"}) == 6
+    assert next_attempt(tmp_path, restarts("1")) == 6
 
 
 def test_reading_a_run_directory_while_it_is_being_made_never_fails(tmp_path: Path) -> None:

@@ -14,7 +14,8 @@ import os
 import stat
 from pathlib import Path
 
-from supervisor.sched.slurm import Slurm, task_ended
+from supervisor.sched._slurm_output import task_ended
+from supervisor.sched.slurm import Slurm
 
 GOLDEN = Path(__file__).with_name("scontrol_show_node_o.txt")
 

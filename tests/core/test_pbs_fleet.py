@@ -20,8 +20,9 @@ import pytest
 from supervisor import cli
 from supervisor.conduct.fleet import CHOICE_VAR, SAY_VAR, Fleet, lost_nodes
 from supervisor.jobprocs import JobProcesses, ranks_here, signal_ranks
-from supervisor.sched import GONE_STATES, SCHEDULERS
-from supervisor.sched.pbs import PbsdshAgents, SaidLines, parse_pbsnodes
+from supervisor.sched import GONE_STATES, SCHEDULERS, JobKey
+from supervisor.sched._pbs_output import parse_pbsnodes
+from supervisor.sched.pbs import PbsdshAgents, SaidLines
 from tests.support.wait import wait_for
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "pbs" / "real"
@@ -107,7 +108,7 @@ def test_the_stop_signal_goes_to_the_ranks_of_this_job_on_this_node(tmp_path: Pa
         subprocess.Popen([sys.executable, "-c", rank, rank], env={**job, "PBS_JOBID": "43.head", "WHO": "other"}),
     ]
     try:
-        training = JobProcesses(("PBS_JOBID", "42.head"), me=procs[0].pid)
+        training = JobProcesses(JobKey("PBS_JOBID", "42.head"), me=procs[0].pid)
         wait_for(lambda: len(training()) == 3, 20, "the shell, the rank and its worker")
         ranks, found = ranks_here(training)
         assert len(ranks) == 1 and len(found) == 3, (ranks, found)
@@ -120,7 +121,7 @@ def test_the_stop_signal_goes_to_the_ranks_of_this_job_on_this_node(tmp_path: Pa
         assert signal_ranks(None, "SIGTERM")["pids"] == []
     finally:
         for p in procs:
-            for pid in [p.pid, *JobProcesses(("PBS_JOBID", "42.head"), me=procs[0].pid)()]:
+            for pid in [p.pid, *JobProcesses(JobKey("PBS_JOBID", "42.head"), me=procs[0].pid)()]:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -130,5 +131,5 @@ def test_the_stop_signal_goes_to_the_ranks_of_this_job_on_this_node(tmp_path: Pa
 
 @pytest.mark.parametrize("name", ["SIGNOPE", ""])
 def test_an_unknown_signal_name_is_refused_not_guessed(name: str) -> None:
-    done = signal_ranks(JobProcesses(("PBS_JOBID", "none")), name)
+    done = signal_ranks(JobProcesses(JobKey("PBS_JOBID", "none")), name)
     assert done["pids"] == [] and "unknown signal" in done["error"], done

@@ -1,7 +1,8 @@
 """The shape issue 23 asked for, kept: no import circle in supervisor/ (type-only and lazy
 imports included, a module importing its package's ``__init__`` too), config knows nothing of
 sync, no module reaches into another package's private modules, and the conductor stays small.
-Issue 32: nothing outside supervisor/sched/ compares a scheduler's name."""
+Issue 32: nothing outside supervisor/sched/ compares a scheduler's name; issue 46: nor names
+a scheduler's variable."""
 
 from __future__ import annotations
 
@@ -259,3 +260,44 @@ def test_the_tests_import_helpers_from_support_never_from_a_conftest_or_a_test_m
                     bad.append(f"{where}:{node.lineno} imports {module}")
                     break
     assert not bad, "import helpers from tests/support, not from a conftest.py or a test module:\n" + "\n".join(bad)
+
+
+SCHEDULER_VARIABLE = ("SLURM_", "SLURMD_", "PBS_")
+
+
+def _scheduler_variable_literals(source: str) -> list[int]:
+    """Lines of the string constants (docstrings and f-strings' parts included) that name a
+    scheduler's variable: ``SLURM_…``, ``SLURMD_…`` or ``PBS_…``."""
+    return sorted({node.lineno for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Constant)
+                   and isinstance(node.value, str) and any(p in node.value for p in SCHEDULER_VARIABLE)})
+
+
+def test_no_scheduler_variable_is_named_outside_the_scheduler_package() -> None:
+    """Issue 46: a scheduler's variables are read in its class (supervisor/sched/); a caller asks
+    the package (``job_key``, ``local_dirs``, ``visible_gpus``, ``job.restart_count``…), never
+    ``env.get("SLURM_…")``. Any string that names one counts, prose too: a module outside sched/
+    that must name one holds knowledge that belongs there."""
+    found = [f"{f.relative_to(SRC.parent)}:{line}" for f in sorted(SRC.rglob("*.py")) if SCHED not in f.parents
+             for line in _scheduler_variable_literals(f.read_text())]
+    assert not found, f"{len(found)} string(s) naming a scheduler variable outside supervisor/sched/: {found}"
+
+
+def test_the_scheduler_variable_check_sees_each_form() -> None:
+    """The check above can fail: a docstring, a read, a tuple of names, an f-string, a node name;
+    and it leaves alone a scheduler's name and the names of what the package answers."""
+    caught = '''
+"""Reads ``PBS_JOBID``."""
+x = env.get("SLURM_JOB_ID")
+VARS = ("TMPDIR", "PBS_JOBFS")
+y = f"no {name} or SLURM_JOB_ID here"
+z = env.get("SLURMD_NODENAME")
+'''
+    assert _scheduler_variable_literals(caught) == [2, 3, 4, 5, 6]
+    left_alone = '''
+"""Reads the job's id from the scheduler."""
+x = env.get(key.variable)
+NAME = "slurm"
+y = "pbs.toml"
+PREFIX = "SUPERVISE_"
+'''
+    assert _scheduler_variable_literals(left_alone) == []

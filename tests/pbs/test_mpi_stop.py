@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 
 from supervisor.journal import read_journal
-from supervisor.sched.pbs import parse_pbs_time, parse_walltime
+from supervisor.sched._pbs_output import parse_pbs_time, parse_walltime
 from tests.support.journal import events
 from tests.support.paths import ROOT
 from tests.support.pbs import PbsCluster

@@ -16,7 +16,8 @@ from __future__ import annotations
 import signal
 import time
 
-from supervisor.sched.pbs import parse_pbs_time, parse_walltime, pbs_kill_wait
+from supervisor.sched._pbs_output import parse_pbs_time, parse_walltime
+from supervisor.sched.pbs import pbs_kill_wait
 from tests.pbs._supervised import KILL_DELAY, complete_checkpoints, submit
 from tests.support.pbs import PbsCluster
 from tests.support.runs import first_publish_after

@@ -517,7 +517,7 @@ def real_time_jobs(slurm: Slurm, tmp_path_factory: pytest.TempPathFactory) -> di
 def _check_real_limit(job: Job) -> tuple[dict, dict, dict]:
     """What every real-limit case shares: the end from Slurm, a durable checkpoint before the
     stop, supervise done before the end. Returns (deadline, end, the first publish)."""
-    from supervisor.sched.slurm import parse_slurm_time
+    from supervisor.sched._slurm_output import parse_slurm_time
 
     # FAILED (exit 75: stopped, not requeued), not TIMEOUT: supervise stopped before Slurm's limit
     assert job.final_state == "FAILED", f"supervise stopped before Slurm's limit\n{job.tail()}"

@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from supervisor.sched import Job
-from supervisor.sched.slurm import parse_slurm_time
+from supervisor.sched._slurm_output import parse_slurm_time
 from tests.support.slurm import Slurm
 
 pytestmark = pytest.mark.slurm

@@ -191,7 +191,7 @@ def test_requeue_terms_every_process_and_restarts_with_count(slurm: Slurm, reque
 
 
 def test_requeued_job_waits_for_begin_time_unless_released(requeue_run: dict) -> None:
-    from supervisor.sched.slurm import parse_slurm_time
+    from supervisor.sched._slurm_output import parse_slurm_time
 
     info = requeue_run["info"]
     assert requeue_run["pending"] == "PENDING" and info.get("Reason") == "BeginTime", info
@@ -209,7 +209,7 @@ def test_open_mode_append_keeps_the_first_runs_output(requeue_run: dict) -> None
 def test_time_limit_warns_batch_only_then_terms_all_then_kills(slurm: Slurm, tmp_path: Path) -> None:
     """--time=1 --signal=B:USR1@30: USR1 (batch only) 30–95 s before the end, TERM to all
     at the end (up to one ~30 s scheduler pass late), SIGKILL KillWait after, TIMEOUT."""
-    from supervisor.sched.slurm import parse_slurm_time
+    from supervisor.sched._slurm_output import parse_slurm_time
 
     run = Run(tmp_path / "sig.log")
     jobid = slurm.submit(job_script(run.log, "--child"), "--time=1", "--signal=B:USR1@30",
