@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.support.tfevents import FixedBody, _head, file_version, frame, histogram_summary, scalar  # noqa: E402
+from tests.support.tfevents import FixedBody, event_head, file_version, frame, histogram_summary, scalar  # noqa: E402
 
 FILE = "events.out.tfevents.1700000000.node0001.4242.0"
 
@@ -58,7 +58,7 @@ def main() -> None:
             while step < due:
                 wall = sim0 + step * spacing
                 out.append(frame(scalar(wall, step, "loss", 1.0 / (1 + step))))
-                out.append(hist.record(_head(wall, step)))
+                out.append(hist.record(event_head(wall, step)))
                 step += 1
             if a.partial and step < steps:
                 held_len = len(out[-1])
@@ -76,7 +76,7 @@ def main() -> None:
                 times.flush()
             time.sleep(a.flush)
         if a.torn_end:
-            last = hist.record(_head(sim0 + steps * spacing, steps))
+            last = hist.record(event_head(sim0 + steps * spacing, steps))
             f.write(last[:len(last) // 2])
             f.flush()
     print(f"wrote {steps} steps", flush=True)

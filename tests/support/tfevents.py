@@ -12,10 +12,9 @@ the few bytes that change (wall time, step): pure Python, yet fast enough to wri
 from __future__ import annotations
 
 import struct
-from pathlib import Path
 from typing import Iterator
 
-from supervisor.sync._tfrecord import _TABLE, crc32c, masked_crc32c
+from supervisor.sync._tfrecord import _TABLE, masked_crc32c
 
 
 def _varint(n: int) -> bytes:
@@ -34,7 +33,7 @@ def _field(num: int, data: bytes) -> bytes:
     return _varint(num << 3 | 2) + _varint(len(data)) + data
 
 
-def _head(wall_time: float, step: int) -> bytes:
+def event_head(wall_time: float, step: int) -> bytes:
     return b"\x09" + struct.pack("<d", wall_time) + b"\x10" + _varint(step)
 
 
@@ -44,7 +43,7 @@ def file_version(wall_time: float) -> bytes:
 
 def scalar(wall_time: float, step: int, tag: str, value: float) -> bytes:
     v = _field(1, tag.encode()) + b"\x15" + struct.pack("<f", value)
-    return _head(wall_time, step) + _field(5, _field(1, v))
+    return event_head(wall_time, step) + _field(5, _field(1, v))
 
 
 def histogram_summary(tag: str, bins: int) -> bytes:
@@ -136,12 +135,3 @@ def steps(data: bytes) -> list[int]:
                     break
             out.append(n)
     return out
-
-
-def write_all(path: Path, events: list[bytes]) -> None:
-    with open(path, "ab") as f:
-        for e in events:
-            f.write(frame(e))
-
-
-__all__ = ["FixedBody", "crc32c", "file_version", "frame", "histogram_summary", "records", "scalar", "steps", "write_all"]
