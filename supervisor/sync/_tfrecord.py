@@ -51,6 +51,18 @@ def masked_crc32c(data: bytes) -> int:
     return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
+_LENGTH_CRCS: dict[bytes, int] = {}  # a length's 8 bytes → their masked CRC: a file's records repeat a few lengths
+
+
+def _length_crc(length: bytes) -> int:
+    crc = _LENGTH_CRCS.get(length)
+    if crc is None:
+        if len(_LENGTH_CRCS) >= 1 << 16:
+            _LENGTH_CRCS.clear()
+        crc = _LENGTH_CRCS[length] = masked_crc32c(length)
+    return crc
+
+
 def is_event_file(rel: str) -> bool:
     return EVENT_INFIX in os.path.basename(rel)
 
@@ -68,7 +80,7 @@ def whole_records(path: os.PathLike[str], start: int, end: int) -> int | None:
             pos = 0
             while pos + HEADER <= len(buf):
                 length = struct.unpack_from("<Q", buf, pos)[0]
-                if struct.unpack_from("<I", buf, pos + 8)[0] != masked_crc32c(buf[pos:pos + 8]):
+                if struct.unpack_from("<I", buf, pos + 8)[0] != _length_crc(buf[pos:pos + 8]):
                     return None
                 nxt = pos + HEADER + length + FOOTER
                 if at + nxt > end:
