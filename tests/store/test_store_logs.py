@@ -114,3 +114,21 @@ def test_segments_left_without_their_log_are_removed_before_it_starts(bucket: Bu
     assert r.returncode == 0, r.stderr[-2000:]
     assert bucket.log(f"{prefix}/train.log") == b"the new log\n"
     assert sorted(bucket.keys(prefix)) == [f"{prefix}/train.log"]
+
+
+def test_a_file_named_tfevents_that_is_not_tfrecord_goes_up_as_it_grows(bucket: Bucket, s3_server: S3Server,
+                                                                       tmp_path: Path) -> None:
+    logs, run, prefix = tmp_path / "logs", tmp_path / "run", "run1/logs"
+    writer = ("import sys, time, pathlib\n"
+              "p = pathlib.Path(sys.argv[1]); p.mkdir(exist_ok=True)\n"
+              "with open(p / 'notes.tfevents.txt', 'w') as f:\n"
+              "    for i in range(120):\n"
+              "        f.write(f'line {i}: not a record\\n'); f.flush(); time.sleep(0.1)\n")
+    r = run_supervise("--run-dir", str(run), "--logs", str(logs), bucket.url(prefix), "--", PY, "-c", writer, str(logs),
+                      env=s3_server.env, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    local = (logs / "notes.tfevents.txt").read_bytes()
+    assert bucket.log(f"{prefix}/notes.tfevents.txt") == local
+    # while it was written (not only at the stop): its bytes were not held back as a record never whole
+    while_written = sum(e["bytes"] for e in events(run / "events.jsonl", "sync") if not e["trigger"].startswith("flush"))
+    assert while_written >= len(local) // 2, (while_written, len(local))
