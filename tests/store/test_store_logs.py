@@ -89,15 +89,18 @@ def test_a_requeue_continues_a_log_and_sends_only_what_grew(bucket: Bucket, s3_s
               "p = pathlib.Path(sys.argv[1]); p.mkdir(exist_ok=True)\n"
               "with open(p / 'train.log', 'a') as f:\n"
               "    for i in range(200):\n"
-              "        f.write(f'{sys.argv[2]} step {i} ' + 'x' * 500 + '\\n'); f.flush(); time.sleep(0.005)\n")
+              "        f.write(f'{sys.argv[2]} step {i} ' + 'x' * 500 + '\\n'); f.flush(); time.sleep(0.005)\n"
+              "    f.write('y' * int(sys.argv[3]) + '\\n')\n")
     sizes = []
-    for attempt in ("first", "second"):
+    # the second attempt's last write is 9 MiB: a segment past the 8 MiB part, so a multipart upload from an offset
+    for attempt, extra in (("first", 0), ("second", 9 << 20)):
         r = run_supervise("--run-dir", str(run), "--logs", str(logs), bucket.url(prefix), "--", PY, "-c", writer,
-                          str(logs), attempt, env=s3_server.env, timeout=60)
+                          str(logs), attempt, str(extra), env=s3_server.env, timeout=60)
         assert r.returncode == 0, r.stderr[-2000:]
         sizes.append((logs / "train.log").stat().st_size)
     parts = bucket.log_parts(f"{prefix}/train.log")
     assert b"".join(d for _k, d in parts) == (logs / "train.log").read_bytes()
+    assert max(len(d) for _k, d in parts) > 8 << 20
     assert _sent(run, 1)[0] == sizes[0]
     assert _sent(run, 2)[0] == sizes[1] - sizes[0]  # the second attempt sent only what it appended
     assert not [e for e in events(run / "events.jsonl", "log-restarted")]
