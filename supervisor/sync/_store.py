@@ -2,7 +2,7 @@
 
 A small async surface over obstore (Rust ``object_store``; the ``supervise-hpc[s3]`` extra),
 imported only when a pair names a store: keys under the pair's prefix, whole-file uploads that
-hash as they read, their memory bounded: small files in batches (``BATCHES_HELD`` ×
+hash as they read (and a log's byte ranges, ``put_range``: only what grew), their memory bounded: small files in batches (``BATCHES_HELD`` ×
 ``BATCH_BYTES``), mid-size ones whole (``MID_AT_ONCE`` × ``CHUNK``), large ones as concurrent
 multipart uploads (``CHUNK`` × ``PARTS_AT_ONCE`` per file, ``BIG_AT_ONCE`` files), conditional puts (``create``: refused
 when the key exists; ``if_match``: refused when it changed), streaming downloads that verify.
@@ -327,6 +327,25 @@ class Store:
                                                max_concurrency=PARTS_AT_ONCE), key)
             return sent[0], h.hexdigest()
 
+    async def put_range(self, path: Path, key: str, start: int, end: int) -> int:
+        """Bytes ``[start, end)`` of a local file as one object (a log's segment: what grew
+        since its last upload); multipart past ``CHUNK``, as ``put_file``. The bytes sent."""
+        import obstore
+
+        if end - start < CHUNK:
+            async with self.mid:
+                data = await anyio.to_thread.run_sync(_read_range, path, start, end)
+                await self._call(obstore.put_async(self._store, key, data, use_multipart=False), key)
+            return len(data)
+        async with self.big:
+            sent = [0]
+            await self._call(obstore.put_async(self._store, key, _chunks(path, hashlib.sha256(), sent, _stall.current(),
+                                                                          start=start, end=end),
+                                               chunk_size=CHUNK, max_concurrency=PARTS_AT_ONCE), key)
+            if sent[0] != end - start:
+                raise StoreError(f"{path}: {end - start} bytes from {start} asked, {sent[0]} there (the file shrank)", "EIO")
+            return sent[0]
+
     async def delete(self, keys: Sequence[str]) -> None:
         import obstore
 
@@ -389,14 +408,19 @@ def _write_hashed(f: Any, h: Any, data: bytes) -> None:
     f.write(data)
 
 
-async def _chunks(path: Path, h: Any, sent: list[int], progress: _stall.Progress | None) -> AsyncIterator[bytes]:
-    """A file's bytes, CHUNK at a time, read (and hashed) in a worker thread. The uploader
-    takes the next one as a part goes out: progress (reported to the pass's ``progress``
-    directly, since obstore runs this outside the pass's context)."""
+async def _chunks(path: Path, h: Any, sent: list[int], progress: _stall.Progress | None, *, start: int = 0,
+                  end: int | None = None) -> AsyncIterator[bytes]:
+    """A file's bytes (``[start, end)``; all of them by default), CHUNK at a time, read (and
+    hashed) in a worker thread. The uploader takes the next one as a part goes out: progress
+    (reported to the pass's ``progress`` directly, since obstore runs this outside the pass's
+    context)."""
     f = await anyio.to_thread.run_sync(lambda: open(path, "rb"))
     try:
+        if start:
+            await anyio.to_thread.run_sync(f.seek, start)
         while True:
-            data = await anyio.to_thread.run_sync(_read_chunk, f, h)
+            want = CHUNK if end is None else min(CHUNK, end - start - sent[0])
+            data = await anyio.to_thread.run_sync(_read_chunk, f, h, want) if want > 0 else b""
             if not data:
                 return
             sent[0] += len(data)
@@ -407,8 +431,17 @@ async def _chunks(path: Path, h: Any, sent: list[int], progress: _stall.Progress
         await anyio.to_thread.run_sync(f.close)
 
 
-def _read_chunk(f: Any, h: Any) -> bytes:
-    data = f.read(CHUNK)
+def _read_range(path: Path, start: int, end: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = f.read(end - start)
+    if len(data) != end - start:
+        raise StoreError(f"{path}: {end - start} bytes from {start} asked, {len(data)} there (the file shrank)", "EIO")
+    return data
+
+
+def _read_chunk(f: Any, h: Any, n: int = CHUNK) -> bytes:
+    data = f.read(n)
     h.update(data)
     return data
 

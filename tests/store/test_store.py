@@ -221,8 +221,8 @@ def test_logs_go_up_as_they_grow_and_every_attempts_log_is_kept(bucket: Bucket, 
         r = run_supervise("--run-dir", str(run), "--logs", str(logs), bucket.url(prefix), "--", PY, "-c", writer,
                           str(logs), attempt, env=s3_server.env, timeout=60)
         assert r.returncode == 0, r.stderr[-2000:]
-    now = bucket.get(f"{prefix}/train.log") or b""
-    kept = bucket.get(f"{prefix}/train.log.attempt-1") or b""
+    now = bucket.log(f"{prefix}/train.log")
+    kept = bucket.log(f"{prefix}/train.log.attempt-1")
     assert now == (logs / "train.log").read_bytes() and now.startswith(b"second line 0") and now.count(b"\n") == 20
     assert kept.startswith(b"first line 0") and kept.count(b"\n") == 20, kept[:200]
     restarted = _of(run, "log-restarted", 2)

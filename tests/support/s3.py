@@ -143,6 +143,17 @@ class Bucket:
         assert self.store is not None, "put: only for a server outside a network namespace"
         obstore.put(self.store, key, data)
 
+    def log_parts(self, key: str) -> list[tuple[str, bytes]]:
+        """The objects of a log pair's log at ``key``, as a user lists them: the key, then its
+        ``.seg-*`` objects in name order (supervisor/sync/_storelogs.py)."""
+        keys = self.keys(key.rpartition("/")[0])  # obstore's prefix is a directory's, not a string's
+        names = [key] + sorted(k for k in keys if k.startswith(f"{key}.seg-"))
+        return [(k, self.get(k) or b"") for k in names if k in keys]
+
+    def log(self, key: str) -> bytes:
+        """The whole log at ``key``: its objects, concatenated."""
+        return b"".join(data for _k, data in self.log_parts(key))
+
     def manifest(self, prefix: str, name: str) -> dict[str, Any] | None:
         data = self.get(f"{prefix}/.supervise/manifests/{name}.json")
         return json.loads(data) if data is not None else None
