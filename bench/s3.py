@@ -39,6 +39,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _s3_server import s3_up  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -163,21 +166,10 @@ def main() -> None:
     if a.put_all:
         _put_all(*a.put_all)
         return
-    from obstore.store import S3Store
-
     runs = 1 if a.quick and a.runs == 3 else a.runs
     with tempfile.TemporaryDirectory(dir=a.work, prefix="bench-s3-") as tmp:
         where = Path(tmp)
-        up = subprocess.run(["bash", str(ROOT / "scripts" / "s3-up.sh"), str(where / "s3"), "--bucket", "bench"],
-                            capture_output=True, text=True, check=True)
-        env = dict(os.environ)
-        for word in up.stdout.split():
-            if "=" in word and word.startswith("AWS_"):
-                k, _, v = word.partition("=")
-                env[k] = v
-        store = S3Store("bench", endpoint=env["AWS_ENDPOINT_URL"], access_key_id=env["AWS_ACCESS_KEY_ID"],
-                        secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region=env["AWS_REGION"],
-                        client_options={"allow_http": True})
+        env, store = s3_up(where / "s3")
         try:
             for shape in a.shapes.split(","):
                 shape_dir = where / shape

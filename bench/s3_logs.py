@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,9 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _s3_server import s3_up  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -124,20 +126,9 @@ def main() -> None:
     ap.add_argument("--today", default=TODAY, help="the git revision whose supervise is today's way")
     ap.add_argument("--work", default=None, help="where the logs and the server's data go (default: a temp dir)")
     a = ap.parse_args()
-    from obstore.store import S3Store
-
     with tempfile.TemporaryDirectory(dir=a.work, prefix="bench-s3-logs-") as tmp:
         where = Path(tmp)
-        up = subprocess.run(["bash", str(ROOT / "scripts" / "s3-up.sh"), str(where / "s3"), "--bucket", "bench"],
-                            capture_output=True, text=True, check=True)
-        env = dict(os.environ)
-        for word in up.stdout.split():
-            if "=" in word and word.startswith("AWS_"):
-                k, _, v = word.partition("=")
-                env[k] = v
-        store = S3Store("bench", endpoint=env["AWS_ENDPOINT_URL"], access_key_id=env["AWS_ACCESS_KEY_ID"],
-                        secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region=env["AWS_REGION"],
-                        client_options={"allow_http": True})
+        env, store = s3_up(where / "s3")
         try:
             print(f"a simulated {a.hours:g} h event file of {a.size / 1e6:.0f} MB, written in {a.seconds:g} s; "
                   f"uploads at most every {BATCH:g} s", flush=True)

@@ -103,6 +103,17 @@ def op_class(call: str, line: str, shared: Path) -> str:
     return f"{call} {path}"
 
 
+def by_call(ops: list[tuple[float, str, str]], shared: Path) -> tuple[dict[str, int], dict[str, int]]:
+    """Traced calls counted by call, and by call and generic path (``op_class``)."""
+    kinds: dict[str, int] = {}
+    paths: dict[str, int] = {}
+    for _t, k, line in ops:
+        kinds[k] = kinds.get(k, 0) + 1
+        c = op_class(k, line, shared)
+        paths[c] = paths.get(c, 0) + 1
+    return kinds, paths
+
+
 def publishes(run: Path) -> list[dict[str, Any]]:
     return [e for e in events(run / "events.jsonl", "publish") if not e.get("pointer")]
 
@@ -199,12 +210,7 @@ def one(n: int, a: argparse.Namespace) -> dict[str, Any]:
         traced = [lat[e["checkpoint"]] for e in pub if traced_from < e["t"] <= traced_to and e["checkpoint"] in lat]
         ops = [(t, k, line) for t, k, line in shared_ops(trace, shared) if traced_from <= t <= traced_to]
         ckpts = max(1, len([e for e in pub if traced_from < e["t"] <= traced_to]))
-        kinds: dict[str, int] = {}
-        paths: dict[str, int] = {}
-        for _t, k, line in ops:
-            kinds[k] = kinds.get(k, 0) + 1
-            c = op_class(k, line, shared)
-            paths[c] = paths.get(c, 0) + 1
+        kinds, paths = by_call(ops, shared)
         bad = [e for e in events(run / "events.jsonl") if e.get("kind") in ("error", "part-conflict", "sync-error",
                                                                             "guard", "restore-failed")]
         sim_words = next((e["words"] for e in events(root / "sim.jsonl", "words")), {})
@@ -296,12 +302,7 @@ def restart(n: int, a: argparse.Namespace, root: Path, env: dict[str, str], argv
             traced_ops = [(t, k, line) for t, k, line in shared_ops(trace, shared) if t <= upto and line.split()[0] not in sims]
             ops = [op for op in traced_ops if op[2].split()[0] not in copiers]
             out["restart_copy_ops"] = len(traced_ops) - len(ops)
-            kinds: dict[str, int] = {}
-            paths: dict[str, int] = {}
-            for _t, k, line in ops:
-                kinds[k] = kinds.get(k, 0) + 1
-                c = op_class(k, line, shared)
-                paths[c] = paths.get(c, 0) + 1
+            kinds, paths = by_call(ops, shared)
             out.update(restart_ops=len(ops), restart_ops_per_node=round(len(ops) / n, 2), restart_op_kinds=kinds,
                        restart_op_paths={c: round(v / n, 2) for c, v in sorted(paths.items(), key=lambda kv: -kv[1])[:12]},
                        restart_traced_agree=versions.get("agree"))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from supervisor.journal import node_dir
+from supervisor.rawfile import read_once
 
 log = logging.getLogger("supervise")
 
@@ -54,18 +55,10 @@ def write_offer(path: Path, choice_path: str, pairs: dict[str, Any]) -> None:
 
 
 def read_offer(path: Path, choice_path: Path) -> dict[str, Any] | None:
-    """A node's offer, if it is this attempt's (its choice file is ours). One open and its
-    reads: the leader reads every node's at each start, and a buffered open also asks twice
-    what the file is (``fstat``), calls on shared storage (issue 44)."""
+    """A node's offer, if it is this attempt's (its choice file is ours). Read with one open
+    (``rawfile``): the leader reads every node's at each start."""
     try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            chunks = []
-            while chunk := os.read(fd, 1 << 16):
-                chunks.append(chunk)
-        finally:
-            os.close(fd)
-        body = json.loads(b"".join(chunks))
+        body = json.loads(read_once(path))
     except (OSError, ValueError):
         return None
     ok = isinstance(body, dict) and body.get("choice") == str(choice_path) and isinstance(body.get("pairs"), dict)

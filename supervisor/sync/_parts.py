@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from supervisor.rawfile import read_once
 from supervisor.sync import _content
 from supervisor.sync._complete import STAGING_PREFIX, Entry, Snap, matches, snapshot
 from supervisor.sync._fsops import create_exclusive, fsync_dir, prune_staging, swap_in
@@ -110,17 +111,9 @@ def write_manifest(dst: Path, name: str, node: int, nodes: int, snap: Snap, *, i
 
 def read_manifest(path: Path) -> dict[str, Any] | None:
     """A manifest, or None when missing or unreadable (a torn one is not a part). One open
-    and its reads: a buffered text open also asks whether the file is a terminal and where it
-    stands, each a call on shared storage, once per node per checkpoint (issue 44)."""
+    and its reads (``rawfile``), once per node per checkpoint (issue 44)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        try:
-            chunks = []
-            while chunk := os.read(fd, 1 << 16):
-                chunks.append(chunk)
-        finally:
-            os.close(fd)
-        body = json.loads(b"".join(chunks))
+        body = json.loads(read_once(path, nofollow=True))
     except (OSError, ValueError):
         return None
     if not isinstance(body, dict) or not isinstance(body.get("files"), dict):
