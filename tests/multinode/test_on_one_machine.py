@@ -211,13 +211,14 @@ def test_a_version_that_verifies_nowhere_is_passed_over_on_every_node(machine: M
 
 TRAIN_AGENT_DIES = TRAIN.replace("for e in range(first, first + 3):", """
 def kill_agent(node):  # the node's agent only: its node stays up, srun goes on (--kill-on-bad-exit=0)
+    run_dir = os.path.join(os.path.dirname(node1), "run").encode()  # this test's agents, not another test's
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             argv = open(f"/proc/{pid}/cmdline", "rb").read()
             env = open(f"/proc/{pid}/environ", "rb").read().split(b"\\0")
         except OSError:
             continue
-        if b"node-agent" in argv and f"SLURM_NODEID={node}".encode() in env:
+        if b"node-agent" in argv and run_dir in argv.split(b"\\0") and f"SLURM_NODEID={node}".encode() in env:
             os.kill(int(pid), 9)
             print("killed the agent of node", node, pid, flush=True)
 for e in range(first, first + 3):
