@@ -78,7 +78,7 @@ def caught_signals(warn: signal.Signals | None, checkpoint: signal.Signals | Non
 def classify_signal(sig: signal.Signals, *, warn_signal: signal.Signals | None, end: float | None,
                     now: float) -> Reason:
     """TERM near the end is the time limit; TERM before it a preemption; the warn signal the
-    deadline; INT and QUIT a person. The scheduler's view refines it later (job.reason_from_view)."""
+    deadline; INT and QUIT a person. The scheduler's view refines it later (``job.sched.refine_reason``)."""
     if sig == warn_signal:
         return Reason.DEADLINE
     if sig != signal.SIGTERM:
