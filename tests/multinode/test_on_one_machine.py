@@ -213,12 +213,14 @@ TRAIN_AGENT_DIES = TRAIN.replace("for e in range(first, first + 3):", """
 def kill_agent(node):  # the node's agent only: its node stays up, srun goes on (--kill-on-bad-exit=0)
     run_dir = os.path.join(os.path.dirname(node1), "run").encode()  # this test's agents, not another test's
     for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
+        try:  # this run's agents first: another process's environment is not read (it may hang on a busy one)
             argv = open(f"/proc/{pid}/cmdline", "rb").read()
+            if b"node-agent" not in argv or run_dir not in argv.split(b"\\0"):
+                continue
             env = open(f"/proc/{pid}/environ", "rb").read().split(b"\\0")
         except OSError:
             continue
-        if b"node-agent" in argv and run_dir in argv.split(b"\\0") and f"SLURM_NODEID={node}".encode() in env:
+        if f"SLURM_NODEID={node}".encode() in env:
             os.kill(int(pid), 9)
             print("killed the agent of node", node, pid, flush=True)
 for e in range(first, first + 3):
