@@ -64,8 +64,12 @@ def segments(objects: dict[str, int], key: str) -> list[tuple[str, int]]:
     Segments without the first object are no log (a removal cut short): none."""
     if key not in objects:
         return []
-    segs = sorted(k for k in objects if k.startswith(key) and SEG.search(k) and k[:-13] == key)
-    return [(key, objects[key])] + [(k, objects[k]) for k in segs]
+    return [(key, objects[key])] + [(k, objects[k]) for k in _segment_keys(objects, key)]
+
+
+def _segment_keys(objects: dict[str, int], key: str) -> list[str]:
+    """The ``.seg-NNNNNNNN`` objects of the log at ``key``, in order (its first object aside)."""
+    return sorted(k for k in objects if k[:-13] == key and SEG.search(k))
 
 
 @dataclass
@@ -172,7 +176,7 @@ class StoreLogs:
         """Segments whose first object is gone (a removal cut short) belong to no log: removed
         before the log at ``key`` starts again, or a reader would take them as its continuation."""
         assert self._objects is not None
-        strays = [k for k in self._objects if k.startswith(key) and SEG.search(k) and k[:-13] == key]
+        strays = _segment_keys(self._objects, key)
         await self.store.delete(strays)
         for k in strays:
             del self._objects[k]
