@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import socket
+import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -92,8 +93,12 @@ def say(what: str, rank: int, more: str = "") -> None:
     it back), and appended to ``$SUPERVISE_NODE_SAY/node-K`` when the leader named that
     directory (a PBS TM task's stdout goes to the job's output file, not to the leader)."""
     line = f"{READY_LINE} {what} {rank} {socket.gethostname()} {more}".rstrip()
-    try:
-        print(line, flush=True)
+    try:  # one write, newline and all: every node's agent shares srun's stdout, and under
+        # PYTHONUNBUFFERED print() writes the text, then the newline, so another node's line
+        # could land between them and the leader would read neither (a pipe keeps a write of
+        # up to 4 KiB whole)
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
     except (OSError, ValueError):
         pass  # nobody reads it (an agent started by the job script with its stdout closed)
     where = os.environ.get(SAY_VAR)

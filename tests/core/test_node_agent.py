@@ -5,7 +5,9 @@ answers the leader's last flush, ends with the leader's ``end`` and says so in i
 
 from __future__ import annotations
 
+import io
 import json
+import sys
 from pathlib import Path
 
 import anyio
@@ -142,3 +144,36 @@ def test_one_configuration_makes_both_roles_plans_through_the_real_command_lines
         assert plan.cfg.sync == per_node_pairs(leader.cfg.sync) and len(leader.cfg.sync) == 2
         assert agent_view(plan.cfg) == {**agent_view(leader.cfg), "sync": [pair_view(p) for p in plan.cfg.sync]}
         assert plan.cfg.verbosity == leader.cfg.verbosity == 1
+
+
+class _Writes(io.RawIOBase):
+    """A raw stream that keeps each ``write`` call: what one system call would carry."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[bytes] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        self.calls.append(bytes(b))
+        return len(b)
+
+
+def test_an_agents_line_is_one_write_under_pythonunbuffered(monkeypatch) -> None:
+    """Every node's agent shares srun's stdout. Under ``PYTHONUNBUFFERED`` (``-u``, which CI and
+    many job scripts set) ``print`` writes the text and the newline in two calls, so node 1's
+    line landed between node 2's text and its newline: ``… restored 2 …}supervise-node-agent
+    restored 1 …``; the leader read neither, and waited 60 s for a ``ready`` that had come."""
+    from supervisor.conduct import choice
+    raw = _Writes()
+    out = io.TextIOWrapper(raw, encoding="utf-8", write_through=True)  # what -u makes of stdout: no buffer
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.delenv(choice.SAY_VAR, raising=False)
+    choice.say("restored", 2, '{"round":1,"holds":{"ckpt":null}}')
+    choice.say("ready", 2, '{"ckpt":null}')
+    out.flush()
+    assert [c.decode().split()[:3] for c in raw.calls] == [[choice.READY_LINE, "restored", "2"],
+                                                           [choice.READY_LINE, "ready", "2"]], raw.calls
+    assert all(c.endswith(b"\n") and c.count(b"\n") == 1 for c in raw.calls), raw.calls
