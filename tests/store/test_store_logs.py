@@ -89,13 +89,17 @@ def test_a_requeue_continues_a_log_and_sends_only_what_grew(bucket: Bucket, s3_s
               "p = pathlib.Path(sys.argv[1]); p.mkdir(exist_ok=True)\n"
               "with open(p / 'train.log', 'a') as f:\n"
               "    for i in range(200):\n"
-              "        f.write(f'{sys.argv[2]} step {i} ' + 'x' * 500 + '\\n'); f.flush(); time.sleep(0.005)\n"
-              "    f.write('y' * int(sys.argv[3]) + '\\n')\n")
+              "        f.write(f'{sys.argv[2]} step {i} ' + 'x' * 500 + '\\n'); f.flush(); time.sleep(0.005)\n")
     sizes = []
-    # the second attempt's last write is 9 MiB: a segment past the 8 MiB part, so a multipart upload from an offset
-    for attempt, extra in (("first", 0), ("second", 9 << 20)):
+    for attempt in ("first", "second"):
+        if attempt == "second":
+            # 9 MiB appended between the attempts, so the second's first upload holds all of it: a segment past
+            # the 8 MiB part, a multipart upload from an offset. (Written by the training, an upload could cut it
+            # mid-write: a log is cut where its bytes end.)
+            with open(logs / "train.log", "a") as f:
+                f.write("y" * (9 << 20) + "\n")
         r = run_supervise("--run-dir", str(run), "--logs", str(logs), bucket.url(prefix), "--", PY, "-c", writer,
-                          str(logs), attempt, str(extra), env=s3_server.env, timeout=60)
+                          str(logs), attempt, env=s3_server.env, timeout=60)
         assert r.returncode == 0, r.stderr[-2000:]
         sizes.append((logs / "train.log").stat().st_size)
     parts = bucket.log_parts(f"{prefix}/train.log")
