@@ -22,23 +22,27 @@ from supervisor.jobprocs import JobProcesses
 from supervisor.sched import JobKey, job_key
 
 BASE = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-SLURM_AGENT = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "1"}
-PBS_AGENT = {"PBS_JOBID": "77.pbs-server"}
+# Job ids of this process alone: other tests beside it (xdist) start processes as job 4242 too,
+# and the finder rightly counts every process of the machine that carries the id (CI: five extra).
+JOB, OTHER = str(4_000_000 + os.getpid()), str(4_000_001 + os.getpid())
+PBS_JOB, PBS_OTHER = f"{JOB}.pbs-server", f"{OTHER}.pbs-server"
+SLURM_AGENT = {"SLURM_JOB_ID": JOB, "SLURM_STEP_ID": "1"}
+PBS_AGENT = {"PBS_JOBID": PBS_JOB}
 
 # (what it is, its environment, is it the job's as the agent sees it)
 SLURM_ROWS = [
-    ("a rank in the training's step", {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0"}, True),
-    ("the batch step (no step id)", {"SLURM_JOB_ID": "4242"}, True),
-    ("a process of the agent's own step", {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "1"}, False),
-    ("another job's rank", {"SLURM_JOB_ID": "4243", "SLURM_STEP_ID": "0"}, False),
-    ("a job id that only starts like ours", {"SLURM_JOB_ID": "42420", "SLURM_STEP_ID": "0"}, False),
+    ("a rank in the training's step", {"SLURM_JOB_ID": JOB, "SLURM_STEP_ID": "0"}, True),
+    ("the batch step (no step id)", {"SLURM_JOB_ID": JOB}, True),
+    ("a process of the agent's own step", {"SLURM_JOB_ID": JOB, "SLURM_STEP_ID": "1"}, False),
+    ("another job's rank", {"SLURM_JOB_ID": OTHER, "SLURM_STEP_ID": "0"}, False),
+    ("a job id that only starts like ours", {"SLURM_JOB_ID": f"{JOB}0", "SLURM_STEP_ID": "0"}, False),
     ("no scheduler variables", {}, False),
-    ("PBS_JOBID with our number (Slurm's job: SLURM_JOB_ID decides)", {"PBS_JOBID": "4242"}, False),
+    ("PBS_JOBID with our number (Slurm's job: SLURM_JOB_ID decides)", {"PBS_JOBID": JOB}, False),
 ]
 PBS_ROWS = [
-    ("a rank of the job", {"PBS_JOBID": "77.pbs-server"}, True),
-    ("a rank of the job that carries a Slurm step id", {"PBS_JOBID": "77.pbs-server", "SLURM_STEP_ID": "1"}, True),
-    ("another job's rank", {"PBS_JOBID": "78.pbs-server"}, False),
+    ("a rank of the job", {"PBS_JOBID": PBS_JOB}, True),
+    ("a rank of the job that carries a Slurm step id", {"PBS_JOBID": PBS_JOB, "SLURM_STEP_ID": "1"}, True),
+    ("another job's rank", {"PBS_JOBID": PBS_OTHER}, False),
     ("no scheduler variables", {}, False),
 ]
 
@@ -105,13 +109,13 @@ def test_outside_a_job_there_is_nothing_to_find() -> None:
 def test_a_process_whose_environment_cannot_be_read_is_not_the_jobs(tmp_path: Path, procs) -> None:
     """Asked by an unprivileged agent, another user's process with the same SLURM_JOB_ID is not
     the job's (its /proc/PID/environ is unreadable); the agent's own user's is."""
-    theirs = _sleep({"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0"})  # root's
+    theirs = _sleep({"SLURM_JOB_ID": JOB, "SLURM_STEP_ID": "0"})  # root's
     ours = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sleep", "300"],
-                            env={**BASE, "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0"}, stdin=subprocess.DEVNULL)
+                            env={**BASE, "SLURM_JOB_ID": JOB, "SLURM_STEP_ID": "0"}, stdin=subprocess.DEVNULL)
     procs.extend([theirs, ours])
     code = ("import sys; from supervisor.jobprocs import JobProcesses; "
             "from supervisor.sched import JobKey; "
-            "print(sorted(JobProcesses(JobKey('SLURM_JOB_ID', '4242', 'SLURM_STEP_ID', '1'))()))")
+            "print(sorted(JobProcesses(JobKey('SLURM_JOB_ID', '" + JOB + "', 'SLURM_STEP_ID', '1'))()))")
     root = str(Path(__file__).resolve().parents[2])
     out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
                          env={**BASE, "PYTHONPATH": root}, cwd="/", capture_output=True, text=True, timeout=60)
