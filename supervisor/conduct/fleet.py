@@ -35,8 +35,9 @@ from supervisor import childenv
 from supervisor.bell import Bell
 from supervisor.conduct.link import LeaderLine
 from supervisor.config import Config, agent_view
-from supervisor.conduct.choice import (CHOICE_ROUNDS, CHOICE_VAR, READY_LINE, READY_TIMEOUT_S, SAY_VAR, offer_path,
-                                       read_offer, write_choice)
+from supervisor.conduct import wire
+from supervisor.conduct.choice import CHOICE_ROUNDS, READY_TIMEOUT_S, offer_path, read_offer, write_choice
+from supervisor.conduct.wire import CHOICE_VAR, SAY_VAR
 from supervisor.journal import EVENTS_FILE, Emit, JournalTail, node_dir
 from supervisor.policy import NODE_DOWN_WAIT, Reason, Trigger
 from supervisor.ports import MirrorPort
@@ -76,12 +77,13 @@ class Fleet:
         self.restored: dict[int, tuple[int, Any]] = {}  # node → (round, what it holds) after each choice's restore
         self.requests = 0
         self.run_dir = run_dir  # the agents' journals: RUN/nodes/node-K/
-        self.choice_path = self.run_dir / "nodes" / f"choice-{os.getpid()}-{time.time_ns()}.json"
-        self.say_dir = self.run_dir / "nodes" / f"said-{os.getpid()}-{time.time_ns()}"
+        self.choice_path = wire.choice_path(run_dir, wire.attempt_stamp())
+        self.say_dir = wire.said_dir(run_dir, wire.attempt_stamp())
         self.env = {**env, CHOICE_VAR: str(self.choice_path)}
         agents = sched.agents(AgentLaunch(argv=argv, ranked=self.ranked_argv, nodes=nodes, env=self.env,
                                           carry=(CHOICE_VAR, *(v for v in (childenv.JOB_NODES,) if v in self.env)),
-                                          say=(SAY_VAR, self.say_dir), timeout=ready_timeout, report=log.warning))
+                                          say=(SAY_VAR, self.say_dir), said_file=partial(wire.said_file, self.say_dir),
+                                          timeout=ready_timeout, report=log.warning))
         assert agents is not None, f"no node agents under {sched.label}"
         self.agents = agents  # how its scheduler starts and hears them
         self._heard_any = anyio.Event()
@@ -99,7 +101,7 @@ class Fleet:
         mirror.attach_nodes(self.flush_nodes)
 
     def _said(self, node: int, word: str) -> None:
-        if word == "journal":
+        if word == wire.JOURNAL:
             self._journaled.add(node)
             self._answers.ring()
         elif self._mirror is not None:
@@ -115,9 +117,20 @@ class Fleet:
         line holds every node: then only those nodes' journals need reading)."""
         return await self._answers.wait(LINKED_ANSWER_S if self.line.whole else ANSWER_POLL_S) and self.line.whole
 
+    def _ask(self, kind: str, nodes: list[int], **fields: Any) -> tuple[str, dict[int, JournalTail]]:
+        """A request to the agents of ``nodes``: journaled (the record, and where an agent off the
+        line finds it), then said on the line (``journal``); its id, and where each node's answer
+        will be (its journal, read from here on)."""
+        self.requests += 1
+        request = wire.request_id(self.requests)
+        watches = {k: JournalTail(node_dir(self.run_dir, k) / EVENTS_FILE) for k in nodes}
+        self.emit(kind, request=request, **fields, nodes=nodes, durable=True)
+        self.line.ring(wire.JOURNAL)
+        return request, watches
+
     async def _read_answers(self, watches: Mapping[int, JournalTail], kind: str, request: str,
                             answers: dict[int, dict[str, Any]], *, everyone: bool) -> None:
-        """The answers to ``request`` in the journals of the nodes that said they answered, or
+        """The answers to ``request`` (a ``kind`` request) in the journals of the nodes that said they answered, or
         of every node yet to answer (``everyone``: the first look, a pause that ran out, a node
         off the line). One read per answer, not one per node for each answer: at 1,024 nodes a
         last flush read a thousand journals on shared storage each time a node answered (issue 44)."""
@@ -126,7 +139,7 @@ class Fleet:
             if k in answers or not (everyone or k in said):
                 continue
             for ev in await anyio.to_thread.run_sync(w.appended):
-                if ev.get("kind") == kind and ev.get("request") == request:
+                if wire.is_answer(ev, kind, request):
                     answers[k] = ev
 
     @classmethod
@@ -196,7 +209,7 @@ class Fleet:
         until each has restored it and said what it holds (``restored``): a node that could
         verify no copy of it holds ``{"unverified": name}``, and the leader chooses again."""
         await anyio.to_thread.run_sync(write_choice, self.choice_path, choice, turn, False)
-        self.line.ring("choice")
+        self.line.ring(wire.CHOICE)
         said = lambda: {k for k, (r, _h) in self.restored.items() if r == turn}  # noqa: E731
         await self._until(lambda: self.want <= said() | set(self.spawn_failed), self.ready_timeout)
         return {k: h for k, (r, h) in sorted(self.restored.items()) if r == turn}
@@ -206,7 +219,7 @@ class Fleet:
         and the leader waits until each that ``answered`` the round has said what it holds
         (``ready``; the others were waited for already)."""
         await anyio.to_thread.run_sync(write_choice, self.choice_path, choice, turn, True)
-        self.line.ring("choice")
+        self.line.ring(wire.CHOICE)
         await self._until(lambda: answered <= set(self.ready) | set(self.spawn_failed), self.ready_timeout)
         missing = sorted(self.want - set(self.ready))
         more = {"spawn_failed": {str(k): v for k, v in sorted(self.spawn_failed.items())}} if self.spawn_failed else {}
@@ -227,12 +240,8 @@ class Fleet:
         training exited is then on persistent storage before the leader's own last pass
         assembles it (``nodes-flush`` here, ``node-flush`` with the same ``request`` in
         ``RUN/nodes/node-K/events.jsonl``). Nodes that do not answer in time are named."""
-        self.requests += 1
-        request = f"{os.getpid()}.{self.requests}"
         nodes = sorted(set(self.ready) & self.want)  # node 0's "leader" line is no agent
-        watches = {k: JournalTail(node_dir(self.run_dir, k) / EVENTS_FILE) for k in nodes}
-        self.emit("nodes-flush", request=request, reason=reason, exited=exited, nodes=nodes, durable=True)
-        self.line.ring("journal")
+        request, watches = self._ask(wire.NODES_FLUSH, nodes, reason=reason, exited=exited)
         t0 = time.monotonic()
         answers: dict[int, dict[str, Any]] = {}
         down: dict[int, str] = {}  # nodes whose agent cannot answer: srun said its task ended; PBS calls the node down
@@ -240,7 +249,7 @@ class Fleet:
         everyone = True
         with anyio.move_on_after(max(0.0, within)):
             while len(answers) < len(nodes):
-                await self._read_answers(watches, "node-flush", request, answers, everyone=everyone)
+                await self._read_answers(watches, wire.NODES_FLUSH, request, answers, everyone=everyone)
                 if len(answers) < len(nodes):
                     if self.agents.ended():
                         break  # the agents' srun has ended: nobody is left to answer
@@ -273,18 +282,14 @@ class Fleet:
         nodes = sorted(set(self.ready) & self.want)
         if self.sched.signals_every_node or not nodes:
             return None
-        self.requests += 1
-        request = f"{os.getpid()}.{self.requests}"
         name = signal.Signals(sig).name
-        watches = {k: JournalTail(node_dir(self.run_dir, k) / EVENTS_FILE) for k in nodes}
-        self.emit("nodes-signal", request=request, signal=name, nodes=nodes, durable=True)
-        self.line.ring("journal")
+        request, watches = self._ask(wire.NODES_SIGNAL, nodes, signal=name)
         t0 = time.monotonic()
         answers: dict[int, dict[str, Any]] = {}
         everyone = True
         with anyio.move_on_after(within):
             while len(answers) < len(nodes):
-                await self._read_answers(watches, "node-signal", request, answers, everyone=everyone)
+                await self._read_answers(watches, wire.NODES_SIGNAL, request, answers, everyone=everyone)
                 if len(answers) < len(nodes):
                     everyone = not await self._answer_pause()
         missing = [k for k in nodes if k not in answers]
@@ -346,23 +351,23 @@ class Fleet:
                 cleared |= silent
 
     def _heard(self, line: str, t0: float) -> None:
-        words = line.split(maxsplit=4)
-        if len(words) >= 3 and words[0] == READY_LINE and words[2].isdigit():
-            node, at = int(words[2]), round(time.monotonic() - t0, 3)
-            if words[1] == "offered":
+        said = wire.read_said(line)
+        if said is not None:
+            node, at = said.node, round(time.monotonic() - t0, 3)
+            if said.what == wire.OFFERED:
                 self.offered.setdefault(node, at)
-            elif words[1] == "restored" and len(words) == 5:
+            elif said.what == wire.RESTORED and said.more:
                 try:
-                    said = json.loads(words[4])
-                    self.restored[node] = (int(said["round"]), said["holds"])
+                    more = json.loads(said.more)
+                    self.restored[node] = (int(more["round"]), more["holds"])
                 except (ValueError, KeyError, TypeError):
                     pass
-            elif words[1] in ("ready", "leader", "duplicate"):
+            elif said.what in wire.DONE:
                 self.offered.setdefault(node, at)
                 self.ready.setdefault(node, at)
-                if words[1] == "ready" and len(words) == 5:
+                if said.what == wire.READY and said.more:
                     try:
-                        self.holds[node] = json.loads(words[4])
+                        self.holds[node] = json.loads(said.more)
                     except ValueError:
                         pass
         self._poke()

@@ -41,22 +41,15 @@ import anyio
 from anyio.abc import SocketAttribute, SocketStream, TaskStatus
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from supervisor.conduct.wire import (LEADER_WORDS, LINK, LINK_FILE, MAX_LINE, NODE_WORDS, OK, hello, link_path, read_hello,
+                                     read_word, words_line)
 from supervisor.reach import addresses
 
 log = logging.getLogger("supervise")
 
-LINK_FILE = "link.json"       # RUN/nodes/link.json: where the leader listens, and the token
 CONNECT_S = 2.0               # one try at one of the leader's addresses
 HELLO_S = 5.0                 # a connection that has not said who it is by then is dropped
 RETRY_S = (0.2, 5.0)          # an agent's pause between tries: from, doubling to
-MAX_LINE = 128
-LEADER_WORDS = frozenset({"journal", "choice", "go", "taken"})
-NODE_WORDS = frozenset({"part", "journal"})
-LINK = "link"                 # heard by an agent when the line is made or lost: look at everything
-
-
-def link_path(run_dir: Path) -> Path:
-    return run_dir / "nodes" / LINK_FILE
 
 
 class LeaderLine:
@@ -212,14 +205,14 @@ async def _converse(stream: SocketStream, box: _Outbox, words: frozenset[str], h
             while not box.closed:
                 out = await box.take()
                 if out:
-                    await stream.send("".join(f"{w}\n" for w in sorted(out)).encode())
+                    await stream.send(words_line(out))
         tg.cancel_scope.cancel()
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(send)
         with _ended():
             while True:
-                word = (await reader.receive_until(b"\n", MAX_LINE)).decode("ascii", "replace").strip()
+                word = read_word(await reader.receive_until(b"\n", MAX_LINE))
                 if word in words:
                     heard(word)
         tg.cancel_scope.cancel()
@@ -243,15 +236,15 @@ async def _hello(stream: SocketStream, token: str, want: set[int]) -> int | None
     reader = BufferedByteReceiveStream(stream)
     try:
         with anyio.fail_after(HELLO_S):
-            words = (await reader.receive_until(b"\n", MAX_LINE)).decode("ascii", "replace").split()
-            ok = (len(words) == 3 and words[0] == "hello" and secrets.compare_digest(words[1], token)
-                  and words[2].isdigit() and int(words[2]) in want and not reader.buffer)  # nothing before our answer
-            if not ok:
+            said = read_hello(await reader.receive_until(b"\n", MAX_LINE))
+            ok = (said is not None and secrets.compare_digest(said[0], token) and said[1] in want
+                  and not reader.buffer)  # nothing before our answer
+            if not ok or said is None:
                 return None
-            await stream.send(b"ok\n")
+            await stream.send(words_line({OK}))
     except (TimeoutError, *_GONE):
         return None
-    return int(words[2])
+    return said[1]
 
 
 async def _connect(where: dict[str, Any], node: int) -> SocketStream | None:
@@ -261,9 +254,9 @@ async def _connect(where: dict[str, Any], node: int) -> SocketStream | None:
             with anyio.fail_after(CONNECT_S):
                 stream = await anyio.connect_tcp(host, where["port"])
                 try:
-                    await stream.send(f"hello {where['token']} {node}\n".encode())
+                    await stream.send(hello(where["token"], node).encode())
                     reader = BufferedByteReceiveStream(stream)
-                    if await reader.receive_until(b"\n", MAX_LINE) == b"ok" and not reader.buffer:
+                    if read_word(await reader.receive_until(b"\n", MAX_LINE)) == OK and not reader.buffer:
                         return stream
                 except BaseException:
                     await anyio.aclose_forcefully(stream)

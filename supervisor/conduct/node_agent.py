@@ -37,9 +37,11 @@ from anyio.abc import TaskGroup
 
 from supervisor import logs, proctree
 from supervisor.bell import LINKED_LOOK_S, Bell
-from supervisor.conduct.choice import CHOICE_VAR, READY_TIMEOUT_S, Choice, offer_path, read_choice, say, write_offer
+from supervisor.conduct import wire
+from supervisor.conduct.choice import READY_TIMEOUT_S, Choice, offer_path, read_choice, say, write_offer
 from supervisor.conduct.guard import guarded
-from supervisor.conduct.link import LINK, NodeLine
+from supervisor.conduct.link import NodeLine
+from supervisor.conduct.wire import LINK, LOCK_FILE
 from supervisor.errors import ConfigError
 from supervisor.jobprocs import JobProcesses, signal_ranks
 from supervisor.journal import EVENTS_FILE, Journal, JournalTail
@@ -48,7 +50,6 @@ from supervisor.plan import Plan, node_start_fields
 log = logging.getLogger("supervise")
 
 FINAL_FLUSH_S = 60.0
-LOCK_FILE = "agent.lock"
 CHOICE_POLL_S = 0.1  # while the leader chooses what every node restores
 LEADER_POLL_S = 0.2  # the leader's journal: its last flush's request waits on our answer
 TRAINING_POLL_S = 1.0  # how often the agent looks for the job's processes on its node (_follow_training)
@@ -76,7 +77,7 @@ class NodeAgent:
         lock = _hold(where)
         if lock is None:
             log.info("another node agent for node %d is running (%s): nothing to do", self.rank, where / LOCK_FILE)
-            say("duplicate", self.rank)
+            say(wire.DUPLICATE, self.rank)
             return 0
         try:
             logs.add_file(where, self.cfg.verbosity)
@@ -105,7 +106,7 @@ class NodeAgent:
                 holds = await anyio.to_thread.run_sync(mirror.holds)
                 await tg.start(self._guarded("sync", mirror.run))
                 # the leader that started us (conduct/fleet.py) compares what every node holds, then spawns the training
-                say("ready", rank, json.dumps(holds, separators=(",", ":")))
+                say(wire.READY, rank, json.dumps(holds, separators=(",", ":")))
                 await self._start_parts(tg)
                 tg.start_soon(self._signals)
                 tg.start_soon(self._leader_words, leader)
@@ -122,11 +123,11 @@ class NodeAgent:
     def _heard(self, word: str) -> None:
         """A word on the leader's line: who looks now (``LINK``: the line was made or lost, so
         everyone looks, as a word may have been said while it was not there)."""
-        if word in ("journal", LINK):
+        if word in (wire.JOURNAL, LINK):
             self.journal_said.ring()
-        if word in ("choice", LINK):
+        if word in (wire.CHOICE, LINK):
             self.choice_said.ring()
-        if word != "journal" and word != "choice":
+        if word != wire.JOURNAL and word != wire.CHOICE:
             self.mirror.heard(word)
 
     def _linked(self, on: bool) -> None:
@@ -165,13 +166,13 @@ class NodeAgent:
         again for each new choice (a version no copy of which verified on some node is passed
         over), until the leader says the choice stands. Started by the job script (no choice
         file named): the newest published version, as the leader's own restore picks it."""
-        path = self.plan.env.get(CHOICE_VAR)
+        path = self.plan.env.get(wire.CHOICE_VAR)
         if not path:
             await self.mirror.restore()
             return
         offered = await self.mirror.offer()
         await anyio.to_thread.run_sync(write_offer, offer_path(self.plan.run_dir, self.rank), path, offered)
-        say("offered", self.rank)
+        say(wire.OFFERED, self.rank)
         done = 0  # the round of the last choice restored here
         while (said := await self._choice(Path(path), after=done)) is not None:
             if said.round > done:
@@ -180,7 +181,7 @@ class NodeAgent:
             if said.final:
                 return
             holds = await anyio.to_thread.run_sync(self.mirror.holds)
-            say("restored", self.rank, json.dumps({"round": done, "holds": holds}, separators=(",", ":")))
+            say(wire.RESTORED, self.rank, json.dumps({"round": done, "holds": holds}, separators=(",", ":")))
         if not done:
             log.warning("no choice from the leader in %.0fs (%s): restoring the newest published version",
                         2 * READY_TIMEOUT_S, path)
@@ -247,15 +248,15 @@ class NodeAgent:
         ranks (``node-signal``); its ``end`` ends us."""
         while True:
             for ev in await anyio.to_thread.run_sync(leader.appended):
-                if ev.get("kind") == "nodes-flush":
+                if ev.get("kind") == wire.NODES_FLUSH:
                     await self._answer(ev)
-                elif ev.get("kind") == "nodes-signal" and self.rank in (ev.get("nodes") or []):
+                elif ev.get("kind") == wire.NODES_SIGNAL and self.rank in (ev.get("nodes") or []):
                     done = await anyio.to_thread.run_sync(signal_ranks, self.training, str(ev.get("signal")))
-                    self.journal.emit("node-signal", request=ev.get("request"), signal=ev.get("signal"), node=self.rank,
+                    self.journal.emit(wire.NODE_SIGNAL, request=ev.get("request"), signal=ev.get("signal"), node=self.rank,
                                       durable=True, **done)
-                    self.line.say("journal")
+                    self.line.say(wire.JOURNAL)
                     log.info("node %d: the leader's %s sent to %s", self.rank, ev.get("signal"), done["pids"] or "nobody")
-                elif ev.get("kind") == "end":
+                elif ev.get("kind") == wire.END:
                     self.state.end("leader-ended", f"leader attempt {ev.get('attempt')}: {ev.get('reason')}")
                     return
             await self.journal_said.wait(self._pause(LEADER_POLL_S))
@@ -263,18 +264,18 @@ class NodeAgent:
     async def _answer(self, ev: Mapping[str, Any]) -> None:
         if ev.get("exited"):
             self.mirror.training_exited()  # every rank is gone: nothing here waits for quiescence
-        result = await self.mirror.flush("leader")
-        self.journal.emit("node-flush", request=ev.get("request"), ok=result["ok"], seconds=result["seconds"],
+        result = await self.mirror.flush(wire.FOR_LEADER)
+        self.journal.emit(wire.NODE_FLUSH, request=ev.get("request"), ok=result["ok"], seconds=result["seconds"],
                           pairs=result["pairs"], not_durable=[f"node {self.rank}: {line}" for line in self.mirror.pending()],
                           durable=True)
-        self.line.say("journal")
+        self.line.say(wire.JOURNAL)
 
     async def _stop(self) -> None:
         """The node's stop: one last flush, bounded (``FINAL_FLUSH_S``), so a part that lands
         late still counts for the next attempt."""
         with anyio.move_on_after(FINAL_FLUSH_S):
             result = await self.mirror.flush(self.state.reason)
-            self.journal.emit("node-flush", ok=result["ok"], seconds=result["seconds"], pairs=result["pairs"])
+            self.journal.emit(wire.NODE_FLUSH, ok=result["ok"], seconds=result["seconds"], pairs=result["pairs"])
 
 
 @dataclass

@@ -166,7 +166,7 @@ def test_an_agents_line_is_one_write_under_pythonunbuffered(monkeypatch) -> None
     many job scripts set) ``print`` writes the text and the newline in two calls, so node 1's
     line landed between node 2's text and its newline: ``… restored 2 …}supervise-node-agent
     restored 1 …``; the leader read neither, and waited 60 s for a ``ready`` that had come."""
-    from supervisor.conduct import choice
+    from supervisor.conduct import choice, wire
     raw = _Writes()
     out = io.TextIOWrapper(raw, encoding="utf-8", write_through=True)  # what -u makes of stdout: no buffer
     monkeypatch.setattr(sys, "stdout", out)
@@ -174,6 +174,6 @@ def test_an_agents_line_is_one_write_under_pythonunbuffered(monkeypatch) -> None
     choice.say("restored", 2, '{"round":1,"holds":{"ckpt":null}}')
     choice.say("ready", 2, '{"ckpt":null}')
     out.flush()
-    assert [c.decode().split()[:3] for c in raw.calls] == [[choice.READY_LINE, "restored", "2"],
-                                                           [choice.READY_LINE, "ready", "2"]], raw.calls
+    assert [c.decode().split()[:3] for c in raw.calls] == [[wire.READY_LINE, "restored", "2"],
+                                                           [wire.READY_LINE, "ready", "2"]], raw.calls
     assert all(c.endswith(b"\n") and c.count(b"\n") == 1 for c in raw.calls), raw.calls
