@@ -76,6 +76,7 @@ class Fleet:
         self.holds: dict[int, Any] = {}
         self.restored: dict[int, tuple[int, Any]] = {}  # node → (round, what it holds) after each choice's restore
         self.requests = 0
+        self.pending: list[str] = []  # what the agents said at the last flush they could not make durable, and who did not answer
         self.run_dir = run_dir  # the agents' journals: RUN/nodes/node-K/
         self.choice_path = wire.choice_path(run_dir, wire.attempt_stamp())
         self.say_dir = wire.said_dir(run_dir, wire.attempt_stamp())
@@ -95,10 +96,10 @@ class Fleet:
 
     def connect(self, mirror: MirrorPort) -> None:
         """The leader's mirror hears the nodes' words (``part``) and says its own (``go``,
-        ``taken``) on the line; its last flush waits for node K's last part."""
+        ``taken``) on the line. Its last flush is the stop's: ``flush_nodes`` between two of
+        the mirror's (``StopSequence.last_flush``)."""
         self._mirror = mirror
         mirror.link(self.line.ring)
-        mirror.attach_nodes(self.flush_nodes)
 
     def _said(self, node: int, word: str) -> None:
         if word == wire.JOURNAL:
@@ -267,6 +268,7 @@ class Fleet:
                     "its newest part may be missing" if ended
                     else f"node {k}: did not answer the final flush in {within:.1f}s; its newest part may be missing"
                     for k in missing]
+        self.pending = pending
         return {"request": request, "answered": sorted(answers), "missing": missing, "pending": pending,
                 "seconds": round(time.monotonic() - t0, 3)}
 
@@ -378,6 +380,13 @@ class Fleet:
         self._heard_any = anyio.Event()
 
 
+def last_flush_wait(budget: float) -> float:
+    """Of the stop's budget for its last flush, the most the leader waits for its agents' answers."""
+    return min(budget * NODES_FLUSH_SHARE, NODES_FLUSH_CAP_S)
+
+
+NODES_FLUSH_SHARE = 0.75  # of the last flush's budget, the most the leader waits for its agents' answers
+NODES_FLUSH_CAP_S = 300.0  # ... and never more (hours left before the time limit: a hung agent is not waited out)
 ANSWER_POLL_S = 0.1  # the leader, while it waits for the agents' answers to its last flush
 LINKED_ANSWER_S = 1.0  # the same while every agent is on the line: each says when it answered
 DOWN_POLL_S = 1.0  # how often that wait asks the scheduler whether a silent node is down (PBS: pbsnodes)

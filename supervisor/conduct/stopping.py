@@ -21,6 +21,7 @@ from supervisor import policy, stacks, suspects
 from supervisor._units import format_duration
 from supervisor.child import exit_status
 from supervisor.policy import Reason, Trigger
+from supervisor.conduct.fleet import last_flush_wait
 from supervisor.conduct.routing import request_checkpoint
 from supervisor.conduct.state import RunState, StopResult
 
@@ -36,6 +37,23 @@ async def emergency_stop(run: RunState) -> None:
             await run.child.stop(run.stop_signal(), run.cfg.grace)
 
 
+async def last_flush(run: RunState, bound: float, *, exited: bool) -> dict[str, Any]:
+    """The leader's last flush with node agents, in turn: its own pass; then the fleet asks
+    every agent for its last (``nodes-flush``) and waits for their answers (most of ``bound``,
+    the step's budget); then, if any answered, its pass once more, so a part node K's rank
+    saved a moment before the exit is assembled before the end (docs/multinode.md, "The end
+    waits for every node's last part"). ``exited``: the training's whole tree is gone."""
+    assert run.mirror is not None and run.agents is not None
+    t0 = time.monotonic()
+    result = await run.mirror.flush("final")
+    nodes = await run.agents.flush_nodes("final", exited=exited, within=last_flush_wait(bound))
+    if nodes["answered"]:
+        result = await run.mirror.flush("final")
+    pending = run.pending()
+    return {**result, "seconds": round(time.monotonic() - t0, 3),
+            "ok": all(r["ok"] for r in result["pairs"].values()) and not pending, "pending": pending, "nodes": nodes}
+
+
 class StopSequence:
     """Runs the steps for one run; reads its state, never decides alone, and returns what it
     found out (``StopResult``) instead of writing the conductor."""
@@ -44,6 +62,7 @@ class StopSequence:
         assert run.trigger is not None
         self.run = run
         self.outcomes: dict[str, dict[str, Any]] = {}
+        self.exited = False  # the training's whole tree is gone (told the mirror and the node agents)
         self.result = StopResult(trigger=run.trigger, exit_status=run.exit_status)
 
     async def __call__(self) -> StopResult:
@@ -57,6 +76,7 @@ class StopSequence:
         await self.no_orphans()
         if run.mirror is not None and not run.tree_pids():
             run.mirror.training_exited()  # nothing can change now: no checkpoint waits for quiescence
+            self.exited = True
         await self.step("final-flush", lambda: self.flush("final"))
         if run.agents is not None and result.trigger.reason in (Reason.CHILD_FAILED, Reason.NODE_FAILED):
             await self.step("nodes", self.nodes_gone)
@@ -169,11 +189,14 @@ class StopSequence:
         bound = policy.flush_bound(run.time_left(), run.cfg.grace, child_running=reason == "stop" and run.child_running(),
                                    spare=spare)
         if bound <= 0:
-            return {"outcome": "no-time", "pending": run.mirror.pending()}
+            return {"outcome": "no-time", "pending": run.pending()}
         with anyio.move_on_after(bound) as scope:
-            result = await run.mirror.flush(reason, within=bound)
+            if reason == "final" and run.agents is not None:
+                result = await last_flush(run, bound, exited=self.exited)
+            else:
+                result = await run.mirror.flush(reason)
         if scope.cancelled_caught:
-            return {"outcome": "timeout", "bound_s": round(bound, 3), "pending": run.mirror.pending()}
+            return {"outcome": "timeout", "bound_s": round(bound, 3), "pending": run.pending()}
         return {"outcome": "done", **(result or {})}
 
     async def stop_child(self) -> dict[str, Any]:
