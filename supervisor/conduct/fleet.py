@@ -75,7 +75,6 @@ class Fleet:
         self.offered: dict[int, float] = {}
         self.holds: dict[int, Any] = {}
         self.restored: dict[int, tuple[int, Any]] = {}  # node → (round, what it holds) after each choice's restore
-        self.requests = 0
         self.pending: list[str] = []  # what the agents said at the last flush they could not make durable, and who did not answer
         self.run_dir = run_dir  # the agents' journals: RUN/nodes/node-K/
         self.choice_path = wire.choice_path(run_dir, wire.attempt_stamp())
@@ -90,58 +89,25 @@ class Fleet:
         self._heard_any = anyio.Event()
         self._t0 = time.monotonic()
         self.line = LeaderLine(run_dir, len(nodes), heard=self._said, linked=self._linked)
-        self._answers = Bell()  # a node said it journaled an answer (``journal`` on the line)
-        self._journaled: set[int] = set()  # the nodes that said so since their journals were last read
+        self.asking = Asking(run_dir, emit, self.line)  # the requests journaled for them, and their answers
         self._mirror: MirrorPort | None = None
 
     def connect(self, mirror: MirrorPort) -> None:
         """The leader's mirror hears the nodes' words (``part``) and says its own (``go``,
         ``taken``) on the line. Its last flush is the stop's: ``flush_nodes`` between two of
-        the mirror's (``StopSequence.last_flush``)."""
+        the mirror's (``stopping.last_flush``)."""
         self._mirror = mirror
         mirror.link(self.line.ring)
 
     def _said(self, node: int, word: str) -> None:
         if word == wire.JOURNAL:
-            self._journaled.add(node)
-            self._answers.ring()
+            self.asking.heard(node)
         elif self._mirror is not None:
             self._mirror.heard(word)
 
     def _linked(self, whole: bool) -> None:
         if self._mirror is not None:
             self._mirror.link(on=whole)
-
-    async def _answer_pause(self) -> bool:
-        """Until a node says it answered, or a look at their journals anyway: rarely while every
-        node is on the line, else every ``ANSWER_POLL_S``. True when a node said so (and the
-        line holds every node: then only those nodes' journals need reading)."""
-        return await self._answers.wait(LINKED_ANSWER_S if self.line.whole else ANSWER_POLL_S) and self.line.whole
-
-    def _ask(self, kind: str, nodes: list[int], **fields: Any) -> tuple[str, dict[int, JournalTail]]:
-        """A request to the agents of ``nodes``: journaled (the record, and where an agent off the
-        line finds it), then said on the line (``journal``); its id, and where each node's answer
-        will be (its journal, read from here on)."""
-        self.requests += 1
-        request = wire.request_id(self.requests)
-        watches = {k: JournalTail(node_dir(self.run_dir, k) / EVENTS_FILE) for k in nodes}
-        self.emit(kind, request=request, **fields, nodes=nodes, durable=True)
-        self.line.ring(wire.JOURNAL)
-        return request, watches
-
-    async def _read_answers(self, watches: Mapping[int, JournalTail], kind: str, request: str,
-                            answers: dict[int, dict[str, Any]], *, everyone: bool) -> None:
-        """The answers to ``request`` (a ``kind`` request) in the journals of the nodes that said they answered, or
-        of every node yet to answer (``everyone``: the first look, a pause that ran out, a node
-        off the line). One read per answer, not one per node for each answer: at 1,024 nodes a
-        last flush read a thousand journals on shared storage each time a node answered (issue 44)."""
-        said, self._journaled = self._journaled, set()
-        for k, w in watches.items():
-            if k in answers or not (everyone or k in said):
-                continue
-            for ev in await anyio.to_thread.run_sync(w.appended):
-                if wire.is_answer(ev, kind, request):
-                    answers[k] = ev
 
     @classmethod
     def from_plan(cls, plan: Plan, emit: Emit) -> Fleet | None:
@@ -242,7 +208,7 @@ class Fleet:
         assembles it (``nodes-flush`` here, ``node-flush`` with the same ``request`` in
         ``RUN/nodes/node-K/events.jsonl``). Nodes that do not answer in time are named."""
         nodes = sorted(set(self.ready) & self.want)  # node 0's "leader" line is no agent
-        request, watches = self._ask(wire.NODES_FLUSH, nodes, reason=reason, exited=exited)
+        request, watches = self.asking.ask(wire.NODES_FLUSH, nodes, reason=reason, exited=exited)
         t0 = time.monotonic()
         answers: dict[int, dict[str, Any]] = {}
         down: dict[int, str] = {}  # nodes whose agent cannot answer: srun said its task ended; PBS calls the node down
@@ -250,7 +216,7 @@ class Fleet:
         everyone = True
         with anyio.move_on_after(max(0.0, within)):
             while len(answers) < len(nodes):
-                await self._read_answers(watches, wire.NODES_FLUSH, request, answers, everyone=everyone)
+                await self.asking.read(watches, wire.NODES_FLUSH, request, answers, everyone=everyone)
                 if len(answers) < len(nodes):
                     if self.agents.ended():
                         break  # the agents' srun has ended: nobody is left to answer
@@ -259,7 +225,7 @@ class Fleet:
                         down.update(await self.agents.down([k for k in nodes if k not in answers and k not in down]))
                         if all(k in answers or k in down for k in nodes):
                             break
-                    everyone = not await self._answer_pause()
+                    everyone = not await self.asking.pause()
         missing = [k for k in nodes if k not in answers]
         pending = [line for k in sorted(answers) for line in answers[k].get("not_durable") or []]
         ended = self.agents.ended()
@@ -285,15 +251,15 @@ class Fleet:
         if self.sched.signals_every_node or not nodes:
             return None
         name = signal.Signals(sig).name
-        request, watches = self._ask(wire.NODES_SIGNAL, nodes, signal=name)
+        request, watches = self.asking.ask(wire.NODES_SIGNAL, nodes, signal=name)
         t0 = time.monotonic()
         answers: dict[int, dict[str, Any]] = {}
         everyone = True
         with anyio.move_on_after(within):
             while len(answers) < len(nodes):
-                await self._read_answers(watches, wire.NODES_SIGNAL, request, answers, everyone=everyone)
+                await self.asking.read(watches, wire.NODES_SIGNAL, request, answers, everyone=everyone)
                 if len(answers) < len(nodes):
-                    everyone = not await self._answer_pause()
+                    everyone = not await self.asking.pause()
         missing = [k for k in nodes if k not in answers]
         if missing:
             log.warning("the node agents of node(s) %s did not say in %.1fs that they sent %s to their ranks",
@@ -387,6 +353,56 @@ def last_flush_wait(budget: float) -> float:
 
 NODES_FLUSH_SHARE = 0.75  # of the last flush's budget, the most the leader waits for its agents' answers
 NODES_FLUSH_CAP_S = 300.0  # ... and never more (hours left before the time limit: a hung agent is not waited out)
+class Asking:
+    """The leader's requests to its node agents (``wire.ANSWERS``: ``nodes-flush``,
+    ``nodes-signal``) and their answers. A request is journaled, the record, and said on the
+    line (``journal``); node K answers in its own journal with the same ``request`` and says
+    ``journal`` too, so only the journals of the nodes that said so are read, and every one
+    yet to answer only after a pause that ran out."""
+
+    def __init__(self, run_dir: Path, emit: Emit, line: LeaderLine) -> None:
+        self.run_dir, self.emit, self.line = run_dir, emit, line
+        self.count = 0
+        self._said = Bell()  # a node said it journaled an answer (``journal`` on the line)
+        self._journaled: set[int] = set()  # the nodes that said so since their journals were last read
+
+    def heard(self, node: int) -> None:
+        """Node ``node`` said ``journal``: its answer is in its journal."""
+        self._journaled.add(node)
+        self._said.ring()
+
+    def ask(self, kind: str, nodes: list[int], **fields: Any) -> tuple[str, dict[int, JournalTail]]:
+        """A request to the agents of ``nodes``: journaled (the record, and where an agent off the
+        line finds it), then said on the line (``journal``); its id, and where each node's answer
+        will be (its journal, read from here on)."""
+        self.count += 1
+        request = wire.request_id(self.count)
+        watches = {k: JournalTail(node_dir(self.run_dir, k) / EVENTS_FILE) for k in nodes}
+        self.emit(kind, request=request, **fields, nodes=nodes, durable=True)
+        self.line.ring(wire.JOURNAL)
+        return request, watches
+
+    async def read(self, watches: Mapping[int, JournalTail], kind: str, request: str,
+                   answers: dict[int, dict[str, Any]], *, everyone: bool) -> None:
+        """The answers to ``request`` (a ``kind`` request) in the journals of the nodes that said
+        they answered, or of every node yet to answer (``everyone``: the first look, a pause that
+        ran out, a node off the line). One read per answer, not one per node for each answer: at 1,024 nodes a
+        last flush read a thousand journals on shared storage each time a node answered (issue 44)."""
+        said, self._journaled = self._journaled, set()
+        for k, w in watches.items():
+            if k in answers or not (everyone or k in said):
+                continue
+            for ev in await anyio.to_thread.run_sync(w.appended):
+                if wire.is_answer(ev, kind, request):
+                    answers[k] = ev
+
+    async def pause(self) -> bool:
+        """Until a node says it answered, or a look at their journals anyway: rarely while every
+        node is on the line, else every ``ANSWER_POLL_S``. True when a node said so (and the
+        line holds every node: then only those nodes' journals need reading)."""
+        return await self._said.wait(LINKED_ANSWER_S if self.line.whole else ANSWER_POLL_S) and self.line.whole
+
+
 ANSWER_POLL_S = 0.1  # the leader, while it waits for the agents' answers to its last flush
 LINKED_ANSWER_S = 1.0  # the same while every agent is on the line: each says when it answered
 DOWN_POLL_S = 1.0  # how often that wait asks the scheduler whether a silent node is down (PBS: pbsnodes)

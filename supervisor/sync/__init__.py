@@ -379,7 +379,7 @@ class Mirror:
         Cancel-safe: a cancelled copy kills its copier; a staged checkpoint is renamed into
         place only after it is verified, so the destination holds old or new, never torn.
         The leader's node agents are not the mirror's: its stop asks them for their last
-        flush between two of these (``StopSequence.last_flush``).
+        flush between two of these (``stopping.last_flush``).
         """
         t0 = time.monotonic()
         results = await self._passes(reason)
