@@ -54,6 +54,27 @@ async def last_flush(run: RunState, bound: float, *, exited: bool) -> dict[str, 
             "ok": all(r["ok"] for r in result["pairs"].values()) and not pending, "pending": pending, "nodes": nodes}
 
 
+async def notice(run: RunState, event: str, **fields: Any) -> None:
+    """A notification the stop delivers before it goes on (the end's, a requeue's), bounded by
+    ``notify_timeout`` and the time left; shielded: a requeue's TERM must not cut it."""
+    if run.notifier is None:
+        return
+    run.notifier.post(event, **fields)
+    with anyio.CancelScope(shield=True):
+        await run.notifier.drain(min(run.cfg.notify_timeout, max(0.0, run.time_left())))
+
+
+def no_progress(run: RunState) -> bool:
+    """No checkpoint published over the last ``no_progress_attempts`` attempts (this one
+    included): a requeue would only repeat the failure (issue 15). Unknowable without a
+    checkpoint pair, so never then."""
+    if run.mirror is None or not any(p.kind == "checkpoint" for p in run.cfg.sync):
+        return False
+    earlier = [e for e in run.plan.previous_events if e.get("attempt") != run.plan.attempt]
+    progress = policy.progress_by_attempt(earlier) + [run.mirror.published > 0]
+    return policy.no_progress(progress, run.cfg.no_progress_attempts)
+
+
 class StopSequence:
     """Runs the steps for one run; reads its state, never decides alone, and returns what it
     found out (``StopResult``) instead of writing the conductor."""
@@ -300,20 +321,7 @@ class StopSequence:
             return
         reason = self.result.trigger.reason
         status = self.result.status(run.cfg.stopped_status)
-        run.notifier.post(policy.END_NOTICE[reason], reason=reason.value, exit_status=status, attempt=run.plan.attempt)
-        with anyio.CancelScope(shield=True):
-            await run.notifier.drain(min(run.cfg.notify_timeout, max(0.0, run.time_left())))
-
-    def no_progress(self) -> bool:
-        """No checkpoint published over the last ``no_progress_attempts`` attempts (this one
-        included): a requeue would only repeat the failure (issue 15). Unknowable without a
-        checkpoint pair, so never then."""
-        run = self.run
-        if run.mirror is None or not any(p.kind == "checkpoint" for p in run.cfg.sync):
-            return False
-        earlier = [e for e in run.plan.previous_events if e.get("attempt") != run.plan.attempt]
-        progress = policy.progress_by_attempt(earlier) + [run.mirror.published > 0]
-        return policy.no_progress(progress, run.cfg.no_progress_attempts)
+        await notice(run, policy.END_NOTICE[reason], reason=reason.value, exit_status=status, attempt=run.plan.attempt)
 
     async def requeue(self) -> dict[str, Any]:
         run, cfg, trigger = self.run, self.run.cfg, self.result.trigger
@@ -328,16 +336,13 @@ class StopSequence:
                                               queued=job.sched.is_batch, already=self.result.requeued_by_scheduler,
                                               restart_count=job.restart_count, max_requeues=cfg.max_requeues,
                                               suspect=bool(run.faults.reasons))
-        if wanted and await anyio.to_thread.run_sync(self.no_progress):
+        if wanted and await anyio.to_thread.run_sync(no_progress, run):
             self.result.no_progress = True
             k = cfg.no_progress_attempts
             run.journal.emit("requeue-refused", why="no-progress", attempts=k, restart_count=job.restart_count,
                              max_requeues=cfg.max_requeues)
             log.error("not requeueing: no new checkpoint in the last %d attempt(s); the run cannot progress", k)
-            if run.notifier is not None:
-                run.notifier.post("no-progress", attempts=k, attempt=run.plan.attempt, reason=trigger.reason.value)
-                with anyio.CancelScope(shield=True):
-                    await run.notifier.drain(min(cfg.notify_timeout, max(0.0, run.time_left())))
+            await notice(run, "no-progress", attempts=k, attempt=run.plan.attempt, reason=trigger.reason.value)
             return {"requeued": False, "why": f"no checkpoint published in {k} attempt(s)"}
         if not wanted:
             if why.startswith("max_requeues"):
@@ -345,10 +350,7 @@ class StopSequence:
                 log.warning("not requeueing: %d requeues already (max %d)", job.restart_count, cfg.max_requeues)
                 return {"requeued": False, "why": why}
             return {"skipped": why}
-        if run.notifier is not None:
-            run.notifier.post("requeued", attempt=run.plan.attempt, reason=trigger.reason.value)
-            with anyio.CancelScope(shield=True):
-                await run.notifier.drain(min(cfg.notify_timeout, max(0.0, run.time_left())))
+        await notice(run, "requeued", attempt=run.plan.attempt, reason=trigger.reason.value)
         # Requeueing sends us SIGTERM at once (Slurm): it is the very last thing we do, and
         # that TERM must not cut the journal's `end` (the training is already stopped).
         run.dispositions.ignore_stop()
