@@ -100,7 +100,10 @@ class Fleet:
         mirror.link(self.line.ring)
 
     def _said(self, node: int, word: str) -> None:
-        if word == wire.JOURNAL:
+        answer = wire.read_message(word, wire.REPLIES)
+        if answer is not None:
+            self.asking.answered(node, answer)
+        elif word == wire.JOURNAL:
             self.asking.heard(node)
         elif self._mirror is not None:
             self._mirror.heard(word)
@@ -213,7 +216,7 @@ class Fleet:
         answers: dict[int, dict[str, Any]] = {}
         down: dict[int, str] = {}  # nodes whose agent cannot answer: srun said its task ended; PBS calls the node down
         next_look = time.monotonic() + DOWN_POLL_S
-        everyone = True
+        everyone = not self.line.whole  # on the line, the answers come on it: a journal is read for what it did not carry
         with anyio.move_on_after(max(0.0, within)):
             while len(answers) < len(nodes):
                 await self.asking.read(watches, wire.NODES_FLUSH, request, answers, everyone=everyone)
@@ -254,7 +257,7 @@ class Fleet:
         request, watches = self.asking.ask(wire.NODES_SIGNAL, nodes, signal=name)
         t0 = time.monotonic()
         answers: dict[int, dict[str, Any]] = {}
-        everyone = True
+        everyone = not self.line.whole  # on the line, the answers come on it: a journal is read for what it did not carry
         with anyio.move_on_after(within):
             while len(answers) < len(nodes):
                 await self.asking.read(watches, wire.NODES_SIGNAL, request, answers, everyone=everyone)
@@ -356,30 +359,45 @@ NODES_FLUSH_CAP_S = 300.0  # ... and never more (hours left before the time limi
 class Asking:
     """The leader's requests to its node agents (``wire.ANSWERS``: ``nodes-flush``,
     ``nodes-signal``) and their answers. A request is journaled, the record, and said on the
-    line (``journal``); node K answers in its own journal with the same ``request`` and says
-    ``journal`` too, so only the journals of the nodes that said so are read, and every one
-    yet to answer only after a pause that ran out."""
+    line to every node on it (``wire.message``: what it asks, not a word to go and look); node
+    K journals its answer with the same ``request`` and says it on the line too (or only
+    ``journal`` when it is too long to say). The journals are read only for what the line
+    did not carry: the nodes that said ``journal``, and every node yet to answer after a pause
+    that ran out (a node off the line finds the request in the leader's journal)."""
 
     def __init__(self, run_dir: Path, emit: Emit, line: LeaderLine) -> None:
         self.run_dir, self.emit, self.line = run_dir, emit, line
         self.count = 0
         self._said = Bell()  # a node said it journaled an answer (``journal`` on the line)
         self._journaled: set[int] = set()  # the nodes that said so since their journals were last read
+        self._told: dict[str, dict[int, dict[str, Any]]] = {}  # request → node → its answer, said on the line
 
     def heard(self, node: int) -> None:
         """Node ``node`` said ``journal``: its answer is in its journal."""
         self._journaled.add(node)
         self._said.ring()
 
+    def answered(self, node: int, answer: dict[str, Any]) -> None:
+        """Node ``node`` said its answer on the line (``wire.read_message``)."""
+        told = self._told.get(str(answer["request"]))
+        if told is not None:
+            told[node] = answer
+            self._said.ring()
+
     def ask(self, kind: str, nodes: list[int], **fields: Any) -> tuple[str, dict[int, JournalTail]]:
         """A request to the agents of ``nodes``: journaled (the record, and where an agent off the
-        line finds it), then said on the line (``journal``); its id, and where each node's answer
-        will be (its journal, read from here on)."""
+        line finds it), then said on the line to each of them on it; its id, and where each
+        node's answer will be if the line does not carry it (its journal, read from here on)."""
         self.count += 1
         request = wire.request_id(self.count)
         watches = {k: JournalTail(node_dir(self.run_dir, k) / EVENTS_FILE) for k in nodes}
+        self._told[request] = {}
         self.emit(kind, request=request, **fields, nodes=nodes, durable=True)
-        self.line.ring(wire.JOURNAL)
+        said = wire.message(kind, request, fields)
+        if said is not None:
+            self.line.tell(nodes, said)
+        else:
+            self.line.ring(wire.JOURNAL)
         return request, watches
 
     async def read(self, watches: Mapping[int, JournalTail], kind: str, request: str,
@@ -389,6 +407,9 @@ class Asking:
         ran out, a node off the line). One read per answer, not one per node for each answer: at 1,024 nodes a
         last flush read a thousand journals on shared storage each time a node answered (issue 44)."""
         said, self._journaled = self._journaled, set()
+        for k, ev in self._told.get(request, {}).items():
+            if k in watches and k not in answers and ev.get("kind") == wire.ANSWERS[kind]:
+                answers[k] = ev
         for k, w in watches.items():
             if k in answers or not (everyone or k in said):
                 continue

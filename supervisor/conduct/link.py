@@ -41,8 +41,8 @@ import anyio
 from anyio.abc import SocketAttribute, SocketStream, TaskStatus
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from supervisor.conduct.wire import (LEADER_WORDS, LINK, LINK_FILE, MAX_LINE, NODE_WORDS, OK, hello, link_path, read_hello,
-                                     read_word, words_line)
+from supervisor.conduct.wire import (LEADER_WORDS, LINK, LINK_FILE, MAX_LINE, MAX_MESSAGE, NODE_WORDS, OK, REPLIES, REQUESTS,
+                                     hello, link_path, read_hello, read_word, words_line)
 from supervisor.reach import addresses
 
 log = logging.getLogger("supervise")
@@ -77,6 +77,13 @@ class LeaderLine:
     def ring(self, word: str) -> None:
         for box in self._boxes.values():
             box.put(word)
+
+    def tell(self, nodes: list[int], line: str) -> list[int]:
+        """``line`` (a request, ``wire.message``) to those of ``nodes`` on the line now; which."""
+        told = [k for k in nodes if k in self._boxes]
+        for k in told:
+            self._boxes[k].put(line)
+        return told
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Listen and say where (``link.json``); ``started`` then, or once it is clear that no
@@ -114,7 +121,7 @@ class LeaderLine:
                 old.close()  # an agent that came back: its old connection's words go nowhere
             self._changed()
             try:
-                await _converse(stream, box, NODE_WORDS, lambda word: self.heard(node, word))
+                await _converse(stream, box, NODE_WORDS, REPLIES, lambda word: self.heard(node, word))
             finally:
                 if self._boxes.get(node) is box:
                     del self._boxes[node]
@@ -158,7 +165,7 @@ class NodeLine:
             self.heard(LINK)
             try:
                 async with stream:
-                    await _converse(stream, box, LEADER_WORDS, self.heard)
+                    await _converse(stream, box, LEADER_WORDS, REQUESTS, self.heard)
             finally:
                 self._box, self.linked = None, False
             self.on_linked(False)  # lost, not ended by the agent's own end (a cancel passes through)
@@ -195,9 +202,11 @@ class _Outbox:
         return words
 
 
-async def _converse(stream: SocketStream, box: _Outbox, words: frozenset[str], heard: Callable[[str], None]) -> None:
-    """Send ``box``'s words and hear the other side's until either side ends the connection
-    (or says something no side of this line says: ended too)."""
+async def _converse(stream: SocketStream, box: _Outbox, words: frozenset[str], messages: frozenset[str],
+                    heard: Callable[[str], None]) -> None:
+    """Send ``box``'s words and hear the other side's (``words``, and the lines of the kinds in
+    ``messages``: a request or an answer with what it carries, ``wire.message``) until either
+    side ends the connection (or says a line longer than any side says: ended too)."""
     reader = BufferedByteReceiveStream(stream)
 
     async def send() -> None:
@@ -212,8 +221,8 @@ async def _converse(stream: SocketStream, box: _Outbox, words: frozenset[str], h
         tg.start_soon(send)
         with _ended():
             while True:
-                word = read_word(await reader.receive_until(b"\n", MAX_LINE))
-                if word in words:
+                word = read_word(await reader.receive_until(b"\n", MAX_MESSAGE))
+                if word in words or word.split(" ", 1)[0] in messages:
                     heard(word)
         tg.cancel_scope.cancel()
 

@@ -67,6 +67,9 @@ class NodeAgent:
         self.line = NodeLine(plan.run_dir, self.rank, heard=self._heard, linked=self._linked)
         self.journal_said = Bell()  # the leader journaled something for the nodes (or the line was made or lost)
         self.choice_said = Bell()   # the leader wrote its choice
+        self.asked: list[dict[str, Any]] = []  # the leader's requests said on the line, not yet answered
+        self.answered: set[str] = set()        # the requests answered (found again in the leader's journal: once)
+        self.look = True                       # the leader's journal is worth a look (``journal``, ``link``)
 
     async def run(self) -> int:
         where = self.plan.journal_dir
@@ -123,7 +126,13 @@ class NodeAgent:
     def _heard(self, word: str) -> None:
         """A word on the leader's line: who looks now (``LINK``: the line was made or lost, so
         everyone looks, as a word may have been said while it was not there)."""
+        asked = wire.read_message(word, wire.REQUESTS)
+        if asked is not None:  # a request said on the line: answered without a look at the leader's journal
+            self.asked.append(asked)
+            self.journal_said.ring()
+            return
         if word in (wire.JOURNAL, LINK):
+            self.look = True
             self.journal_said.ring()
         if word in (wire.CHOICE, LINK):
             self.choice_said.ring()
@@ -243,32 +252,58 @@ class NodeAgent:
                     self.state.end("signal", name)
 
     async def _leader_words(self, leader: JournalTail) -> None:
-        """The leader's journal: its last flush asks for ours (answered in this node's journal,
-        ``node-flush`` with its ``request``); its ``nodes-signal`` (PBS) is sent to this node's
-        ranks (``node-signal``); its ``end`` ends us."""
+        """The leader's requests, said on the line (``asked``) or, off it, found in its journal:
+        its last flush asks for ours (``nodes-flush``, answered ``node-flush`` with its
+        ``request`` in this node's journal and on the line); its ``nodes-signal`` (PBS) is sent
+        to this node's ranks (``node-signal``). Its journal is read when the leader says
+        ``journal``, when the line is made or lost, and rarely else while the line holds (every
+        ``LEADER_POLL_S`` off it): its ``end`` ends us."""
         while True:
-            for ev in await anyio.to_thread.run_sync(leader.appended):
-                if ev.get("kind") == wire.NODES_FLUSH:
-                    await self._answer(ev)
-                elif ev.get("kind") == wire.NODES_SIGNAL and self.rank in (ev.get("nodes") or []):
-                    done = await anyio.to_thread.run_sync(signal_ranks, self.training, str(ev.get("signal")))
-                    self.journal.emit(wire.NODE_SIGNAL, request=ev.get("request"), signal=ev.get("signal"), node=self.rank,
-                                      durable=True, **done)
-                    self.line.say(wire.JOURNAL)
-                    log.info("node %d: the leader's %s sent to %s", self.rank, ev.get("signal"), done["pids"] or "nobody")
-                elif ev.get("kind") == wire.END:
-                    self.state.end("leader-ended", f"leader attempt {ev.get('attempt')}: {ev.get('reason')}")
-                    return
-            await self.journal_said.wait(self._pause(LEADER_POLL_S))
+            told, self.asked = self.asked, []
+            for ev in told:
+                await self._request(ev, told=True)
+            if self.look:
+                self.look = False
+                for ev in await anyio.to_thread.run_sync(leader.appended):
+                    if ev.get("kind") in wire.REQUESTS:
+                        await self._request(ev, told=False)
+                    elif ev.get("kind") == wire.END:
+                        self.state.end("leader-ended", f"leader attempt {ev.get('attempt')}: {ev.get('reason')}")
+                        return
+            if not await self.journal_said.wait(self._pause(LEADER_POLL_S)):
+                self.look = True  # the pause ran out: a look anyway
+
+    async def _request(self, ev: Mapping[str, Any], *, told: bool) -> None:
+        """One of the leader's requests, answered once (said on the line, then found in its
+        journal too: the same ``request``). A ``nodes-signal`` in the journal is for the nodes
+        it names; said on the line, it was said to this node."""
+        request = str(ev.get("request"))
+        if request in self.answered:
+            return
+        if ev.get("kind") == wire.NODES_FLUSH:
+            self.answered.add(request)
+            await self._answer(ev)
+        elif ev.get("kind") == wire.NODES_SIGNAL and (told or self.rank in (ev.get("nodes") or [])):
+            self.answered.add(request)
+            done = await anyio.to_thread.run_sync(signal_ranks, self.training, str(ev.get("signal")))
+            self.journal.emit(wire.NODE_SIGNAL, request=ev.get("request"), signal=ev.get("signal"), node=self.rank,
+                              durable=True, **done)
+            self._reply(wire.NODE_SIGNAL, request, {"signal": ev.get("signal"), **done})
+            log.info("node %d: the leader's %s sent to %s", self.rank, ev.get("signal"), done["pids"] or "nobody")
 
     async def _answer(self, ev: Mapping[str, Any]) -> None:
         if ev.get("exited"):
             self.mirror.training_exited()  # every rank is gone: nothing here waits for quiescence
         result = await self.mirror.flush(wire.FOR_LEADER)
+        not_durable = [f"node {self.rank}: {line}" for line in self.mirror.pending()]
         self.journal.emit(wire.NODE_FLUSH, request=ev.get("request"), ok=result["ok"], seconds=result["seconds"],
-                          pairs=result["pairs"], not_durable=[f"node {self.rank}: {line}" for line in self.mirror.pending()],
-                          durable=True)
-        self.line.say(wire.JOURNAL)
+                          pairs=result["pairs"], not_durable=not_durable, durable=True)
+        self._reply(wire.NODE_FLUSH, str(ev.get("request")), {"ok": result["ok"], "not_durable": not_durable})
+
+    def _reply(self, kind: str, request: str, fields: dict[str, Any]) -> None:
+        """An answer, journaled already, said on the line; only ``journal`` when it is too long
+        to say (the leader reads it in this node's journal)."""
+        self.line.say(wire.message(kind, request, fields) or wire.JOURNAL)
 
     async def _stop(self) -> None:
         """The node's stop: one last flush, bounded (``FINAL_FLUSH_S``), so a part that lands

@@ -6,14 +6,17 @@ conversation, whole", is checked against ``TABLE``).
 It runs over six channels, each the one that fits what it carries:
 
 - **the line** (``conduct/link.py``): one TCP port, one word a line, saying *when* to look at
-  shared storage, never *what* is there;
+  shared storage, never *what* is there; but a request and its answer, which are said whole
+  (``message``: ``KIND REQUEST {fields}``), so that no side tails the other's journal for them;
 - **an agent's lines** (``READY_LINE …``): on stdout, which ``srun`` brings back, or appended to
   the agent's said file (PBS: a TM task's stdout goes to the job's output);
 - **the environment** the leader hands its agents (``CHOICE_VAR``, ``SAY_VAR``);
 - **files** under ``RUN/nodes/``: the line's address, the choice, each node's offer, the said
   files, each agent's lock;
 - **the journals**: a request in the leader's ``events.jsonl``, each node's answer with the
-  same ``request`` in its own (``ANSWERS``); the record, read by ``supervise report`` too;
+  same ``request`` in its own (``ANSWERS``): the record, read by ``supervise report``, not a
+  mailbox; read by the other side only for what the line did not carry (an agent off it, an
+  answer too long for it);
 - **parts** on persistent storage (``sync/_parts.py`` spells them: ``sync/`` sits below the
   conductor and may not import it; the table names them and a test holds the two together).
 
@@ -25,10 +28,11 @@ as a string only here; ``sched/`` is handed what it needs (``AgentLaunch.said_fi
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from supervisor.config import STORE_KEYS_FILE
 
@@ -147,6 +151,9 @@ NODES_SIGNAL = "nodes-signal"  # the leader's journal (PBS): the stop signal for
 NODE_SIGNAL = "node-signal"    # node K's journal: sent (the same ``request``), to which pids
 END = "end"                    # the leader's journal: its end; each agent's last flush, then its own end
 ANSWERS = {NODES_FLUSH: NODE_FLUSH, NODES_SIGNAL: NODE_SIGNAL}
+REQUESTS = frozenset(ANSWERS)
+REPLIES = frozenset(ANSWERS.values())
+MAX_MESSAGE = 16384  # a request or an answer said on the line, at most; a longer answer is journaled and ``journal`` said
 FOR_LEADER = "leader"          # the reason of a node's pass that answers ``nodes-flush`` (``flush:leader``)
 
 
@@ -158,6 +165,27 @@ def request_id(n: int) -> str:
 def is_answer(ev: dict[str, object], kind: str, request: str) -> bool:
     """Is this journal event node K's answer to the leader's ``kind`` request ``request``?"""
     return ev.get("kind") == ANSWERS[kind] and ev.get("request") == request
+
+
+def message(kind: str, request: str, fields: dict[str, Any]) -> str | None:
+    """A request or an answer as one line of the line: ``KIND REQUEST {fields}``, the same
+    as its journal event says (the journal stays the record); None when it would not fit
+    (``MAX_MESSAGE``: then only ``journal`` is said, and the other side reads the journal)."""
+    line = f"{kind} {request} {json.dumps(fields, separators=(',', ':'))}"
+    return line if len(line) < MAX_MESSAGE else None
+
+
+def read_message(line: str, kinds: frozenset[str]) -> dict[str, Any] | None:
+    """A request or an answer said on the line, as the journal event it stands for (``kind``,
+    ``request`` and its fields), if its kind is one of ``kinds``; None for anything else."""
+    parts = line.split(" ", 2)
+    if len(parts) != 3 or parts[0] not in kinds:
+        return None
+    try:
+        fields = json.loads(parts[2])
+    except ValueError:
+        return None
+    return {**fields, "kind": parts[0], "request": parts[1]} if isinstance(fields, dict) else None
 
 
 # ---------------------------------------------------------------------------- the table
@@ -182,17 +210,18 @@ class Says(NamedTuple):
 
 LINE, LINES, ENV, FILES, JOURNALS, PARTS = ("the line", "an agent's lines", "the environment", "files",
                                             "the journals", "parts")
+LINE_AND_JOURNALS = "the line and the journals"
 TO_NODES, TO_LEADER = "leader → nodes", "node → leader"
 
 TABLE: tuple[Says, ...] = (
     Says(HELLO, "word", TO_LEADER, LINE, "`hello TOKEN K`: node K, with the token of `link.json`"),
     Says(OK, "word", TO_NODES, LINE, "the hello was this job's: words follow", own=False),
-    Says(JOURNAL, "word", TO_NODES, LINE, "a `nodes-flush` or `nodes-signal` for them is journaled"),
+    Says(JOURNAL, "word", TO_NODES, LINE, "something for them is journaled that the line did not carry"),
     Says(CHOICE, "word", TO_NODES, LINE, "the choice file is written (each round), or the choice stands"),
     Says(GO, "word", TO_NODES, LINE, "`complete-on-node-0` is written", spelled="sync/_assembly.py"),
     Says(TAKEN, "word", TO_NODES, LINE, "parts published and released", spelled="sync/_assembly.py"),
     Says(PART, "word", TO_LEADER, LINE, "a part staged, its manifest written", spelled="sync/_partpublish.py"),
-    Says(JOURNAL, "word", TO_LEADER, LINE, "its `node-flush`/`node-signal` answer is journaled"),
+    Says(JOURNAL, "word", TO_LEADER, LINE, "its `node-flush`/`node-signal` answer is journaled, too long for the line"),
     Says(LINK, "word", "node's line → node", LINE, "never said: the line was made or lost, look at everything"),
     Says(READY_LINE, "line", TO_LEADER, LINES, "the first word of each line: `supervise-node-agent WHAT K HOST [MORE]`"),
     Says(OFFERED, "line", TO_LEADER, LINES, "its offer is written"),
@@ -212,10 +241,12 @@ TABLE: tuple[Says, ...] = (
          "held (flock) by node K's running agent: a second one says `duplicate` and exits"),
     Says(f"{_NODES}/{STORE_KEYS_FILE}", "file", TO_NODES, FILES, "how the leader reached each object store (0600)",
          spelled="config.py"),
-    Says(NODES_FLUSH, "request", TO_NODES, JOURNALS, "`request`, `reason`, `exited`, `nodes`: one last pass each, now"),
-    Says(NODE_FLUSH, "answer", TO_LEADER, JOURNALS, "the same `request`; `ok`, `pairs`, `not_durable`"),
-    Says(NODES_SIGNAL, "request", TO_NODES, JOURNALS, "PBS: `request`, `signal`, `nodes`: send it to the ranks there"),
-    Says(NODE_SIGNAL, "answer", TO_LEADER, JOURNALS, "the same `request`; the `pids` signalled"),
+    Says(NODES_FLUSH, "request", TO_NODES, LINE_AND_JOURNALS,
+         "`request`, `reason`, `exited` (`nodes` in the journal): one last pass each, now"),
+    Says(NODE_FLUSH, "answer", TO_LEADER, LINE_AND_JOURNALS, "the same `request`; `ok`, `not_durable` (`pairs` in the journal)"),
+    Says(NODES_SIGNAL, "request", TO_NODES, LINE_AND_JOURNALS,
+         "PBS: `request`, `signal` (`nodes` in the journal): send it to the ranks there"),
+    Says(NODE_SIGNAL, "answer", TO_LEADER, LINE_AND_JOURNALS, "the same `request`; the `pids` signalled"),
     Says(END, "event", TO_NODES, JOURNALS, "the leader ended: each agent's last flush, then its own end", own=False),
     Says(".supervise-parts/<checkpoint>/node-K/", "file", TO_LEADER, PARTS, "node K's files of the checkpoint",
          spelled="sync/_parts.py"),
