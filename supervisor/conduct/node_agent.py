@@ -65,7 +65,7 @@ class NodeAgent:
         self.state = NodeState()
         self.training = JobProcesses.from_env(plan.env)  # None outside a job: no writer can be seen, quiet time decides
         self.line = NodeLine(plan.run_dir, self.rank, heard=self._heard, linked=self._linked)
-        self.journal_said = Bell()  # the leader journaled something for the nodes (or the line was made or lost)
+        self.journal_said = Bell()  # the leader asked something (on the line, or in its journal), or the line was made or lost
         self.choice_said = Bell()   # the leader wrote its choice
         self.asked: list[dict[str, Any]] = []  # the leader's requests said on the line, not yet answered
         self.answered: set[str] = set()        # the requests answered (found again in the leader's journal: once)
