@@ -173,6 +173,8 @@ class Sim:
             self.words[word] = self.words.get(word, 0) + 1
             if word in self.wake:
                 self.wake[word].set()
+            elif word.split(" ", 1)[0] == "nodes-flush":  # the request itself (issue 46): read as the journal's
+                self.wake["journal"].set()
         if k not in self.dead and not self.ended.is_set():
             self.note(kind="line-lost", node=k, t=time.time())
 

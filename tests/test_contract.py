@@ -23,9 +23,16 @@ from tests.support.supervise import run_supervise
 
 
 def emitted_in_code() -> set[str]:
+    """Every kind the code journals: ``emit("kind", …)``, and the kinds of the leader↔node
+    conversation, named in conduct/wire.py (``emit(wire.NODE_FLUSH, …)``; the leader's requests
+    through ``Asking.ask(wire.NODES_FLUSH, …)``, which journals them)."""
+    from supervisor.conduct import wire
+
     kinds: set[str] = set()
     for path in (ROOT / "supervisor").rglob("*.py"):
-        kinds |= set(re.findall(r"""emit\(\s*["']([a-z][a-z0-9-]*)["']""", path.read_text()))
+        text = path.read_text()
+        kinds |= set(re.findall(r"""emit\(\s*["']([a-z][a-z0-9-]*)["']""", text))
+        kinds |= {getattr(wire, name) for name in re.findall(r"""(?:emit|ask)\(\s*wire\.([A-Z_]+)\b""", text)}
     return kinds - {"kind"}  # journal.py's docstring: emit("kind", ...)
 
 

@@ -234,7 +234,7 @@ class Agent:
     def _finish(self) -> int:
         run = self.run_state
         result = self._stop.result if self._stop else StopResult(run.trigger or policy.NO_TRIGGER, run.exit_status)
-        pending = run.mirror.pending() if run.mirror is not None else []
+        pending = run.pending()
         status = result.status(self.cfg.stopped_status, not_durable=policy.owed(pending),
                                not_durable_status=self.cfg.not_durable_status)
         duration = round(time.monotonic() - self._started, 3)

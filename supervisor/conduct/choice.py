@@ -18,19 +18,16 @@ import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from supervisor.conduct.wire import LEADER, OFFER_FILE, SAY_VAR, said_file, said_line
 from supervisor.journal import node_dir
 from supervisor.rawfile import read_once
 
 log = logging.getLogger("supervise")
 
 READY_TIMEOUT_S = 60.0
-READY_LINE = "supervise-node-agent"  # "<READY_LINE> offered K" / "… ready K HOST HOLDS" / "… leader 0" / "… duplicate K"
-CHOICE_VAR = "SUPERVISE_NODE_CHOICE"  # the file the leader writes its choice to; agents restore exactly that
 # choices at most per start: a version that verifies nowhere on some node is passed over for the
 # one before it (the ring keeps two versions of each node's part), then the one before that
 CHOICE_ROUNDS = 3
-OFFER_FILE = "offer.json"  # RUN/nodes/node-K/offer.json: what node K holds, before the leader chooses
-SAY_VAR = "SUPERVISE_NODE_SAY"  # a directory: each agent appends its READY_LINEs to node-K there (PBS: no pipe back)
 
 
 def write_choice(path: Path, choice: dict[str, Any], turn: int, final: bool) -> None:
@@ -89,10 +86,10 @@ def read_choice(path: Path) -> Choice | None:
 
 
 def say(what: str, rank: int, more: str = "") -> None:
-    """One line for the leader that started the agents (``READY_LINE``): on stdout (srun brings
-    it back), and appended to ``$SUPERVISE_NODE_SAY/node-K`` when the leader named that
-    directory (a PBS TM task's stdout goes to the job's output file, not to the leader)."""
-    line = f"{READY_LINE} {what} {rank} {socket.gethostname()} {more}".rstrip()
+    """One line for the leader that started the agents (``wire.READY_LINE``): on stdout (srun
+    brings it back), and appended to its said file in ``$SUPERVISE_NODE_SAY`` when the leader
+    named that directory (a PBS TM task's stdout goes to the job's output file, not to the leader)."""
+    line = said_line(what, rank, socket.gethostname(), more)
     try:  # one write, newline and all: every node's agent shares srun's stdout, and under
         # PYTHONUNBUFFERED print() writes the text, then the newline, so another node's line
         # could land between them and the leader would read neither (a pipe keeps a write of
@@ -104,7 +101,7 @@ def say(what: str, rank: int, more: str = "") -> None:
     where = os.environ.get(SAY_VAR)
     if where:
         try:
-            with open(Path(where) / f"node-{rank}", "a", encoding="utf-8") as f:
+            with open(said_file(Path(where), rank), "a", encoding="utf-8") as f:
                 f.write(line + "\n")
         except OSError as e:
             log.warning("could not tell the leader %r (%s): %s", what, where, e)
@@ -115,5 +112,5 @@ def leaders_node() -> int:
     Said before a node agent's modules are imported: the task srun starts on the leader's node
     costs the interpreter and this module, not 0.13 CPU-seconds of imports it never uses."""
     log.info("node rank 0 is the leader's: the main supervise mirrors this node's part; nothing to do")
-    say("leader", 0)
+    say(LEADER, 0)
     return 0

@@ -35,8 +35,9 @@ from supervisor import childenv
 from supervisor.bell import Bell
 from supervisor.conduct.link import LeaderLine
 from supervisor.config import Config, agent_view
-from supervisor.conduct.choice import (CHOICE_ROUNDS, CHOICE_VAR, READY_LINE, READY_TIMEOUT_S, SAY_VAR, offer_path,
-                                       read_offer, write_choice)
+from supervisor.conduct import wire
+from supervisor.conduct.choice import CHOICE_ROUNDS, READY_TIMEOUT_S, offer_path, read_offer, write_choice
+from supervisor.conduct.wire import CHOICE_VAR, SAY_VAR
 from supervisor.journal import EVENTS_FILE, Emit, JournalTail, node_dir
 from supervisor.policy import NODE_DOWN_WAIT, Reason, Trigger
 from supervisor.ports import MirrorPort
@@ -74,60 +75,42 @@ class Fleet:
         self.offered: dict[int, float] = {}
         self.holds: dict[int, Any] = {}
         self.restored: dict[int, tuple[int, Any]] = {}  # node → (round, what it holds) after each choice's restore
-        self.requests = 0
+        self.pending: list[str] = []  # what the agents said at the last flush they could not make durable, and who did not answer
         self.run_dir = run_dir  # the agents' journals: RUN/nodes/node-K/
-        self.choice_path = self.run_dir / "nodes" / f"choice-{os.getpid()}-{time.time_ns()}.json"
-        self.say_dir = self.run_dir / "nodes" / f"said-{os.getpid()}-{time.time_ns()}"
+        self.choice_path = wire.choice_path(run_dir, wire.attempt_stamp())
+        self.say_dir = wire.said_dir(run_dir, wire.attempt_stamp())
         self.env = {**env, CHOICE_VAR: str(self.choice_path)}
         agents = sched.agents(AgentLaunch(argv=argv, ranked=self.ranked_argv, nodes=nodes, env=self.env,
                                           carry=(CHOICE_VAR, *(v for v in (childenv.JOB_NODES,) if v in self.env)),
-                                          say=(SAY_VAR, self.say_dir), timeout=ready_timeout, report=log.warning))
+                                          say=(SAY_VAR, self.say_dir), said_file=partial(wire.said_file, self.say_dir),
+                                          timeout=ready_timeout, report=log.warning))
         assert agents is not None, f"no node agents under {sched.label}"
         self.agents = agents  # how its scheduler starts and hears them
         self._heard_any = anyio.Event()
         self._t0 = time.monotonic()
         self.line = LeaderLine(run_dir, len(nodes), heard=self._said, linked=self._linked)
-        self._answers = Bell()  # a node said it journaled an answer (``journal`` on the line)
-        self._journaled: set[int] = set()  # the nodes that said so since their journals were last read
+        self.asking = Asking(run_dir, emit, self.line)  # the requests journaled for them, and their answers
         self._mirror: MirrorPort | None = None
 
     def connect(self, mirror: MirrorPort) -> None:
         """The leader's mirror hears the nodes' words (``part``) and says its own (``go``,
-        ``taken``) on the line; its last flush waits for node K's last part."""
+        ``taken``) on the line. Its last flush is the stop's: ``flush_nodes`` between two of
+        the mirror's (``stopping.last_flush``)."""
         self._mirror = mirror
         mirror.link(self.line.ring)
-        mirror.attach_nodes(self.flush_nodes)
 
     def _said(self, node: int, word: str) -> None:
-        if word == "journal":
-            self._journaled.add(node)
-            self._answers.ring()
+        answer = wire.read_message(word, wire.REPLIES)
+        if answer is not None:
+            self.asking.answered(node, answer)
+        elif word == wire.JOURNAL:
+            self.asking.heard(node)
         elif self._mirror is not None:
             self._mirror.heard(word)
 
     def _linked(self, whole: bool) -> None:
         if self._mirror is not None:
             self._mirror.link(on=whole)
-
-    async def _answer_pause(self) -> bool:
-        """Until a node says it answered, or a look at their journals anyway: rarely while every
-        node is on the line, else every ``ANSWER_POLL_S``. True when a node said so (and the
-        line holds every node: then only those nodes' journals need reading)."""
-        return await self._answers.wait(LINKED_ANSWER_S if self.line.whole else ANSWER_POLL_S) and self.line.whole
-
-    async def _read_answers(self, watches: Mapping[int, JournalTail], kind: str, request: str,
-                            answers: dict[int, dict[str, Any]], *, everyone: bool) -> None:
-        """The answers to ``request`` in the journals of the nodes that said they answered, or
-        of every node yet to answer (``everyone``: the first look, a pause that ran out, a node
-        off the line). One read per answer, not one per node for each answer: at 1,024 nodes a
-        last flush read a thousand journals on shared storage each time a node answered (issue 44)."""
-        said, self._journaled = self._journaled, set()
-        for k, w in watches.items():
-            if k in answers or not (everyone or k in said):
-                continue
-            for ev in await anyio.to_thread.run_sync(w.appended):
-                if ev.get("kind") == kind and ev.get("request") == request:
-                    answers[k] = ev
 
     @classmethod
     def from_plan(cls, plan: Plan, emit: Emit) -> Fleet | None:
@@ -196,7 +179,7 @@ class Fleet:
         until each has restored it and said what it holds (``restored``): a node that could
         verify no copy of it holds ``{"unverified": name}``, and the leader chooses again."""
         await anyio.to_thread.run_sync(write_choice, self.choice_path, choice, turn, False)
-        self.line.ring("choice")
+        self.line.ring(wire.CHOICE)
         said = lambda: {k for k, (r, _h) in self.restored.items() if r == turn}  # noqa: E731
         await self._until(lambda: self.want <= said() | set(self.spawn_failed), self.ready_timeout)
         return {k: h for k, (r, h) in sorted(self.restored.items()) if r == turn}
@@ -206,7 +189,7 @@ class Fleet:
         and the leader waits until each that ``answered`` the round has said what it holds
         (``ready``; the others were waited for already)."""
         await anyio.to_thread.run_sync(write_choice, self.choice_path, choice, turn, True)
-        self.line.ring("choice")
+        self.line.ring(wire.CHOICE)
         await self._until(lambda: answered <= set(self.ready) | set(self.spawn_failed), self.ready_timeout)
         missing = sorted(self.want - set(self.ready))
         more = {"spawn_failed": {str(k): v for k, v in sorted(self.spawn_failed.items())}} if self.spawn_failed else {}
@@ -227,20 +210,16 @@ class Fleet:
         training exited is then on persistent storage before the leader's own last pass
         assembles it (``nodes-flush`` here, ``node-flush`` with the same ``request`` in
         ``RUN/nodes/node-K/events.jsonl``). Nodes that do not answer in time are named."""
-        self.requests += 1
-        request = f"{os.getpid()}.{self.requests}"
         nodes = sorted(set(self.ready) & self.want)  # node 0's "leader" line is no agent
-        watches = {k: JournalTail(node_dir(self.run_dir, k) / EVENTS_FILE) for k in nodes}
-        self.emit("nodes-flush", request=request, reason=reason, exited=exited, nodes=nodes, durable=True)
-        self.line.ring("journal")
+        request, watches = self.asking.ask(wire.NODES_FLUSH, nodes, reason=reason, exited=exited)
         t0 = time.monotonic()
         answers: dict[int, dict[str, Any]] = {}
         down: dict[int, str] = {}  # nodes whose agent cannot answer: srun said its task ended; PBS calls the node down
         next_look = time.monotonic() + DOWN_POLL_S
-        everyone = True
+        everyone = not self.line.whole  # on the line, the answers come on it: a journal is read for what it did not carry
         with anyio.move_on_after(max(0.0, within)):
             while len(answers) < len(nodes):
-                await self._read_answers(watches, "node-flush", request, answers, everyone=everyone)
+                await self.asking.read(watches, wire.NODES_FLUSH, request, answers, everyone=everyone)
                 if len(answers) < len(nodes):
                     if self.agents.ended():
                         break  # the agents' srun has ended: nobody is left to answer
@@ -249,7 +228,7 @@ class Fleet:
                         down.update(await self.agents.down([k for k in nodes if k not in answers and k not in down]))
                         if all(k in answers or k in down for k in nodes):
                             break
-                    everyone = not await self._answer_pause()
+                    everyone = not await self.asking.pause()
         missing = [k for k in nodes if k not in answers]
         pending = [line for k in sorted(answers) for line in answers[k].get("not_durable") or []]
         ended = self.agents.ended()
@@ -258,6 +237,7 @@ class Fleet:
                     "its newest part may be missing" if ended
                     else f"node {k}: did not answer the final flush in {within:.1f}s; its newest part may be missing"
                     for k in missing]
+        self.pending = pending
         return {"request": request, "answered": sorted(answers), "missing": missing, "pending": pending,
                 "seconds": round(time.monotonic() - t0, 3)}
 
@@ -273,20 +253,16 @@ class Fleet:
         nodes = sorted(set(self.ready) & self.want)
         if self.sched.signals_every_node or not nodes:
             return None
-        self.requests += 1
-        request = f"{os.getpid()}.{self.requests}"
         name = signal.Signals(sig).name
-        watches = {k: JournalTail(node_dir(self.run_dir, k) / EVENTS_FILE) for k in nodes}
-        self.emit("nodes-signal", request=request, signal=name, nodes=nodes, durable=True)
-        self.line.ring("journal")
+        request, watches = self.asking.ask(wire.NODES_SIGNAL, nodes, signal=name)
         t0 = time.monotonic()
         answers: dict[int, dict[str, Any]] = {}
-        everyone = True
+        everyone = not self.line.whole  # on the line, the answers come on it: a journal is read for what it did not carry
         with anyio.move_on_after(within):
             while len(answers) < len(nodes):
-                await self._read_answers(watches, "node-signal", request, answers, everyone=everyone)
+                await self.asking.read(watches, wire.NODES_SIGNAL, request, answers, everyone=everyone)
                 if len(answers) < len(nodes):
-                    everyone = not await self._answer_pause()
+                    everyone = not await self.asking.pause()
         missing = [k for k in nodes if k not in answers]
         if missing:
             log.warning("the node agents of node(s) %s did not say in %.1fs that they sent %s to their ranks",
@@ -346,23 +322,23 @@ class Fleet:
                 cleared |= silent
 
     def _heard(self, line: str, t0: float) -> None:
-        words = line.split(maxsplit=4)
-        if len(words) >= 3 and words[0] == READY_LINE and words[2].isdigit():
-            node, at = int(words[2]), round(time.monotonic() - t0, 3)
-            if words[1] == "offered":
+        said = wire.read_said(line)
+        if said is not None:
+            node, at = said.node, round(time.monotonic() - t0, 3)
+            if said.what == wire.OFFERED:
                 self.offered.setdefault(node, at)
-            elif words[1] == "restored" and len(words) == 5:
+            elif said.what == wire.RESTORED and said.more:
                 try:
-                    said = json.loads(words[4])
-                    self.restored[node] = (int(said["round"]), said["holds"])
+                    more = json.loads(said.more)
+                    self.restored[node] = (int(more["round"]), more["holds"])
                 except (ValueError, KeyError, TypeError):
                     pass
-            elif words[1] in ("ready", "leader", "duplicate"):
+            elif said.what in wire.DONE:
                 self.offered.setdefault(node, at)
                 self.ready.setdefault(node, at)
-                if words[1] == "ready" and len(words) == 5:
+                if said.what == wire.READY and said.more:
                     try:
-                        self.holds[node] = json.loads(words[4])
+                        self.holds[node] = json.loads(said.more)
                     except ValueError:
                         pass
         self._poke()
@@ -371,6 +347,81 @@ class Fleet:
         """Wake whatever waits on what the agents said (or on a spawn that failed)."""
         self._heard_any.set()
         self._heard_any = anyio.Event()
+
+
+def last_flush_wait(budget: float) -> float:
+    """Of the stop's budget for its last flush, the most the leader waits for its agents' answers."""
+    return min(budget * NODES_FLUSH_SHARE, NODES_FLUSH_CAP_S)
+
+
+NODES_FLUSH_SHARE = 0.75  # of the last flush's budget, the most the leader waits for its agents' answers
+NODES_FLUSH_CAP_S = 300.0  # ... and never more (hours left before the time limit: a hung agent is not waited out)
+class Asking:
+    """The leader's requests to its node agents (``wire.ANSWERS``: ``nodes-flush``,
+    ``nodes-signal``) and their answers. A request is journaled, the record, and said on the
+    line to every node on it (``wire.message``: what it asks, not a word to go and look); node
+    K journals its answer with the same ``request`` and says it on the line too (or only
+    ``journal`` when it is too long to say). The journals are read only for what the line
+    did not carry: the nodes that said ``journal``, and every node yet to answer after a pause
+    that ran out (a node off the line finds the request in the leader's journal)."""
+
+    def __init__(self, run_dir: Path, emit: Emit, line: LeaderLine) -> None:
+        self.run_dir, self.emit, self.line = run_dir, emit, line
+        self.count = 0
+        self._said = Bell()  # a node said it journaled an answer (``journal`` on the line)
+        self._journaled: set[int] = set()  # the nodes that said so since their journals were last read
+        self._told: dict[str, dict[int, dict[str, Any]]] = {}  # request → node → its answer, said on the line
+
+    def heard(self, node: int) -> None:
+        """Node ``node`` said ``journal``: its answer is in its journal."""
+        self._journaled.add(node)
+        self._said.ring()
+
+    def answered(self, node: int, answer: dict[str, Any]) -> None:
+        """Node ``node`` said its answer on the line (``wire.read_message``)."""
+        told = self._told.get(str(answer["request"]))
+        if told is not None:
+            told[node] = answer
+            self._said.ring()
+
+    def ask(self, kind: str, nodes: list[int], **fields: Any) -> tuple[str, dict[int, JournalTail]]:
+        """A request to the agents of ``nodes``: journaled (the record, and where an agent off the
+        line finds it), then said on the line to each of them on it; its id, and where each
+        node's answer will be if the line does not carry it (its journal, read from here on)."""
+        self.count += 1
+        request = wire.request_id(self.count)
+        watches = {k: JournalTail(node_dir(self.run_dir, k) / EVENTS_FILE) for k in nodes}
+        self._told[request] = {}
+        self.emit(kind, request=request, **fields, nodes=nodes, durable=True)
+        said = wire.message(kind, request, fields)
+        if said is not None:
+            self.line.tell(nodes, said)
+        else:
+            self.line.ring(wire.JOURNAL)
+        return request, watches
+
+    async def read(self, watches: Mapping[int, JournalTail], kind: str, request: str,
+                   answers: dict[int, dict[str, Any]], *, everyone: bool) -> None:
+        """The answers to ``request`` (a ``kind`` request) in the journals of the nodes that said
+        they answered, or of every node yet to answer (``everyone``: the first look, a pause that
+        ran out, a node off the line). One read per answer, not one per node for each answer: at 1,024 nodes a
+        last flush read a thousand journals on shared storage each time a node answered (issue 44)."""
+        said, self._journaled = self._journaled, set()
+        for k, ev in self._told.get(request, {}).items():
+            if k in watches and k not in answers and ev.get("kind") == wire.ANSWERS[kind]:
+                answers[k] = ev
+        for k, w in watches.items():
+            if k in answers or not (everyone or k in said):
+                continue
+            for ev in await anyio.to_thread.run_sync(w.appended):
+                if wire.is_answer(ev, kind, request):
+                    answers[k] = ev
+
+    async def pause(self) -> bool:
+        """Until a node says it answered, or a look at their journals anyway: rarely while every
+        node is on the line, else every ``ANSWER_POLL_S``. True when a node said so (and the
+        line holds every node: then only those nodes' journals need reading)."""
+        return await self._said.wait(LINKED_ANSWER_S if self.line.whole else ANSWER_POLL_S) and self.line.whole
 
 
 ANSWER_POLL_S = 0.1  # the leader, while it waits for the agents' answers to its last flush

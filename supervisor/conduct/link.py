@@ -41,22 +41,15 @@ import anyio
 from anyio.abc import SocketAttribute, SocketStream, TaskStatus
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from supervisor.conduct.wire import (LEADER_WORDS, LINK, LINK_FILE, MAX_LINE, MAX_MESSAGE, NODE_WORDS, OK, REPLIES, REQUESTS,
+                                     hello, link_path, read_hello, read_word, words_line)
 from supervisor.reach import addresses
 
 log = logging.getLogger("supervise")
 
-LINK_FILE = "link.json"       # RUN/nodes/link.json: where the leader listens, and the token
 CONNECT_S = 2.0               # one try at one of the leader's addresses
 HELLO_S = 5.0                 # a connection that has not said who it is by then is dropped
 RETRY_S = (0.2, 5.0)          # an agent's pause between tries: from, doubling to
-MAX_LINE = 128
-LEADER_WORDS = frozenset({"journal", "choice", "go", "taken"})
-NODE_WORDS = frozenset({"part", "journal"})
-LINK = "link"                 # heard by an agent when the line is made or lost: look at everything
-
-
-def link_path(run_dir: Path) -> Path:
-    return run_dir / "nodes" / LINK_FILE
 
 
 class LeaderLine:
@@ -84,6 +77,13 @@ class LeaderLine:
     def ring(self, word: str) -> None:
         for box in self._boxes.values():
             box.put(word)
+
+    def tell(self, nodes: list[int], line: str) -> list[int]:
+        """``line`` (a request, ``wire.message``) to those of ``nodes`` on the line now; which."""
+        told = [k for k in nodes if k in self._boxes]
+        for k in told:
+            self._boxes[k].put(line)
+        return told
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Listen and say where (``link.json``); ``started`` then, or once it is clear that no
@@ -121,7 +121,7 @@ class LeaderLine:
                 old.close()  # an agent that came back: its old connection's words go nowhere
             self._changed()
             try:
-                await _converse(stream, box, NODE_WORDS, lambda word: self.heard(node, word))
+                await _converse(stream, box, NODE_WORDS, REPLIES, lambda word: self.heard(node, word))
             finally:
                 if self._boxes.get(node) is box:
                     del self._boxes[node]
@@ -165,7 +165,7 @@ class NodeLine:
             self.heard(LINK)
             try:
                 async with stream:
-                    await _converse(stream, box, LEADER_WORDS, self.heard)
+                    await _converse(stream, box, LEADER_WORDS, REQUESTS, self.heard)
             finally:
                 self._box, self.linked = None, False
             self.on_linked(False)  # lost, not ended by the agent's own end (a cancel passes through)
@@ -202,9 +202,11 @@ class _Outbox:
         return words
 
 
-async def _converse(stream: SocketStream, box: _Outbox, words: frozenset[str], heard: Callable[[str], None]) -> None:
-    """Send ``box``'s words and hear the other side's until either side ends the connection
-    (or says something no side of this line says: ended too)."""
+async def _converse(stream: SocketStream, box: _Outbox, words: frozenset[str], messages: frozenset[str],
+                    heard: Callable[[str], None]) -> None:
+    """Send ``box``'s words and hear the other side's (``words``, and the lines of the kinds in
+    ``messages``: a request or an answer with what it carries, ``wire.message``) until either
+    side ends the connection (or says a line longer than any side says: ended too)."""
     reader = BufferedByteReceiveStream(stream)
 
     async def send() -> None:
@@ -212,15 +214,15 @@ async def _converse(stream: SocketStream, box: _Outbox, words: frozenset[str], h
             while not box.closed:
                 out = await box.take()
                 if out:
-                    await stream.send("".join(f"{w}\n" for w in sorted(out)).encode())
+                    await stream.send(words_line(out))
         tg.cancel_scope.cancel()
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(send)
         with _ended():
             while True:
-                word = (await reader.receive_until(b"\n", MAX_LINE)).decode("ascii", "replace").strip()
-                if word in words:
+                word = read_word(await reader.receive_until(b"\n", MAX_MESSAGE))
+                if word in words or word.split(" ", 1)[0] in messages:
                     heard(word)
         tg.cancel_scope.cancel()
 
@@ -243,15 +245,15 @@ async def _hello(stream: SocketStream, token: str, want: set[int]) -> int | None
     reader = BufferedByteReceiveStream(stream)
     try:
         with anyio.fail_after(HELLO_S):
-            words = (await reader.receive_until(b"\n", MAX_LINE)).decode("ascii", "replace").split()
-            ok = (len(words) == 3 and words[0] == "hello" and secrets.compare_digest(words[1], token)
-                  and words[2].isdigit() and int(words[2]) in want and not reader.buffer)  # nothing before our answer
-            if not ok:
+            said = read_hello(await reader.receive_until(b"\n", MAX_LINE))
+            ok = (said is not None and secrets.compare_digest(said[0], token) and said[1] in want
+                  and not reader.buffer)  # nothing before our answer
+            if not ok or said is None:
                 return None
-            await stream.send(b"ok\n")
+            await stream.send(words_line({OK}))
     except (TimeoutError, *_GONE):
         return None
-    return int(words[2])
+    return said[1]
 
 
 async def _connect(where: dict[str, Any], node: int) -> SocketStream | None:
@@ -261,9 +263,9 @@ async def _connect(where: dict[str, Any], node: int) -> SocketStream | None:
             with anyio.fail_after(CONNECT_S):
                 stream = await anyio.connect_tcp(host, where["port"])
                 try:
-                    await stream.send(f"hello {where['token']} {node}\n".encode())
+                    await stream.send(hello(where["token"], node).encode())
                     reader = BufferedByteReceiveStream(stream)
-                    if await reader.receive_until(b"\n", MAX_LINE) == b"ok" and not reader.buffer:
+                    if read_word(await reader.receive_until(b"\n", MAX_LINE)) == OK and not reader.buffer:
                         return stream
                 except BaseException:
                     await anyio.aclose_forcefully(stream)

@@ -37,9 +37,11 @@ from anyio.abc import TaskGroup
 
 from supervisor import logs, proctree
 from supervisor.bell import LINKED_LOOK_S, Bell
-from supervisor.conduct.choice import CHOICE_VAR, READY_TIMEOUT_S, Choice, offer_path, read_choice, say, write_offer
+from supervisor.conduct import wire
+from supervisor.conduct.choice import READY_TIMEOUT_S, Choice, offer_path, read_choice, say, write_offer
 from supervisor.conduct.guard import guarded
-from supervisor.conduct.link import LINK, NodeLine
+from supervisor.conduct.link import NodeLine
+from supervisor.conduct.wire import LINK, LOCK_FILE
 from supervisor.errors import ConfigError
 from supervisor.jobprocs import JobProcesses, signal_ranks
 from supervisor.journal import EVENTS_FILE, Journal, JournalTail
@@ -48,7 +50,6 @@ from supervisor.plan import Plan, node_start_fields
 log = logging.getLogger("supervise")
 
 FINAL_FLUSH_S = 60.0
-LOCK_FILE = "agent.lock"
 CHOICE_POLL_S = 0.1  # while the leader chooses what every node restores
 LEADER_POLL_S = 0.2  # the leader's journal: its last flush's request waits on our answer
 TRAINING_POLL_S = 1.0  # how often the agent looks for the job's processes on its node (_follow_training)
@@ -64,8 +65,11 @@ class NodeAgent:
         self.state = NodeState()
         self.training = JobProcesses.from_env(plan.env)  # None outside a job: no writer can be seen, quiet time decides
         self.line = NodeLine(plan.run_dir, self.rank, heard=self._heard, linked=self._linked)
-        self.journal_said = Bell()  # the leader journaled something for the nodes (or the line was made or lost)
+        self.journal_said = Bell()  # the leader asked something (on the line, or in its journal), or the line was made or lost
         self.choice_said = Bell()   # the leader wrote its choice
+        self.asked: list[dict[str, Any]] = []  # the leader's requests said on the line, not yet answered
+        self.answered: set[str] = set()        # the requests answered (found again in the leader's journal: once)
+        self.look = True                       # the leader's journal is worth a look (``journal``, ``link``)
 
     async def run(self) -> int:
         where = self.plan.journal_dir
@@ -76,7 +80,7 @@ class NodeAgent:
         lock = _hold(where)
         if lock is None:
             log.info("another node agent for node %d is running (%s): nothing to do", self.rank, where / LOCK_FILE)
-            say("duplicate", self.rank)
+            say(wire.DUPLICATE, self.rank)
             return 0
         try:
             logs.add_file(where, self.cfg.verbosity)
@@ -105,7 +109,7 @@ class NodeAgent:
                 holds = await anyio.to_thread.run_sync(mirror.holds)
                 await tg.start(self._guarded("sync", mirror.run))
                 # the leader that started us (conduct/fleet.py) compares what every node holds, then spawns the training
-                say("ready", rank, json.dumps(holds, separators=(",", ":")))
+                say(wire.READY, rank, json.dumps(holds, separators=(",", ":")))
                 await self._start_parts(tg)
                 tg.start_soon(self._signals)
                 tg.start_soon(self._leader_words, leader)
@@ -122,11 +126,17 @@ class NodeAgent:
     def _heard(self, word: str) -> None:
         """A word on the leader's line: who looks now (``LINK``: the line was made or lost, so
         everyone looks, as a word may have been said while it was not there)."""
-        if word in ("journal", LINK):
+        asked = wire.read_message(word, wire.REQUESTS)
+        if asked is not None:  # a request said on the line: answered without a look at the leader's journal
+            self.asked.append(asked)
             self.journal_said.ring()
-        if word in ("choice", LINK):
+            return
+        if word in (wire.JOURNAL, LINK):
+            self.look = True
+            self.journal_said.ring()
+        if word in (wire.CHOICE, LINK):
             self.choice_said.ring()
-        if word != "journal" and word != "choice":
+        if word != wire.JOURNAL and word != wire.CHOICE:
             self.mirror.heard(word)
 
     def _linked(self, on: bool) -> None:
@@ -165,13 +175,13 @@ class NodeAgent:
         again for each new choice (a version no copy of which verified on some node is passed
         over), until the leader says the choice stands. Started by the job script (no choice
         file named): the newest published version, as the leader's own restore picks it."""
-        path = self.plan.env.get(CHOICE_VAR)
+        path = self.plan.env.get(wire.CHOICE_VAR)
         if not path:
             await self.mirror.restore()
             return
         offered = await self.mirror.offer()
         await anyio.to_thread.run_sync(write_offer, offer_path(self.plan.run_dir, self.rank), path, offered)
-        say("offered", self.rank)
+        say(wire.OFFERED, self.rank)
         done = 0  # the round of the last choice restored here
         while (said := await self._choice(Path(path), after=done)) is not None:
             if said.round > done:
@@ -180,7 +190,7 @@ class NodeAgent:
             if said.final:
                 return
             holds = await anyio.to_thread.run_sync(self.mirror.holds)
-            say("restored", self.rank, json.dumps({"round": done, "holds": holds}, separators=(",", ":")))
+            say(wire.RESTORED, self.rank, json.dumps({"round": done, "holds": holds}, separators=(",", ":")))
         if not done:
             log.warning("no choice from the leader in %.0fs (%s): restoring the newest published version",
                         2 * READY_TIMEOUT_S, path)
@@ -242,39 +252,65 @@ class NodeAgent:
                     self.state.end("signal", name)
 
     async def _leader_words(self, leader: JournalTail) -> None:
-        """The leader's journal: its last flush asks for ours (answered in this node's journal,
-        ``node-flush`` with its ``request``); its ``nodes-signal`` (PBS) is sent to this node's
-        ranks (``node-signal``); its ``end`` ends us."""
+        """The leader's requests, said on the line (``asked``) or, off it, found in its journal:
+        its last flush asks for ours (``nodes-flush``, answered ``node-flush`` with its
+        ``request`` in this node's journal and on the line); its ``nodes-signal`` (PBS) is sent
+        to this node's ranks (``node-signal``). Its journal is read when the leader says
+        ``journal``, when the line is made or lost, and rarely else while the line holds (every
+        ``LEADER_POLL_S`` off it): its ``end`` ends us."""
         while True:
-            for ev in await anyio.to_thread.run_sync(leader.appended):
-                if ev.get("kind") == "nodes-flush":
-                    await self._answer(ev)
-                elif ev.get("kind") == "nodes-signal" and self.rank in (ev.get("nodes") or []):
-                    done = await anyio.to_thread.run_sync(signal_ranks, self.training, str(ev.get("signal")))
-                    self.journal.emit("node-signal", request=ev.get("request"), signal=ev.get("signal"), node=self.rank,
-                                      durable=True, **done)
-                    self.line.say("journal")
-                    log.info("node %d: the leader's %s sent to %s", self.rank, ev.get("signal"), done["pids"] or "nobody")
-                elif ev.get("kind") == "end":
-                    self.state.end("leader-ended", f"leader attempt {ev.get('attempt')}: {ev.get('reason')}")
-                    return
-            await self.journal_said.wait(self._pause(LEADER_POLL_S))
+            told, self.asked = self.asked, []
+            for ev in told:
+                await self._request(ev, told=True)
+            if self.look:
+                self.look = False
+                for ev in await anyio.to_thread.run_sync(leader.appended):
+                    if ev.get("kind") in wire.REQUESTS:
+                        await self._request(ev, told=False)
+                    elif ev.get("kind") == wire.END:
+                        self.state.end("leader-ended", f"leader attempt {ev.get('attempt')}: {ev.get('reason')}")
+                        return
+            if not await self.journal_said.wait(self._pause(LEADER_POLL_S)):
+                self.look = True  # the pause ran out: a look anyway
+
+    async def _request(self, ev: Mapping[str, Any], *, told: bool) -> None:
+        """One of the leader's requests, answered once (said on the line, then found in its
+        journal too: the same ``request``). A ``nodes-signal`` in the journal is for the nodes
+        it names; said on the line, it was said to this node."""
+        request = str(ev.get("request"))
+        if request in self.answered:
+            return
+        if ev.get("kind") == wire.NODES_FLUSH:
+            self.answered.add(request)
+            await self._answer(ev)
+        elif ev.get("kind") == wire.NODES_SIGNAL and (told or self.rank in (ev.get("nodes") or [])):
+            self.answered.add(request)
+            done = await anyio.to_thread.run_sync(signal_ranks, self.training, str(ev.get("signal")))
+            self.journal.emit(wire.NODE_SIGNAL, request=ev.get("request"), signal=ev.get("signal"), node=self.rank,
+                              durable=True, **done)
+            self._reply(wire.NODE_SIGNAL, request, {"signal": ev.get("signal"), **done})
+            log.info("node %d: the leader's %s sent to %s", self.rank, ev.get("signal"), done["pids"] or "nobody")
 
     async def _answer(self, ev: Mapping[str, Any]) -> None:
         if ev.get("exited"):
             self.mirror.training_exited()  # every rank is gone: nothing here waits for quiescence
-        result = await self.mirror.flush("leader")
-        self.journal.emit("node-flush", request=ev.get("request"), ok=result["ok"], seconds=result["seconds"],
-                          pairs=result["pairs"], not_durable=[f"node {self.rank}: {line}" for line in self.mirror.pending()],
-                          durable=True)
-        self.line.say("journal")
+        result = await self.mirror.flush(wire.FOR_LEADER)
+        not_durable = [f"node {self.rank}: {line}" for line in self.mirror.pending()]
+        self.journal.emit(wire.NODE_FLUSH, request=ev.get("request"), ok=result["ok"], seconds=result["seconds"],
+                          pairs=result["pairs"], not_durable=not_durable, durable=True)
+        self._reply(wire.NODE_FLUSH, str(ev.get("request")), {"ok": result["ok"], "not_durable": not_durable})
+
+    def _reply(self, kind: str, request: str, fields: dict[str, Any]) -> None:
+        """An answer, journaled already, said on the line; only ``journal`` when it is too long
+        to say (the leader reads it in this node's journal)."""
+        self.line.say(wire.message(kind, request, fields) or wire.JOURNAL)
 
     async def _stop(self) -> None:
         """The node's stop: one last flush, bounded (``FINAL_FLUSH_S``), so a part that lands
         late still counts for the next attempt."""
         with anyio.move_on_after(FINAL_FLUSH_S):
             result = await self.mirror.flush(self.state.reason)
-            self.journal.emit("node-flush", ok=result["ok"], seconds=result["seconds"], pairs=result["pairs"])
+            self.journal.emit(wire.NODE_FLUSH, ok=result["ok"], seconds=result["seconds"], pairs=result["pairs"])
 
 
 @dataclass

@@ -93,6 +93,12 @@ class RunState:
     def tree_pids(self) -> set[int]:
         return self.child.tree() if self.child is not None else set()
 
+    def pending(self) -> list[str]:
+        """What is not durable, one line each: the mirror's, then what the node agents said at
+        the last flush (and the nodes that did not answer it)."""
+        return ((self.mirror.pending() if self.mirror is not None else [])
+                + (self.agents.pending if self.agents is not None else []))
+
     def child_running(self) -> bool:
         return self.child is not None and self.child.returncode is None
 

@@ -21,6 +21,7 @@ from supervisor import policy, stacks, suspects
 from supervisor._units import format_duration
 from supervisor.child import exit_status
 from supervisor.policy import Reason, Trigger
+from supervisor.conduct.fleet import last_flush_wait
 from supervisor.conduct.routing import request_checkpoint
 from supervisor.conduct.state import RunState, StopResult
 
@@ -36,6 +37,44 @@ async def emergency_stop(run: RunState) -> None:
             await run.child.stop(run.stop_signal(), run.cfg.grace)
 
 
+async def last_flush(run: RunState, bound: float, *, exited: bool) -> dict[str, Any]:
+    """The leader's last flush with node agents, in turn: its own pass; then the fleet asks
+    every agent for its last (``nodes-flush``) and waits for their answers (most of ``bound``,
+    the step's budget); then, if any answered, its pass once more, so a part node K's rank
+    saved a moment before the exit is assembled before the end (docs/multinode.md, "The end
+    waits for every node's last part"). ``exited``: the training's whole tree is gone."""
+    assert run.mirror is not None and run.agents is not None
+    t0 = time.monotonic()
+    result = await run.mirror.flush("final")
+    nodes = await run.agents.flush_nodes("final", exited=exited, within=last_flush_wait(bound))
+    if nodes["answered"]:
+        result = await run.mirror.flush("final")
+    pending = run.pending()
+    return {**result, "seconds": round(time.monotonic() - t0, 3),
+            "ok": all(r["ok"] for r in result["pairs"].values()) and not pending, "pending": pending, "nodes": nodes}
+
+
+async def notice(run: RunState, event: str, **fields: Any) -> None:
+    """A notification the stop delivers before it goes on (the end's, a requeue's), bounded by
+    ``notify_timeout`` and the time left; shielded: a requeue's TERM must not cut it."""
+    if run.notifier is None:
+        return
+    run.notifier.post(event, **fields)
+    with anyio.CancelScope(shield=True):
+        await run.notifier.drain(min(run.cfg.notify_timeout, max(0.0, run.time_left())))
+
+
+def no_progress(run: RunState) -> bool:
+    """No checkpoint published over the last ``no_progress_attempts`` attempts (this one
+    included): a requeue would only repeat the failure (issue 15). Unknowable without a
+    checkpoint pair, so never then."""
+    if run.mirror is None or not any(p.kind == "checkpoint" for p in run.cfg.sync):
+        return False
+    earlier = [e for e in run.plan.previous_events if e.get("attempt") != run.plan.attempt]
+    progress = policy.progress_by_attempt(earlier) + [run.mirror.published > 0]
+    return policy.no_progress(progress, run.cfg.no_progress_attempts)
+
+
 class StopSequence:
     """Runs the steps for one run; reads its state, never decides alone, and returns what it
     found out (``StopResult``) instead of writing the conductor."""
@@ -44,6 +83,7 @@ class StopSequence:
         assert run.trigger is not None
         self.run = run
         self.outcomes: dict[str, dict[str, Any]] = {}
+        self.exited = False  # the training's whole tree is gone (told the mirror and the node agents)
         self.result = StopResult(trigger=run.trigger, exit_status=run.exit_status)
 
     async def __call__(self) -> StopResult:
@@ -57,6 +97,7 @@ class StopSequence:
         await self.no_orphans()
         if run.mirror is not None and not run.tree_pids():
             run.mirror.training_exited()  # nothing can change now: no checkpoint waits for quiescence
+            self.exited = True
         await self.step("final-flush", lambda: self.flush("final"))
         if run.agents is not None and result.trigger.reason in (Reason.CHILD_FAILED, Reason.NODE_FAILED):
             await self.step("nodes", self.nodes_gone)
@@ -169,11 +210,14 @@ class StopSequence:
         bound = policy.flush_bound(run.time_left(), run.cfg.grace, child_running=reason == "stop" and run.child_running(),
                                    spare=spare)
         if bound <= 0:
-            return {"outcome": "no-time", "pending": run.mirror.pending()}
+            return {"outcome": "no-time", "pending": run.pending()}
         with anyio.move_on_after(bound) as scope:
-            result = await run.mirror.flush(reason, within=bound)
+            if reason == "final" and run.agents is not None:
+                result = await last_flush(run, bound, exited=self.exited)
+            else:
+                result = await run.mirror.flush(reason)
         if scope.cancelled_caught:
-            return {"outcome": "timeout", "bound_s": round(bound, 3), "pending": run.mirror.pending()}
+            return {"outcome": "timeout", "bound_s": round(bound, 3), "pending": run.pending()}
         return {"outcome": "done", **(result or {})}
 
     async def stop_child(self) -> dict[str, Any]:
@@ -277,20 +321,7 @@ class StopSequence:
             return
         reason = self.result.trigger.reason
         status = self.result.status(run.cfg.stopped_status)
-        run.notifier.post(policy.END_NOTICE[reason], reason=reason.value, exit_status=status, attempt=run.plan.attempt)
-        with anyio.CancelScope(shield=True):
-            await run.notifier.drain(min(run.cfg.notify_timeout, max(0.0, run.time_left())))
-
-    def no_progress(self) -> bool:
-        """No checkpoint published over the last ``no_progress_attempts`` attempts (this one
-        included): a requeue would only repeat the failure (issue 15). Unknowable without a
-        checkpoint pair, so never then."""
-        run = self.run
-        if run.mirror is None or not any(p.kind == "checkpoint" for p in run.cfg.sync):
-            return False
-        earlier = [e for e in run.plan.previous_events if e.get("attempt") != run.plan.attempt]
-        progress = policy.progress_by_attempt(earlier) + [run.mirror.published > 0]
-        return policy.no_progress(progress, run.cfg.no_progress_attempts)
+        await notice(run, policy.END_NOTICE[reason], reason=reason.value, exit_status=status, attempt=run.plan.attempt)
 
     async def requeue(self) -> dict[str, Any]:
         run, cfg, trigger = self.run, self.run.cfg, self.result.trigger
@@ -305,16 +336,13 @@ class StopSequence:
                                               queued=job.sched.is_batch, already=self.result.requeued_by_scheduler,
                                               restart_count=job.restart_count, max_requeues=cfg.max_requeues,
                                               suspect=bool(run.faults.reasons))
-        if wanted and await anyio.to_thread.run_sync(self.no_progress):
+        if wanted and await anyio.to_thread.run_sync(no_progress, run):
             self.result.no_progress = True
             k = cfg.no_progress_attempts
             run.journal.emit("requeue-refused", why="no-progress", attempts=k, restart_count=job.restart_count,
                              max_requeues=cfg.max_requeues)
             log.error("not requeueing: no new checkpoint in the last %d attempt(s); the run cannot progress", k)
-            if run.notifier is not None:
-                run.notifier.post("no-progress", attempts=k, attempt=run.plan.attempt, reason=trigger.reason.value)
-                with anyio.CancelScope(shield=True):
-                    await run.notifier.drain(min(cfg.notify_timeout, max(0.0, run.time_left())))
+            await notice(run, "no-progress", attempts=k, attempt=run.plan.attempt, reason=trigger.reason.value)
             return {"requeued": False, "why": f"no checkpoint published in {k} attempt(s)"}
         if not wanted:
             if why.startswith("max_requeues"):
@@ -322,10 +350,7 @@ class StopSequence:
                 log.warning("not requeueing: %d requeues already (max %d)", job.restart_count, cfg.max_requeues)
                 return {"requeued": False, "why": why}
             return {"skipped": why}
-        if run.notifier is not None:
-            run.notifier.post("requeued", attempt=run.plan.attempt, reason=trigger.reason.value)
-            with anyio.CancelScope(shield=True):
-                await run.notifier.drain(min(cfg.notify_timeout, max(0.0, run.time_left())))
+        await notice(run, "requeued", attempt=run.plan.attempt, reason=trigger.reason.value)
         # Requeueing sends us SIGTERM at once (Slurm): it is the very last thing we do, and
         # that TERM must not cut the journal's `end` (the training is already stopped).
         run.dispositions.ignore_stop()

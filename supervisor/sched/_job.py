@@ -117,6 +117,7 @@ class AgentLaunch:
     env: dict[str, str]                   # the leader's environment, with what every agent must get
     carry: tuple[str, ...]                # names in env an agent needs where a launch hands it no environment
     say: tuple[str, Path]                 # (variable, directory): where an agent with no pipe back appends its lines
+    said_file: Callable[[int], Path]      # node k's file in that directory (conduct/wire.py names it)
     timeout: float                        # a spawn that takes longer failed
     report: Report                        # the leader's log, for a node whose agent could not start
 

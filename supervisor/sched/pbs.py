@@ -332,7 +332,7 @@ class PbsdshAgents:
                 launch.report(f"could not start the node agent on node {k} ({launch.nodes[k]}): {self.failed[k]}")
                 anyio.from_thread.run_sync(changed)
 
-        said = SaidLines(launch.say[1])
+        said = SaidLines(launch.said_file)
 
         async def follow() -> None:
             while True:
@@ -365,18 +365,19 @@ class PbsdshAgents:
 
 
 class SaidLines:
-    """What the PBS agents said: the lines appended to ``say_dir/node-K`` since the last
-    read, whole lines only (a line still being written waits for the next read), each once,
-    in node order. A file not there yet is no line. Blocking: run in a thread."""
+    """What the PBS agents said: the lines appended to node K's said file (``said_file(K)``,
+    in the say directory) since the last read, whole lines only (a line still being written
+    waits for the next read), each once, in node order. A file not there yet is no line.
+    Blocking: run in a thread."""
 
-    def __init__(self, say_dir: Path) -> None:
-        self.say_dir = say_dir
+    def __init__(self, said_file: Callable[[int], Path]) -> None:
+        self.said_file = said_file
         self.offsets: dict[int, int] = {}
 
     def read(self, nodes: list[int]) -> list[str]:
         lines = []
         for k in nodes:
-            path = self.say_dir / f"node-{k}"
+            path = self.said_file(k)
             try:
                 with open(path, "rb") as f:
                     f.seek(self.offsets.get(k, 0))

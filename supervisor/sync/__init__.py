@@ -17,7 +17,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 import anyio
 from anyio.abc import TaskStatus
@@ -39,9 +39,6 @@ __all__ = ["Mirror"]
 
 log = logging.getLogger("supervise")
 
-NODES_FLUSH_SHARE = 0.75  # of the last flush's budget, the most the leader waits for its agents' answers
-NODES_FLUSH_S = 30.0      # ... when no budget is given
-NODES_FLUSH_CAP_S = 300.0  # ... and never more (hours left before the time limit: a hung agent is not waited out)
 
 
 @dataclass(frozen=True)
@@ -119,9 +116,6 @@ class Mirror:
         self._completed: list[Published] = []  # every checkpoint published, in order (not pointers, nor files beside them)
         self._published_event = anyio.Event()
         self._engines: list[PairEngine] = []
-        self._exited = False
-        self._nodes_flush: Callable[..., Awaitable[dict[str, Any]]] | None = None
-        self._nodes_pending: list[str] = []
         for p in self._pairs:
             ours = set(published_before.get(p.name, ())) if published_before is not None else None
             self._engines.append(PairEngine(p, self._backend, emit, every=sync_every, retry_base=retry_base,
@@ -323,14 +317,12 @@ class Mirror:
     def training_exited(self) -> None:
         """The training's whole tree is gone: nothing can change any more, so later passes
         publish what its profile calls complete without waiting, and name what is torn."""
-        self._exited = True
         for eng in self._engines:
             eng.training_exited()
 
     def training_resumed(self) -> None:
         """A node agent: the job's processes are back on this node (the leader restarted the
         training in place) after ``training_exited``: files may change again."""
-        self._exited = False
         for eng in self._engines:
             eng.exited = False
 
@@ -381,28 +373,19 @@ class Mirror:
             for eng in self._engines:
                 eng.hurry(False)
 
-    async def flush(self, reason: str, within: float | None = None) -> dict[str, Any]:
+    async def flush(self, reason: str) -> dict[str, Any]:
         """One final pass of every pair, concurrently, right now (backoff ignored).
 
         Cancel-safe: a cancelled copy kills its copier; a staged checkpoint is renamed into
         place only after it is verified, so the destination holds old or new, never torn.
-        The leader's last flush (``final``) with node agents also asks them for theirs and
-        waits for their answers (most of ``within`` seconds, the stop's budget), then passes
-        once more, so node K's last part is assembled before the end (``attach_nodes``).
+        The leader's node agents are not the mirror's: its stop asks them for their last
+        flush between two of these (``stopping.last_flush``).
         """
         t0 = time.monotonic()
         results = await self._passes(reason)
-        nodes = None
-        if reason == "final" and self._nodes_flush is not None:
-            wait = min(NODES_FLUSH_S if within is None else within * NODES_FLUSH_SHARE, NODES_FLUSH_CAP_S)
-            nodes = await self._nodes_flush(reason, exited=self._exited, within=wait)
-            self._nodes_pending = nodes["pending"]
-            if nodes["answered"]:
-                results = await self._passes(reason)
         pending = self.pending()
         return {"reason": reason, "seconds": round(time.monotonic() - t0, 3), "pairs": results,
-                "ok": all(r["ok"] for r in results.values()) and not pending, "pending": pending,
-                **({"nodes": nodes} if nodes is not None else {})}
+                "ok": all(r["ok"] for r in results.values()) and not pending, "pending": pending}
 
     async def _passes(self, reason: str) -> dict[str, Any]:
         results: dict[str, Any] = {}
@@ -421,14 +404,10 @@ class Mirror:
                 tg.start_soon(one, eng)
         return results
 
-    def attach_nodes(self, flush_nodes: Callable[..., Awaitable[dict[str, Any]]]) -> None:
-        """The leader's node agents (``conduct/fleet.py``): its last flush waits for theirs."""
-        self._nodes_flush = flush_nodes
-
     def pending(self) -> list[str]:
-        """What is not yet durable, one line each (for the ``end`` event); with node agents,
-        what they said they could not make durable, and the nodes that did not answer."""
-        return [line for eng in self._engines for line in eng.pending] + self._nodes_pending
+        """What is not yet durable here, one line each (for the ``end`` event; the leader's
+        adds what its node agents said, ``RunState.pending``)."""
+        return [line for eng in self._engines for line in eng.pending]
 
     def last_activity(self) -> float | None:
         """``time.monotonic()`` of the last change seen in any local side (hang watchdog)."""

@@ -13,6 +13,7 @@ import anyio
 import pytest
 
 from supervisor.bell import Bell
+from supervisor.conduct import wire
 from supervisor.conduct.link import LINK, LeaderLine, NodeLine, link_path
 from tests.support.wait import wait_for_async
 
@@ -74,6 +75,34 @@ async def test_words_go_both_ways_once_every_node_has_joined(tmp_path: Path) -> 
         one.say("part")
         two.say("journal")
         await wait_for_async(lambda: {(1, "part"), (2, "journal")} <= set(lh.words), 10, "the nodes' words")
+        tg.cancel_scope.cancel()
+
+
+async def test_a_request_and_its_answer_are_said_on_the_line_to_the_nodes_asked(tmp_path: Path) -> None:
+    """Issue 46, item 4: the leader's request goes on the line with what it asks (not a word
+    to go and read its journal), to the nodes it asks alone; the answer comes back the same way,
+    and an answer too long for a line is not said (the node says ``journal``)."""
+    line, lh = leader(tmp_path, nodes=3)
+    one, h1 = node(tmp_path, 1)
+    two, h2 = node(tmp_path, 2)
+    async with anyio.create_task_group() as tg:
+        await tg.start(line.run)
+        await tg.start(one.run)
+        await tg.start(two.run)
+        await wait_for_async(lambda: line.whole, 10, "every node on the line")
+        asked = wire.message(wire.NODES_SIGNAL, "7.1", {"signal": "SIGTERM"})
+        assert asked is not None and line.tell([2, 5], asked) == [2]
+        await wait_for_async(lambda: any(w.startswith(wire.NODES_SIGNAL) for _, w in h2.words), 10, "node 2 asked")
+        said = next(w for _, w in h2.words if w.startswith(wire.NODES_SIGNAL))
+        assert wire.read_message(said, wire.REQUESTS) == {"kind": wire.NODES_SIGNAL, "request": "7.1", "signal": "SIGTERM"}
+        answer = wire.message(wire.NODE_SIGNAL, "7.1", {"pids": [12, 13]})
+        assert answer is not None
+        two.say(answer)
+        await wait_for_async(lambda: (2, answer) in lh.words, 10, "node 2's answer")
+        assert wire.read_message(answer, wire.REPLIES) == {"kind": wire.NODE_SIGNAL, "request": "7.1", "pids": [12, 13]}
+        assert not any(w.startswith(wire.NODES_SIGNAL) for _, w in h1.words), "node 1 was not asked"
+        assert wire.message(wire.NODE_FLUSH, "7.2", {"not_durable": ["x" * wire.MAX_MESSAGE]}) is None
+        assert wire.read_message(answer, wire.REQUESTS) is None, "an answer is no request"
         tg.cancel_scope.cancel()
 
 

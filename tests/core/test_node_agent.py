@@ -78,6 +78,55 @@ def test_a_node_plan_refuses_before_anything_is_made(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
 
 
+def test_a_request_said_on_the_line_is_answered_on_it_and_once(tmp_path: Path, monkeypatch) -> None:
+    """Issue 46, item 4: the journals are the record, not a mailbox. A request the leader says on
+    the line is answered though the leader's journal does not hold it (nobody looked for it
+    there), the answer comes back on the line, journaled too; the same request found in the
+    journal afterwards is not answered again."""
+    from supervisor.conduct import wire
+    from supervisor.conduct.link import LeaderLine
+
+    _counting_mirrors(monkeypatch)
+    monkeypatch.delenv("SUPERVISE_NODE_SAY", raising=False)
+    plan = make_plan(_cfg(tmp_path, logs=False), {}, node_rank=1, parts_poll=0.05)
+    (tmp_path / "run").mkdir()
+    leader = Journal(tmp_path / "run", 1)
+    leader.emit("start", nodes=["hostA", "hostB"])
+    node = node_dir(tmp_path / "run", 1)
+    heard: list[str] = []
+
+    def answers() -> list[dict]:
+        return [e for e in read_journal(node).events if e["kind"] == wire.NODE_FLUSH and e.get("request")]
+
+    async def main() -> int:
+        line = LeaderLine(tmp_path / "run", 2, heard=lambda k, word: heard.append(word), linked=lambda on: None)
+        async with anyio.create_task_group() as tg:
+            await tg.start(line.run)
+            status: list[int] = []
+
+            async def agent() -> None:
+                status.append(await NodeAgent(plan).run())
+
+            tg.start_soon(agent)
+            await wait_for_async(lambda: line.whole, what="node 1 on the line")
+            asked = wire.message(wire.NODES_FLUSH, "9.1", {"reason": "final", "exited": True})
+            assert asked is not None and line.tell([1], asked) == [1]
+            await wait_for_async(lambda: any(w.startswith(wire.NODE_FLUSH) for w in heard), what="the answer on the line")
+            said = wire.read_message(next(w for w in heard if w.startswith(wire.NODE_FLUSH)), wire.REPLIES)
+            assert said is not None and said["request"] == "9.1" and said["not_durable"] == [], said
+            assert [a["request"] for a in answers()] == ["9.1"], "journaled too: the record"
+            leader.emit(wire.NODES_FLUSH, request="9.1", reason="final", exited=True, nodes=[1], durable=True)
+            leader.emit("end", reason="finished")
+            line.ring(wire.JOURNAL)
+            await wait_for_async(lambda: status, what="the agent's end")
+            tg.cancel_scope.cancel()
+        return status[0]
+
+    assert anyio.run(main) == 0
+    leader.close()
+    assert [a["request"] for a in answers()] == ["9.1"], "found again in the journal: answered once"
+
+
 def test_the_node_agent_answers_the_leader_and_ends_with_its_end(tmp_path: Path, monkeypatch, capsys) -> None:
     built = _counting_mirrors(monkeypatch)
     monkeypatch.delenv("SUPERVISE_NODE_SAY", raising=False)
@@ -166,7 +215,7 @@ def test_an_agents_line_is_one_write_under_pythonunbuffered(monkeypatch) -> None
     many job scripts set) ``print`` writes the text and the newline in two calls, so node 1's
     line landed between node 2's text and its newline: ``… restored 2 …}supervise-node-agent
     restored 1 …``; the leader read neither, and waited 60 s for a ``ready`` that had come."""
-    from supervisor.conduct import choice
+    from supervisor.conduct import choice, wire
     raw = _Writes()
     out = io.TextIOWrapper(raw, encoding="utf-8", write_through=True)  # what -u makes of stdout: no buffer
     monkeypatch.setattr(sys, "stdout", out)
@@ -174,6 +223,6 @@ def test_an_agents_line_is_one_write_under_pythonunbuffered(monkeypatch) -> None
     choice.say("restored", 2, '{"round":1,"holds":{"ckpt":null}}')
     choice.say("ready", 2, '{"ckpt":null}')
     out.flush()
-    assert [c.decode().split()[:3] for c in raw.calls] == [[choice.READY_LINE, "restored", "2"],
-                                                           [choice.READY_LINE, "ready", "2"]], raw.calls
+    assert [c.decode().split()[:3] for c in raw.calls] == [[wire.READY_LINE, "restored", "2"],
+                                                           [wire.READY_LINE, "ready", "2"]], raw.calls
     assert all(c.endswith(b"\n") and c.count(b"\n") == 1 for c in raw.calls), raw.calls

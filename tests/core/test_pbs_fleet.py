@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -19,6 +20,7 @@ import pytest
 
 from supervisor import cli
 from supervisor.conduct.fleet import CHOICE_VAR, SAY_VAR, Fleet, lost_nodes
+from supervisor.conduct.wire import said_file
 from supervisor.jobprocs import JobProcesses, ranks_here, signal_ranks
 from supervisor.sched import GONE_STATES, SCHEDULERS, JobKey
 from supervisor.sched._pbs_output import parse_pbsnodes
@@ -77,7 +79,7 @@ def test_pbsnodes_text_of_the_real_pbs_gives_state_and_comment() -> None:
 
 
 def test_the_say_files_give_whole_lines_once_in_node_order(tmp_path: Path) -> None:
-    said = SaidLines(tmp_path)
+    said = SaidLines(partial(said_file, tmp_path))
     assert said.read([1, 2]) == []  # no file yet: nothing said
     (tmp_path / "node-2").write_text("supervise-node-agent offered 2 n3\nsupervise-node-agent rea")
     (tmp_path / "node-1").write_text("supervise-node-agent offered 1 n2\n")

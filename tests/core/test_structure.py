@@ -346,3 +346,154 @@ def test_the_rooms_check_sees_a_module_left_out() -> None:
     text = ("## Rooms\n\n| module | owns |\n|---|---|\n| `cli.py`, `sync/_parts.py` | … |\n"
             "| `sched/` | `sched/_job.py` in prose |\n\n## Next\n| `plan.py` | … |\n")
     assert _unnamed(text, ["cli.py", "sync/_parts.py", "sched/_job.py", "plan.py"]) == ["sched/_job.py", "plan.py"]
+
+
+WIRE = SRC / "conduct" / "wire.py"
+SPEAKERS = (SRC / "conduct", SCHED)  # the rooms that speak the leader↔node conversation, and may import wire.py
+
+
+@cache
+def _wire_names() -> frozenset[str]:
+    """The names the conversation owns: every public module-level string of conduct/wire.py, less
+    the names of the rows its table marks not ``own`` (``ok``, ``end``: words every room uses)."""
+    from supervisor.conduct import wire
+
+    names = {node.value.value for node in ast.parse(WIRE.read_text()).body
+             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+             and not any(isinstance(t, ast.Name) and t.id.startswith("_") for t in node.targets)}
+    return frozenset(names - {row.name for row in wire.TABLE if not row.own})
+
+
+def _spelled(source: str, names: frozenset[str]) -> list[tuple[int, str]]:
+    """(line, name) of each string constant, an f-string's pieces included, that is exactly
+    one of ``names``. Not a name of the conversation: a docstring (prose), and a field of a
+    file or an event (a dict display's key, a subscript, ``.get``'s first argument: the
+    choice file's ``"choice"`` field is its format, kept with its reader)."""
+    tree = ast.parse(source)
+    fields: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            fields.update(id(k) for k in node.keys if k is not None)
+        elif isinstance(node, ast.Subscript):
+            fields.add(id(node.slice))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" and node.args:
+            fields.add(id(node.args[0]))
+        elif isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                fields.add(id(first.value))  # a docstring
+    return sorted((node.lineno, node.value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in fields
+                  and node.value in names)
+
+
+def test_the_conversation_is_spelled_in_wire_alone() -> None:
+    """Issue 46, item 2: ``conduct/wire.py`` owns the leader↔node conversation. The rule: in
+    ``conduct/`` and ``sched/`` (the rooms that speak it) no module but wire.py spells a name
+    wire.py defines (a word of the line, a word of an agent's lines, a variable, a file, a
+    request or answer kind) as a string; they import it (``sched/`` is handed what it needs:
+    ``AgentLaunch.said_file``). ``ok`` and ``end`` are not the conversation's alone. Rooms below
+    the conductor may not import it: ``sync/`` is held to the table by the next test, and
+    ``report/`` reads the journal's kinds, the record."""
+    names = _wire_names()
+    assert {"journal", "nodes-flush", "supervise-node-agent", "agent.lock", "said-"} <= names, names
+    found = [f"{f.relative_to(SRC.parent)}:{line}: {name!r}" for room in SPEAKERS for f in sorted(room.rglob("*.py"))
+             if f != WIRE for line, name in _spelled(f.read_text(), names)]
+    assert not found, f"{len(found)} name(s) of the conversation spelled outside conduct/wire.py: {found}"
+
+
+def test_the_wire_check_sees_a_name_spelled_elsewhere() -> None:
+    names = frozenset({"journal", "nodes-flush", "supervise-node-agent", "said-", "choice"})
+    caught = '''
+line.ring("journal")
+emit("nodes-flush", request=r)
+if words[0] == "supervise-node-agent": pass
+where = run_dir / f"said-{pid}"
+'''
+    assert _spelled(caught, names) == [(2, "journal"), (3, "nodes-flush"), (4, "supervise-node-agent"), (5, "said-")]
+    left_alone = '''
+"""Rings ``journal`` when a request is journaled."""
+body = {"choice": choice, "round": 1}
+c = body.get("choice") or body["choice"]
+def f():
+    """journal"""
+'''
+    assert _spelled(left_alone, names) == []
+
+
+def _constants(source: str) -> list[str]:
+    return [n.value for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def _told(source: str) -> set[str]:
+    """The words a module of sync/ says on the line: the string given to a ``tell(…)``."""
+    return {n.args[0].value for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call) and n.args
+            and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str)
+            and (getattr(n.func, "attr", None) == "tell" or getattr(n.func, "id", None) == "tell")}
+
+
+def test_the_rooms_below_the_conductor_spell_what_the_table_says() -> None:
+    """``sync/`` sits below the conductor and may not import wire.py, so it spells the words
+    its mirror says on the line (``go``, ``taken``, ``part``) and the parts' names itself. Each
+    row of wire's table spelled there is found in the module the row names, and every word a
+    module of sync/ tells the line is a row of the table spelled in that module: a word or a
+    file renamed on one side only fails here."""
+    from supervisor.conduct import wire
+
+    elsewhere = [row for row in wire.TABLE if row.spelled != "wire"]
+    assert elsewhere, "the table names where sync/ spells its words and files"
+    for row in elsewhere:
+        consts = _constants((SRC / row.spelled).read_text())
+        pieces = [p for p in re.split(r"<[^>]*>|/|K", row.name) if p and p != "nodes"]
+        missing = [p for p in pieces if not any(p in c for c in consts)]
+        assert not missing, f"{row.name}: {missing} not spelled in {row.spelled}"
+    for f in sorted((SRC / "sync").rglob("*.py")):
+        where = f.relative_to(SRC).as_posix()
+        for word in _told(f.read_text()):
+            assert any(r.name == word and r.over == wire.LINE and r.spelled == where for r in wire.TABLE), \
+                f"{where} tells the line {word!r}: no row of conduct/wire.py's TABLE says so"
+
+
+MULTINODE = SRC.parent / "docs" / "multinode.md"
+
+
+def _doc_table(text: str, heading: str) -> list[tuple[str, ...]]:
+    """The rows of the first table under ``heading`` (up to the next heading of its level), each
+    a tuple of its cells."""
+    level = heading.split(" ", 1)[0]
+    section = text.split(f"\n{heading}\n", 1)[1].split(f"\n{level} ", 1)[0]
+    lines = section.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    rows = lines[start + 2:end]  # past the header and rule
+    return [tuple(cell.strip() for cell in row.strip().strip("|").split(" | ")) for row in rows]
+
+
+def _wire_rows() -> list[tuple[str, ...]]:
+    from supervisor.conduct import wire
+
+    return [(f"`{r.name}`", r.what, r.way, r.over, r.carries) for r in wire.TABLE]
+
+
+def test_the_protocol_table_of_multinode_md_is_wires() -> None:
+    """Issue 46, item 2: docs/multinode.md's "The conversation, whole" is conduct/wire.py's
+    ``TABLE``, row by row (a name, a direction, a channel added or changed on one side fails);
+    the words of the line's table ("At scale") are said on the line in wire's."""
+    from supervisor.conduct import wire
+
+    text = MULTINODE.read_text()
+    doc, ours = _doc_table(text, "## The conversation, whole"), _wire_rows()
+    assert doc == ours, ("docs/multinode.md's table and conduct/wire.py's TABLE differ:\n"
+                         + "\n".join(f"  doc only: {r}" for r in doc if r not in ours)
+                         + "\n" + "\n".join(f"  wire only: {r}" for r in ours if r not in doc))
+    on_line = {r.name for r in wire.TABLE if r.over in (wire.LINE, wire.LINE_AND_JOURNALS)}
+    words = [w for row in _doc_table(text, "## At scale") for w in re.findall(r"^`([^` ]+)|, `([^` ]+)", row[0])]
+    said = {w for pair in words for w in pair if w}
+    assert said and said <= on_line, said - on_line
+
+
+def test_the_protocol_table_check_sees_a_row_left_out() -> None:
+    text = ("\n## The conversation, whole\n\n| name | what | from → to | over | carries |\n|---|---|---|---|---|\n"
+            "| `hello` | word | node → leader | the line | x |\n\n## Next\n| `ok` | b |\n")
+    assert _doc_table(text, "## The conversation, whole") == [("`hello`", "word", "node → leader", "the line", "x")]
+    assert _doc_table(text, "## The conversation, whole") != _wire_rows()
