@@ -198,13 +198,13 @@ def _plan(cfg: Config, env: dict[str, str], job: Job, previous: list[dict[str, A
 def _mirror(cfg: Config, rank: int, parts_poll: float, previous: list[dict[str, Any]] | None = None) -> Mirror:
     """The mirror, built once, before the journal is open: the conductor gives it the journal
     and the training's processes (``Mirror.attach``) when it runs, whichever node it is on."""
-    from supervisor.sync import Mirror
+    from supervisor.sync import Mirror, published_in
 
     return Mirror(cfg.sync, emit=lambda kind, **f: f, sync_every=cfg.sync_every, backend=cfg.sync_backend,
                   nice=cfg.sync_nice, ionice=cfg.sync_ionice, writers=set, streams=cfg.sync_streams,
                   node_rank=rank, parts_poll=parts_poll, owner=str(cfg.run_dir),
                   # another run's are never replaced (the leader's own checkpoints; a node publishes none)
-                  published_before=Mirror.published_in(previous) if previous is not None else None)
+                  published_before=published_in(previous) if previous is not None else None)
 
 
 def describe(plan: Plan) -> list[tuple[str, str, str]]:

@@ -35,7 +35,7 @@ from supervisor.sync._parts import missing_from
 from supervisor.sync._describe import describe
 from supervisor.sync._roles import Leader, Node, Role, Single
 
-__all__ = ["Mirror"]
+__all__ = ["Mirror", "published_in"]
 
 log = logging.getLogger("supervise")
 
@@ -86,6 +86,37 @@ def _logged(emit: Emit) -> Emit:
     return logged
 
 
+def published_in(events: Iterable[Mapping[str, Any]]) -> dict[str, set[str]]:
+    """Pair name → checkpoints that ``publish`` events of a journal name (the run
+    directory's earlier attempts): what this run may replace on the persistent side."""
+    out: dict[str, set[str]] = {}
+    for e in events:
+        if e.get("kind") == "publish" and isinstance(e.get("pair"), str) and isinstance(e.get("checkpoint"), str):
+            out.setdefault(e["pair"], set()).add(e["checkpoint"])
+    return out
+
+
+async def _ready_sides(engines: Sequence[PairEngine], emit: Emit) -> None:
+    """Create missing local sides we can; remove our staging leftovers from a killed run."""
+    for eng in engines:
+        p = eng.pair
+        if not await anyio.to_thread.run_sync(p.src.exists):
+            try:
+                await anyio.to_thread.run_sync(lambda: p.src.mkdir(parents=True, exist_ok=True))
+                emit("sync-source", pair=p.name, path=p.src, action="created")
+            except OSError as e:
+                emit("sync-source", pair=p.name, path=p.src, action="waiting", error=str(e))
+        if p.kind != "checkpoint":
+            continue
+        stale = await anyio.to_thread.run_sync(eng.role.leftovers)
+        stale += [s for s in await anyio.to_thread.run_sync(_fsops.stale_staging, p.src)
+                  if s.name.startswith(STAGING_PREFIX)]
+        for s in stale:
+            await anyio.to_thread.run_sync(_fsops.remove_ours, s)
+        if stale:
+            emit("sync-cleanup", pair=p.name, removed=[str(s) for s in stale])
+
+
 class Mirror:
     """Mirrors every sync pair until cancelled; the agent asks it for restores and flushes.
 
@@ -124,15 +155,6 @@ class Mirror:
                                             role=_role_for(p.kind, p.nodes, node_rank, parts_poll)))
             self._engines[-1].state.owner = owner
 
-    @staticmethod
-    def published_in(events: Iterable[Mapping[str, Any]]) -> dict[str, set[str]]:
-        """Pair name → checkpoints that ``publish`` events of a journal name (the run
-        directory's earlier attempts): what this run may replace on the persistent side."""
-        out: dict[str, set[str]] = {}
-        for e in events:
-            if e.get("kind") == "publish" and isinstance(e.get("pair"), str) and isinstance(e.get("checkpoint"), str):
-                out.setdefault(e["pair"], set()).add(e["checkpoint"])
-        return out
 
     def attach(self, emit: Emit, writers: Callable[[], set[int]] | None = None) -> None:
         """Before ``run``: the journal to write to (a plan builds the mirror before the journal
@@ -285,7 +307,7 @@ class Mirror:
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Watchers, pass loops and safety-net timers for every pair, until cancelled."""
-        await self._ready_sides()
+        await _ready_sides(self._engines, self._emit)
         async with anyio.create_task_group() as tg:
             for eng in self._engines:
                 await tg.start(eng.watch)
@@ -293,26 +315,6 @@ class Mirror:
                     tg.start_soon(task)
                 eng.trigger("start")
             task_status.started()
-
-    async def _ready_sides(self) -> None:
-        """Create missing local sides we can; remove our staging leftovers from a killed run."""
-        for eng in self._engines:
-            p = eng.pair
-            if not await anyio.to_thread.run_sync(p.src.exists):
-                try:
-                    await anyio.to_thread.run_sync(lambda: p.src.mkdir(parents=True, exist_ok=True))
-                    self._emit("sync-source", pair=p.name, path=p.src, action="created")
-                except OSError as e:
-                    self._emit("sync-source", pair=p.name, path=p.src, action="waiting", error=str(e))
-            if p.kind != "checkpoint":
-                continue
-            stale = await anyio.to_thread.run_sync(eng.role.leftovers)
-            stale += [s for s in await anyio.to_thread.run_sync(_fsops.stale_staging, p.src)
-                      if s.name.startswith(STAGING_PREFIX)]
-            for s in stale:
-                await anyio.to_thread.run_sync(_fsops.remove_ours, s)
-            if stale:
-                self._emit("sync-cleanup", pair=p.name, removed=[str(s) for s in stale])
 
     def training_exited(self) -> None:
         """The training's whole tree is gone: nothing can change any more, so later passes
