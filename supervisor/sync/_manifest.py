@@ -6,8 +6,8 @@ written last with a conditional put: a checkpoint exists for a restore only thro
 manifest, which names every object with its size and sha256. Layout under the pair's prefix
 (docs/sync.md, "Object stores")::
 
-    <checkpoint>[/<path>]                          its files (the first version of that name)
-    .supervise/data/<checkpoint>/<token>/<path>    a later version's files (a name rewritten)
+    .supervise/objects/<run>/<sha256>              every file, by content (``_storeobjects``): shared by versions
+    <checkpoint>[/<path>], .supervise/data/…       a file's object before issue 45 (still restored)
     .supervise/manifests/<checkpoint>.json         the manifest: the commit point
     .supervise/claims/<checkpoint>                 the run whose a name's own keys are (the first to claim it)
     .supervise/pointers/<pointer>.json             a pointer (``latest``, ``last.ckpt``): its target

@@ -26,7 +26,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from functools import partial
-from typing import Any, AsyncIterator, Mapping, Sequence
+from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Sequence
 
 import anyio
 
@@ -197,6 +197,10 @@ class Store:
         self.small = anyio.CapacityLimiter(SMALL_AT_ONCE)
         self.batches = anyio.CapacityLimiter(BATCHES_HELD)
         self.mid = anyio.CapacityLimiter(MID_AT_ONCE)
+        self.pinned: dict[str, int] = {}   # content objects an upload of this process uses: never deleted meanwhile
+        self.dropped: dict[str, int] = {}  # content object → the epoch this process deleted it in
+        self.epoch = 0
+        self.started: datetime.datetime | None = None  # the store's clock at this process's start check (``probe``)
 
     def key(self, rel: str) -> str:
         return f"{self.spec.prefix}/{rel}" if self.spec.prefix else rel
@@ -327,6 +331,96 @@ class Store:
                                                max_concurrency=PARTS_AT_ONCE), key)
             return sent[0], h.hexdigest()
 
+    async def put_small_content(self, paths: Sequence[Path], key_of: Callable[[str], str],
+                                have: Any) -> Sequence[tuple[int, str, int]]:
+        """Small files addressed by content, read and hashed together in one worker-thread
+        call; each object ``key_of(sha256)`` pinned (``have.pin``), then put unless ``have`` holds
+        it. Each (bytes, sha256 hex, bytes sent), in order."""
+        import obstore
+
+        async with self.batches:
+            read = await anyio.to_thread.run_sync(_read_all, list(paths))
+            out, puts = [], []
+            for data, digest in read:
+                key = key_of(digest)
+                have.pin(key)
+                sent = 0 if have.holds(key, len(data)) else len(data)
+                out.append((len(data), digest, sent))
+                if sent:
+                    have.add(key, len(data))
+                    puts.append((data, key))
+
+            async def one(data: bytes, key: str) -> None:
+                async with self.small:
+                    await self._call(obstore.put_async(self._store, key, data, use_multipart=False), key)
+
+            await first_failure([partial(one, data, key) for data, key in puts])
+        return out
+
+    async def put_file_content(self, path: Path, key_of: Callable[[str], str], have: Any) -> tuple[int, str, int]:
+        """One file addressed by content: hashed first (read whole below ``CHUNK``, else read
+        once to hash), its object pinned, then put unless ``have`` holds it. A large file is
+        read again as it goes up and hashed again: bytes that changed meanwhile abort the
+        multipart upload, so an object's key is always its bytes' hash ((-1, "", sent): the
+        caller uploads the version again). (bytes, sha256 hex, bytes sent)."""
+        import obstore
+
+        size = (await anyio.to_thread.run_sync(os.stat, path)).st_size
+        if size < CHUNK:
+            async with self.mid:
+                h = hashlib.sha256()
+                data = await anyio.to_thread.run_sync(_read_hashed, path, h)
+                key = key_of(h.hexdigest())
+                have.pin(key)
+                if have.holds(key, len(data)):
+                    return len(data), h.hexdigest(), 0
+                have.add(key, len(data))
+                await self._call(obstore.put_async(self._store, key, data, use_multipart=False), key)
+            return len(data), h.hexdigest(), len(data)
+        digest, n = await anyio.to_thread.run_sync(_hash_file, path)
+        key = key_of(digest)
+        have.pin(key)
+        if have.holds(key, n):
+            return n, digest, 0
+        async with self.big:
+            sent = [0]
+            try:
+                await self._call(obstore.put_async(self._store, key, _chunks(path, hashlib.sha256(), sent, _stall.current(),
+                                                                              expect=digest),
+                                                   chunk_size=CHUNK, max_concurrency=PARTS_AT_ONCE), key)
+            except StoreError:
+                if sent[0] != -1:
+                    raise
+                return -1, "", n
+        have.add(key, n)
+        return n, digest, n
+
+    def pin(self, key: str) -> None:
+        self.pinned[key] = self.pinned.get(key, 0) + 1
+
+    def unpin(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            left = self.pinned.get(key, 0) - 1
+            if left > 0:
+                self.pinned[key] = left
+            else:
+                self.pinned.pop(key, None)
+
+    async def drop_objects(self, keys: Sequence[str]) -> Sequence[str]:
+        """Delete content objects, less those an upload of this process pins; marked deleted
+        first (an upload that lists meanwhile sends them again). The keys deleted."""
+        keys = [k for k in keys if not self.pinned.get(k)]
+        if not keys:
+            return []
+        self.epoch += 1
+        for k in keys:
+            self.dropped[k] = self.epoch
+        try:
+            await self.delete(keys)
+        finally:
+            self.epoch += 1
+        return keys
+
     async def put_range(self, path: Path, key: str, start: int, end: int) -> int:
         """Bytes ``[start, end)`` of a local file as one object (a log's segment: what grew
         since its last upload); multipart past ``CHUNK``, as ``put_file``. The bytes sent."""
@@ -361,13 +455,15 @@ class Store:
 
     def probe(self) -> None:
         """Can this run read and write the prefix? A listing and a small put and delete,
-        bounded (seconds); ``StoreError`` in one line otherwise. Blocking: before the start."""
+        bounded (seconds); ``StoreError`` in one line otherwise. Blocking: before the start.
+        ``started``: the store's clock then (its object's Last-Modified)."""
         import obstore
 
         key = self.key(f".supervise/probe-{os.getpid()}-{os.urandom(4).hex()}")
         try:
             next(iter(obstore.list(self._store, prefix=self.key(".supervise/"), chunk_size=1)), None)
             obstore.put(self._store, key, b"supervise probe", use_multipart=False)
+            self.started = obstore.head(self._store, key)["last_modified"]
             obstore.delete(self._store, key)
         except Exception as e:  # noqa: BLE001
             text = str(e)
@@ -396,6 +492,16 @@ def _read_all(paths: Sequence[Path]) -> list[tuple[bytes, str]]:
     return out
 
 
+def _hash_file(path: Path) -> tuple[str, int]:
+    h = hashlib.sha256()
+    n = 0
+    with open(path, "rb") as f:
+        while data := f.read(CHUNK):
+            h.update(data)
+            n += len(data)
+    return h.hexdigest(), n
+
+
 def _read_hashed(path: Path, h: Any) -> bytes:
     with open(path, "rb") as f:
         data = f.read()
@@ -409,7 +515,7 @@ def _write_hashed(f: Any, h: Any, data: bytes) -> None:
 
 
 async def _chunks(path: Path, h: Any, sent: list[int], progress: _stall.Progress | None, *, start: int = 0,
-                  end: int | None = None) -> AsyncIterator[bytes]:
+                  end: int | None = None, expect: str | None = None) -> AsyncIterator[bytes]:
     """A file's bytes (``[start, end)``; all of them by default), CHUNK at a time, read (and
     hashed) in a worker thread. The uploader takes the next one as a part goes out: progress
     (reported to the pass's ``progress`` directly, since obstore runs this outside the pass's
@@ -422,6 +528,9 @@ async def _chunks(path: Path, h: Any, sent: list[int], progress: _stall.Progress
             want = CHUNK if end is None else min(CHUNK, end - start - sent[0])
             data = await anyio.to_thread.run_sync(_read_chunk, f, h, want) if want > 0 else b""
             if not data:
+                if expect is not None and h.hexdigest() != expect:
+                    sent[0] = -1  # changed since it was hashed: the upload is aborted, never completed
+                    raise StoreError(f"{path}: changed while it was uploaded", "EAGAIN")
                 return
             sent[0] += len(data)
             if progress is not None:

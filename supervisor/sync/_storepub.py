@@ -25,7 +25,7 @@ import anyio
 from supervisor.sync._backend import CopyResult
 from supervisor.sync._complete import Entry, Listing, Pointer, Snap
 from supervisor.sync._manifest import (
-    MANIFESTS, POINTERS, checkpoint_doc, claim_rel, data_rel, dumps, entry_of, loads, manifest_rel, pointer_doc, pointer_of,
+    MANIFESTS, POINTERS, checkpoint_doc, claim_rel, dumps, entry_of, loads, manifest_rel, pointer_doc, pointer_of,
     pointer_rel, profile_of,
 )
 from supervisor.sync._content import holds_version
@@ -35,33 +35,40 @@ from supervisor.sync._side import RECOPY_TRIES, Brought, Landed, Ledger, same_fi
 from supervisor.sync._state import PairState, to_thread
 from supervisor.sync._backend import first_failure
 from supervisor.sync._store import BATCH_BYTES, BATCH_FILES, SMALL, Changed, Exists, Store, StoreError
+from supervisor.sync._storeobjects import object_key, path_of, present, superseded
 
 
-async def upload(store: Store, root: Path, e: Entry, name: str, token: str | None) -> dict[str, dict[str, Any]]:
-    """Every file of ``e`` (under ``root``) to its key, concurrently: rel → key, size, sha256,
-    mtime_ns (the snapshot's: what was judged complete). Small files go in batches, each read
-    in one worker-thread call; larger ones each on its own (multipart past ``CHUNK``). A file
-    gone under the upload raises ``FileNotFoundError`` (the caller tells a rotated checkpoint
-    from a failure)."""
+async def upload(store: Store, root: Path, e: Entry, owner: str,
+                 pins: list[str]) -> tuple[dict[str, dict[str, Any]], int, int]:
+    """Every file of ``e`` (under ``root``) to its object by content (``_storeobjects``),
+    concurrently: rel → key, size, sha256, mtime_ns (the snapshot's: what was judged
+    complete), the bytes sent and the objects sent (an object there already is not sent).
+    Small files go in batches, each read in one worker-thread call; larger ones each on its
+    own (multipart past ``CHUNK``). Every key stays pinned (``Store.pinned``; listed in
+    ``pins``) until the caller unpins it, its manifest written. A file gone under the upload raises ``FileNotFoundError``
+    (the caller tells a rotated checkpoint from a failure)."""
     out: dict[str, dict[str, Any]] = {}
+    sent = [0, 0]
     small = sorted(rel for rel, (size, _m) in e.snap.files.items() if size < SMALL)
-    path = lambda rel: root / rel if rel else root  # noqa: E731
+    have = await present(store, owner, pins)
+    key_of = partial(object_key, store, owner)
 
-    def done(rel: str, size: int, digest: str) -> None:
-        out[rel] = {"key": store.key(data_rel(name, rel, token)), "size": size, "sha256": digest,
-                    "mtime_ns": e.snap.files[rel][1]}
+    def done(rel: str, size: int, digest: str, n: int) -> None:
+        out[rel] = {"key": key_of(digest), "size": size, "sha256": digest, "mtime_ns": e.snap.files[rel][1]}
+        sent[0] += n
+        sent[1] += bool(n)
 
     async def one(rel: str) -> None:
-        done(rel, *await store.put_file(path(rel), store.key(data_rel(name, rel, token))))
+        done(rel, *await store.put_file_content(path_of(root, rel), key_of, have))
 
     async def batch(rels: list[str]) -> None:
-        got = await store.put_small([(path(rel), store.key(data_rel(name, rel, token))) for rel in rels])
-        for rel, (size, digest) in zip(rels, got):
-            done(rel, size, digest)
+        got = await store.put_small_content([path_of(root, rel) for rel in rels], key_of, have)
+        for rel, (size, digest, n) in zip(rels, got):
+            done(rel, size, digest, n)
 
     await first_failure([partial(one, rel) for rel in sorted(set(e.snap.files) - set(small))]
                         + [partial(batch, rels) for rels in _batches(small, e.snap)])
-    return out
+    return out, sent[0], sent[1]
 
 
 def _batches(rels: list[str], snap: Snap) -> list[list[str]]:
@@ -180,25 +187,28 @@ class StoreSide:
             self.ledger.refuse(e.name)  # another run's manifest or claim is there
             return None
         for _attempt in range(RECOPY_TRIES):
+            pins: list[str] = []
             try:
-                files = await upload(self.store, p.src / e.name, e, e.name, token)
+                files, sent, objects = await upload(self.store, p.src / e.name, e, self.state.owner, pins)
+                again: Listing = await to_thread(self.rescan, e.name)
+                now = again.entries.get(e.name)
+                if now is None or not now.complete:
+                    return None
+                stats.files += objects
+                stats.bytes += sent
+                if now.snap.files != e.snap.files or not uploaded_whole(files, e.snap):
+                    e = now  # changed while uploaded: again, before it counts
+                    continue
+                doc = checkpoint_doc(e, files, profile=self.state.profile)
+                if await self.commit(rel, dumps(doc), self.etags.get(rel)) is None:
+                    self.ledger.refuse(e.name)  # another run's manifest landed first
+                    return None
             except FileNotFoundError:
                 if await to_thread(os.path.lexists, p.src / e.name):
                     raise
                 return None  # rotated away under the upload: not a failure
-            again: Listing = await to_thread(self.rescan, e.name)
-            now = again.entries.get(e.name)
-            if now is None or not now.complete:
-                return None
-            if now.snap.files != e.snap.files or not uploaded_whole(files, e.snap):
-                e = now  # changed while uploaded: again, before it counts
-                continue
-            stats.files += len(files)
-            stats.bytes += sum(int(f["size"]) for f in files.values())
-            doc = checkpoint_doc(e, files, profile=self.state.profile)
-            if await self.commit(rel, dumps(doc), self.etags.get(rel)) is None:
-                self.ledger.refuse(e.name)  # another run's manifest landed first
-                return None
+            finally:
+                self.store.unpin(pins)
             await self.superseded(before, doc)
             self.docs[e.name] = doc
             return Landed(e, again, {"manifest": self.store.key(manifest_rel(e.name))})
@@ -217,11 +227,8 @@ class StoreSide:
         return new
 
     async def superseded(self, before: Mapping[str, Any] | None, now: Mapping[str, Any]) -> None:
-        """The objects of the version a new manifest replaced, which it no longer names."""
-        if before is None:
-            return
-        keep = {f["key"] for f in now["files"].values()}
-        await self.store.delete([f["key"] for f in before["files"].values() if f["key"] not in keep])
+        """The objects of the version a new manifest replaced that nothing names any more."""
+        await superseded(self.store, self.state.owner, before, now)
 
     async def place(self, name: str, owner: str) -> str | None | bool:
         """Where a version of ``name`` goes: ``None``, its own keys (the first version; the name

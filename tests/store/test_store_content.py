@@ -1,0 +1,142 @@
+"""A checkpoint's objects addressed by content (issue 45): an unchanged file (a frozen base,
+a config) and identical replicas go up once across versions; replacing or pruning a version
+deletes only the objects no kept manifest names; a supervise killed mid-upload leaves nothing
+the next attempt does not collect; a restore verifies every byte and downloads only what the
+node lacks. Real SeaweedFS, the real ``supervise``, the bytes counted as the client sent them
+(the ``sync`` events). docs/sync.md, "Object stores"; the layout: supervisor/sync/_storeobjects.py."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from tests.support.journal import events
+from tests.support.s3 import Bucket, S3Server
+from tests.support.supervise import killed_on_exit, run_supervise, start_supervise
+from tests.support.wait import wait_for
+
+WRITER = Path(__file__).parents[1] / "helpers" / "frozen_writer.py"
+PY = sys.executable
+MiB = 1 << 20
+
+
+def _sent(run: Path, pair: str, attempt: int | None = None) -> tuple[int, int]:
+    """Bytes and objects the checkpoint pair's uploads sent, as the client counted them."""
+    ev = [e for e in events(run / "events.jsonl", "sync") if e["pair"] == pair and (attempt is None or e["attempt"] == attempt)]
+    return sum(e["bytes"] for e in ev), sum(e["files"] for e in ev)
+
+
+def _objects(bucket: Bucket, prefix: str) -> dict[str, int]:
+    return bucket.keys(f"{prefix}/.supervise/objects/")
+
+
+def _named(bucket: Bucket, prefix: str) -> set[str]:
+    return {f["key"] for doc in bucket.manifests(prefix).values() for f in doc["files"].values()}
+
+
+def _run(run: Path, local: Path, bucket: Bucket, prefix: str, s3: S3Server, *args: str, restore: bool = False):
+    r = run_supervise("--run-dir", str(run), "--checkpoints", str(local), bucket.url(prefix),
+                      *(["--restore"] if restore else []), "--", PY, str(WRITER), str(local), *args,
+                      env=s3.env, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def test_an_unchanged_file_and_identical_replicas_go_up_once_and_a_restore_fetches_only_what_the_node_lacks(
+        bucket: Bucket, s3_server: S3Server, tmp_path: Path) -> None:
+    local, run, prefix = tmp_path / "ckpt", tmp_path / "run", "cas/frozen"
+    _run(run, local, bucket, prefix, s3_server, "--steps", "4", "--base", str(9 * MiB), "--adapter", str(MiB))
+    docs = bucket.manifests(prefix)
+    assert sorted(docs) == [f"step_{n:06d}" for n in (1, 2, 3, 4)], sorted(docs)
+    for doc in docs.values():
+        assert bucket.whole(doc) == [], doc["checkpoint"]
+    every = [f for doc in docs.values() for f in doc["files"].values()]
+    distinct = {f["sha256"]: f["size"] for f in every}
+    sent, objects = _sent(run, local.name)
+    # each distinct content once: the 9 MiB base and the config once, each step's adapter, one of its two replicas
+    assert sent == sum(distinct.values()) and objects == len(distinct), (sent, objects, len(distinct))
+    changed = 4 * (MiB + 4096 + 1) + 9 * MiB + 28  # what differs between the versions, plus the first's base and config
+    assert sent <= changed, (sent, changed)
+    assert sum(f["size"] for f in every) > 4 * 9 * MiB  # today's layout sent every byte of every version
+    assert _objects(bucket, prefix).keys() == _named(bucket, prefix)
+
+    # a requeue onto the same node: step 4's base and config are still there, its adapter lost,
+    # one replica damaged (same size, other bytes): only those two come down, each verified
+    newest = local / "step_000004"
+    (newest / "adapter.bin").unlink()
+    (newest / "rank_1.bin").write_bytes(b"\0" * 4096)
+    for d in sorted(local.glob("step_00000[123]")):
+        for f in d.iterdir():
+            f.unlink()
+        d.rmdir()
+    _run(run, local, bucket, prefix, s3_server, "--steps", "4", restore=True)
+    restore = [e for e in events(run / "events.jsonl", "restore") if e["attempt"] == 2][0]
+    assert restore["checkpoint"] == "step_000004", restore
+    assert restore["bytes"] == MiB + 4096, restore  # the adapter and the damaged replica; never the 9 MiB base
+    for rel, f in docs["step_000004"]["files"].items():
+        assert hashlib.sha256((newest / rel).read_bytes()).hexdigest() == f["sha256"], rel
+
+
+def test_replacing_and_pruning_a_version_delete_only_the_objects_no_kept_manifest_names(
+        bucket: Bucket, s3_server: S3Server, tmp_path: Path) -> None:
+    local, run, prefix = tmp_path / "ckpt", tmp_path / "run", "cas/retain"
+    # snapshot/ rewritten each step with that step's adapter: each version it replaces shares
+    # its adapter with step_N and its base with every version
+    _run(run, local, bucket, prefix, s3_server, "--steps", "3", "--snapshot", "--base", str(2 * MiB), "--step-time", "1.5")
+    docs = bucket.manifests(prefix)
+    assert sorted(docs) == ["snapshot", "step_000001", "step_000002", "step_000003"], sorted(docs)
+    assert docs["snapshot"]["files"]["adapter.bin"]["sha256"] == docs["step_000003"]["files"]["adapter.bin"]["sha256"]
+    for doc in docs.values():
+        assert bucket.whole(doc) == [], doc["checkpoint"]  # the replaced snapshots' adapters: still step_1's and step_2's
+    assert _objects(bucket, prefix).keys() == _named(bucket, prefix)
+
+    # pruned by hand: step_1's manifest removed; the next attempt's first pass removes what only it named
+    only = {f["key"] for f in docs["step_000001"]["files"].values()} - {
+        f["key"] for n, d in docs.items() if n != "step_000001" for f in d["files"].values()}
+    assert only and len(only) < len(docs["step_000001"]["files"])  # its adapter and replicas; not the base, the config
+    _delete(bucket, f"{prefix}/.supervise/manifests/step_000001.json")
+    (local / "step_000001" / ".metadata").unlink()  # and locally, so the next pass does not publish it again
+    _run(run, local, bucket, prefix, s3_server, "--steps", "3")
+    objs = _objects(bucket, prefix)
+    assert not only & objs.keys(), only & objs.keys()
+    assert objs.keys() == _named(bucket, prefix)
+    for doc in bucket.manifests(prefix).values():
+        assert bucket.whole(doc) == [], doc["checkpoint"]
+    collected = [e for e in events(run / "events.jsonl", "store-collected") if e["attempt"] == 2]
+    assert collected and collected[0]["objects"] == len(only), collected
+
+
+def _delete(bucket: Bucket, key: str) -> None:
+    import obstore
+
+    obstore.delete(bucket.store, key)
+
+
+def test_a_supervise_killed_mid_upload_leaves_nothing_the_next_attempt_does_not_collect(
+        bucket: Bucket, s3_server: S3Server, tmp_path: Path) -> None:
+    local, run, prefix = tmp_path / "ckpt", tmp_path / "run", "cas/killed"
+    # one checkpoint of 12 files of 24 MiB, all different: its objects go up one after another
+    p = start_supervise("--run-dir", str(run), "--checkpoints", str(local), bucket.url(prefix), "--",
+                        PY, str(WRITER), str(local), "--steps", "1", "--distinct", "12", "--adapter", str(24 * MiB),
+                        "--step-time", "0.1", env=s3_server.env, start_new_session=True)
+    with killed_on_exit(p):
+        wait_for(lambda: len(_objects(bucket, prefix)) >= 2, 120, "objects uploaded", interval=0.02)
+        os.kill(p.pid, signal.SIGKILL)  # between its uploads and its manifest
+        p.wait(10)
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # and what was left of its group
+        except ProcessLookupError:
+            pass
+    time.sleep(0.5)
+    left = _objects(bucket, prefix)
+    assert bucket.manifests(prefix) == {} and left, left  # objects that no manifest names
+    _run(run, local, bucket, prefix, s3_server, "--steps", "0")
+    doc = bucket.manifest(prefix, "step_000001")
+    assert doc is not None and bucket.whole(doc) == []  # the next attempt published it
+    assert _objects(bucket, prefix).keys() == _named(bucket, prefix)
+    collected = [e for e in events(run / "events.jsonl", "store-collected") if e["attempt"] == 2]
+    assert collected and collected[0]["objects"] == len(left), (collected, left)  # attempt 1's, before any upload
