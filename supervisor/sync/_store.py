@@ -358,42 +358,106 @@ class Store:
         return out
 
     async def put_file_content(self, path: Path, key_of: Callable[[str], str], have: Any) -> tuple[int, str, int]:
-        """One file addressed by content: hashed first (read whole below ``CHUNK``, else read
-        once to hash), its object pinned, then put unless ``have`` holds it. A large file is
-        read again as it goes up and hashed again: bytes that changed meanwhile abort the
-        multipart upload, so an object's key is always its bytes' hash ((-1, "", sent): the
-        caller uploads the version again). (bytes, sha256 hex, bytes sent)."""
+        """One file under ``CHUNK`` addressed by content: read whole and hashed, its object
+        pinned, then put unless ``have`` holds it. (bytes, sha256 hex, bytes sent)."""
         import obstore
 
-        size = (await anyio.to_thread.run_sync(os.stat, path)).st_size
-        if size < CHUNK:
-            async with self.mid:
-                h = hashlib.sha256()
-                data = await anyio.to_thread.run_sync(_read_hashed, path, h)
-                key = key_of(h.hexdigest())
-                have.pin(key)
-                if have.holds(key, len(data)):
-                    return len(data), h.hexdigest(), 0
-                have.add(key, len(data))
-                await self._call(obstore.put_async(self._store, key, data, use_multipart=False), key)
-            return len(data), h.hexdigest(), len(data)
-        digest, n = await anyio.to_thread.run_sync(_hash_file, path)
-        key = key_of(digest)
-        have.pin(key)
-        if have.holds(key, n):
-            return n, digest, 0
-        async with self.big:
-            sent = [0]
+        async with self.mid:
+            h = hashlib.sha256()
+            data = await anyio.to_thread.run_sync(_read_hashed, path, h)
+            key = key_of(h.hexdigest())
+            have.pin(key)
+            if have.holds(key, len(data)):
+                return len(data), h.hexdigest(), 0
+            have.add(key, len(data))
+            await self._call(obstore.put_async(self._store, key, data, use_multipart=False), key)
+        return len(data), h.hexdigest(), len(data)
+
+    async def put_parts_content(self, path: Path, key_of: Callable[[str], str],
+                                have: Any) -> tuple[int, str, int, Sequence[dict[str, Any]], int]:
+        """A file of ``CHUNK`` or more as fixed parts of ``CHUNK`` bytes, each an object by its
+        own content (one PUT each, ``PARTS_AT_ONCE`` in flight), read and hashed in order, the
+        whole file's hash beside: a part whose bytes did not change (a frozen tensor's) is not
+        sent again. Each part's key is its bytes' hash by construction (hashed from the very
+        bytes put). (bytes, the whole file's sha256 hex, bytes sent, the parts: key, size,
+        sha256, parts sent)."""
+        import obstore
+
+        whole = hashlib.sha256()
+        parts: list[dict[str, Any]] = []
+        sent = [0, 0]
+        failed: list[Exception] = []
+        progress = _stall.current()
+        room = anyio.Semaphore(PARTS_AT_ONCE)
+
+        async def put(key: str, data: bytes, scope: anyio.CancelScope) -> None:
             try:
-                await self._call(obstore.put_async(self._store, key, _chunks(path, hashlib.sha256(), sent, _stall.current(),
-                                                                              expect=digest),
-                                                   chunk_size=CHUNK, max_concurrency=PARTS_AT_ONCE), key)
-            except StoreError:
-                if sent[0] != -1:
-                    raise
-                return -1, "", n
-        have.add(key, n)
-        return n, digest, n
+                await self._call(obstore.put_async(self._store, key, data, use_multipart=False), key)
+                if progress is not None:
+                    progress.moved()
+            except Exception as e:  # noqa: BLE001 - raised below, the others stopped
+                failed.append(e)
+                scope.cancel()
+            finally:
+                room.release()
+
+        async with self.big:
+            f = await anyio.to_thread.run_sync(lambda: open(path, "rb"))
+            try:
+                async with anyio.create_task_group() as tg:
+                    while True:
+                        await room.acquire()
+                        data, digest = await anyio.to_thread.run_sync(_read_part, f, whole)
+                        if not data:
+                            room.release()
+                            break
+                        key = key_of(digest)
+                        have.pin(key)
+                        parts.append({"key": key, "size": len(data), "sha256": digest})
+                        if have.holds(key, len(data)):
+                            room.release()
+                            continue
+                        have.add(key, len(data))
+                        sent[0] += len(data)
+                        sent[1] += 1
+                        tg.start_soon(put, key, data, tg.cancel_scope)
+            finally:
+                await anyio.to_thread.run_sync(f.close)
+        if failed:
+            raise failed[0]
+        return sum(p["size"] for p in parts), whole.hexdigest(), sent[0], parts, sent[1]
+
+    async def download_parts(self, parts: Sequence[Mapping[str, Any]], dest: Path, sha256: str, size: int) -> int:
+        """A file stored as parts into ``dest`` (a new file), ``PARTS_AT_ONCE`` fetched at once
+        and written in order, checking the whole file's size and hash; bytes written."""
+        import obstore
+
+        h = hashlib.sha256()
+        n = 0
+        f = await anyio.to_thread.run_sync(lambda: open(dest, "xb"))
+
+        async def one(key: str) -> bytes:
+            got = await self._call(obstore.get_async(self._store, key), key)
+            return bytes(await self._call(got.bytes_async(), key))
+
+        try:
+            for i in range(0, len(parts), PARTS_AT_ONCE):
+                window = list(parts[i:i + PARTS_AT_ONCE])
+                got: list[bytes] = [b""] * len(window)
+
+                async def fetch(j: int) -> None:
+                    got[j] = await one(str(window[j]["key"]))
+
+                await first_failure([partial(fetch, j) for j in range(len(window))])
+                for data in got:
+                    await anyio.to_thread.run_sync(_write_hashed, f, h, data)
+                    n += len(data)
+        finally:
+            await anyio.to_thread.run_sync(f.close)
+        if n != size or h.hexdigest() != sha256:
+            raise StoreError(f"{self.url}: {dest.name}'s parts are not what its manifest says ({n} bytes, "
+                             f"sha256 {h.hexdigest()[:12]}…)", "EBADMSG")
+        return n
 
     def pin(self, key: str) -> None:
         self.pinned[key] = self.pinned.get(key, 0) + 1
@@ -492,14 +556,11 @@ def _read_all(paths: Sequence[Path]) -> list[tuple[bytes, str]]:
     return out
 
 
-def _hash_file(path: Path) -> tuple[str, int]:
-    h = hashlib.sha256()
-    n = 0
-    with open(path, "rb") as f:
-        while data := f.read(CHUNK):
-            h.update(data)
-            n += len(data)
-    return h.hexdigest(), n
+def _read_part(f: Any, whole: Any) -> tuple[bytes, str]:
+    """The next ``CHUNK`` bytes of a file, added to its whole hash, and their own sha256 hex."""
+    data = f.read(CHUNK)
+    whole.update(data)
+    return data, hashlib.sha256(data).hexdigest()
 
 
 def _read_hashed(path: Path, h: Any) -> bytes:
@@ -515,7 +576,7 @@ def _write_hashed(f: Any, h: Any, data: bytes) -> None:
 
 
 async def _chunks(path: Path, h: Any, sent: list[int], progress: _stall.Progress | None, *, start: int = 0,
-                  end: int | None = None, expect: str | None = None) -> AsyncIterator[bytes]:
+                  end: int | None = None) -> AsyncIterator[bytes]:
     """A file's bytes (``[start, end)``; all of them by default), CHUNK at a time, read (and
     hashed) in a worker thread. The uploader takes the next one as a part goes out: progress
     (reported to the pass's ``progress`` directly, since obstore runs this outside the pass's
@@ -528,9 +589,6 @@ async def _chunks(path: Path, h: Any, sent: list[int], progress: _stall.Progress
             want = CHUNK if end is None else min(CHUNK, end - start - sent[0])
             data = await anyio.to_thread.run_sync(_read_chunk, f, h, want) if want > 0 else b""
             if not data:
-                if expect is not None and h.hexdigest() != expect:
-                    sent[0] = -1  # changed since it was hashed: the upload is aborted, never completed
-                    raise StoreError(f"{path}: changed while it was uploaded", "EAGAIN")
                 return
             sent[0] += len(data)
             if progress is not None:

@@ -80,7 +80,7 @@ async def referenced(store: Store) -> set[str]:
             doc = loads(got[0]) if got is not None else None
             files = doc.get("files") if doc is not None else None
             if isinstance(files, dict):
-                keys |= {str(f["key"]) for f in files.values() if isinstance(f, dict) and "key" in f}
+                keys |= {k for f in files.values() if isinstance(f, dict) for k in keys_of(f)}
     return keys
 
 
@@ -111,12 +111,24 @@ async def superseded(store: Store, owner: str, before: Mapping[str, Any] | None,
     manifest does not name."""
     if before is None:
         return
-    keep = {f["key"] for f in now["files"].values()}
-    old = {f["key"] for f in before["files"].values()} - keep
+    keep = {k for f in now["files"].values() for k in keys_of(f)}
+    old = {k for f in before["files"].values() for k in keys_of(f)} - keep
     mine = store.key(space(owner))
     await store.delete(sorted(k for k in old if not k.startswith(mine)))
     if any(k.startswith(mine) for k in old):
         await collect(store, owner, among=[k for k in old if k.startswith(mine)])
+
+
+def keys_of(f: Mapping[str, Any]) -> list[str]:
+    """The objects a manifest's file is made of: its key, or its parts' (a file of ``CHUNK`` or more)."""
+    if isinstance(f.get("parts"), list):
+        return [str(p["key"]) for p in f["parts"] if isinstance(p, dict) and "key" in p]
+    return [str(f["key"])] if "key" in f else []
+
+
+def stored_as(f: Mapping[str, Any]) -> dict[str, Any]:
+    """Where a manifest's file is: ``key`` or ``parts``."""
+    return {k: f[k] for k in ("key", "parts") if k in f}
 
 
 def path_of(root: Path, rel: str) -> Path:

@@ -34,17 +34,17 @@ from supervisor.sync._peers import PERSISTENT_WAIT_S
 from supervisor.sync._side import RECOPY_TRIES, Brought, Landed, Ledger, same_files
 from supervisor.sync._state import PairState, to_thread
 from supervisor.sync._backend import first_failure
-from supervisor.sync._store import BATCH_BYTES, BATCH_FILES, SMALL, Changed, Exists, Store, StoreError
-from supervisor.sync._storeobjects import object_key, path_of, present, superseded
+from supervisor.sync._store import BATCH_BYTES, BATCH_FILES, CHUNK, SMALL, Changed, Exists, Store, StoreError
+from supervisor.sync._storeobjects import object_key, path_of, present, stored_as, superseded
 
 
 async def upload(store: Store, root: Path, e: Entry, owner: str,
                  pins: list[str]) -> tuple[dict[str, dict[str, Any]], int, int]:
-    """Every file of ``e`` (under ``root``) to its object by content (``_storeobjects``),
-    concurrently: rel → key, size, sha256, mtime_ns (the snapshot's: what was judged
-    complete), the bytes sent and the objects sent (an object there already is not sent).
-    Small files go in batches, each read in one worker-thread call; larger ones each on its
-    own (multipart past ``CHUNK``). Every key stays pinned (``Store.pinned``; listed in
+    """Every file of ``e`` (under ``root``) to its objects by content (``_storeobjects``),
+    concurrently: rel → key (or parts: key, size, sha256 each, for a file of ``CHUNK`` or
+    more), size, sha256, mtime_ns (the snapshot's: what was judged complete), the bytes sent
+    and the objects sent (an object there already is not sent). Small files go in batches,
+    each read in one worker-thread call; larger ones each on its own. Every key stays pinned (``Store.pinned``; listed in
     ``pins``) until the caller unpins it, its manifest written. A file gone under the upload raises ``FileNotFoundError``
     (the caller tells a rotated checkpoint from a failure)."""
     out: dict[str, dict[str, Any]] = {}
@@ -53,13 +53,18 @@ async def upload(store: Store, root: Path, e: Entry, owner: str,
     have = await present(store, owner, pins)
     key_of = partial(object_key, store, owner)
 
-    def done(rel: str, size: int, digest: str, n: int) -> None:
-        out[rel] = {"key": key_of(digest), "size": size, "sha256": digest, "mtime_ns": e.snap.files[rel][1]}
+    def done(rel: str, size: int, digest: str, n: int, parts: Sequence[Mapping[str, Any]] | None = None,
+             objects: int | None = None) -> None:
+        out[rel] = {**({"parts": list(parts)} if parts is not None else {"key": key_of(digest)}),
+                    "size": size, "sha256": digest, "mtime_ns": e.snap.files[rel][1]}
         sent[0] += n
-        sent[1] += bool(n)
+        sent[1] += objects if objects is not None else bool(n)
 
     async def one(rel: str) -> None:
-        done(rel, *await store.put_file_content(path_of(root, rel), key_of, have))
+        if e.snap.files[rel][0] >= CHUNK:
+            done(rel, *await store.put_parts_content(path_of(root, rel), key_of, have))
+        else:
+            done(rel, *await store.put_file_content(path_of(root, rel), key_of, have))
 
     async def batch(rels: list[str]) -> None:
         got = await store.put_small_content([path_of(root, rel) for rel in rels], key_of, have)
@@ -279,7 +284,7 @@ class StoreRestore:
             published = docs.get(name)
             docs = {**docs, name: {**doc, "_persistent": published is not None and same_files(published, doc)}}
             if published is not None:
-                docs[name]["files"] = {r: {**f, "key": published["files"][r]["key"]} if r in published["files"] else f
+                docs[name]["files"] = {r: {**f, **stored_as(published["files"][r])} if r in published["files"] else f
                                        for r, f in doc["files"].items()}
         return listing, docs
 
@@ -307,6 +312,8 @@ class StoreRestore:
     async def _download(self, rel: str, f: Mapping[str, Any], target: Path) -> int:
         """One object of the manifest, checked against its size and sha256 as it streams."""
         try:
+            if "parts" in f:
+                return await self.store.download_parts(f["parts"], target, f["sha256"], int(f["size"]))
             return await self.store.download(f["key"], target, f["sha256"], int(f["size"]))
         except StoreError as err:
             if err.code not in ("EBADMSG", "ENOENT"):

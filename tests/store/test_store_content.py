@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from supervisor.sync._storeobjects import keys_of
 from tests.support.journal import events
 from tests.support.s3 import Bucket, S3Server
 from tests.support.supervise import killed_on_exit, run_supervise, start_supervise
@@ -34,8 +35,12 @@ def _objects(bucket: Bucket, prefix: str) -> dict[str, int]:
     return bucket.keys(f"{prefix}/.supervise/objects/")
 
 
+def _keys(doc: dict) -> set[str]:
+    return {k for f in doc["files"].values() for k in keys_of(f)}
+
+
 def _named(bucket: Bucket, prefix: str) -> set[str]:
-    return {f["key"] for doc in bucket.manifests(prefix).values() for f in doc["files"].values()}
+    return {k for doc in bucket.manifests(prefix).values() for k in _keys(doc)}
 
 
 def _run(run: Path, local: Path, bucket: Bucket, prefix: str, s3: S3Server, *args: str, restore: bool = False):
@@ -49,26 +54,34 @@ def _run(run: Path, local: Path, bucket: Bucket, prefix: str, s3: S3Server, *arg
 def test_an_unchanged_file_and_identical_replicas_go_up_once_and_a_restore_fetches_only_what_the_node_lacks(
         bucket: Bucket, s3_server: S3Server, tmp_path: Path) -> None:
     local, run, prefix = tmp_path / "ckpt", tmp_path / "run", "cas/frozen"
-    _run(run, local, bucket, prefix, s3_server, "--steps", "4", "--base", str(9 * MiB), "--adapter", str(MiB))
+    _run(run, local, bucket, prefix, s3_server, "--steps", "4", "--base", str(9 * MiB), "--adapter", str(MiB),
+         "--model", str(16 * MiB))
     docs = bucket.manifests(prefix)
     assert sorted(docs) == [f"step_{n:06d}" for n in (1, 2, 3, 4)], sorted(docs)
     for doc in docs.values():
         assert bucket.whole(doc) == [], doc["checkpoint"]
-    every = [f for doc in docs.values() for f in doc["files"].values()]
-    distinct = {f["sha256"]: f["size"] for f in every}
+    sizes = {k: f["size"] for doc in docs.values() for f in doc["files"].values() if "key" in f for k in [f["key"]]}
+    sizes.update({p["key"]: p["size"] for doc in docs.values() for f in doc["files"].values() for p in f.get("parts", ())})
     sent, objects = _sent(run, local.name)
-    # each distinct content once: the 9 MiB base and the config once, each step's adapter, one of its two replicas
-    assert sent == sum(distinct.values()) and objects == len(distinct), (sent, objects, len(distinct))
-    changed = 4 * (MiB + 4096 + 1) + 9 * MiB + 28  # what differs between the versions, plus the first's base and config
+    # each distinct object once: the base's two parts, model.bin's two frozen 8 MiB parts and the
+    # config once; each step's adapter, its model tail, one of its two replicas
+    assert sent == sum(sizes.values()) and objects == len(sizes), (sent, objects, len(sizes))
+    first = 9 * MiB + 17 * MiB + MiB + 4096 + 28 + 1
+    changed = first + 3 * (2 * MiB + 4096 + 1)  # after the first: the adapter, model.bin's tail, a replica, the marker
     assert sent <= changed, (sent, changed)
-    assert sum(f["size"] for f in every) > 4 * 9 * MiB  # today's layout sent every byte of every version
+    every = sum(f["size"] for doc in docs.values() for f in doc["files"].values())
+    assert every > 4 * 26 * MiB and sent < every / 3, (sent, every)  # the layout before sent every byte of every version
     assert _objects(bucket, prefix).keys() == _named(bucket, prefix)
 
-    # a requeue onto the same node: step 4's base and config are still there, its adapter lost,
-    # one replica damaged (same size, other bytes): only those two come down, each verified
+    # a requeue onto the same node: step 4's base, model and config are still there, its adapter
+    # and marker lost, one replica damaged (same size and mtime, other bytes): only those come
+    # down, each verified
     newest = local / "step_000004"
     (newest / "adapter.bin").unlink()
+    (newest / ".metadata").unlink()
+    st = (newest / "rank_1.bin").stat()
     (newest / "rank_1.bin").write_bytes(b"\0" * 4096)
+    os.utime(newest / "rank_1.bin", ns=(st.st_atime_ns, st.st_mtime_ns))
     for d in sorted(local.glob("step_00000[123]")):
         for f in d.iterdir():
             f.unlink()
@@ -76,7 +89,7 @@ def test_an_unchanged_file_and_identical_replicas_go_up_once_and_a_restore_fetch
     _run(run, local, bucket, prefix, s3_server, "--steps", "4", restore=True)
     restore = [e for e in events(run / "events.jsonl", "restore") if e["attempt"] == 2][0]
     assert restore["checkpoint"] == "step_000004", restore
-    assert restore["bytes"] == MiB + 4096, restore  # the adapter and the damaged replica; never the 9 MiB base
+    assert restore["bytes"] == MiB + 4096 + 1, restore  # the adapter, the damaged replica, the marker; never the base
     for rel, f in docs["step_000004"]["files"].items():
         assert hashlib.sha256((newest / rel).read_bytes()).hexdigest() == f["sha256"], rel
 
@@ -95,8 +108,7 @@ def test_replacing_and_pruning_a_version_delete_only_the_objects_no_kept_manifes
     assert _objects(bucket, prefix).keys() == _named(bucket, prefix)
 
     # pruned by hand: step_1's manifest removed; the next attempt's first pass removes what only it named
-    only = {f["key"] for f in docs["step_000001"]["files"].values()} - {
-        f["key"] for n, d in docs.items() if n != "step_000001" for f in d["files"].values()}
+    only = _keys(docs["step_000001"]) - {k for n, d in docs.items() if n != "step_000001" for k in _keys(d)}
     assert only and len(only) < len(docs["step_000001"]["files"])  # its adapter and replicas; not the base, the config
     _delete(bucket, f"{prefix}/.supervise/manifests/step_000001.json")
     (local / "step_000001" / ".metadata").unlink()  # and locally, so the next pass does not publish it again
