@@ -3,20 +3,20 @@
 An HF ``Trainer`` fine-tunes a GPT-2-shaped model (built from its config: nothing is
 downloaded) with the embeddings and every block but the last frozen (``requires_grad=False``),
 saving 8 checkpoints (``save_steps``). HF saves the whole state dict every time, so the layout
-decides what can stay unchanged. Two layouts, one training each:
+decides what stays unchanged. Two layouts, one training each:
 
 * ``sharded``: ``save_pretrained`` with ``max_shard_size`` (a large model's default layout,
-  5 GB shards, scaled down): shards holding only frozen tensors are byte-identical from one
-  checkpoint to the next, as are ``training_args.bin`` and the config;
-* ``one-file``: one ``model.safetensors``: every checkpoint's model file differs somewhere,
-  so per-file addressing sends it whole; what fixed 8 MiB parts of it would have sent (the
-  parts whose bytes changed) is computed beside it, not uploaded.
+  5 GB shards, scaled down to 16 MB): shards holding only frozen tensors are byte-identical
+  from one checkpoint to the next, as are ``training_args.bin`` and the config;
+* ``one-file``: one ``model.safetensors`` holding every tensor.
 
 Each checkpoint, in order, goes up twice in this process against the same server: by content
-(``_storepub.upload``, what supervise does now) and whole under its own keys (``Store.put_file``
-per file: the layout before issue 45). Printed per checkpoint: bytes changed (files whose
-sha256 differs from the previous checkpoint's same path; all of the first), bytes sent by
-content and their ratio to changed (goal <= 1.05), the whole upload's bytes, both times.
+(``_storepub.upload``, what supervise does now: a file under 8 MiB as one object, a larger one
+as 8 MiB parts, each addressed by its hash) and whole under its own keys (``Store.put_file``
+per file: the layout before issue 45). Printed per checkpoint: bytes changed (the file's 4 KiB
+blocks that differ from the previous checkpoint's same path; all of the first), bytes sent by
+content and their ratio to changed (goal <= 1.05), what one object per whole file would send
+(the files whose sha256 changed), the whole upload's bytes, both times.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-PART = 8 << 20
 
 
 def train(out: Path, layout: str, *, layers: int, width: int, vocab: int) -> list[Path]:
@@ -62,7 +61,7 @@ def _hashes(d: Path) -> dict[str, tuple[int, str]]:
 def diff(before: Path | None, now: Path, block: int) -> int:
     """Bytes of ``now`` in blocks of ``block`` bytes that differ from the same path's in
     ``before`` (a file new or of another size: all of it). 4 KiB: the bytes that changed;
-    8 MiB: what fixed parts of that size would send."""
+    a block larger than any file: what one object per whole file would send."""
     import numpy as np
 
     out = 0
@@ -121,17 +120,17 @@ async def _publish(ckpts: list[Path], layout: str, env: dict[str, str]) -> None:
     tot = [0, 0, 0, 0]
     times: list[tuple[float, float]] = []
     for d in ckpts:
-        ch, parts = diff(before, d, 4096), diff(before, d, PART)
+        ch, files = diff(before, d, 4096), diff(before, d, 1 << 40)
         sent, t_new = await _by_content(store, d, f"bench-{layout}")
         whole, t_old = await _whole(store, d, "whole")
         times.append((t_new, t_old))
         print(f"  {d.name}: changed {ch / 2**20:6.2f} MiB | by content {sent / 2**20:6.2f} MiB ({sent / ch:.3f}x changed) "
               f"{t_new:.2f} s | whole {whole / 2**20:6.2f} MiB ({whole / ch:.2f}x) {t_old:.2f} s | "
-              f"8 MiB parts would send {parts / 2**20:6.2f} MiB ({parts / ch:.3f}x)", flush=True)
-        tot = [tot[0] + ch, tot[1] + sent, tot[2] + whole, tot[3] + parts]
+              f"per whole file would send {files / 2**20:6.2f} MiB ({files / ch:.3f}x)", flush=True)
+        tot = [tot[0] + ch, tot[1] + sent, tot[2] + whole, tot[3] + files]
         before = d
     later = times[1:]
     print(f"  {layout} total: changed {tot[0] / 2**20:.1f} MiB, by content {tot[1] / 2**20:.1f} MiB ({tot[1] / tot[0]:.3f}x), "
-          f"whole {tot[2] / 2**20:.1f} MiB ({tot[2] / tot[0]:.2f}x), 8 MiB parts {tot[3] / 2**20:.1f} MiB "
+          f"whole {tot[2] / 2**20:.1f} MiB ({tot[2] / tot[0]:.2f}x), per whole file {tot[3] / 2**20:.1f} MiB "
           f"({tot[3] / tot[0]:.3f}x); checkpoints 2-{len(times)}: by content "
           f"{sum(t for t, _o in later) / len(later):.2f} s, whole {sum(o for _t, o in later) / len(later):.2f} s each", flush=True)

@@ -26,9 +26,8 @@ from supervisor.sync._parts import PartConflict
 from supervisor.sync._side import RECOPY_TRIES, Landed, Ledger, Whole
 from supervisor.sync._state import PairState, to_thread
 from supervisor.sync._storelogs import StoreLogs
-from supervisor.sync._storepub import StoreRestore, StoreSide, file_is, upload, uploaded_whole
+from supervisor.sync._storepub import StoreRestore, StoreSide, collect, file_is, upload, uploaded_whole
 from supervisor.sync._store import Store
-from supervisor.sync._storeobjects import collect
 from supervisor.sync._versions import contains, written
 
 
@@ -296,7 +295,7 @@ class ObjectStore:
     async def prepare(self) -> None:
         """A bucket has no directory to make. The leader's first pass after its start check
         deletes this run's objects put before that check that no manifest names (a pass killed
-        between its uploads and its manifest: ``_storeobjects``), and says so (``store-collected``)."""
+        between its uploads and its manifest: ``_storepub.collect``), and says so (``store-collected``)."""
         if not self.collects or self.started is None:
             return
         before, self.started = self.started, None

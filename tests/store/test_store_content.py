@@ -3,18 +3,19 @@ a config) and identical replicas go up once across versions; replacing or prunin
 deletes only the objects no kept manifest names; a supervise killed mid-upload leaves nothing
 the next attempt does not collect; a restore verifies every byte and downloads only what the
 node lacks. Real SeaweedFS, the real ``supervise``, the bytes counted as the client sent them
-(the ``sync`` events). docs/sync.md, "Object stores"; the layout: supervisor/sync/_storeobjects.py."""
+(the ``sync`` events). docs/sync.md, "Object stores"; the layout: supervisor/sync/_storepub.py."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import sys
 import time
 from pathlib import Path
 
-from supervisor.sync._storeobjects import keys_of
+from supervisor.sync._manifest import keys_of
 from tests.support.journal import events
 from tests.support.s3 import Bucket, S3Server
 from tests.support.supervise import killed_on_exit, run_supervise, start_supervise
@@ -152,3 +153,25 @@ def test_a_supervise_killed_mid_upload_leaves_nothing_the_next_attempt_does_not_
     assert _objects(bucket, prefix).keys() == _named(bucket, prefix)
     collected = [e for e in events(run / "events.jsonl", "store-collected") if e["attempt"] == 2]
     assert collected and collected[0]["objects"] == len(left), (collected, left)  # attempt 1's, before any upload
+
+
+def test_a_bucket_in_the_layout_before_still_restores_verified(bucket: Bucket, s3_server: S3Server, tmp_path: Path) -> None:
+    """Issue 34's layout: each version's files under its own keys (``<checkpoint>/<path>``, a
+    9 MiB file as one object), named by the same manifest format: restored and verified."""
+    local, run, prefix = tmp_path / "ckpt", tmp_path / "run", "cas/before"
+    files = {"base.bin": b"b" * (9 * MiB), "adapter.bin": b"a" * MiB, ".metadata": b"1"}
+    doc = {"v": 1, "checkpoint": "step_000001", "is_dir": True, "bytes": sum(len(d) for d in files.values()),
+           "why": "marker .metadata", "done_at": None, "step": 1, "restorable": True, "markers": [".metadata"],
+           "newest_ns": 1_700_000_000_000_000_000, "profile": None, "nodes": 1, "published_at": 1_700_000_000.0,
+           "files": {rel: {"key": f"{prefix}/step_000001/{rel}", "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                           "mtime_ns": 1_700_000_000_000_000_000} for rel, data in files.items()}}
+    for rel, data in files.items():
+        bucket.put(f"{prefix}/step_000001/{rel}", data)
+    bucket.put(f"{prefix}/.supervise/manifests/step_000001.json", json.dumps(doc).encode())
+    r = _run(run, local, bucket, prefix, s3_server, "--steps", "1", restore=True)
+    assert "resumed 1" in r.stdout, r.stdout
+    restore = [e for e in events(run / "events.jsonl", "restore") if e["attempt"] == 1][0]
+    assert restore["checkpoint"] == "step_000001" and restore["bytes"] == doc["bytes"], restore
+    for rel, data in files.items():
+        assert (local / "step_000001" / rel).read_bytes() == data, rel
+    assert bucket.keys(f"{prefix}/.supervise/objects/") == {}  # nothing sent again: the restored version is the published one
