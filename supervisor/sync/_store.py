@@ -1,11 +1,15 @@
 """An object store as a pair's persistent side (``to = "s3://bucket/prefix"``): the client.
 
 A small async surface over obstore (Rust ``object_store``; the ``supervise-hpc[s3]`` extra),
-imported only when a pair names a store: keys under the pair's prefix, whole-file uploads that
-hash as they read (and a log's byte ranges, ``put_range``: only what grew), their memory bounded: small files in batches (``BATCHES_HELD`` ×
-``BATCH_BYTES``), mid-size ones whole (``MID_AT_ONCE`` × ``CHUNK``), large ones as concurrent
-multipart uploads (``CHUNK`` × ``PARTS_AT_ONCE`` per file, ``BIG_AT_ONCE`` files), conditional puts (``create``: refused
-when the key exists; ``if_match``: refused when it changed), streaming downloads that verify.
+imported only when a pair names a store: keys under the pair's prefix, uploads addressed by
+content that hash before they send and skip an object the bucket holds (issue 45; the layout:
+``_storepub``), a log's byte ranges (``put_range``: only what grew), their memory bounded:
+small files in batches (``BATCHES_HELD`` × ``BATCH_BYTES``), mid-size ones whole
+(``MID_AT_ONCE`` × ``CHUNK``), large ones as fixed ``CHUNK`` parts, each its own object
+(``put_parts``: ``PARTS_AT_ONCE`` per file, ``BIG_AT_ONCE`` files), conditional puts
+(``create``: refused when the key exists; ``if_match``: refused when it changed), streaming
+downloads that verify (``download``, ``download_parts``), and deletions that spare what an
+upload of this process pins (``drop_objects``).
 Every failure is a ``StoreError``, an ``OSError`` whose ``code`` names what happened, so the
 pair engine journals and retries it as any copy failure (docs/sync.md, "Object stores").
 
@@ -36,7 +40,7 @@ from supervisor.sync._backend import first_failure
 
 CHUNK = 8 << 20          # bytes: a multipart part, and what one read hands the uploader
 PARTS_AT_ONCE = 3        # parts of one file in flight
-BIG_AT_ONCE = 2          # files of CHUNK or more uploading at once (memory: about CHUNK × PARTS × BIG, twice over)
+BIG_AT_ONCE = 2          # files of CHUNK or more uploading at once (memory: about CHUNK × PARTS × BIG)
 SMALL_AT_ONCE = 128      # small files' PUTs in flight at once
 SMALL = 1 << 20          # bytes: a file this small is read whole, in a batch of others (one worker-thread call each)
 BATCH_FILES, BATCH_BYTES = 64, 8 << 20  # a batch of small files; at most BATCHES_HELD batches in memory at once
@@ -471,6 +475,8 @@ async def put_parts(store: Store, path: Path, key_of: Callable[[str], str],
                 while True:
                     await room.acquire()
                     data, digest = await anyio.to_thread.run_sync(_read_part, f, whole)
+                    if progress is not None:
+                        progress.moved()  # read and hashed: a frozen file sends nothing, and is not stalled
                     if not data:
                         room.release()
                         break
@@ -489,6 +495,7 @@ async def put_parts(store: Store, path: Path, key_of: Callable[[str], str],
     if failed:
         raise failed[0]
     return sum(p["size"] for p in parts), whole.hexdigest(), sent[0], parts, sent[1]
+
 
 async def download_parts(store: Store, parts: Sequence[Mapping[str, Any]], dest: Path, sha256: str, size: int) -> int:
     """A file stored as parts into ``dest`` (a new file), ``PARTS_AT_ONCE`` fetched at once
