@@ -22,6 +22,7 @@ supervise's peak RSS (goal < 200 MB). Each run uploads under its own prefix, rem
     .venv/bin/python bench/s3.py                 # both shapes, 3 runs
     .venv/bin/python bench/s3.py --quick         # 8 × 16 MiB and 1 000 files, 1 run
     .venv/bin/python bench/s3.py --shapes large --runs 5
+    .venv/bin/python bench/s3.py --shapes frozen  # HF Trainer, frozen base, 8 checkpoints: sent vs changed (_s3_frozen.py)
 """
 
 from __future__ import annotations
@@ -172,6 +173,11 @@ def main() -> None:
         env, store = s3_up(where / "s3")
         try:
             for shape in a.shapes.split(","):
+                if shape == "frozen":  # bytes sent against bytes changed, 8 checkpoints (issue 45)
+                    from _s3_frozen import run as frozen
+
+                    frozen(where, env, quick=a.quick)
+                    continue
                 shape_dir = where / shape
                 ckpt, total = make_shape(shape_dir, shape, a.quick)
                 files = sum(1 for p in ckpt.rglob("*") if p.is_file())

@@ -6,8 +6,8 @@ written last with a conditional put: a checkpoint exists for a restore only thro
 manifest, which names every object with its size and sha256. Layout under the pair's prefix
 (docs/sync.md, "Object stores")::
 
-    <checkpoint>[/<path>]                          its files (the first version of that name)
-    .supervise/data/<checkpoint>/<token>/<path>    a later version's files (a name rewritten)
+    .supervise/objects/<run>/<sha256>              a file (under 8 MiB) or a part of one, by content: shared by versions
+    <checkpoint>[/<path>], .supervise/data/…       a file's object before issue 45 (still restored)
     .supervise/manifests/<checkpoint>.json         the manifest: the commit point
     .supervise/claims/<checkpoint>                 the run whose a name's own keys are (the first to claim it)
     .supervise/pointers/<pointer>.json             a pointer (``latest``, ``last.ckpt``): its target
@@ -19,6 +19,7 @@ manifest, which names every object with its size and sha256. Layout under the pa
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import time
 from typing import Any, Mapping
@@ -33,6 +34,25 @@ POINTERS = f"{ROOT}/pointers/"
 PARTS = f"{ROOT}/parts/"
 DATA = f"{ROOT}/data/"
 CLAIMS = f"{ROOT}/claims/"
+OBJECTS = f"{ROOT}/objects/"
+
+
+def space(owner: str) -> str:
+    """This run's objects by content: ``.supervise/objects/<run>/`` (rel to the prefix), ``<run>``
+    16 hex digits of the sha256 of its run directory (every attempt and node of it share it)."""
+    return f"{OBJECTS}{hashlib.sha256(owner.encode()).hexdigest()[:16]}/"
+
+
+def keys_of(f: Mapping[str, Any]) -> list[str]:
+    """The objects a manifest's file is made of: its key, or its parts' (a file of 8 MiB or more)."""
+    if isinstance(f.get("parts"), list):
+        return [str(p["key"]) for p in f["parts"] if isinstance(p, dict) and "key" in p]
+    return [str(f["key"])] if "key" in f else []
+
+
+def stored_as(f: Mapping[str, Any]) -> dict[str, Any]:
+    """Where a manifest's file is: ``key`` or ``parts``."""
+    return {k: f[k] for k in ("key", "parts") if k in f}
 
 
 def manifest_rel(name: str) -> str:

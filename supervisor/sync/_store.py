@@ -1,11 +1,15 @@
 """An object store as a pair's persistent side (``to = "s3://bucket/prefix"``): the client.
 
 A small async surface over obstore (Rust ``object_store``; the ``supervise-hpc[s3]`` extra),
-imported only when a pair names a store: keys under the pair's prefix, whole-file uploads that
-hash as they read (and a log's byte ranges, ``put_range``: only what grew), their memory bounded: small files in batches (``BATCHES_HELD`` ×
-``BATCH_BYTES``), mid-size ones whole (``MID_AT_ONCE`` × ``CHUNK``), large ones as concurrent
-multipart uploads (``CHUNK`` × ``PARTS_AT_ONCE`` per file, ``BIG_AT_ONCE`` files), conditional puts (``create``: refused
-when the key exists; ``if_match``: refused when it changed), streaming downloads that verify.
+imported only when a pair names a store: keys under the pair's prefix, uploads addressed by
+content that hash before they send and skip an object the bucket holds (issue 45; the layout:
+``_storepub``), a log's byte ranges (``put_range``: only what grew), their memory bounded:
+small files in batches (``BATCHES_HELD`` × ``BATCH_BYTES``), mid-size ones whole
+(``MID_AT_ONCE`` × ``CHUNK``), large ones as fixed ``CHUNK`` parts, each its own object
+(``put_parts``: ``PARTS_AT_ONCE`` per file, ``BIG_AT_ONCE`` files), conditional puts
+(``create``: refused when the key exists; ``if_match``: refused when it changed), streaming
+downloads that verify (``download``, ``download_parts``), and deletions that spare what an
+upload of this process pins (``drop_objects``).
 Every failure is a ``StoreError``, an ``OSError`` whose ``code`` names what happened, so the
 pair engine journals and retries it as any copy failure (docs/sync.md, "Object stores").
 
@@ -26,7 +30,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from functools import partial
-from typing import Any, AsyncIterator, Mapping, Sequence
+from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Sequence
 
 import anyio
 
@@ -36,7 +40,7 @@ from supervisor.sync._backend import first_failure
 
 CHUNK = 8 << 20          # bytes: a multipart part, and what one read hands the uploader
 PARTS_AT_ONCE = 3        # parts of one file in flight
-BIG_AT_ONCE = 2          # files of CHUNK or more uploading at once (memory: about CHUNK × PARTS × BIG, twice over)
+BIG_AT_ONCE = 2          # files of CHUNK or more uploading at once (memory: about CHUNK × PARTS × BIG)
 SMALL_AT_ONCE = 128      # small files' PUTs in flight at once
 SMALL = 1 << 20          # bytes: a file this small is read whole, in a batch of others (one worker-thread call each)
 BATCH_FILES, BATCH_BYTES = 64, 8 << 20  # a batch of small files; at most BATCHES_HELD batches in memory at once
@@ -197,6 +201,10 @@ class Store:
         self.small = anyio.CapacityLimiter(SMALL_AT_ONCE)
         self.batches = anyio.CapacityLimiter(BATCHES_HELD)
         self.mid = anyio.CapacityLimiter(MID_AT_ONCE)
+        self.pinned: dict[str, int] = {}   # content objects an upload of this process uses: never deleted meanwhile
+        self.dropped: dict[str, int] = {}  # content object → the epoch this process deleted it in
+        self.epoch = 0
+        self.started: datetime.datetime | None = None  # the store's clock at this process's start check (``probe``)
 
     def key(self, rel: str) -> str:
         return f"{self.spec.prefix}/{rel}" if self.spec.prefix else rel
@@ -293,23 +301,6 @@ class Store:
         got = await self._call(obstore.put_async(self._store, key, data, mode=mode, use_multipart=False), key)
         return str(got.get("e_tag") or "")
 
-    async def put_small(self, items: Sequence[tuple[Path, str]]) -> Sequence[tuple[int, str]]:
-        """Small files (under ``SMALL``), read and hashed together in one worker-thread call (a
-        thread hop per 4 KiB file took 40 % of a 1 000-file upload), then put concurrently;
-        each (bytes, sha256 hex), in order. A file gone meanwhile raises FileNotFoundError."""
-        import obstore
-
-        async with self.batches:
-            read = await anyio.to_thread.run_sync(_read_all, [path for path, _key in items])
-            out = [(len(data), digest) for data, digest in read]
-
-            async def one(data: bytes, key: str) -> None:
-                async with self.small:
-                    await self._call(obstore.put_async(self._store, key, data, use_multipart=False), key)
-
-            await first_failure([partial(one, data, key) for (data, _digest), (_path, key) in zip(read, items)])
-        return out
-
     async def put_file(self, path: Path, key: str) -> tuple[int, str]:
         """Upload a whole local file, hashing what it reads; (bytes, sha256 hex)."""
         import obstore
@@ -326,6 +317,74 @@ class Store:
             await self._call(obstore.put_async(self._store, key, _chunks(path, h, sent, _stall.current()), chunk_size=CHUNK,
                                                max_concurrency=PARTS_AT_ONCE), key)
             return sent[0], h.hexdigest()
+
+    async def put_small_content(self, paths: Sequence[Path], key_of: Callable[[str], str],
+                                have: Any) -> Sequence[tuple[int, str, int]]:
+        """Small files addressed by content, read and hashed together in one worker-thread
+        call; each object ``key_of(sha256)`` pinned (``have.pin``), then put unless ``have`` holds
+        it. Each (bytes, sha256 hex, bytes sent), in order."""
+        import obstore
+
+        async with self.batches:
+            read = await anyio.to_thread.run_sync(_read_all, list(paths))
+            out, puts = [], []
+            for data, digest in read:
+                key = key_of(digest)
+                have.pin(key)
+                sent = 0 if have.holds(key, len(data)) else len(data)
+                out.append((len(data), digest, sent))
+                if sent:
+                    have.add(key, len(data))
+                    puts.append((data, key))
+
+            async def one(data: bytes, key: str) -> None:
+                async with self.small:
+                    await self._call(obstore.put_async(self._store, key, data, use_multipart=False), key)
+
+            await first_failure([partial(one, data, key) for data, key in puts])
+        return out
+
+    async def put_file_content(self, path: Path, key_of: Callable[[str], str], have: Any) -> tuple[int, str, int]:
+        """One file under ``CHUNK`` addressed by content: read whole and hashed, its object
+        pinned, then put unless ``have`` holds it. (bytes, sha256 hex, bytes sent)."""
+        import obstore
+
+        async with self.mid:
+            h = hashlib.sha256()
+            data = await anyio.to_thread.run_sync(_read_hashed, path, h)
+            key = key_of(h.hexdigest())
+            have.pin(key)
+            if have.holds(key, len(data)):
+                return len(data), h.hexdigest(), 0
+            have.add(key, len(data))
+            await self._call(obstore.put_async(self._store, key, data, use_multipart=False), key)
+        return len(data), h.hexdigest(), len(data)
+
+    def pin(self, key: str) -> None:
+        self.pinned[key] = self.pinned.get(key, 0) + 1
+
+    def unpin(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            left = self.pinned.get(key, 0) - 1
+            if left > 0:
+                self.pinned[key] = left
+            else:
+                self.pinned.pop(key, None)
+
+    async def drop_objects(self, keys: Sequence[str]) -> Sequence[str]:
+        """Delete content objects, less those an upload of this process pins; marked deleted
+        first (an upload that lists meanwhile sends them again). The keys deleted."""
+        keys = [k for k in keys if not self.pinned.get(k)]
+        if not keys:
+            return []
+        self.epoch += 1
+        for k in keys:
+            self.dropped[k] = self.epoch
+        try:
+            await self.delete(keys)
+        finally:
+            self.epoch += 1
+        return keys
 
     async def put_range(self, path: Path, key: str, start: int, end: int) -> int:
         """Bytes ``[start, end)`` of a local file as one object (a log's segment: what grew
@@ -361,13 +420,15 @@ class Store:
 
     def probe(self) -> None:
         """Can this run read and write the prefix? A listing and a small put and delete,
-        bounded (seconds); ``StoreError`` in one line otherwise. Blocking: before the start."""
+        bounded (seconds); ``StoreError`` in one line otherwise. Blocking: before the start.
+        ``started``: the store's clock then (its object's Last-Modified)."""
         import obstore
 
         key = self.key(f".supervise/probe-{os.getpid()}-{os.urandom(4).hex()}")
         try:
             next(iter(obstore.list(self._store, prefix=self.key(".supervise/"), chunk_size=1)), None)
             obstore.put(self._store, key, b"supervise probe", use_multipart=False)
+            self.started = obstore.head(self._store, key)["last_modified"]
             obstore.delete(self._store, key)
         except Exception as e:  # noqa: BLE001
             text = str(e)
@@ -377,6 +438,96 @@ class Store:
             if err.code == "EACCES" and not (self.access.key_id and self.access.secret):
                 raise StoreError(no_credentials(self.spec, self._env), "EACCES") from None
             raise err from None
+
+
+async def put_parts(store: Store, path: Path, key_of: Callable[[str], str],
+                    have: Any) -> tuple[int, str, int, Sequence[dict[str, Any]], int]:
+    """A file of ``CHUNK`` or more as fixed parts of ``CHUNK`` bytes, each an object by its
+    own content (one PUT each, ``PARTS_AT_ONCE`` in flight), read and hashed in order, the
+    whole file's hash beside: a part whose bytes did not change (a frozen tensor's) is not
+    sent again. Each part's key is its bytes' hash by construction (hashed from the very
+    bytes put). (bytes, the whole file's sha256 hex, bytes sent, the parts: key, size,
+    sha256, parts sent)."""
+    import obstore
+
+    whole = hashlib.sha256()
+    parts: list[dict[str, Any]] = []
+    sent = [0, 0]
+    failed: list[Exception] = []
+    progress = _stall.current()
+    room = anyio.Semaphore(PARTS_AT_ONCE)
+
+    async def put(key: str, data: bytes, scope: anyio.CancelScope) -> None:
+        try:
+            await store._call(obstore.put_async(store._store, key, data, use_multipart=False), key)
+            if progress is not None:
+                progress.moved()
+        except Exception as e:  # noqa: BLE001 - raised below, the others stopped
+            failed.append(e)
+            scope.cancel()
+        finally:
+            room.release()
+
+    async with store.big:
+        f = await anyio.to_thread.run_sync(lambda: open(path, "rb"))
+        try:
+            async with anyio.create_task_group() as tg:
+                while True:
+                    await room.acquire()
+                    data, digest = await anyio.to_thread.run_sync(_read_part, f, whole)
+                    if progress is not None:
+                        progress.moved()  # read and hashed: a frozen file sends nothing, and is not stalled
+                    if not data:
+                        room.release()
+                        break
+                    key = key_of(digest)
+                    have.pin(key)
+                    parts.append({"key": key, "size": len(data), "sha256": digest})
+                    if have.holds(key, len(data)):
+                        room.release()
+                        continue
+                    have.add(key, len(data))
+                    sent[0] += len(data)
+                    sent[1] += 1
+                    tg.start_soon(put, key, data, tg.cancel_scope)
+        finally:
+            await anyio.to_thread.run_sync(f.close)
+    if failed:
+        raise failed[0]
+    return sum(p["size"] for p in parts), whole.hexdigest(), sent[0], parts, sent[1]
+
+
+async def download_parts(store: Store, parts: Sequence[Mapping[str, Any]], dest: Path, sha256: str, size: int) -> int:
+    """A file stored as parts into ``dest`` (a new file), ``PARTS_AT_ONCE`` fetched at once
+    and written in order, checking the whole file's size and hash; bytes written."""
+    import obstore
+
+    h = hashlib.sha256()
+    n = 0
+    f = await anyio.to_thread.run_sync(lambda: open(dest, "xb"))
+
+    async def one(key: str) -> bytes:
+        got = await store._call(obstore.get_async(store._store, key), key)
+        return bytes(await store._call(got.bytes_async(), key))
+
+    try:
+        for i in range(0, len(parts), PARTS_AT_ONCE):
+            window = list(parts[i:i + PARTS_AT_ONCE])
+            got: list[bytes] = [b""] * len(window)
+
+            async def fetch(j: int) -> None:
+                got[j] = await one(str(window[j]["key"]))
+
+            await first_failure([partial(fetch, j) for j in range(len(window))])
+            for data in got:
+                await anyio.to_thread.run_sync(_write_hashed, f, h, data)
+                n += len(data)
+    finally:
+        await anyio.to_thread.run_sync(f.close)
+    if n != size or h.hexdigest() != sha256:
+        raise StoreError(f"{store.url}: {dest.name}'s parts are not what its manifest says ({n} bytes, "
+                         f"sha256 {h.hexdigest()[:12]}…)", "EBADMSG")
+    return n
 
 
 async def _next(stream: Any) -> Any:
@@ -394,6 +545,13 @@ def _read_all(paths: Sequence[Path]) -> list[tuple[bytes, str]]:
             data = f.read()
         out.append((data, hashlib.sha256(data).hexdigest()))
     return out
+
+
+def _read_part(f: Any, whole: Any) -> tuple[bytes, str]:
+    """The next ``CHUNK`` bytes of a file, added to its whole hash, and their own sha256 hex."""
+    data = f.read(CHUNK)
+    whole.update(data)
+    return data, hashlib.sha256(data).hexdigest()
 
 
 def _read_hashed(path: Path, h: Any) -> bytes:

@@ -15,7 +15,6 @@ docs/sync.md, "Object stores"; the roles that ask these: ``_roles.py``.
 
 from __future__ import annotations
 
-import secrets
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -27,7 +26,7 @@ from supervisor.sync._parts import PartConflict
 from supervisor.sync._side import RECOPY_TRIES, Landed, Ledger, Whole
 from supervisor.sync._state import PairState, to_thread
 from supervisor.sync._storelogs import StoreLogs
-from supervisor.sync._storepub import StoreRestore, StoreSide, file_is, upload, uploaded_whole
+from supervisor.sync._storepub import StoreRestore, StoreSide, collect, file_is, upload, uploaded_whole
 from supervisor.sync._store import Store
 from supervisor.sync._versions import contains, written
 
@@ -83,32 +82,30 @@ class StoreParts:
         """This node's files of ``e`` uploaded, checked, then its part manifest."""
         p, name = self.pair, e.name
         rel = part_rel(name, self.node)
-        token = await self.side.place(name, self.state.owner)
-        if token is False:
+        if await self.side.place(name, self.state.owner) is False:
             self.side.ledger.refuse(name)  # another run's claim on the name
             return None
-        if token is None and not e.is_dir:
-            # A single file may be whole on several nodes at once (each node's version of one
-            # name): each its own place, never one key that another node's upload overwrites.
-            token = f"node-{self.node}-{secrets.token_hex(4)}"
         for _attempt in range(RECOPY_TRIES):
+            pins: list[str] = []
             try:
-                files = await upload(self.store, p.src / name, e, name, token)
+                files, sent, objects = await upload(self.store, p.src / name, e, self.state.owner, pins)
+                again: Listing = await to_thread(self.side.rescan, name)
+                now = again.entries.get(name)
+                if now is None or not now.complete:
+                    return None
+                stats.files += objects
+                stats.bytes += sent
+                if not now.snap.same_content(e.snap) or not uploaded_whole(files, e.snap):
+                    e = now
+                    continue
+                doc = checkpoint_doc(e, files, profile=self.state.profile, nodes=self.nodes, extra={"node": self.node})
+                await self.store.put_bytes(self.store.key(rel), dumps(doc))
             except FileNotFoundError:
                 if await to_thread(Path.exists, p.src / name):
                     raise
                 return None
-            again: Listing = await to_thread(self.side.rescan, name)
-            now = again.entries.get(name)
-            if now is None or not now.complete:
-                return None
-            if not now.snap.same_content(e.snap) or not uploaded_whole(files, e.snap):
-                e = now
-                continue
-            stats.files += len(files)
-            stats.bytes += sum(int(f["size"]) for f in files.values())
-            doc = checkpoint_doc(e, files, profile=self.state.profile, nodes=self.nodes, extra={"node": self.node})
-            await self.store.put_bytes(self.store.key(rel), dumps(doc))
+            finally:
+                self.store.unpin(pins)
             return Landed(e, again, {})
         self.emit("sync-deferred", pair=p.name, checkpoint=name, node=self.node,
                   reason=f"changed while being uploaded, {RECOPY_TRIES} times; trying again on the next pass")
@@ -278,12 +275,15 @@ class ObjectStore:
         self.state = state
         self.store = store
         self.rescan = rescan
+        self.collects = True   # the leader's: this run's objects put before its start check that nothing names
+        self.started: Any = None
 
     def whole(self, ledger: Ledger) -> StoreSide:
         return StoreSide(self.state, self.store, ledger=ledger, rescan=self.rescan)
 
     def per_node(self, ledger: Ledger, node: int) -> tuple[StoreSide, StoreParts, StoreGather]:
         side = StoreSide(self.state, self.store, ledger=ledger, rescan=self.rescan)
+        self.collects = node == 0
         return side, StoreParts(side, node=node), StoreGather(side, node=node)
 
     def restore(self) -> StoreRestore:
@@ -293,7 +293,16 @@ class ObjectStore:
         return StoreLogs(self.state, self.store, recheck=recheck)
 
     async def prepare(self) -> None:
-        return None  # a bucket has no directory to make
+        """A bucket has no directory to make. The leader's first pass after its start check
+        deletes this run's objects put before that check that no manifest names (a pass killed
+        between its uploads and its manifest: ``_storepub.collect``), and says so (``store-collected``)."""
+        if not self.collects or self.started is None:
+            return
+        before, self.started = self.started, None
+        gone = await collect(self.store, self.state.owner, before=before)
+        if gone:
+            self.state.emit("store-collected", pair=self.state.pair.name, objects=len(gone),
+                            reason="objects of this run that no manifest names, put before this attempt started")
 
     def probe(self) -> str | None:
         """Can this run list, write and delete under the pair's prefix? One line, exit 2,
@@ -312,7 +321,9 @@ class ObjectStore:
                               p.origin) from None
 
         try:
-            Store(p.store, retries=PROBE_RETRIES, timeout=PROBE_TIMEOUT).probe()
+            probe = Store(p.store, retries=PROBE_RETRIES, timeout=PROBE_TIMEOUT)
+            probe.probe()
+            self.started = probe.started
         except StoreError as e:
             if e.code == "ETIMEDOUT":
                 return f"sync {p.name}: {p.where} does not answer ({PROBE_TIMEOUT} a request): starting anyway"

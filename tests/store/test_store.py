@@ -67,7 +67,9 @@ def test_checkpoints_land_whole_in_the_bucket_and_come_back_on_an_empty_disk(buc
     for name in names:
         assert bucket.whole(docs[name]) == [], name
         assert sorted(docs[name]["files"]) == [".metadata", "shard_0.bin", "shard_1.bin"]
-        assert docs[name]["files"]["shard_0.bin"]["key"] == f"{prefix}/{name}/shard_0.bin"  # its own key, readable by hand
+        parts = docs[name]["files"]["shard_0.bin"]["parts"]  # 9 MiB: two parts, each an object by its content
+        assert [p["size"] for p in parts] == [8 << 20, 1 << 20], parts
+        assert all(p["key"] == f"{prefix}/.supervise/objects/{p['key'].split('/')[-2]}/{p['sha256']}" for p in parts)
     assert wrong == [] and seen, (wrong, seen)  # (an older one may land after the last look: newest first)
     published = [e["checkpoint"] for e in _of(run, "publish", 1) if not e.get("pointer")]
     assert sorted(published) == names, published  # each once (the newest first when several wait)

@@ -172,16 +172,23 @@ class Bucket:
         of its size and sha256)."""
         wrong = []
         for rel, f in doc["files"].items():
-            data = self.get(f["key"])
+            data = self.file(f)
             if data is None:
-                wrong.append(f"{rel}: {f['key']} missing")
+                wrong.append(f"{rel}: {f.get('key') or 'a part'} missing")
             elif len(data) != f["size"] or hashlib.sha256(data).hexdigest() != f["sha256"]:
-                wrong.append(f"{rel}: {f['key']} differs from its manifest")
+                wrong.append(f"{rel}: {f.get('key') or 'its parts'} differs from its manifest")
         return wrong
+
+    def file(self, f: dict[str, Any]) -> bytes | None:
+        """A manifest's file: its object, or its parts' in order (a file of 8 MiB or more); None: one missing."""
+        if "parts" not in f:
+            return self.get(f["key"])
+        got = [self.get(p["key"]) for p in f["parts"]]
+        return None if any(g is None for g in got) else b"".join(g for g in got if g is not None)
 
     def fetch(self, doc: dict[str, Any], rel: str, to: Path) -> Path:
         """One file of a checkpoint, by its manifest, as a user reads it by hand."""
-        data = self.get(doc["files"][rel]["key"])
+        data = self.file(doc["files"][rel])
         assert data is not None
         to.write_bytes(data)
         return to

@@ -1,0 +1,136 @@
+"""``bench/s3.py --shapes frozen``: bytes moved against bytes changed (issue 45).
+
+An HF ``Trainer`` fine-tunes a GPT-2-shaped model (built from its config: nothing is
+downloaded) with the embeddings and every block but the last frozen (``requires_grad=False``),
+saving 8 checkpoints (``save_steps``). HF saves the whole state dict every time, so the layout
+decides what stays unchanged. Two layouts, one training each:
+
+* ``sharded``: ``save_pretrained`` with ``max_shard_size`` (a large model's default layout,
+  5 GB shards, scaled down to 16 MB): shards holding only frozen tensors are byte-identical
+  from one checkpoint to the next, as are ``training_args.bin`` and the config;
+* ``one-file``: one ``model.safetensors`` holding every tensor.
+
+Each checkpoint, in order, goes up twice in this process against the same server: by content
+(``_storepub.upload``, what supervise does now: a file under 8 MiB as one object, a larger one
+as 8 MiB parts, each addressed by its hash) and whole under its own keys (``Store.put_file``
+per file: the layout before issue 45). Printed per checkpoint: bytes changed (the file's 4 KiB
+blocks that differ from the previous checkpoint's same path; all of the first), bytes sent by
+content and their ratio to changed (goal <= 1.05), what one object per whole file would send
+(the files whose sha256 changed), the whole upload's bytes, both times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from pathlib import Path
+from typing import Any
+
+
+
+def train(out: Path, layout: str, *, layers: int, width: int, vocab: int) -> list[Path]:
+    """8 checkpoints of a frozen-base fine-tuning under ``out``; their directories in order."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=layers, n_embd=width, n_head=8, vocab_size=vocab, n_positions=64,
+                                       bos_token_id=0, eos_token_id=0))
+    for name, p in model.named_parameters():  # train only the last block and the final norm (the head is tied)
+        p.requires_grad = name.startswith((f"transformer.h.{layers - 1}.", "transformer.ln_f"))
+    if layout == "sharded":
+        save = model.save_pretrained
+        model.save_pretrained = lambda *a, **kw: save(*a, **{**kw, "max_shard_size": "16MB"})  # type: ignore[method-assign]
+    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, vocab, (64, 32))]
+    args = TrainingArguments(output_dir=str(out), max_steps=8, save_steps=1, per_device_train_batch_size=4,
+                             logging_steps=100, report_to=[], use_cpu=True,
+                             dataloader_num_workers=0, disable_tqdm=True)
+    Trainer(model=model, args=args, train_dataset=data).train()
+    return sorted(out.glob("checkpoint-*"), key=lambda d: int(d.name.split("-")[1]))
+
+
+def _hashes(d: Path) -> dict[str, tuple[int, str]]:
+    out = {}
+    for p in sorted(d.rglob("*")):
+        if p.is_file():
+            out[str(p.relative_to(d))] = (p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
+    return out
+
+
+def diff(before: Path | None, now: Path, block: int) -> int:
+    """Bytes of ``now`` in blocks of ``block`` bytes that differ from the same path's in
+    ``before`` (a file new or of another size: all of it). 4 KiB: the bytes that changed;
+    a block larger than any file: what one object per whole file would send."""
+    import numpy as np
+
+    out = 0
+    for p in sorted(now.rglob("*")):
+        if not p.is_file():
+            continue
+        q = before / p.relative_to(now) if before is not None else None
+        size = p.stat().st_size
+        if q is None or not q.is_file() or q.stat().st_size != size:
+            out += size
+            continue
+        a, b = np.fromfile(p, dtype=np.uint8), np.fromfile(q, dtype=np.uint8)
+        for i in range(0, size, block):
+            if not np.array_equal(a[i:i + block], b[i:i + block]):
+                out += min(block, size - i)
+    return out
+
+
+async def _by_content(store: Any, d: Path, owner: str) -> tuple[int, float]:
+    from supervisor.sync._complete import Entry, Snap
+    from supervisor.sync._storepub import upload
+
+    files = {str(p.relative_to(d)): (p.stat().st_size, p.stat().st_mtime_ns) for p in d.rglob("*") if p.is_file()}
+    e = Entry(name=d.name, is_dir=True, snap=Snap(files, max(m for _s, m in files.values()), sum(s for s, _m in files.values())),
+              complete=True, why="bench")
+    pins: list[str] = []
+    t0 = time.perf_counter()
+    _files, sent, _objects = await upload(store, d, e, owner, pins)
+    store.unpin(pins)
+    return sent, time.perf_counter() - t0
+
+
+async def _whole(store: Any, d: Path, prefix: str) -> tuple[int, float]:
+    t0 = time.perf_counter()
+    got = await asyncio.gather(*(store.put_file(p, store.key(f"{prefix}/{d.name}/{p.relative_to(d)}"))
+                                 for p in sorted(d.rglob("*")) if p.is_file()))
+    return sum(n for n, _h in got), time.perf_counter() - t0
+
+
+def run(where: Path, env: dict[str, str], *, quick: bool) -> None:
+    layers, width, vocab = (6, 256, 8000) if quick else (12, 512, 16000)
+    for layout in ("sharded", "one-file"):
+        ckpts = train(where / f"frozen-{layout}", layout, layers=layers, width=width, vocab=vocab)
+        asyncio.run(_publish(ckpts, layout, env))
+
+
+async def _publish(ckpts: list[Path], layout: str, env: dict[str, str]) -> None:
+    from supervisor.config import StoreSpec
+    from supervisor.sync._store import Store
+
+    store = Store(StoreSpec(url=f"s3://bench/frozen-{layout}", bucket="bench", prefix=f"frozen-{layout}"), env)
+    last = _hashes(ckpts[-1])
+    print(f"frozen, {layout}: {len(ckpts)} checkpoints of {sum(s for s, _h in last.values()) / 2**20:.1f} MiB, "
+          f"files {sorted(last)}", flush=True)
+    before: Path | None = None
+    tot = [0, 0, 0, 0]
+    times: list[tuple[float, float]] = []
+    for d in ckpts:
+        ch, files = diff(before, d, 4096), diff(before, d, 1 << 40)
+        sent, t_new = await _by_content(store, d, f"bench-{layout}")
+        whole, t_old = await _whole(store, d, "whole")
+        times.append((t_new, t_old))
+        print(f"  {d.name}: changed {ch / 2**20:6.2f} MiB | by content {sent / 2**20:6.2f} MiB ({sent / ch:.3f}x changed) "
+              f"{t_new:.2f} s | whole {whole / 2**20:6.2f} MiB ({whole / ch:.2f}x) {t_old:.2f} s | "
+              f"per whole file would send {files / 2**20:6.2f} MiB ({files / ch:.3f}x)", flush=True)
+        tot = [tot[0] + ch, tot[1] + sent, tot[2] + whole, tot[3] + files]
+        before = d
+    later = times[1:]
+    print(f"  {layout} total: changed {tot[0] / 2**20:.1f} MiB, by content {tot[1] / 2**20:.1f} MiB ({tot[1] / tot[0]:.3f}x), "
+          f"whole {tot[2] / 2**20:.1f} MiB ({tot[2] / tot[0]:.2f}x), per whole file {tot[3] / 2**20:.1f} MiB "
+          f"({tot[3] / tot[0]:.3f}x); checkpoints 2-{len(times)}: by content "
+          f"{sum(t for t, _o in later) / len(later):.2f} s, whole {sum(o for _t, o in later) / len(later):.2f} s each", flush=True)

@@ -1,0 +1,177 @@
+"""A checkpoint's objects addressed by content (issue 45): an unchanged file (a frozen base,
+a config) and identical replicas go up once across versions; replacing or pruning a version
+deletes only the objects no kept manifest names; a supervise killed mid-upload leaves nothing
+the next attempt does not collect; a restore verifies every byte and downloads only what the
+node lacks. Real SeaweedFS, the real ``supervise``, the bytes counted as the client sent them
+(the ``sync`` events). docs/sync.md, "Object stores"; the layout: supervisor/sync/_storepub.py."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from supervisor.sync._manifest import keys_of
+from tests.support.journal import events
+from tests.support.s3 import Bucket, S3Server
+from tests.support.supervise import killed_on_exit, run_supervise, start_supervise
+from tests.support.wait import wait_for
+
+WRITER = Path(__file__).parents[1] / "helpers" / "frozen_writer.py"
+PY = sys.executable
+MiB = 1 << 20
+
+
+def _sent(run: Path, pair: str, attempt: int | None = None) -> tuple[int, int]:
+    """Bytes and objects the checkpoint pair's uploads sent, as the client counted them."""
+    ev = [e for e in events(run / "events.jsonl", "sync") if e["pair"] == pair and (attempt is None or e["attempt"] == attempt)]
+    return sum(e["bytes"] for e in ev), sum(e["files"] for e in ev)
+
+
+def _objects(bucket: Bucket, prefix: str) -> dict[str, int]:
+    return bucket.keys(f"{prefix}/.supervise/objects/")
+
+
+def _keys(doc: dict) -> set[str]:
+    return {k for f in doc["files"].values() for k in keys_of(f)}
+
+
+def _named(bucket: Bucket, prefix: str) -> set[str]:
+    return {k for doc in bucket.manifests(prefix).values() for k in _keys(doc)}
+
+
+def _run(run: Path, local: Path, bucket: Bucket, prefix: str, s3: S3Server, *args: str, restore: bool = False):
+    r = run_supervise("--run-dir", str(run), "--checkpoints", str(local), bucket.url(prefix),
+                      *(["--restore"] if restore else []), "--", PY, str(WRITER), str(local), *args,
+                      env=s3.env, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def test_an_unchanged_file_and_identical_replicas_go_up_once_and_a_restore_fetches_only_what_the_node_lacks(
+        bucket: Bucket, s3_server: S3Server, tmp_path: Path) -> None:
+    local, run, prefix = tmp_path / "ckpt", tmp_path / "run", "cas/frozen"
+    _run(run, local, bucket, prefix, s3_server, "--steps", "4", "--base", str(9 * MiB), "--adapter", str(MiB),
+         "--model", str(16 * MiB))
+    docs = bucket.manifests(prefix)
+    assert sorted(docs) == [f"step_{n:06d}" for n in (1, 2, 3, 4)], sorted(docs)
+    for doc in docs.values():
+        assert bucket.whole(doc) == [], doc["checkpoint"]
+    sizes = {k: f["size"] for doc in docs.values() for f in doc["files"].values() if "key" in f for k in [f["key"]]}
+    sizes.update({p["key"]: p["size"] for doc in docs.values() for f in doc["files"].values() for p in f.get("parts", ())})
+    sent, objects = _sent(run, local.name)
+    # each distinct object once: the base's two parts, model.bin's two frozen 8 MiB parts and the
+    # config once; each step's adapter, its model tail, one of its two replicas
+    assert sent == sum(sizes.values()) and objects == len(sizes), (sent, objects, len(sizes))
+    first = 9 * MiB + 17 * MiB + MiB + 4096 + 28 + 1
+    changed = first + 3 * (2 * MiB + 4096 + 1)  # after the first: the adapter, model.bin's tail, a replica, the marker
+    assert sent <= changed, (sent, changed)
+    every = sum(f["size"] for doc in docs.values() for f in doc["files"].values())
+    assert every > 4 * 26 * MiB and sent < every / 3, (sent, every)  # the layout before sent every byte of every version
+    assert _objects(bucket, prefix).keys() == _named(bucket, prefix)
+
+    # a requeue onto the same node: step 4's base, model and config are still there, its adapter
+    # and marker lost, one replica damaged (same size and mtime, other bytes): only those come
+    # down, each verified
+    newest = local / "step_000004"
+    (newest / "adapter.bin").unlink()
+    (newest / ".metadata").unlink()
+    st = (newest / "rank_1.bin").stat()
+    (newest / "rank_1.bin").write_bytes(b"\0" * 4096)
+    os.utime(newest / "rank_1.bin", ns=(st.st_atime_ns, st.st_mtime_ns))
+    for d in sorted(local.glob("step_00000[123]")):
+        for f in d.iterdir():
+            f.unlink()
+        d.rmdir()
+    _run(run, local, bucket, prefix, s3_server, "--steps", "4", restore=True)
+    restore = [e for e in events(run / "events.jsonl", "restore") if e["attempt"] == 2][0]
+    assert restore["checkpoint"] == "step_000004", restore
+    assert restore["bytes"] == MiB + 4096 + 1, restore  # the adapter, the damaged replica, the marker; never the base
+    for rel, f in docs["step_000004"]["files"].items():
+        assert hashlib.sha256((newest / rel).read_bytes()).hexdigest() == f["sha256"], rel
+
+
+def test_replacing_and_pruning_a_version_delete_only_the_objects_no_kept_manifest_names(
+        bucket: Bucket, s3_server: S3Server, tmp_path: Path) -> None:
+    local, run, prefix = tmp_path / "ckpt", tmp_path / "run", "cas/retain"
+    # snapshot/ rewritten each step with that step's adapter: each version it replaces shares
+    # its adapter with step_N and its base with every version
+    _run(run, local, bucket, prefix, s3_server, "--steps", "3", "--snapshot", "--base", str(2 * MiB), "--step-time", "1.5")
+    docs = bucket.manifests(prefix)
+    assert sorted(docs) == ["snapshot", "step_000001", "step_000002", "step_000003"], sorted(docs)
+    assert docs["snapshot"]["files"]["adapter.bin"]["sha256"] == docs["step_000003"]["files"]["adapter.bin"]["sha256"]
+    for doc in docs.values():
+        assert bucket.whole(doc) == [], doc["checkpoint"]  # the replaced snapshots' adapters: still step_1's and step_2's
+    assert _objects(bucket, prefix).keys() == _named(bucket, prefix)
+
+    # pruned by hand: step_1's manifest removed; the next attempt's first pass removes what only it named
+    only = _keys(docs["step_000001"]) - {k for n, d in docs.items() if n != "step_000001" for k in _keys(d)}
+    assert only and len(only) < len(docs["step_000001"]["files"])  # its adapter and replicas; not the base, the config
+    _delete(bucket, f"{prefix}/.supervise/manifests/step_000001.json")
+    (local / "step_000001" / ".metadata").unlink()  # and locally, so the next pass does not publish it again
+    _run(run, local, bucket, prefix, s3_server, "--steps", "3")
+    objs = _objects(bucket, prefix)
+    assert not only & objs.keys(), only & objs.keys()
+    assert objs.keys() == _named(bucket, prefix)
+    for doc in bucket.manifests(prefix).values():
+        assert bucket.whole(doc) == [], doc["checkpoint"]
+    collected = [e for e in events(run / "events.jsonl", "store-collected") if e["attempt"] == 2]
+    assert collected and collected[0]["objects"] == len(only), collected
+
+
+def _delete(bucket: Bucket, key: str) -> None:
+    import obstore
+
+    obstore.delete(bucket.store, key)
+
+
+def test_a_supervise_killed_mid_upload_leaves_nothing_the_next_attempt_does_not_collect(
+        bucket: Bucket, s3_server: S3Server, tmp_path: Path) -> None:
+    local, run, prefix = tmp_path / "ckpt", tmp_path / "run", "cas/killed"
+    # one checkpoint of 12 files of 24 MiB, all different: its objects go up one after another
+    p = start_supervise("--run-dir", str(run), "--checkpoints", str(local), bucket.url(prefix), "--",
+                        PY, str(WRITER), str(local), "--steps", "1", "--distinct", "12", "--adapter", str(24 * MiB),
+                        "--step-time", "0.1", env=s3_server.env, start_new_session=True)
+    with killed_on_exit(p):
+        wait_for(lambda: len(_objects(bucket, prefix)) >= 2, 120, "objects uploaded", interval=0.02)
+        os.kill(p.pid, signal.SIGKILL)  # between its uploads and its manifest
+        p.wait(10)
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # and what was left of its group
+        except ProcessLookupError:
+            pass
+    time.sleep(0.5)
+    left = _objects(bucket, prefix)
+    assert bucket.manifests(prefix) == {} and left, left  # objects that no manifest names
+    _run(run, local, bucket, prefix, s3_server, "--steps", "0")
+    doc = bucket.manifest(prefix, "step_000001")
+    assert doc is not None and bucket.whole(doc) == []  # the next attempt published it
+    assert _objects(bucket, prefix).keys() == _named(bucket, prefix)
+    collected = [e for e in events(run / "events.jsonl", "store-collected") if e["attempt"] == 2]
+    assert collected and collected[0]["objects"] == len(left), (collected, left)  # attempt 1's, before any upload
+
+
+def test_a_bucket_in_the_layout_before_still_restores_verified(bucket: Bucket, s3_server: S3Server, tmp_path: Path) -> None:
+    """Issue 34's layout: each version's files under its own keys (``<checkpoint>/<path>``, a
+    9 MiB file as one object), named by the same manifest format: restored and verified."""
+    local, run, prefix = tmp_path / "ckpt", tmp_path / "run", "cas/before"
+    files = {"base.bin": b"b" * (9 * MiB), "adapter.bin": b"a" * MiB, ".metadata": b"1"}
+    doc = {"v": 1, "checkpoint": "step_000001", "is_dir": True, "bytes": sum(len(d) for d in files.values()),
+           "why": "marker .metadata", "done_at": None, "step": 1, "restorable": True, "markers": [".metadata"],
+           "newest_ns": 1_700_000_000_000_000_000, "profile": None, "nodes": 1, "published_at": 1_700_000_000.0,
+           "files": {rel: {"key": f"{prefix}/step_000001/{rel}", "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                           "mtime_ns": 1_700_000_000_000_000_000} for rel, data in files.items()}}
+    for rel, data in files.items():
+        bucket.put(f"{prefix}/step_000001/{rel}", data)
+    bucket.put(f"{prefix}/.supervise/manifests/step_000001.json", json.dumps(doc).encode())
+    r = _run(run, local, bucket, prefix, s3_server, "--steps", "1", restore=True)
+    assert "resumed 1" in r.stdout, r.stdout
+    restore = [e for e in events(run / "events.jsonl", "restore") if e["attempt"] == 1][0]
+    assert restore["checkpoint"] == "step_000001" and restore["bytes"] == doc["bytes"], restore
+    for rel, data in files.items():
+        assert (local / "step_000001" / rel).read_bytes() == data, rel
+    assert bucket.keys(f"{prefix}/.supervise/objects/") == {}  # nothing sent again: the restored version is the published one
