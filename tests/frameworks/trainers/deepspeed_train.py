@@ -51,7 +51,8 @@ if os.path.exists(os.path.join(args.out, "latest")):
 if rank == 0:
     progress(args.progress, "start", step=step, restored=os.environ.get("SUPERVISE_RESTORED_FROM"))
 while step < args.steps:
-    loss = engine(torch.randn(4, 16)).pow(2).mean()
+    # the step's batch is a function of the step: a resumed run sees the batches an uninterrupted one does
+    loss = engine(torch.randn(4, 16, generator=torch.Generator().manual_seed(step))).pow(2).mean()
     engine.backward(loss)
     engine.step()
     step += 1
