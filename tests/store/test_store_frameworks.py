@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -98,7 +99,11 @@ def test_a_framework_into_a_bucket_is_never_torn_and_resumes_on_an_empty_disk_as
     url = bucket.url(PREFIX)
     targs = TRAINER_ARGS.get(case_id, ())
     replay = run.replay(steps=FINAL, save_every=5, trainer_args=targs)
-    a1 = run.start(steps=FINAL, save_every=5, step_sleep=0.05, trainer_args=targs)
+    # Each save of the first attempt stops halfway for 0.6 s (the trainers' --save-pause: HF before
+    # trainer_state.json, Lightning halfway through the file, DeepSpeed with a rank late after
+    # `latest`, Orbax before its rename, Accelerate inside save_state): long enough for passes to
+    # see the half-written checkpoint, which must never get a manifest.
+    a1 = run.start(steps=FINAL, save_every=5, step_sleep=0.05, save_pause=0.6, trainer_args=targs)
     run.preempt(a1, at_step=17, timeout=300)  # saves at 5, 10, 15 are done; 20 is not
     saved = a1.saved()
     assert saved[:3] == [5, 10, 15], (saved, run.stderr(a1))
@@ -154,3 +159,59 @@ def test_a_framework_into_a_bucket_is_never_torn_and_resumes_on_an_empty_disk_as
     assert {p: steps.get(t) for p, t in pointers.items()} == {p: FINAL for p in pointers}, (pointers, steps)
     torn = [s for s in poller.sightings() if s["where"] == url and not s["ok"]]
     assert torn == [], torn
+
+
+LATE_RANK = """
+import json, os, sys, time
+from pathlib import Path
+local, run_dir = Path(sys.argv[1]), Path(os.environ["SUPERVISE_RUN_DIR"])
+def save(step, ranks):
+    d = local / f"global_step{step}"
+    d.mkdir(parents=True)
+    (d / "mp_rank_00_model_states.pt").write_bytes(b"m" * 1000)
+    for r in ranks:
+        (d / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt").write_bytes(b"o" * 1000)
+    (local / "latest").write_text(d.name)  # rank 0 names it at once, whatever the other ranks do
+save(10, [0, 1])
+for _ in range(600):  # until supervise published `latest` naming it (bounded: 60 s)
+    evs = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines() if x.endswith("}")]
+    if any(e.get("pointer") and e.get("target") == "global_step10" for e in evs):
+        break
+    time.sleep(0.1)
+else:
+    sys.exit("global_step10 was never published")
+save(20, [0])  # rank 1 is late with its shard, and the training ends (preempted) before it comes
+"""
+
+
+@pytest.mark.parametrize("side", ["directory", "bucket"])
+def test_a_pointer_naming_a_checkpoint_left_torn_by_a_late_rank_is_torn_too_and_does_not_fail_the_run(
+        side: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """DeepSpeed's rank 0 writes ``latest`` before the other ranks' shards. A training stopped
+    while rank 1 is late leaves ``global_step20`` torn and ``latest`` naming it: neither can ever
+    be made durable, the persistent ``latest`` rightly goes on naming ``global_step10``, and the
+    run exits with the training's status, not 74. Seen in the DeepSpeed test above under load
+    (``end.not_durable``: "latest (pointer to global_step25)", so exit 74 instead of 75)."""
+    from supervisor.policy import owed
+    from tests.support.journal import events
+    from tests.support.supervise import run_supervise
+
+    local, run_dir = tmp_path / "local", tmp_path / "run"
+    (tmp_path / "train.py").write_text(LATE_RANK)
+    if side == "bucket":
+        bucket: Bucket = request.getfixturevalue("bucket")
+        env, to = request.getfixturevalue("s3_server").env, bucket.url(PREFIX)
+    else:
+        env, to = {}, str(tmp_path / "persistent")
+    r = run_supervise("--run-dir", str(run_dir), "--checkpoints", str(local), to, "--gpu-every", "0", "--",
+                      sys.executable, str(tmp_path / "train.py"), str(local), env=env, timeout=120)
+    (end,) = events(run_dir / "events.jsonl", "end")
+    assert [e["checkpoint"] for e in events(run_dir / "events.jsonl", "torn")] == ["global_step20"], r.stderr[-3000:]
+    assert any(": latest (torn: " in line for line in end["not_durable"]), (r.returncode, end["not_durable"])
+    assert not owed(end["not_durable"]) and r.returncode == 0, (r.returncode, end)
+    if side == "bucket":
+        assert bucket.get(f"{PREFIX}/latest") == b"global_step10"
+        assert sorted(n for n in bucket.manifests(PREFIX) if n.startswith("global_step")) == ["global_step10"]
+    else:
+        assert (tmp_path / "persistent" / "latest").read_text() == "global_step10"
+        assert not (tmp_path / "persistent" / "global_step20").exists()
