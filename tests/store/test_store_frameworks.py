@@ -111,6 +111,7 @@ def test_a_framework_into_a_bucket_is_never_torn_and_resumes_on_an_empty_disk_as
     assert profiles and profiles[-1]["profile"] == run.case.profile, profiles
     assert profiles[-1]["writers"] == "visible" and profiles[-1]["quiescence"] is False, profiles
     assert [x for x in run.end(a1)["not_durable"] or [] if "torn" not in x] == [], run.end(a1)
+    assert a1.rc == 75, (a1.rc, run.end(a1))  # stopped unfinished, not requeued, nothing owed (not 74)
 
     # What the bucket holds once the attempt has ended: every manifest names objects all there,
     # of their size and sha256, and every version was loaded by the poller with the library's
