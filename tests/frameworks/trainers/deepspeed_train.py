@@ -65,3 +65,8 @@ while step < args.steps:
             progress(args.progress, "saved", step=step)
 if rank == 0:
     progress(args.progress, "done", step=step)
+# Leave the process group before exiting: a rank that exits with gloo's threads still running
+# aborted at times ("terminate called without an active exception", SIGABRT), failing a
+# finished training (seen under load, after rank 0's last save and "done").
+torch.distributed.barrier()
+torch.distributed.destroy_process_group()
