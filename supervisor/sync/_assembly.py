@@ -77,7 +77,7 @@ class Assembly:
                 out.append(f"{name_}: {name} (waiting for parts: {self._waiting(name, missing)})")
         for ptr in listing.pointers.values():
             if self.pub.pointers_done.get(ptr.name) != ptr.content:
-                out.append(pointer_owed(name_, ptr))
+                out.append(pointer_owed(name_, ptr, listing))
         return out
 
     def _go_applies(self, e: Entry) -> bool:

@@ -159,13 +159,19 @@ class Pointer:
     mode: int = 0o644               # its permission bits, copied as they are (a 600 stays 600)
 
 
-def pointer_owed(pair: str, ptr: Pointer) -> str:
+def pointer_owed(pair: str, ptr: Pointer, listing: Listing) -> str:
     """The ``pending`` line of a pointer not yet on persistent storage. An empty pointer file
     is torn: DeepSpeed writes ``latest`` with ``open(path, "w")``, truncated first and named at
     close, so a rank killed between the two leaves it empty; nothing of it can be made durable
-    (like a checkpoint the training died in, ``policy.owed`` does not count it)."""
+    (like a checkpoint the training died in, ``policy.owed`` does not count it). So is a pointer
+    naming a torn checkpoint: DeepSpeed's rank 0 writes ``latest`` before the other ranks'
+    shards, and a training stopped while a rank is late leaves ``latest`` naming a checkpoint
+    that will never be whole (it was counted owed, and the run exited 74)."""
     if not ptr.link and not ptr.content.strip():
         return f"{pair}: {ptr.name} (torn: empty; never published)"
+    named = listing.entries.get(ptr.target) if ptr.target else None
+    if named is not None and named.torn:
+        return f"{pair}: {ptr.name} (torn: names {ptr.target}, which is torn; never published)"
     return f"{pair}: {ptr.name} ({'link' if ptr.link else 'pointer'} to {ptr.target or 'a missing checkpoint'})"
 
 

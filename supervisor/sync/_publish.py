@@ -200,7 +200,7 @@ class Publisher:
             if ptr.name in self.refused:
                 out.append(f"{self.pair.name}: {ptr.name} (refused: another run's {ptr.name} is on persistent storage)")
             elif self.pointers_done.get(ptr.name) != ptr.content:
-                out.append(pointer_owed(self.pair.name, ptr))
+                out.append(pointer_owed(self.pair.name, ptr, listing))
         for name in listing.outside:
             out.append(f"{self.pair.name}: {name} (a link out of the pair's directory: never followed, not mirrored)")
         self.state.pending = out

@@ -179,23 +179,27 @@ class StoreGather:
     async def short(self, name: str, manifests: Mapping[int, Mapping[str, Any]]) -> str | None:
         return None
 
-    def _merge(self, name: str, manifests: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
-        """Every node's files together; two nodes holding one path with other bytes: a conflict."""
+    def _merge(self, name: str, manifests: Mapping[int, Mapping[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+        """Every node's files together, and the paths several nodes held, identical (the publish
+        event's ``shared``, as for a directory); two nodes holding one path with other bytes: a conflict."""
         files: dict[str, dict[str, Any]] = {}
         owner: dict[str, int] = {}
+        shared: set[str] = set()
         for k in sorted(manifests):
             for rel, f in manifests[k]["files"].items():
-                if rel in files and files[rel]["sha256"] != f["sha256"]:
-                    raise PartConflict(name, rel, [owner[rel], k])
+                if rel in files:
+                    if files[rel]["sha256"] != f["sha256"]:
+                        raise PartConflict(name, rel, [owner[rel], k])
+                    shared.add(rel)
                 files.setdefault(rel, dict(f))
                 owner.setdefault(rel, k)
-        return files
+        return files, sorted(shared)
 
     async def assemble(self, name: str, manifests: Mapping[int, Mapping[str, Any]], single: bool) -> Whole | None:
         """The checkpoint's manifest, every part's files together, put with ``If-None-Match``
         (a name this run never published) or ``If-Match`` (a new version of its own); the
         objects of the version it replaced that it no longer names go. None: refused."""
-        files = self._merge(name, manifests)
+        files, shared = self._merge(name, manifests)
         first = manifests[min(manifests)]
         docs = list(manifests.values())
         done = [d["done_at"] for d in docs if d.get("done_at")]
@@ -218,7 +222,7 @@ class StoreGather:
         await side.superseded(before, doc)
         side.docs[name] = doc
         return Whole(entry_of(doc).snap, len(files), doc["bytes"], e.done_at,
-                     {"parts": doc["parts"], "manifest": self.store.key(rel)})
+                     {"parts": doc["parts"], "shared": shared, "manifest": self.store.key(rel)})
 
     async def release(self, name: str, manifests: Mapping[int, Mapping[str, Any]]) -> None:
         """The part manifests and the go object go: their nodes see that as "taken"."""

@@ -144,11 +144,19 @@ class Poller:
     out: Path
 
     @classmethod
-    def start(cls, checker: str, directory: Path, out: Path) -> "Poller":
-        directory.mkdir(parents=True, exist_ok=True)
+    def start(cls, checker: str, directory: Path | str, out: Path, *, also: tuple[Path, ...] = (),
+              weights: bool = False, env: dict[str, str] | None = None) -> "Poller":
+        """Watch ``directory``, or a bucket (``s3://BUCKET/PREFIX``, reached with ``env``'s AWS_*
+        variables), and ``also`` more directories; ``weights``: a digest of each sighting's weights."""
+        extra = [*(a for d in also for a in ("--also", str(d))), *(["--weights"] if weights else [])]
+        if isinstance(directory, Path):
+            directory.mkdir(parents=True, exist_ok=True)
+        else:
+            extra += ["--scratch", str(out.with_suffix(".scratch"))]
         with open(out.with_suffix(".err"), "w") as err:
-            proc = subprocess.Popen([sys.executable, str(HERE / "poller.py"), checker, str(directory), str(out)],
-                                    stdout=subprocess.PIPE, stderr=err, text=True, env={**os.environ, **OFFLINE})
+            proc = subprocess.Popen([sys.executable, str(HERE / "poller.py"), checker, str(directory), str(out), *extra],
+                                    stdout=subprocess.PIPE, stderr=err, text=True,
+                                    env={**os.environ, **OFFLINE, **(env or {})})
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready", "the poller did not start"
         return cls(proc, out)
@@ -195,6 +203,9 @@ class Run:
     case: Case
     root: Path
     attempts: list[Attempt] = field(default_factory=list)
+    to: str = ""  # the persistent side when it is not ``persistent`` below: a bucket, s3://BUCKET/PREFIX
+    env: dict[str, str] = field(default_factory=dict)  # more environment for supervise (the store's AWS_*)
+    _replays: list[subprocess.Popen] = field(default_factory=list)
 
     @property
     def out(self) -> Path:
@@ -216,26 +227,56 @@ class Run:
              restore: bool = True, settle: str | None = None, flags: tuple[str, ...] = (),
              trainer_args: tuple[str, ...] = ()) -> list[str]:
         sup = [sys.executable, "-m", "supervisor", "--run-dir", str(self.run_dir), "--gpu-every", "0",
-               "--checkpoint-timeout", "20s", "--checkpoints", str(self.local), str(self.persistent)]
+               "--checkpoint-timeout", "20s", "--checkpoints", str(self.local), self.to or str(self.persistent)]
         if restore:
             sup.append("--restore")
         if settle is not None:
             sup += ["--settle", settle]
-        train = [*self.case.launch(), str(TRAINERS / self.case.trainer), "--out", str(self.out),
-                 "--progress", str(self.root / f"progress-{n}.jsonl"), "--steps", str(steps),
-                 "--save-every", str(save_every), "--step-sleep", str(step_sleep), "--save-pause", str(save_pause),
-                 *self.case.args, *trainer_args]
+        train = self.train_argv(self.out, self.root / f"progress-{n}.jsonl", steps=steps, save_every=save_every,
+                                step_sleep=step_sleep, save_pause=save_pause, trainer_args=trainer_args)
         return [*sup, *self.case.flags, *flags, "--", *train]
 
-    def start(self, **kw: Any) -> Attempt:
-        n = len(self.attempts) + 1
-        self.root.mkdir(parents=True, exist_ok=True)
+    def train_argv(self, out: Path, progress: Path, *, steps: int, save_every: int, step_sleep: float = 0.0,
+                   save_pause: float = 0.0, trainer_args: tuple[str, ...] = ()) -> list[str]:
+        """The trainer's own command line (what follows ``--``)."""
+        return [*self.case.launch(), str(TRAINERS / self.case.trainer), "--out", str(out), "--progress", str(progress),
+                "--steps", str(steps), "--save-every", str(save_every), "--step-sleep", str(step_sleep),
+                "--save-pause", str(save_pause), *self.case.args, *trainer_args]
+
+    def environ(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SUPERVISE_", "SLURM_", "PBS_"))}
         env.update(OFFLINE)
         env["PYTHONPATH"] = str(ROOT)
         env["TORCH_EXTENSIONS_DIR"] = DS_EXTENSIONS
+        env.update(self.env)
+        return env
+
+    @property
+    def replay_out(self) -> Path:
+        return self.root / "replay" / "out"
+
+    @property
+    def replay_local(self) -> Path:
+        """Where the replay's checkpoints are (its ``local``)."""
+        return self.replay_out / self.case.subdir if self.case.subdir else self.replay_out
+
+    def replay(self, *, steps: int, save_every: int, trainer_args: tuple[str, ...] = ()) -> subprocess.Popen:
+        """The same training without ``supervise`` and never stopped, on a disk of its own: what
+        an interrupted and resumed run must end equal to. Its progress goes to ``progress-replay.jsonl``."""
+        self.replay_out.mkdir(parents=True, exist_ok=True)
+        argv = self.train_argv(self.replay_out, self.root / "progress-replay.jsonl", steps=steps, save_every=save_every,
+                               trainer_args=trainer_args)
+        with open(self.root / "replay.err", "w") as err:
+            proc = subprocess.Popen(argv, stdout=err, stderr=subprocess.STDOUT, env=self.environ(), cwd=self.root,
+                                    start_new_session=True)
+        self._replays.append(proc)
+        return proc
+
+    def start(self, **kw: Any) -> Attempt:
+        n = len(self.attempts) + 1
+        self.root.mkdir(parents=True, exist_ok=True)
         with open(self.root / f"supervise-{n}.out", "w") as out, open(self.root / f"supervise-{n}.err", "w") as err:
-            proc = subprocess.Popen(self.argv(n, **kw), stdout=out, stderr=err, env=env, cwd=self.root,
+            proc = subprocess.Popen(self.argv(n, **kw), stdout=out, stderr=err, env=self.environ(), cwd=self.root,
                                     start_new_session=True)
         a = Attempt(n, proc, self.root / f"progress-{n}.jsonl", time.monotonic())
         self.attempts.append(a)
@@ -286,6 +327,10 @@ class Run:
         for a in self.attempts:
             if a.proc.poll() is None:
                 self.kill_node(a)
+        for p in self._replays:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
 
     def wipe_local(self) -> None:
         """The next attempt lands on another node: an empty node-local disk."""

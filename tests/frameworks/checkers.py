@@ -169,13 +169,9 @@ CHECKERS: dict[str, Callable[[Path], int]] = {
 PROFILE_OF = {"deepspeed-layout": "deepspeed", "orbax-layout": "orbax"}  # checker → the profile whose entries it reads
 
 
-def entries(checker: str, root: Path) -> list[Path]:
-    """The top-level names of ``root`` that are the checker's profile's checkpoints (what a user would load)."""
+def is_entry(checker: str, name: str) -> bool:
+    """Is the top-level name ``name`` one of the checker's profile's checkpoints (what a user would load)?"""
     profile = PROFILE_OF.get(checker, checker)
-    try:
-        names = sorted(os.listdir(root))
-    except FileNotFoundError:
-        return []
     keep = {
         "hf-trainer": lambda n: HF_DIR.fullmatch(n),
         "accelerate": lambda n: ACCEL_DIR.fullmatch(n),
@@ -187,7 +183,68 @@ def entries(checker: str, root: Path) -> list[Path]:
         "orbax": lambda n: n.isdigit(),
         "generic": lambda n: n.startswith("ckpt_"),
     }[profile]
-    return [root / n for n in names if not n.startswith(".") and keep(n)]
+    return not name.startswith(".") and bool(keep(name))
+
+
+def entries(checker: str, root: Path) -> list[Path]:
+    """The top-level names of ``root`` that are the checker's profile's checkpoints."""
+    try:
+        names = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return []
+    return [root / n for n in names if is_entry(checker, n)]
+
+
+def _tensors_hf(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def _tensors_lightning(path: Path) -> dict:
+    from lightning.fabric.utilities.cloud_io import _load as pl_load
+
+    return pl_load(str(path), map_location="cpu", weights_only=False)["state_dict"]
+
+
+def _tensors_deepspeed(path: Path) -> dict:
+    """The module's weights as rank 0 saved them (ZeRO 0 and 1 keep the whole model there)."""
+    return _torch().load(path / "mp_rank_00_model_states.pt", weights_only=False, map_location="cpu")["module"]
+
+
+def _tensors_orbax(path: Path) -> dict:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import orbax.checkpoint as ocp
+
+    with ocp.StandardCheckpointer() as ckptr:
+        state = ckptr.restore(path.resolve() / "default")
+    return dict(state["params"])
+
+
+TENSORS: dict[str, Callable[[Path], dict]] = {
+    "hf-trainer": _tensors_hf,
+    "lightning": _tensors_lightning,
+    "accelerate": _tensors_hf,  # model.safetensors too
+    "deepspeed": _tensors_deepspeed,
+    "orbax": _tensors_orbax,
+}
+
+
+def weights(checker: str, path: Path) -> str:
+    """A digest of the model weights in the checkpoint at ``path``, read with its library's loader:
+    names, dtypes, shapes and every byte (two checkpoints with equal digests hold equal weights)."""
+    import hashlib
+
+    import numpy as np
+
+    h = hashlib.sha256()
+    tensors = TENSORS[checker](path)
+    for name in sorted(tensors):
+        t = tensors[name]
+        arr = np.ascontiguousarray(t.detach().cpu().numpy() if hasattr(t, "detach") else np.asarray(t))
+        h.update(f"{name}|{arr.dtype}|{arr.shape}|".encode())
+        h.update(arr.tobytes())
+    return h.hexdigest()[:32]
 
 
 def load_all(checker: str, root: Path) -> dict[str, int | str]:

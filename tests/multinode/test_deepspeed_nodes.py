@@ -21,6 +21,7 @@ the death of the batch node (the leader with it):
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -28,11 +29,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 from tests.support.journal import events
 from tests.support.paths import ROOT
+from tests.support.s3 import on_cluster, skip_without_s3
 from tests.support.slurm import SlurmCluster, attempts_of
 from tests.support.wait import wait_for
 
@@ -61,16 +64,50 @@ exec {python} -m supervisor --config {cfg} --run-dir {run} -- \\
 
 
 def test_deepspeed_node_local_checkpoints_through_a_requeue_and_two_node_deaths(cluster4: SlurmCluster, tmp_path: Path) -> None:
+    dst = cluster4.shared / "persist" / "checkpoints"
+    _through_a_requeue_and_two_node_deaths(cluster4, tmp_path, str(dst), lambda into: shutil.copytree(dst, into))
+
+
+def test_deepspeed_node_local_checkpoints_into_a_bucket(cluster4: SlurmCluster, tmp_path: Path) -> None:
+    """The same, with the checkpoints in a bucket (issue 45): SeaweedFS on the cluster's network,
+    no shared checkpoint directory; each node uploads its own ranks' shards, the leader
+    publishes the union. Every checkpoint is read back through its manifest, whole."""
+    skip_without_s3()
+    c = cluster4
+    server, bucket, env = on_cluster(c, tmp_path, "deepspeed")
+    prefix = "deepspeed/checkpoints"
+
+    def download(into: Path) -> None:
+        """What a user reads by hand (docs/sync.md): every manifest's objects, and the pointers."""
+        for name, doc in bucket.manifests(prefix).items():
+            assert bucket.whole(doc) == [], (name, bucket.whole(doc))
+            for rel in doc["files"]:
+                path = into / name / rel if rel else into / name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                bucket.fetch(doc, rel, path)
+        for key in bucket.keys(f"{prefix}/.supervise/pointers/"):
+            ptr = json.loads(bucket.get(key) or b"{}")
+            (into / ptr["pointer"]).write_text(ptr["target"])
+
+    try:
+        _through_a_requeue_and_two_node_deaths(c, tmp_path, bucket.url(prefix), download, env=env)
+        assert not (c.shared / "persist").exists()
+        assert not bucket.keys(f"{prefix}/.supervise/parts/"), bucket.keys(f"{prefix}/.supervise/parts/")
+    finally:
+        server.down()
+
+
+def _through_a_requeue_and_two_node_deaths(c: SlurmCluster, tmp_path: Path, dst: str,
+                                           copy_out: Callable[[Path], object], env: dict[str, str] | None = None) -> None:
+    """``copy_out(DIR)``: the persistent side's checkpoints into DIR, as DeepSpeed reads them."""
     pytest.importorskip("deepspeed")
     torch = pytest.importorskip("torch")
-    c = cluster4
     t0 = time.monotonic()
     run, cfg, out = c.shared / "run", c.shared / "run.toml", c.shared / "job.out"
-    dst = c.shared / "persist" / "checkpoints"
     cfg.write_text(f'[[sync]]\nname = "ckpt"\nfrom = "{c.local}/checkpoints"\nto = "{dst}"\n'
                    'nodes = "auto"\nsettle = "1s"\nrestore = true\n')
     job = c.submit(JOB.format(repo=ROOT, python=sys.executable, cfg=cfg, run=run, local=c.local, torchrun=TORCHRUN,
-                              train=TRAIN, steps=STEPS, every=EVERY), "-o", str(out))
+                              train=TRAIN, steps=STEPS, every=EVERY), "-o", str(out), env=env)
     leader = run / "events.jsonl"
 
     def publishes(attempt: int) -> list[dict]:
@@ -147,8 +184,10 @@ def test_deepspeed_node_local_checkpoints_through_a_requeue_and_two_node_deaths(
         saved_before += saved
     ends = [e for e in ev if e.get("kind") == "end"]
     assert ends[-1]["reason"] == "child-exit" and ends[-1]["not_durable"] == [], ends[-1]
-    assert (dst / "latest").read_text() == f"global_step{STEPS}"
-    final = dst / f"global_step{STEPS}"
+    copied = tmp_path / "load" / "checkpoints"
+    copy_out(copied)
+    assert (copied / "latest").read_text() == f"global_step{STEPS}"
+    final = copied / f"global_step{STEPS}"
     assert sorted(p.name for p in final.iterdir()) == sorted([MODEL, *SHARDS])
     shutil.copytree(run, tmp_path / "run")  # the journals where the contract check reads every real run's
 
@@ -161,7 +200,6 @@ def test_deepspeed_node_local_checkpoints_through_a_requeue_and_two_node_deaths(
     assert ours["module"].keys() == theirs["module"].keys()
     for k in ours["module"]:
         assert torch.equal(ours["module"][k], theirs["module"][k]), k
-    shutil.copytree(dst, tmp_path / "load" / "checkpoints")
     loaded = _torchrun(tmp_path / "load", STEPS)
     assert len(re.findall(rf"^rank \d starts at step {STEPS} from global_step{STEPS}$", loaded, flags=re.M)) == 4, loaded
     print(f"deepspeed: {time.monotonic() - t0:.1f}s", flush=True)

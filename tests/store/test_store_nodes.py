@@ -76,7 +76,7 @@ def test_the_leader_publishes_only_once_every_nodes_part_is_in_the_bucket(
     part1 = next(f for n, k, f in events if n == 1 and k == "part")
     assert part1["why"] in ("node 0 saw it complete", "settled"), part1
     publish = next(f for n, k, f in events if n == 0 and k == "publish")
-    assert publish["why"] == "all 2 parts" and publish["nodes"] == 2, publish
+    assert publish["why"] == "all 2 parts" and publish["nodes"] == 2 and publish["shared"] == [], publish
 
     # a requeue onto two empty disks: the leader chooses, both restore the same, whole version
     for n in (0, 1):

@@ -51,7 +51,8 @@ if os.path.exists(os.path.join(args.out, "latest")):
 if rank == 0:
     progress(args.progress, "start", step=step, restored=os.environ.get("SUPERVISE_RESTORED_FROM"))
 while step < args.steps:
-    loss = engine(torch.randn(4, 16)).pow(2).mean()
+    # the step's batch is a function of the step: a resumed run sees the batches an uninterrupted one does
+    loss = engine(torch.randn(4, 16, generator=torch.Generator().manual_seed(step))).pow(2).mean()
     engine.backward(loss)
     engine.step()
     step += 1
@@ -64,3 +65,8 @@ while step < args.steps:
             progress(args.progress, "saved", step=step)
 if rank == 0:
     progress(args.progress, "done", step=step)
+# Leave the process group before exiting: a rank that exits with gloo's threads still running
+# aborted at times ("terminate called without an active exception", SIGABRT), failing a
+# finished training (seen under load, after rank 0's last save and "done").
+torch.distributed.barrier()
+torch.distributed.destroy_process_group()

@@ -14,7 +14,7 @@ import torch  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 from transformers.trainer_utils import get_last_checkpoint  # noqa: E402
 
-args = parse({"save-model-at-end": 0, "die-in-save": 0})
+args = parse({"save-model-at-end": 0, "die-in-save": 0, "save-total-limit": 0})
 
 
 class Data(torch.utils.data.Dataset):
@@ -53,7 +53,7 @@ model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64
 targs = TrainingArguments(
     output_dir=args.out, max_steps=args.steps, save_steps=args.save_every, per_device_train_batch_size=4,
     learning_rate=1e-3, use_cpu=True, report_to="none", logging_strategy="no", disable_tqdm=True,
-    dataloader_num_workers=0, seed=0,
+    dataloader_num_workers=0, seed=0, save_total_limit=args.save_total_limit or None,
 )
 trainer = PausingTrainer(model=model, args=targs, train_dataset=Data(), callbacks=[Progress()])
 trainer.train(resume_from_checkpoint=get_last_checkpoint(args.out))

@@ -25,7 +25,11 @@ class Tiny(L.LightningModule):
         self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
 
     def training_step(self, batch, i):  # noqa: ANN001, ANN201
-        x, y = batch
+        # The step's batch is a function of the step: a run resumed mid-epoch trains on the
+        # batches an uninterrupted one does (this DataLoader is not resumable; Lightning warns that
+        # a mid-epoch resume then repeats or skips batches).
+        g = torch.Generator().manual_seed(self.trainer.global_step)
+        x, y = torch.randn(4, 16, generator=g), torch.randn(4, 1, generator=g)
         time.sleep(args.step_sleep)
         return torch.nn.functional.mse_loss(self.net(x), y)
 

@@ -47,7 +47,7 @@ if manager.latest_step() is not None:
     step = int(state["step"])
 progress(args.progress, "start", step=step, restored=os.environ.get("SUPERVISE_RESTORED_FROM"))
 while step < args.steps:
-    key, sub = jax.random.split(key)
+    sub = jax.random.fold_in(key, step)  # a function of the step: a resumed run sees the same batches
     g = grad(state["params"], jax.random.normal(sub, (4, 16)))
     step += 1
     state = {"params": jax.tree_util.tree_map(lambda p, d: p - 1e-3 * d, state["params"], g), "step": jnp.int32(step)}
