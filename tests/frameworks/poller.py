@@ -139,6 +139,14 @@ class Bucket:
             return None
         return bytes(got.bytes()), str(got.meta.get("e_tag") or "")
 
+    def _file(self, f: dict) -> tuple[bytes, str] | None:
+        """A manifest's file: its object, or its 8 MiB parts' objects joined in order (a file of
+        8 MiB or more); None when one is missing."""
+        if "parts" not in f:
+            return self._get(f["key"])
+        got = [self._get(p["key"]) for p in f["parts"]]
+        return None if any(g is None for g in got) else (b"".join(g[0] for g in got if g is not None), "")
+
     def _manifest(self, name: str) -> tuple[dict, str] | None:
         got = self._get(f"{self.prefix}/.supervise/manifests/{name}.json")
         return (json.loads(got[0]), got[1]) if got else None
@@ -148,13 +156,13 @@ class Bucket:
         moved meanwhile, ``FileNotFoundError``/``ValueError`` when it stays and its objects are wrong."""
         dest = self.scratch / str(next(self.n)) / name
         for rel, f in doc["files"].items():
-            got = self._get(f["key"])
+            got = self._file(f)
             if got is None or len(got[0]) != f["size"] or hashlib.sha256(got[0]).hexdigest() != f["sha256"]:
                 now = self._manifest(name)
                 if now is None or now[1] != tag:
                     raise Changed
                 what = "missing" if got is None else "differs from its manifest"
-                raise (FileNotFoundError if got is None else ValueError)(f"{rel or name}: {f['key']} {what}")
+                raise (FileNotFoundError if got is None else ValueError)(f"{rel or name}: {f.get('key') or 'its parts'} {what}")
             path = dest / rel if rel else dest
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(got[0])
