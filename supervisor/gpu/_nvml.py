@@ -1,10 +1,8 @@
 """The NVML backend, on NVIDIA's ``pynvml`` module (package nvidia-ml-py).
 
-Init once, cache handles, ask each GPU for a handful of cheap scalars per tick. Errors are
-sorted once: NotSupported / NoPermission / FunctionNotFound mean "this GPU will never
-answer this", so the (device, metric) pair is journaled once and never asked again;
-GpuIsLost retires the device with one event; anything else is journaled once per kind
-and retried next tick. The module is injected so tests can hand in a fake with the same
+Init once, cache handles, ask each GPU for a handful of cheap scalars per tick. Each
+question and what its error means is ``_nvmlask.Asker``'s (a GPU that never answers a
+metric is not asked again; a lost GPU is retired with one event). The module is injected so tests can hand in a fake with the same
 surface (``supervisor.gpu.fake.FakeNvml``); by default ``pynvml`` is imported lazily.
 """
 
@@ -12,35 +10,11 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
+from supervisor.gpu._nvmlask import Asker, Dev, Lost, text
 from supervisor.gpu._select import select
-from supervisor.gpu._types import DeviceInfo, EnergyMeter, GpuSample, GpuUnavailable, Opened
-
-_NEVER_CODES = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_NO_PERMISSION", "NVML_ERROR_FUNCTION_NOT_FOUND")
-
-
-class _Lost(Exception):
-    pass
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-@dataclass
-class _Dev:
-    info: DeviceInfo
-    handle: Any
-    skip: set[str] = field(default_factory=set)  # metrics that will never answer
-    errors_seen: set[tuple[str, str]] = field(default_factory=set)
-    lost: bool = False
-    lost_at_open: str | None = None
-    energy: EnergyMeter = field(default_factory=EnergyMeter)
-    start: dict[str, Any] = field(default_factory=dict)
-    samples: int = 0
-
+from supervisor.gpu._types import DeviceInfo, GpuSample, GpuUnavailable, Opened
 
 class NvmlBackend:
     """Samples the job's GPUs through NVML. Thread-safe enough for one sampler thread
@@ -50,84 +24,14 @@ class NvmlBackend:
 
     def __init__(self, nvml: Any = None) -> None:
         self._nvml = nvml
-        self._devs: list[_Dev] = []
-        self._notes: list[tuple[str, dict[str, Any]]] = []
-        self._notes_lock = threading.Lock()
+        self._devs: list[Dev] = []
+        self._ask = Asker(nvml)  # asked again with the module ``open`` imports
         self._event_set: Any = None
-        self._never: set[int] = set()
-        self._fallbacks: set[str] = set()
         self._inflight = 0
         self._inflight_lock = threading.Lock()
 
-    # -- errors -------------------------------------------------------------------------
-
-    def _note(self, kind: str, **fields: Any) -> None:
-        with self._notes_lock:
-            self._notes.append((kind, fields))
-
     def drain_notes(self) -> list[tuple[str, dict[str, Any]]]:
-        with self._notes_lock:
-            out, self._notes = self._notes, []
-        return out
-
-    def _q(self, dev: _Dev, metric: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """One query; None when the GPU cannot answer. Raises _Lost for a lost GPU."""
-        if metric in dev.skip or dev.lost:
-            return None
-        nv = self._nvml
-        try:
-            return fn(dev.handle, *args)
-        except nv.NVMLError as e:
-            code = getattr(e, "value", None)
-            if code in self._never:
-                dev.skip.add(metric)
-                self._note("gpu-unsupported", device=dev.info.index, uuid=dev.info.uuid, metric=metric, error=str(e))
-                return None
-            if code == nv.NVML_ERROR_GPU_IS_LOST:
-                raise _Lost(str(e)) from None
-            if code == getattr(nv, "NVML_ERROR_NOT_FOUND", None):
-                return None  # e.g. no value yet; not worth an event
-            if (metric, str(e)) not in dev.errors_seen:
-                dev.errors_seen.add((metric, str(e)))
-                self._note("gpu-error", device=dev.info.index, uuid=dev.info.uuid, metric=metric, error=str(e))
-            return None
-        except Exception as e:
-            # pynvml's versioned wrappers raise NVMLLibraryMismatchError for a missing symbol;
-            # an older nvidia-ml-py may lack the Python function altogether.
-            if type(e).__name__ == "NVMLLibraryMismatchError" or isinstance(e, AttributeError):
-                dev.skip.add(metric)
-                self._note("gpu-unsupported", device=dev.info.index, uuid=dev.info.uuid, metric=metric, error=str(e))
-                return None
-            raise
-
-    def _either(self, new: str, old: str, *fixed: Any) -> Callable[..., Any]:
-        """``new`` where the driver has it, else the older call: drivers lag the bindings.
-
-        Once one device's driver lacks ``new``, every device uses ``old`` (one driver per node).
-        """
-        nv = self._nvml
-
-        def call(handle: Any) -> Any:
-            if old not in self._fallbacks:
-                try:
-                    return getattr(nv, new)(handle, *fixed)
-                except nv.NVMLError as e:
-                    if e.value != nv.NVML_ERROR_FUNCTION_NOT_FOUND:
-                        raise
-                except AttributeError:
-                    pass
-                except Exception as e:
-                    if type(e).__name__ != "NVMLLibraryMismatchError":
-                        raise
-                self._fallbacks.add(old)
-            return getattr(nv, old)(handle, *fixed)
-
-        return call
-
-    def _lose(self, dev: _Dev, error: str) -> None:
-        if not dev.lost:
-            dev.lost = True
-            self._note("gpu-lost", device=dev.info.index, uuid=dev.info.uuid, error=error)
+        return self._ask.drain_notes()
 
     # -- open ---------------------------------------------------------------------------
 
@@ -139,7 +43,7 @@ class NvmlBackend:
                 raise GpuUnavailable(f"nvidia-ml-py is not installed ({e})") from None
             self._nvml = pynvml
         nv = self._nvml
-        self._never = {getattr(nv, name) for name in _NEVER_CODES if hasattr(nv, name)}
+        self._ask = Asker(nv)
         try:
             nv.nvmlInit()
         except nv.NVMLError as e:
@@ -158,30 +62,30 @@ class NvmlBackend:
     def _open_devices(self, env: Mapping[str, str]) -> Opened:
         nv = self._nvml
         try:
-            driver = _text(nv.nvmlSystemGetDriverVersion())
+            driver = text(nv.nvmlSystemGetDriverVersion())
         except nv.NVMLError:
             driver = ""
         count = nv.nvmlDeviceGetCount()
-        found: list[_Dev] = []
+        found: list[Dev] = []
         refused: list[str] = []
         for i in range(count):
             try:
                 h = nv.nvmlDeviceGetHandleByIndex(i)
-                uuid = _text(nv.nvmlDeviceGetUUID(h))
+                uuid = text(nv.nvmlDeviceGetUUID(h))
             except nv.NVMLError as e:
                 # A GPU we may not open is another job's (device cgroups) or broken: not ours.
                 refused.append(f"GPU {i}: {e}")
                 continue
-            dev = _Dev(DeviceInfo(index=i, uuid=uuid), h)
+            dev = Dev(DeviceInfo(index=i, uuid=uuid), h)
             try:
-                name = self._q(dev, "name", nv.nvmlDeviceGetName)
-                mem = self._q(dev, "memory", nv.nvmlDeviceGetMemoryInfo)
-                mig_mode = self._q(dev, "mig", nv.nvmlDeviceGetMigMode)
+                name = self._ask.q(dev, "name", nv.nvmlDeviceGetName)
+                mem = self._ask.q(dev, "memory", nv.nvmlDeviceGetMemoryInfo)
+                mig_mode = self._ask.q(dev, "mig", nv.nvmlDeviceGetMigMode)
                 mig = bool(mig_mode) and mig_mode[0] == getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1)
-                dev.info = DeviceInfo(index=i, uuid=uuid, name=_text(name or ""), mig=mig,
+                dev.info = DeviceInfo(index=i, uuid=uuid, name=text(name or ""), mig=mig,
                                       mig_uuids=self._mig_uuids(dev) if mig else (),
                                       memory_total=getattr(mem, "total", None))
-            except _Lost as e:
+            except Lost as e:
                 dev.lost_at_open = str(e)  # journaled below, if the GPU turns out to be ours
             found.append(dev)
         if not found:
@@ -194,23 +98,23 @@ class NvmlBackend:
         self._devs = [by_info[c.uuid] for c in chosen]  # in CUDA's order: CUDA device k is the k-th
         for dev in self._devs:
             if dev.lost_at_open is not None:
-                self._lose(dev, dev.lost_at_open)
+                self._ask.lose(dev, dev.lost_at_open)
                 continue
             dev.start = self._counters(dev)
             try:
                 self._energy(dev, time.time())
-            except _Lost as e:
-                self._lose(dev, str(e))
+            except Lost as e:
+                self._ask.lose(dev, str(e))
         xid = self._open_xid()
         return Opened(devices=[d.info for d in self._devs], source=source, driver=driver, xid=xid)
 
-    def _mig_uuids(self, dev: _Dev) -> tuple[str, ...]:
+    def _mig_uuids(self, dev: Dev) -> tuple[str, ...]:
         nv = self._nvml
-        n = self._q(dev, "mig", nv.nvmlDeviceGetMaxMigDeviceCount) or 0
+        n = self._ask.q(dev, "mig", nv.nvmlDeviceGetMaxMigDeviceCount) or 0
         out = []
         for k in range(n):
             try:
-                out.append(_text(nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetMigDeviceHandleByIndex(dev.handle, k))))
+                out.append(text(nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetMigDeviceHandleByIndex(dev.handle, k))))
             except nv.NVMLError:
                 continue  # empty slot
         return tuple(out)
@@ -220,17 +124,17 @@ class NvmlBackend:
         try:
             self._event_set = nv.nvmlEventSetCreate()
         except nv.NVMLError as e:
-            self._note("gpu-unsupported", metric="xid", error=str(e))
+            self._ask.note("gpu-unsupported", metric="xid", error=str(e))
             return False
         registered = 0
         for dev in self._devs:
             try:
-                supported = self._q(dev, "xid", nv.nvmlDeviceGetSupportedEventTypes)
+                supported = self._ask.q(dev, "xid", nv.nvmlDeviceGetSupportedEventTypes)
                 if supported is not None and supported & nv.nvmlEventTypeXidCriticalError:
-                    self._q(dev, "xid", nv.nvmlDeviceRegisterEvents, nv.nvmlEventTypeXidCriticalError, self._event_set)
+                    self._ask.q(dev, "xid", nv.nvmlDeviceRegisterEvents, nv.nvmlEventTypeXidCriticalError, self._event_set)
                     registered += "xid" not in dev.skip
-            except _Lost as e:
-                self._lose(dev, str(e))
+            except Lost as e:
+                self._ask.lose(dev, str(e))
         if not registered:
             self._free_event_set()
         return bool(registered)
@@ -247,24 +151,24 @@ class NvmlBackend:
                     continue
                 try:
                     out.append(self._sample_one(dev, tree))
-                except _Lost as e:
-                    self._lose(dev, str(e))
+                except Lost as e:
+                    self._ask.lose(dev, str(e))
             return out
         finally:
             with self._inflight_lock:
                 self._inflight -= 1
 
-    def _sample_one(self, dev: _Dev, tree: set[int]) -> GpuSample:
+    def _sample_one(self, dev: Dev, tree: set[int]) -> GpuSample:
         nv = self._nvml
-        q = self._q
+        q = self._ask.q
         util = q(dev, "util", nv.nvmlDeviceGetUtilizationRates)
         mem = q(dev, "memory", nv.nvmlDeviceGetMemoryInfo)
         power_mw = q(dev, "power", nv.nvmlDeviceGetPowerUsage)
-        temp = q(dev, "temperature", self._either("nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature", nv.NVML_TEMPERATURE_GPU))
+        temp = q(dev, "temperature", self._ask.either("nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature", nv.NVML_TEMPERATURE_GPU))
         sm = q(dev, "clocks", nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_SM)
         memclk = q(dev, "clocks", nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_MEM)
-        events = q(dev, "clock_events", self._either("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"))
-        procs = q(dev, "processes", self._either("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"))
+        events = q(dev, "clock_events", self._ask.either("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"))
+        procs = q(dev, "processes", self._ask.either("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"))
         t = time.time()
         power_w = power_mw / 1000 if power_mw is not None else None
         energy = self._energy(dev, t, power_w)
@@ -277,8 +181,8 @@ class NvmlBackend:
             clock_events=events, proc_mem=self._tree_memory(procs, tree),
         )
 
-    def _energy(self, dev: _Dev, t: float, power_w: float | None = None) -> float | None:
-        counter = self._q(dev, "energy", self._nvml.nvmlDeviceGetTotalEnergyConsumption)
+    def _energy(self, dev: Dev, t: float, power_w: float | None = None) -> float | None:
+        counter = self._ask.q(dev, "energy", self._nvml.nvmlDeviceGetTotalEnergyConsumption)
         return dev.energy.update(t, counter, power_w)
 
     @staticmethod
@@ -309,7 +213,7 @@ class NvmlBackend:
         if not data.eventType & nv.nvmlEventTypeXidCriticalError:
             return []
         try:
-            uuid = _text(nv.nvmlDeviceGetUUID(data.device))
+            uuid = text(nv.nvmlDeviceGetUUID(data.device))
         except nv.NVMLError:
             uuid = ""
         dev = next((d for d in self._devs if d.info.uuid == uuid), None)
@@ -318,16 +222,16 @@ class NvmlBackend:
 
     # -- start and end counters ---------------------------------------------------------
 
-    def _counters(self, dev: _Dev) -> dict[str, Any]:
+    def _counters(self, dev: Dev) -> dict[str, Any]:
         nv = self._nvml
         out: dict[str, Any] = {}
         try:
             for key, etype in (("ecc_corrected", nv.NVML_MEMORY_ERROR_TYPE_CORRECTED),
                                ("ecc_uncorrected", nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)):
-                out[key] = self._q(dev, "ecc", nv.nvmlDeviceGetTotalEccErrors, etype, nv.NVML_VOLATILE_ECC)
-            rows = self._q(dev, "remapped_rows", nv.nvmlDeviceGetRemappedRows)
-        except _Lost as e:
-            self._lose(dev, str(e))
+                out[key] = self._ask.q(dev, "ecc", nv.nvmlDeviceGetTotalEccErrors, etype, nv.NVML_VOLATILE_ECC)
+            rows = self._ask.q(dev, "remapped_rows", nv.nvmlDeviceGetRemappedRows)
+        except Lost as e:
+            self._ask.lose(dev, str(e))
             return out
         if rows is not None:
             out["remapped_rows"] = dict(zip(("correctable", "uncorrectable", "pending", "failure"), rows))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "supervisor"
 CONDUCTOR_MAX = 250
-CLASS_MAX = 350
+CLASS_MAX = 300
 
 
 def _modules() -> dict[str, Path]:
