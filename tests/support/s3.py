@@ -214,18 +214,19 @@ def skip_without_s3() -> None:
 
 
 def on_cluster(c: Any, tmp_path: Path, bucket: str) -> tuple[S3Server, Bucket, dict[str, str]]:
-    """A store on the test cluster's network (``c``: a ``SlurmCluster``), seen from its nodes at
-    the head's address, with one bucket: the server (``down()`` it), the bucket, and the job's
-    environment. The keys are in a credentials file on the cluster's shared storage (0600), as a
-    cluster user keeps them, not in the job script."""
-    head = next(line.split()[0] for line in (c.root / "hosts").read_text().splitlines() if line.split()[1:] == ["head"])
-    server = S3Server(tmp_path / "s3", netns=f"{c.pfx}-sw", ip=head).up()
+    """A store on the test cluster's network (``c``: a ``SlurmCluster`` or a ``PbsCluster``, both
+    a ``NodeCluster``: the switch namespace ``PFX-sw``), seen from its nodes at the head's
+    address, with one bucket: the server (``down()`` it), the bucket, and the job's environment.
+    The keys are in a credentials file on the cluster's shared storage (0600, the job user's), as
+    a cluster user keeps them, not in the job script."""
+    server = S3Server(tmp_path / "s3", netns=f"{c.pfx}-sw", ip=c.head).up()
     try:
         made = server.make_bucket(bucket)
         creds = c.shared / "aws-credentials"
         creds.write_text(f"[default]\naws_access_key_id = {server.env['AWS_ACCESS_KEY_ID']}\n"
                          f"aws_secret_access_key = {server.secret}\n")
         creds.chmod(0o600)
+        c.own(creds)
     except BaseException:
         server.down()
         raise
