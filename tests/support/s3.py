@@ -116,6 +116,7 @@ class Bucket:
     def __init__(self, server: S3Server, name: str) -> None:
         self.server, self.name = server, name
         self.store = None if server.netns else _store(name, server.env)
+        self.objects: dict[str, bytes] | None = None  # a still copy's (``still``)
 
     def url(self, prefix: str) -> str:
         return f"s3://{self.name}/{prefix}"
@@ -127,10 +128,25 @@ class Bucket:
         assert proc.returncode == 0, proc.stderr[-2000:]
         return json.loads(proc.stdout)
 
+    def still(self, prefix: str = "") -> Bucket:
+        """The objects under ``prefix`` now, read in one go (from a namespace: one process, not one
+        a key): a ``Bucket`` whose reads answer from that copy, as the bucket was."""
+        copy = Bucket(self.server, self.name)
+        if self.store is None:
+            copy.objects = {k: base64.b64decode(v) for k, v in self._inside("dump", prefix).items()}
+        else:
+            copy.objects = {k: got for k in _keys(self.store, prefix) if (got := _get(self.store, k)) is not None}
+        return copy
+
     def keys(self, prefix: str = "") -> dict[str, int]:
+        if self.objects is not None:  # obstore's prefix is a directory's, not a string's
+            under = prefix.rstrip("/") + "/"
+            return {k: len(v) for k, v in self.objects.items() if not prefix or k == prefix or k.startswith(under)}
         return self._inside("keys", prefix) if self.store is None else _keys(self.store, prefix)
 
     def get(self, key: str) -> bytes | None:
+        if self.objects is not None:
+            return self.objects.get(key)
         if self.store is None:
             got = self._inside("get", key)
             return None if got is None else base64.b64decode(got)
@@ -195,10 +211,12 @@ class Bucket:
 
 
 def _main(bucket: str, what: str, arg: str) -> None:
-    """``python -m tests.support.s3 BUCKET keys PREFIX | get KEY``: a reader inside a namespace."""
+    """``python -m tests.support.s3 BUCKET keys PREFIX | get KEY | dump PREFIX``: a reader inside a namespace."""
     store = _store(bucket, dict(os.environ))
     if what == "keys":
         print(json.dumps(_keys(store, arg)))
+    elif what == "dump":
+        print(json.dumps({k: base64.b64encode(got).decode() for k in _keys(store, arg) if (got := _get(store, k)) is not None}))
     else:
         got = _get(store, arg)
         print(json.dumps(None if got is None else base64.b64encode(got).decode()))
