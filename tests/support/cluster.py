@@ -23,12 +23,22 @@ class NodeCluster:
     """A running many-node cluster: its directories, and a node's processes and death."""
 
     ENV_FILE = ""  # the file in ROOT where the cluster's script wrote PFX=…
+    HOSTS = "hosts"  # the file in ROOT where it wrote every host's address (the nodes' /etc/hosts)
 
     def __init__(self, root: Path, nodes: int) -> None:
         self.root, self.n = root, nodes
         self.shared, self.local = root / "shared", root / "local"
         env = dict(line.split("=", 1) for line in (root / self.ENV_FILE).read_text().splitlines() if "=" in line)
         self.pfx = env["PFX"]
+
+    @property
+    def head(self) -> str:
+        """The head's address: the switch namespace's (``PFX-sw``), which every node reaches."""
+        return next(line.split()[0] for line in (self.root / self.HOSTS).read_text().splitlines()
+                    if line.split()[1:] == ["head"])
+
+    def own(self, *paths: Path) -> None:
+        """Hand files a test wrote to the job user: none here (the Slurm cluster's jobs run as root)."""
 
     def node_local(self, node: str) -> Path:
         """What ``ROOT/local`` is on that node (the machine sees it here)."""

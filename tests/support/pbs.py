@@ -50,6 +50,7 @@ class PbsCluster(NodeCluster):
     """A running PBS cluster and what the tests do with it, as its user and as its admin."""
 
     ENV_FILE = "pbs.env"
+    HOSTS = "conf/hosts"
 
     # ---- clients
     def admin(self, *argv: str, check: bool = True, timeout: float = 60,

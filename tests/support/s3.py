@@ -116,6 +116,7 @@ class Bucket:
     def __init__(self, server: S3Server, name: str) -> None:
         self.server, self.name = server, name
         self.store = None if server.netns else _store(name, server.env)
+        self.objects: dict[str, bytes] | None = None  # a still copy's (``still``)
 
     def url(self, prefix: str) -> str:
         return f"s3://{self.name}/{prefix}"
@@ -127,10 +128,25 @@ class Bucket:
         assert proc.returncode == 0, proc.stderr[-2000:]
         return json.loads(proc.stdout)
 
+    def still(self, prefix: str = "") -> Bucket:
+        """The objects under ``prefix`` now, read in one go (from a namespace: one process, not one
+        a key): a ``Bucket`` whose reads answer from that copy, as the bucket was."""
+        copy = Bucket(self.server, self.name)
+        if self.store is None:
+            copy.objects = {k: base64.b64decode(v) for k, v in self._inside("dump", prefix).items()}
+        else:
+            copy.objects = {k: got for k in _keys(self.store, prefix) if (got := _get(self.store, k)) is not None}
+        return copy
+
     def keys(self, prefix: str = "") -> dict[str, int]:
+        if self.objects is not None:  # obstore's prefix is a directory's, not a string's
+            under = prefix.rstrip("/") + "/"
+            return {k: len(v) for k, v in self.objects.items() if not prefix or k == prefix or k.startswith(under)}
         return self._inside("keys", prefix) if self.store is None else _keys(self.store, prefix)
 
     def get(self, key: str) -> bytes | None:
+        if self.objects is not None:
+            return self.objects.get(key)
         if self.store is None:
             got = self._inside("get", key)
             return None if got is None else base64.b64decode(got)
@@ -195,10 +211,12 @@ class Bucket:
 
 
 def _main(bucket: str, what: str, arg: str) -> None:
-    """``python -m tests.support.s3 BUCKET keys PREFIX | get KEY``: a reader inside a namespace."""
+    """``python -m tests.support.s3 BUCKET keys PREFIX | get KEY | dump PREFIX``: a reader inside a namespace."""
     store = _store(bucket, dict(os.environ))
     if what == "keys":
         print(json.dumps(_keys(store, arg)))
+    elif what == "dump":
+        print(json.dumps({k: base64.b64encode(got).decode() for k in _keys(store, arg) if (got := _get(store, k)) is not None}))
     else:
         got = _get(store, arg)
         print(json.dumps(None if got is None else base64.b64encode(got).decode()))
@@ -214,18 +232,19 @@ def skip_without_s3() -> None:
 
 
 def on_cluster(c: Any, tmp_path: Path, bucket: str) -> tuple[S3Server, Bucket, dict[str, str]]:
-    """A store on the test cluster's network (``c``: a ``SlurmCluster``), seen from its nodes at
-    the head's address, with one bucket: the server (``down()`` it), the bucket, and the job's
-    environment. The keys are in a credentials file on the cluster's shared storage (0600), as a
-    cluster user keeps them, not in the job script."""
-    head = next(line.split()[0] for line in (c.root / "hosts").read_text().splitlines() if line.split()[1:] == ["head"])
-    server = S3Server(tmp_path / "s3", netns=f"{c.pfx}-sw", ip=head).up()
+    """A store on the test cluster's network (``c``: a ``SlurmCluster`` or a ``PbsCluster``, both
+    a ``NodeCluster``: the switch namespace ``PFX-sw``), seen from its nodes at the head's
+    address, with one bucket: the server (``down()`` it), the bucket, and the job's environment.
+    The keys are in a credentials file on the cluster's shared storage (0600, the job user's), as
+    a cluster user keeps them, not in the job script."""
+    server = S3Server(tmp_path / "s3", netns=f"{c.pfx}-sw", ip=c.head).up()
     try:
         made = server.make_bucket(bucket)
         creds = c.shared / "aws-credentials"
         creds.write_text(f"[default]\naws_access_key_id = {server.env['AWS_ACCESS_KEY_ID']}\n"
                          f"aws_secret_access_key = {server.secret}\n")
         creds.chmod(0o600)
+        c.own(creds)
     except BaseException:
         server.down()
         raise
