@@ -5,11 +5,12 @@ imported only when a pair names a store: keys under the pair's prefix, uploads a
 content that hash before they send and skip an object the bucket holds (issue 45; the layout:
 ``_storepub``), a log's byte ranges (``put_range``: only what grew), their memory bounded:
 small files in batches (``BATCHES_HELD`` × ``BATCH_BYTES``), mid-size ones whole
-(``MID_AT_ONCE`` × ``CHUNK``), large ones as fixed ``CHUNK`` parts, each its own object
-(``put_parts``: ``PARTS_AT_ONCE`` per file, ``BIG_AT_ONCE`` files), conditional puts
-(``create``: refused when the key exists; ``if_match``: refused when it changed), streaming
-downloads that verify (``download``, ``download_parts``), and deletions that spare what an
-upload of this process pins (``drop_objects``).
+(``MID_AT_ONCE`` × ``CHUNK``), large ones as parts of at most ``CHUNK`` cut at their
+content's structure (``_cuts``), each its own object (``put_parts``: ``PARTS_AT_ONCE`` per
+file, ``BIG_AT_ONCE`` files), conditional puts (``create``: refused when the key exists;
+``if_match``: refused when it changed), streaming downloads that verify (``download``,
+``download_parts``), and deletions that spare what an upload of this process pins
+(``drop_objects``).
 Every failure is a ``StoreError``, an ``OSError`` whose ``code`` names what happened, so the
 pair engine journals and retries it as any copy failure (docs/sync.md, "Object stores").
 
@@ -30,12 +31,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from functools import partial
-from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Sequence
+from typing import Any, AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 
 import anyio
 
 from supervisor.config import StoreSpec, SyncPair
-from supervisor.sync import _stall
+from supervisor.sync import _cuts, _stall
 from supervisor.sync._backend import first_failure
 
 CHUNK = 8 << 20          # bytes: a multipart part, and what one read hands the uploader
@@ -442,10 +443,11 @@ class Store:
 
 async def put_parts(store: Store, path: Path, key_of: Callable[[str], str],
                     have: Any) -> tuple[int, str, int, Sequence[dict[str, Any]], int]:
-    """A file of ``CHUNK`` or more as fixed parts of ``CHUNK`` bytes, each an object by its
-    own content (one PUT each, ``PARTS_AT_ONCE`` in flight), read and hashed in order, the
-    whole file's hash beside: a part whose bytes did not change (a frozen tensor's) is not
-    sent again. Each part's key is its bytes' hash by construction (hashed from the very
+    """A file of ``CHUNK`` or more as parts of at most ``CHUNK`` bytes, cut where its content's
+    structure is (``_cuts``: a safetensors file at its tensors, any other at fixed ``CHUNK``
+    offsets), each an object by its own content (one PUT each, ``PARTS_AT_ONCE`` in flight),
+    read and hashed in order, the whole file's hash beside: a part whose bytes did not change
+    (a frozen tensor's) is not sent again. Each part's key is its bytes' hash by construction (hashed from the very
     bytes put). (bytes, the whole file's sha256 hex, bytes sent, the parts: key, size,
     sha256, parts sent)."""
     import obstore
@@ -469,12 +471,12 @@ async def put_parts(store: Store, path: Path, key_of: Callable[[str], str],
             room.release()
 
     async with store.big:
-        f = await anyio.to_thread.run_sync(lambda: open(path, "rb"))
+        f, plan = await anyio.to_thread.run_sync(_open_cut, path)
         try:
             async with anyio.create_task_group() as tg:
-                while True:
+                for n in plan:
                     await room.acquire()
-                    data, digest = await anyio.to_thread.run_sync(_read_part, f, whole)
+                    data, digest = await anyio.to_thread.run_sync(_read_part, f, whole, n)
                     if progress is not None:
                         progress.moved()  # read and hashed: a frozen file sends nothing, and is not stalled
                     if not data:
@@ -547,9 +549,19 @@ def _read_all(paths: Sequence[Path]) -> list[tuple[bytes, str]]:
     return out
 
 
-def _read_part(f: Any, whole: Any) -> tuple[bytes, str]:
-    """The next ``CHUNK`` bytes of a file, added to its whole hash, and their own sha256 hex."""
-    data = f.read(CHUNK)
+def _open_cut(path: Path) -> tuple[Any, Iterator[int]]:
+    """A file open to read its parts, and their sizes in order (``_cuts``)."""
+    f = open(path, "rb")
+    try:
+        return f, _cuts.sizes(_cuts.cuts(f, os.fstat(f.fileno()).st_size, CHUNK))
+    except BaseException:
+        f.close()
+        raise
+
+
+def _read_part(f: Any, whole: Any, n: int) -> tuple[bytes, str]:
+    """The next ``n`` bytes of a file, added to its whole hash, and their own sha256 hex."""
+    data = f.read(n)
     whole.update(data)
     return data, hashlib.sha256(data).hexdigest()
 
