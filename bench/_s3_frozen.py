@@ -12,11 +12,13 @@ decides what stays unchanged. Two layouts, one training each:
 
 Each checkpoint, in order, goes up twice in this process against the same server: by content
 (``_storepub.upload``, what supervise does now: a file under 8 MiB as one object, a larger one
-as 8 MiB parts, each addressed by its hash) and whole under its own keys (``Store.put_file``
-per file: the layout before issue 45). Printed per checkpoint: bytes changed (the file's 4 KiB
-blocks that differ from the previous checkpoint's same path; all of the first), bytes sent by
-content and their ratio to changed (goal <= 1.05), what one object per whole file would send
-(the files whose sha256 changed), the whole upload's bytes, both times.
+as parts cut at its tensors (a safetensors file) or at fixed 8 MiB offsets (``_cuts``), each
+addressed by its hash) and whole under its own keys (``Store.put_file`` per file: the layout
+before issue 45). Printed per checkpoint: bytes changed (the file's 4 KiB blocks that differ
+from the previous checkpoint's same path; all of the first), bytes sent by content and their
+ratio to changed (goal <= 1.05), the objects its manifest names, what fixed 8 MiB parts would
+send (the 8 MiB blocks that differ: the cuts before) and their objects, what one object per
+whole file would send (the files whose sha256 changed), the whole upload's bytes, both times.
 """
 
 from __future__ import annotations
@@ -80,8 +82,9 @@ def diff(before: Path | None, now: Path, block: int) -> int:
     return out
 
 
-async def _by_content(store: Any, d: Path, owner: str) -> tuple[int, float]:
+async def _by_content(store: Any, d: Path, owner: str) -> tuple[int, int, float]:
     from supervisor.sync._complete import Entry, Snap
+    from supervisor.sync._manifest import keys_of
     from supervisor.sync._storepub import upload
 
     files = {str(p.relative_to(d)): (p.stat().st_size, p.stat().st_mtime_ns) for p in d.rglob("*") if p.is_file()}
@@ -89,9 +92,17 @@ async def _by_content(store: Any, d: Path, owner: str) -> tuple[int, float]:
               complete=True, why="bench")
     pins: list[str] = []
     t0 = time.perf_counter()
-    _files, sent, _objects = await upload(store, d, e, owner, pins)
+    got, sent, _objects = await upload(store, d, e, owner, pins)
+    seconds = time.perf_counter() - t0
     store.unpin(pins)
-    return sent, time.perf_counter() - t0
+    return sent, len({k for f in got.values() for k in keys_of(f)}), seconds
+
+
+def _fixed_objects(d: Path) -> int:
+    """The objects fixed 8 MiB parts make of ``d``: one per file under 8 MiB, one per part of a larger one."""
+    from supervisor.sync._store import CHUNK
+
+    return sum(max(1, -(-p.stat().st_size // CHUNK)) if p.stat().st_size >= CHUNK else 1 for p in d.rglob("*") if p.is_file())
 
 
 async def _whole(store: Any, d: Path, prefix: str) -> tuple[int, float]:
@@ -117,20 +128,21 @@ async def _publish(ckpts: list[Path], layout: str, env: dict[str, str]) -> None:
     print(f"frozen, {layout}: {len(ckpts)} checkpoints of {sum(s for s, _h in last.values()) / 2**20:.1f} MiB, "
           f"files {sorted(last)}", flush=True)
     before: Path | None = None
-    tot = [0, 0, 0, 0]
+    tot = [0, 0, 0, 0, 0]
     times: list[tuple[float, float]] = []
     for d in ckpts:
-        ch, files = diff(before, d, 4096), diff(before, d, 1 << 40)
-        sent, t_new = await _by_content(store, d, f"bench-{layout}")
+        ch, files, fixed = diff(before, d, 4096), diff(before, d, 1 << 40), diff(before, d, 8 << 20)
+        sent, objects, t_new = await _by_content(store, d, f"bench-{layout}")
         whole, t_old = await _whole(store, d, "whole")
         times.append((t_new, t_old))
         print(f"  {d.name}: changed {ch / 2**20:6.2f} MiB | by content {sent / 2**20:6.2f} MiB ({sent / ch:.3f}x changed) "
-              f"{t_new:.2f} s | whole {whole / 2**20:6.2f} MiB ({whole / ch:.2f}x) {t_old:.2f} s | "
-              f"per whole file would send {files / 2**20:6.2f} MiB ({files / ch:.3f}x)", flush=True)
-        tot = [tot[0] + ch, tot[1] + sent, tot[2] + whole, tot[3] + files]
+              f"{objects} objects {t_new:.2f} s | fixed 8 MiB parts would send {fixed / 2**20:6.2f} MiB "
+              f"({fixed / ch:.3f}x), {_fixed_objects(d)} objects | whole {whole / 2**20:6.2f} MiB ({whole / ch:.2f}x) "
+              f"{t_old:.2f} s | per whole file would send {files / 2**20:6.2f} MiB ({files / ch:.3f}x)", flush=True)
+        tot = [tot[0] + ch, tot[1] + sent, tot[2] + whole, tot[3] + files, tot[4] + fixed]
         before = d
     later = times[1:]
     print(f"  {layout} total: changed {tot[0] / 2**20:.1f} MiB, by content {tot[1] / 2**20:.1f} MiB ({tot[1] / tot[0]:.3f}x), "
           f"whole {tot[2] / 2**20:.1f} MiB ({tot[2] / tot[0]:.2f}x), per whole file {tot[3] / 2**20:.1f} MiB "
-          f"({tot[3] / tot[0]:.3f}x); checkpoints 2-{len(times)}: by content "
+          f"({tot[3] / tot[0]:.3f}x), fixed 8 MiB parts {tot[4] / 2**20:.1f} MiB ({tot[4] / tot[0]:.3f}x); checkpoints 2-{len(times)}: by content "
           f"{sum(t for t, _o in later) / len(later):.2f} s, whole {sum(o for _t, o in later) / len(later):.2f} s each", flush=True)
