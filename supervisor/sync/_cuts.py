@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 PART = 8 << 20          # bytes: the largest part (a part is one PUT, held whole in memory)
 GROUP = 1 << 20         # bytes: small neighbours grouped up to this (what one changed norm can cost)
-HEADER_MAX = 100_000_000  # safetensors' own limit on its header
+HEADER_MAX = 8 << 20     # bytes: a longer header (safetensors allows 100 MB) is not read: fixed cuts (memory: a part's)
 
 
 def cuts(f: Any, size: int, part: int = PART, group: int = GROUP) -> list[int]:

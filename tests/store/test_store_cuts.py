@@ -66,8 +66,11 @@ def test_a_header_that_does_not_hold_falls_back_to_fixed_offsets() -> None:
                 b'{"w": [0, 5]}', b"[1, 2]", b"{not json", b"{\xff\xfe}"):
         d, _s, _w = _safetensors({"w": size}, header=bad)
         assert cuts(io.BytesIO(d), len(d), PART, GROUP) == [PART, PART, len(d) - 2 * PART], bad
-    long = (10 ** 9).to_bytes(8, "little") + b"{" + b"\0" * size
+    long = (10 ** 9).to_bytes(8, "little") + b"{" + b"\0" * size  # past the file's end
     assert cuts(io.BytesIO(long), len(long), PART, GROUP) == fixed[:2] + [len(long) - 2 * PART]
+    valid = json.dumps({"w": {"dtype": "U8", "shape": [size], "data_offsets": [0, size]}}).encode()
+    d, _s, _w = _safetensors({"w": size}, header=valid + b" " * (8 << 20))  # a valid header, over the 8 MiB read
+    assert cuts(io.BytesIO(d), len(d), PART, GROUP) == [PART] * (len(d) // PART) + [len(d) % PART]
 
 
 def test_an_unchanged_tensor_is_the_same_part_whatever_changed_beside_it() -> None:
