@@ -40,7 +40,8 @@ from supervisor.sync import _cuts, _stall
 from supervisor.sync._backend import first_failure
 
 CHUNK = 8 << 20          # bytes: a multipart part, and what one read hands the uploader
-PARTS_AT_ONCE = 3        # parts of one file in flight
+PARTS_AT_ONCE = 3        # parts of one file in flight: CHUNK parts; smaller ones as many as fit in PARTS_AT_ONCE × CHUNK
+UNIT = 1 << 20           # bytes: what a part's room in flight is counted in (a part of 4 KiB takes one)
 BIG_AT_ONCE = 2          # files of CHUNK or more uploading at once (memory: about CHUNK × PARTS × BIG)
 SMALL_AT_ONCE = 128      # small files' PUTs in flight at once
 SMALL = 1 << 20          # bytes: a file this small is read whole, in a batch of others (one worker-thread call each)
@@ -445,9 +446,10 @@ async def put_parts(store: Store, path: Path, key_of: Callable[[str], str],
                     have: Any) -> tuple[int, str, int, Sequence[dict[str, Any]], int]:
     """A file of ``CHUNK`` or more as parts of at most ``CHUNK`` bytes, cut where its content's
     structure is (``_cuts``: a safetensors file at its tensors, any other at fixed ``CHUNK``
-    offsets), each an object by its own content (one PUT each, ``PARTS_AT_ONCE`` in flight),
-    read and hashed in order, the whole file's hash beside: a part whose bytes did not change
-    (a frozen tensor's) is not sent again. Each part's key is its bytes' hash by construction (hashed from the very
+    offsets), each an object by its own content (one PUT each, ``PARTS_AT_ONCE`` × ``CHUNK``
+    bytes in flight: 3 full parts, or as many smaller ones as fit), read and hashed in order,
+    the whole file's hash beside: a part whose bytes did not change (a frozen tensor's) is not
+    sent again. Each part's key is its bytes' hash by construction (hashed from the very
     bytes put). (bytes, the whole file's sha256 hex, bytes sent, the parts: key, size,
     sha256, parts sent)."""
     import obstore
@@ -457,9 +459,13 @@ async def put_parts(store: Store, path: Path, key_of: Callable[[str], str],
     sent = [0, 0]
     failed: list[Exception] = []
     progress = _stall.current()
-    room = anyio.Semaphore(PARTS_AT_ONCE)
+    room = anyio.Semaphore(PARTS_AT_ONCE * CHUNK // UNIT)  # in UNITs; taken by this one reader only
 
-    async def put(key: str, data: bytes, scope: anyio.CancelScope) -> None:
+    def give(units: int) -> None:
+        for _ in range(units):
+            room.release()
+
+    async def put(key: str, data: bytes, units: int, scope: anyio.CancelScope) -> None:
         try:
             await store._call(obstore.put_async(store._store, key, data, use_multipart=False), key)
             if progress is not None:
@@ -468,30 +474,32 @@ async def put_parts(store: Store, path: Path, key_of: Callable[[str], str],
             failed.append(e)
             scope.cancel()
         finally:
-            room.release()
+            give(units)
 
     async with store.big:
         f, plan = await anyio.to_thread.run_sync(_open_cut, path)
         try:
             async with anyio.create_task_group() as tg:
                 for n in plan:
-                    await room.acquire()
+                    units = -(-n // UNIT)
+                    for _ in range(units):
+                        await room.acquire()
                     data, digest = await anyio.to_thread.run_sync(_read_part, f, whole, n)
                     if progress is not None:
                         progress.moved()  # read and hashed: a frozen file sends nothing, and is not stalled
                     if not data:
-                        room.release()
+                        give(units)
                         break
                     key = key_of(digest)
                     have.pin(key)
                     parts.append({"key": key, "size": len(data), "sha256": digest})
                     if have.holds(key, len(data)):
-                        room.release()
+                        give(units)
                         continue
                     have.add(key, len(data))
                     sent[0] += len(data)
                     sent[1] += 1
-                    tg.start_soon(put, key, data, tg.cancel_scope)
+                    tg.start_soon(put, key, data, units, tg.cancel_scope)
         finally:
             await anyio.to_thread.run_sync(f.close)
     if failed:
@@ -500,8 +508,9 @@ async def put_parts(store: Store, path: Path, key_of: Callable[[str], str],
 
 
 async def download_parts(store: Store, parts: Sequence[Mapping[str, Any]], dest: Path, sha256: str, size: int) -> int:
-    """A file stored as parts into ``dest`` (a new file), ``PARTS_AT_ONCE`` fetched at once
-    and written in order, checking the whole file's size and hash; bytes written."""
+    """A file stored as parts into ``dest`` (a new file), fetched a window at a time (``_windows``:
+    up to ``PARTS_AT_ONCE`` × ``CHUNK`` bytes) and written in order, checking the whole file's
+    size and hash; bytes written."""
     import obstore
 
     h = hashlib.sha256()
@@ -513,8 +522,7 @@ async def download_parts(store: Store, parts: Sequence[Mapping[str, Any]], dest:
         return bytes(await store._call(got.bytes_async(), key))
 
     try:
-        for i in range(0, len(parts), PARTS_AT_ONCE):
-            window = list(parts[i:i + PARTS_AT_ONCE])
+        for window in _windows(parts):
             got: list[bytes] = [b""] * len(window)
 
             async def fetch(j: int) -> None:
@@ -530,6 +538,24 @@ async def download_parts(store: Store, parts: Sequence[Mapping[str, Any]], dest:
         raise StoreError(f"{store.url}: {dest.name}'s parts are not what its manifest says ({n} bytes, "
                          f"sha256 {h.hexdigest()[:12]}…)", "EBADMSG")
     return n
+
+
+def _windows(parts: Sequence[Mapping[str, Any]]) -> Iterator[list[Mapping[str, Any]]]:
+    """The parts in order, in windows of at most ``PARTS_AT_ONCE`` × ``CHUNK`` bytes (by the
+    manifest's sizes) and as many parts as that holds ``UNIT``s (one part at least each): 3
+    parts of ``CHUNK``, or more smaller ones (a file cut at its tensors, ``_cuts``)."""
+    budget = PARTS_AT_ONCE * CHUNK
+    window: list[Mapping[str, Any]] = []
+    held = 0
+    for p in parts:
+        n = int(p.get("size") or 0)
+        if window and (held + n > budget or len(window) >= budget // UNIT):
+            yield window
+            window, held = [], 0
+        window.append(p)
+        held += n
+    if window:
+        yield window
 
 
 async def _next(stream: Any) -> Any:

@@ -84,3 +84,17 @@ def test_an_unchanged_tensor_is_the_same_part_whatever_changed_beside_it() -> No
     parts = [(p, q) for p, q in zip(sorted(_points(one)), sorted(_points(one))[1:])]
     changed = [(p, q) for p, q in parts if data[p:q] != other[p:q]]
     assert changed == [(a, b)], (changed, parts)
+
+
+def test_a_restore_fetches_parts_in_windows_of_three_full_parts_bytes() -> None:
+    """``download_parts``' windows: 3 parts of 8 MiB (as before), or as many smaller parts as
+    fit in their 24 MiB, one MiB of room each at least; a part over the rest starts the next."""
+    from supervisor.sync._store import CHUNK, _windows
+
+    def sizes(parts: list[int]) -> list[list[int]]:
+        return [[p["size"] for p in w] for w in _windows([{"key": str(i), "size": n} for i, n in enumerate(parts)])]
+
+    assert sizes([CHUNK] * 5 + [5]) == [[CHUNK] * 3, [CHUNK, CHUNK, 5]]
+    assert sizes([3 << 20] * 9) == [[3 << 20] * 8, [3 << 20]]
+    assert sizes([4096] * 30) == [[4096] * 24, [4096] * 6]
+    assert sizes([]) == []
