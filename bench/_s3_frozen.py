@@ -10,18 +10,23 @@ decides what stays unchanged. Two layouts, one training each:
   from one checkpoint to the next, as are ``training_args.bin`` and the config;
 * ``one-file``: one ``model.safetensors`` holding every tensor.
 
-Each checkpoint, in order, goes up twice in this process against the same server: by content
-(``_storepub.upload``, what supervise does now: a file under 8 MiB as one object, a larger one
-as 8 MiB parts, each addressed by its hash) and whole under its own keys (``Store.put_file``
+Each checkpoint, in order, goes up three times in this process against the same server: by
+content (``_storepub.upload``, what supervise does now: a file under 8 MiB as one object, a
+larger one as parts cut at its tensors (a safetensors file) or at fixed 8 MiB offsets
+(``_cuts``), each addressed by its hash), by content with the cuts before (fixed 8 MiB offsets
+for every file, under a space of its own), and whole under its own keys (``Store.put_file``
 per file: the layout before issue 45). Printed per checkpoint: bytes changed (the file's 4 KiB
 blocks that differ from the previous checkpoint's same path; all of the first), bytes sent by
-content and their ratio to changed (goal <= 1.05), what one object per whole file would send
-(the files whose sha256 changed), the whole upload's bytes, both times.
+content and their ratio to changed (goal <= 1.05), the objects its manifest names, the same for
+fixed parts, the whole upload's bytes, the three times, and what one object per whole file
+would send (the files whose sha256 changed). Then the last checkpoint is downloaded as a
+restore does (8 files at once, each verified), from both layouts by content, twice in turn.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
 from pathlib import Path
@@ -80,7 +85,12 @@ def diff(before: Path | None, now: Path, block: int) -> int:
     return out
 
 
-async def _by_content(store: Any, d: Path, owner: str) -> tuple[int, float]:
+async def _by_content(store: Any, d: Path, owner: str, *, fixed: bool = False) -> tuple[int, dict[str, Any], float]:
+    """``d`` uploaded as supervise does (``fixed``: with the cuts before, at fixed 8 MiB
+    offsets for every file): bytes sent, the manifest's files, seconds."""
+    from unittest import mock
+
+    from supervisor.sync import _cuts
     from supervisor.sync._complete import Entry, Snap
     from supervisor.sync._storepub import upload
 
@@ -88,10 +98,41 @@ async def _by_content(store: Any, d: Path, owner: str) -> tuple[int, float]:
     e = Entry(name=d.name, is_dir=True, snap=Snap(files, max(m for _s, m in files.values()), sum(s for s, _m in files.values())),
               complete=True, why="bench")
     pins: list[str] = []
-    t0 = time.perf_counter()
-    _files, sent, _objects = await upload(store, d, e, owner, pins)
+    with mock.patch.object(_cuts, "_safetensors", lambda f, size: None) if fixed else contextlib.nullcontext():
+        t0 = time.perf_counter()
+        got, sent, _objects = await upload(store, d, e, owner, pins)
+        seconds = time.perf_counter() - t0
     store.unpin(pins)
-    return sent, time.perf_counter() - t0
+    return sent, got, seconds
+
+
+def _objects(files: dict[str, Any]) -> int:
+    """The objects a manifest's files name (shared ones once)."""
+    from supervisor.sync._manifest import keys_of
+
+    return len({k for f in files.values() for k in keys_of(f)})
+
+
+async def _restore(store: Any, files: dict[str, Any], dest: Path) -> float:
+    """A restore's downloads of ``files`` into ``dest`` (``FETCHES`` files at once, as
+    ``_fill``; each verified against its size and sha256): seconds."""
+    from supervisor.sync._fill import FETCHES
+    from supervisor.sync._store import download_parts
+
+    dest.mkdir(parents=True)
+    limit = asyncio.Semaphore(FETCHES)
+
+    async def one(rel: str, f: dict[str, Any]) -> None:
+        target = dest / rel.replace("/", "_")
+        async with limit:
+            if "parts" in f:
+                await download_parts(store, f["parts"], target, f["sha256"], int(f["size"]))
+            else:
+                await store.download(f["key"], target, f["sha256"], int(f["size"]))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(rel, f) for rel, f in files.items()))
+    return time.perf_counter() - t0
 
 
 async def _whole(store: Any, d: Path, prefix: str) -> tuple[int, float]:
@@ -117,20 +158,33 @@ async def _publish(ckpts: list[Path], layout: str, env: dict[str, str]) -> None:
     print(f"frozen, {layout}: {len(ckpts)} checkpoints of {sum(s for s, _h in last.values()) / 2**20:.1f} MiB, "
           f"files {sorted(last)}", flush=True)
     before: Path | None = None
-    tot = [0, 0, 0, 0]
-    times: list[tuple[float, float]] = []
+    tot = [0, 0, 0, 0, 0]
+    times: list[tuple[float, float, float]] = []
     for d in ckpts:
         ch, files = diff(before, d, 4096), diff(before, d, 1 << 40)
-        sent, t_new = await _by_content(store, d, f"bench-{layout}")
+        sent, got, t_new = await _by_content(store, d, f"bench-{layout}")
+        fixed, got_fixed, t_fixed = await _by_content(store, d, f"bench-{layout}-fixed", fixed=True)
         whole, t_old = await _whole(store, d, "whole")
-        times.append((t_new, t_old))
-        print(f"  {d.name}: changed {ch / 2**20:6.2f} MiB | by content {sent / 2**20:6.2f} MiB ({sent / ch:.3f}x changed) "
-              f"{t_new:.2f} s | whole {whole / 2**20:6.2f} MiB ({whole / ch:.2f}x) {t_old:.2f} s | "
-              f"per whole file would send {files / 2**20:6.2f} MiB ({files / ch:.3f}x)", flush=True)
-        tot = [tot[0] + ch, tot[1] + sent, tot[2] + whole, tot[3] + files]
+        times.append((t_new, t_fixed, t_old))
+        print(f"  {d.name}: changed {ch / 2**20:6.2f} MiB | by content {sent / 2**20:6.2f} MiB ({sent / ch:.3f}x changed), "
+              f"{_objects(got)} objects, {t_new:.2f} s | fixed 8 MiB parts (before) {fixed / 2**20:6.2f} MiB "
+              f"({fixed / ch:.3f}x), {_objects(got_fixed)} objects, {t_fixed:.2f} s | whole {whole / 2**20:6.2f} MiB "
+              f"({whole / ch:.2f}x) {t_old:.2f} s | per whole file would send {files / 2**20:6.2f} MiB ({files / ch:.3f}x)",
+              flush=True)
+        tot = [tot[0] + ch, tot[1] + sent, tot[2] + whole, tot[3] + files, tot[4] + fixed]
         before = d
     later = times[1:]
     print(f"  {layout} total: changed {tot[0] / 2**20:.1f} MiB, by content {tot[1] / 2**20:.1f} MiB ({tot[1] / tot[0]:.3f}x), "
-          f"whole {tot[2] / 2**20:.1f} MiB ({tot[2] / tot[0]:.2f}x), per whole file {tot[3] / 2**20:.1f} MiB "
-          f"({tot[3] / tot[0]:.3f}x); checkpoints 2-{len(times)}: by content "
-          f"{sum(t for t, _o in later) / len(later):.2f} s, whole {sum(o for _t, o in later) / len(later):.2f} s each", flush=True)
+          f"fixed 8 MiB parts {tot[4] / 2**20:.1f} MiB ({tot[4] / tot[0]:.3f}x), whole {tot[2] / 2**20:.1f} MiB "
+          f"({tot[2] / tot[0]:.2f}x), per whole file {tot[3] / 2**20:.1f} MiB ({tot[3] / tot[0]:.3f}x); "
+          f"checkpoints 2-{len(times)}: by content {sum(t[0] for t in later) / len(later):.2f} s, fixed parts "
+          f"{sum(t[1] for t in later) / len(later):.2f} s, whole {sum(t[2] for t in later) / len(later):.2f} s each",
+          flush=True)
+    # the last checkpoint restored from the bucket, each way, twice in turn (the first pair warms the server)
+    spent: dict[str, list[float]] = {"by content": [], "fixed parts": []}
+    for i in range(2):
+        for way, files_of in (("by content", got), ("fixed parts", got_fixed)):
+            spent[way].append(await _restore(store, files_of, ckpts[-1].parent / f"restore-{way.replace(' ', '-')}-{i}"))
+    print(f"  {layout} restore of {ckpts[-1].name}: by content {_objects(got)} objects "
+          f"{' / '.join(f'{t:.2f}' for t in spent['by content'])} s; fixed 8 MiB parts {_objects(got_fixed)} objects "
+          f"{' / '.join(f'{t:.2f}' for t in spent['fixed parts'])} s", flush=True)

@@ -5,11 +5,12 @@ imported only when a pair names a store: keys under the pair's prefix, uploads a
 content that hash before they send and skip an object the bucket holds (issue 45; the layout:
 ``_storepub``), a log's byte ranges (``put_range``: only what grew), their memory bounded:
 small files in batches (``BATCHES_HELD`` × ``BATCH_BYTES``), mid-size ones whole
-(``MID_AT_ONCE`` × ``CHUNK``), large ones as fixed ``CHUNK`` parts, each its own object
-(``put_parts``: ``PARTS_AT_ONCE`` per file, ``BIG_AT_ONCE`` files), conditional puts
-(``create``: refused when the key exists; ``if_match``: refused when it changed), streaming
-downloads that verify (``download``, ``download_parts``), and deletions that spare what an
-upload of this process pins (``drop_objects``).
+(``MID_AT_ONCE`` × ``CHUNK``), large ones as parts of at most ``CHUNK`` cut at their
+content's structure (``_cuts``), each its own object (``put_parts``: ``PARTS_AT_ONCE`` per
+file, ``BIG_AT_ONCE`` files), conditional puts (``create``: refused when the key exists;
+``if_match``: refused when it changed), streaming downloads that verify (``download``,
+``download_parts``), and deletions that spare what an upload of this process pins
+(``drop_objects``).
 Every failure is a ``StoreError``, an ``OSError`` whose ``code`` names what happened, so the
 pair engine journals and retries it as any copy failure (docs/sync.md, "Object stores").
 
@@ -30,16 +31,17 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from functools import partial
-from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Sequence
+from typing import Any, AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 
 import anyio
 
 from supervisor.config import StoreSpec, SyncPair
-from supervisor.sync import _stall
+from supervisor.sync import _cuts, _stall
 from supervisor.sync._backend import first_failure
 
 CHUNK = 8 << 20          # bytes: a multipart part, and what one read hands the uploader
-PARTS_AT_ONCE = 3        # parts of one file in flight
+PARTS_AT_ONCE = 3        # parts of one file in flight: CHUNK parts; smaller ones as many as fit in PARTS_AT_ONCE × CHUNK
+UNIT = 1 << 20           # bytes: what a part's room in flight is counted in (a part of 4 KiB takes one)
 BIG_AT_ONCE = 2          # files of CHUNK or more uploading at once (memory: about CHUNK × PARTS × BIG)
 SMALL_AT_ONCE = 128      # small files' PUTs in flight at once
 SMALL = 1 << 20          # bytes: a file this small is read whole, in a batch of others (one worker-thread call each)
@@ -442,9 +444,11 @@ class Store:
 
 async def put_parts(store: Store, path: Path, key_of: Callable[[str], str],
                     have: Any) -> tuple[int, str, int, Sequence[dict[str, Any]], int]:
-    """A file of ``CHUNK`` or more as fixed parts of ``CHUNK`` bytes, each an object by its
-    own content (one PUT each, ``PARTS_AT_ONCE`` in flight), read and hashed in order, the
-    whole file's hash beside: a part whose bytes did not change (a frozen tensor's) is not
+    """A file of ``CHUNK`` or more as parts of at most ``CHUNK`` bytes, cut where its content's
+    structure is (``_cuts``: a safetensors file at its tensors, any other at fixed ``CHUNK``
+    offsets), each an object by its own content (one PUT each, ``PARTS_AT_ONCE`` × ``CHUNK``
+    bytes in flight: 3 full parts, or as many smaller ones as fit), read and hashed in order,
+    the whole file's hash beside: a part whose bytes did not change (a frozen tensor's) is not
     sent again. Each part's key is its bytes' hash by construction (hashed from the very
     bytes put). (bytes, the whole file's sha256 hex, bytes sent, the parts: key, size,
     sha256, parts sent)."""
@@ -455,9 +459,13 @@ async def put_parts(store: Store, path: Path, key_of: Callable[[str], str],
     sent = [0, 0]
     failed: list[Exception] = []
     progress = _stall.current()
-    room = anyio.Semaphore(PARTS_AT_ONCE)
+    room = anyio.Semaphore(PARTS_AT_ONCE * CHUNK // UNIT)  # in UNITs; taken by this one reader only
 
-    async def put(key: str, data: bytes, scope: anyio.CancelScope) -> None:
+    def give(units: int) -> None:
+        for _ in range(units):
+            room.release()
+
+    async def put(key: str, data: bytes, units: int, scope: anyio.CancelScope) -> None:
         try:
             await store._call(obstore.put_async(store._store, key, data, use_multipart=False), key)
             if progress is not None:
@@ -466,30 +474,32 @@ async def put_parts(store: Store, path: Path, key_of: Callable[[str], str],
             failed.append(e)
             scope.cancel()
         finally:
-            room.release()
+            give(units)
 
     async with store.big:
-        f = await anyio.to_thread.run_sync(lambda: open(path, "rb"))
+        f, plan = await anyio.to_thread.run_sync(_open_cut, path)
         try:
             async with anyio.create_task_group() as tg:
-                while True:
-                    await room.acquire()
-                    data, digest = await anyio.to_thread.run_sync(_read_part, f, whole)
+                for n in plan:
+                    units = -(-n // UNIT)
+                    for _ in range(units):
+                        await room.acquire()
+                    data, digest = await anyio.to_thread.run_sync(_read_part, f, whole, n)
                     if progress is not None:
                         progress.moved()  # read and hashed: a frozen file sends nothing, and is not stalled
                     if not data:
-                        room.release()
+                        give(units)
                         break
                     key = key_of(digest)
                     have.pin(key)
                     parts.append({"key": key, "size": len(data), "sha256": digest})
                     if have.holds(key, len(data)):
-                        room.release()
+                        give(units)
                         continue
                     have.add(key, len(data))
                     sent[0] += len(data)
                     sent[1] += 1
-                    tg.start_soon(put, key, data, tg.cancel_scope)
+                    tg.start_soon(put, key, data, units, tg.cancel_scope)
         finally:
             await anyio.to_thread.run_sync(f.close)
     if failed:
@@ -498,8 +508,9 @@ async def put_parts(store: Store, path: Path, key_of: Callable[[str], str],
 
 
 async def download_parts(store: Store, parts: Sequence[Mapping[str, Any]], dest: Path, sha256: str, size: int) -> int:
-    """A file stored as parts into ``dest`` (a new file), ``PARTS_AT_ONCE`` fetched at once
-    and written in order, checking the whole file's size and hash; bytes written."""
+    """A file stored as parts into ``dest`` (a new file), fetched a window at a time (``_windows``:
+    up to ``PARTS_AT_ONCE`` × ``CHUNK`` bytes) and written in order, checking the whole file's
+    size and hash; bytes written."""
     import obstore
 
     h = hashlib.sha256()
@@ -511,8 +522,7 @@ async def download_parts(store: Store, parts: Sequence[Mapping[str, Any]], dest:
         return bytes(await store._call(got.bytes_async(), key))
 
     try:
-        for i in range(0, len(parts), PARTS_AT_ONCE):
-            window = list(parts[i:i + PARTS_AT_ONCE])
+        for window in _windows(parts):
             got: list[bytes] = [b""] * len(window)
 
             async def fetch(j: int) -> None:
@@ -528,6 +538,24 @@ async def download_parts(store: Store, parts: Sequence[Mapping[str, Any]], dest:
         raise StoreError(f"{store.url}: {dest.name}'s parts are not what its manifest says ({n} bytes, "
                          f"sha256 {h.hexdigest()[:12]}…)", "EBADMSG")
     return n
+
+
+def _windows(parts: Sequence[Mapping[str, Any]]) -> Iterator[list[Mapping[str, Any]]]:
+    """The parts in order, in windows of at most ``PARTS_AT_ONCE`` × ``CHUNK`` bytes (by the
+    manifest's sizes) and as many parts as that holds ``UNIT``s (one part at least each): 3
+    parts of ``CHUNK``, or more smaller ones (a file cut at its tensors, ``_cuts``)."""
+    budget = PARTS_AT_ONCE * CHUNK
+    window: list[Mapping[str, Any]] = []
+    held = 0
+    for p in parts:
+        n = int(p.get("size") or 0)
+        if window and (held + n > budget or len(window) >= budget // UNIT):
+            yield window
+            window, held = [], 0
+        window.append(p)
+        held += n
+    if window:
+        yield window
 
 
 async def _next(stream: Any) -> Any:
@@ -547,9 +575,19 @@ def _read_all(paths: Sequence[Path]) -> list[tuple[bytes, str]]:
     return out
 
 
-def _read_part(f: Any, whole: Any) -> tuple[bytes, str]:
-    """The next ``CHUNK`` bytes of a file, added to its whole hash, and their own sha256 hex."""
-    data = f.read(CHUNK)
+def _open_cut(path: Path) -> tuple[Any, Iterator[int]]:
+    """A file open to read its parts, and their sizes in order (``_cuts``)."""
+    f = open(path, "rb")
+    try:
+        return f, _cuts.sizes(_cuts.cuts(f, os.fstat(f.fileno()).st_size, CHUNK))
+    except BaseException:
+        f.close()
+        raise
+
+
+def _read_part(f: Any, whole: Any, n: int) -> tuple[bytes, str]:
+    """The next ``n`` bytes of a file, added to its whole hash, and their own sha256 hex."""
+    data = f.read(n)
     whole.update(data)
     return data, hashlib.sha256(data).hexdigest()
 

@@ -12,14 +12,15 @@ sha256, and renames it into place.
 
 Bytes moved in proportion to bytes changed (issue 45). A file under ``CHUNK`` (8 MiB) is one
 object, ``.supervise/objects/<run>/<sha256>`` (``_manifest.space``: this run's, shared by its
-attempts and nodes); a larger one is fixed ``CHUNK`` parts, each an object by its own hash.
+attempts and nodes); a larger one is parts of at most ``CHUNK``, each an object by its own
+hash, cut at its tensors for a safetensors file and at fixed offsets for any other (``_cuts``).
 Every file is hashed before it goes up, and an object the bucket holds (one listing per
 upload: ``present``) is not sent again: a frozen base, a config, identical replicas (HF's
 ``save_on_each_node``), and the parts of a whole-state file that hold frozen tensors go up
 once, and a manifest names objects earlier versions uploaded. Parts, not whole files: HF saves
 the whole state dict each time, and ``bench/s3.py --shapes frozen`` measured one object per
-file at 1.22x the changed bytes on sharded safetensors and 5.5x on one file, 8 MiB parts at
-1.00x and 1.55x. Deleting: only objects of this run's space that no manifest and no part
+file at 1.22x the changed bytes on sharded safetensors and 5.5x on one file, fixed 8 MiB parts
+at 1.00x and 1.55x, parts cut at the tensors at 1.00x and 1.004x. Deleting: only objects of this run's space that no manifest and no part
 manifest under the prefix names (``referenced``), and none an upload of this process pins
 (``Store.pinned``, until its manifest is written); objects put before this process's start
 check that nothing names (a pass killed between its uploads and its manifest) go at the first

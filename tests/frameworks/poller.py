@@ -140,8 +140,8 @@ class Bucket:
         return bytes(got.bytes()), str(got.meta.get("e_tag") or "")
 
     def _file(self, f: dict) -> tuple[bytes, str] | None:
-        """A manifest's file: its object, or its 8 MiB parts' objects joined in order (a file of
-        8 MiB or more); None when one is missing."""
+        """A manifest's file: its object, or its parts' objects joined in order (a file of 8 MiB
+        or more; parts of any size up to 8 MiB); None when one is missing."""
         if "parts" not in f:
             return self._get(f["key"])
         got = [self._get(p["key"]) for p in f["parts"]]

@@ -6,8 +6,10 @@ what training changed), ``rank_0.bin`` and ``rank_1.bin`` (two replicas of one s
 bytes: HF's ``save_on_each_node``), with --model ``model.bin`` (--model frozen bytes, then
 the step's --adapter bytes: a whole state dict in one file), then the ``.metadata`` marker last. With --snapshot it also
 rewrites ``snapshot/`` in place each time (the base and the step's adapter). --distinct N:
-instead, N files of --adapter bytes each, all different (nothing to share). Resumes from the
-newest step; prints "resumed N", "checkpoint N", "done N".
+instead, N files of --adapter bytes each, all different (nothing to share). --safetensors:
+instead, one ``model.safetensors`` (``SAFETENSORS``: tensors in name order, float32) in which
+only ``b.weight``, in the middle, changes from step to step. Resumes from the newest step;
+prints "resumed N", "checkpoint N", "done N".
 """
 
 import argparse
@@ -27,6 +29,7 @@ p.add_argument("--step-time", type=float, default=0.3)
 p.add_argument("--snapshot", action="store_true")
 p.add_argument("--model", type=int, default=0, help="also model.bin: this many frozen bytes, then --adapter trained ones")
 p.add_argument("--distinct", type=int, default=0)
+p.add_argument("--safetensors", action="store_true")
 a = p.parse_args()
 
 ckpt = Path(a.ckpt_dir)
@@ -39,10 +42,27 @@ def fill(n: int, seed: int) -> bytes:
     return (block * (n // len(block) + 1))[:n]
 
 
+# name → bytes: norms and biases of 2 KiB between weights, one over 8 MiB; b.weight straddles 8 MiB
+SAFETENSORS = {"a.embed": 6656 << 10, "a.norm": 2048, "b.bias": 2048, "b.weight": 3 << 20, "c.norm": 2048,
+               "c.weight": 10 << 20, "d.head": 1536 << 10}
+CHANGED = "b.weight"
+
+
+def tensors(step: int) -> dict:
+    import numpy as np
+
+    return {name: np.frombuffer(np.random.default_rng(step if name == CHANGED else i).bytes(n), dtype=np.float32)
+            for i, (name, n) in enumerate(SAFETENSORS.items(), 1000)}
+
+
 def write(d: Path, step: int) -> None:
     d.mkdir(exist_ok=True)
     (d / ".metadata").unlink(missing_ok=True)  # rewritten in place: incomplete until the marker again
-    if a.distinct:
+    if a.safetensors:
+        from safetensors.numpy import save_file
+
+        save_file(tensors(step), str(d / "model.safetensors"))
+    elif a.distinct:
         for i in range(a.distinct):
             (d / f"part_{i}.bin").write_bytes(fill(a.adapter, step * 1000 + i + 7))
     else:

@@ -195,3 +195,35 @@ def test_a_bucket_in_the_layout_before_still_restores_verified(bucket: Bucket, s
     for rel, data in files.items():
         assert (local / "step_000001" / rel).read_bytes() == data, rel
     assert bucket.keys(f"{prefix}/.supervise/objects/") == {}  # nothing sent again: the restored version is the published one
+
+
+def test_one_changed_tensor_of_a_safetensors_file_sends_about_that_tensor_and_restores_byte_for_byte(
+        bucket: Bucket, s3_server: S3Server, tmp_path: Path) -> None:
+    """One ``model.safetensors`` of 21 MiB whose ``b.weight`` (3 MiB, straddling the 8 MiB
+    offset) changes between two checkpoints, the rest the same: a whole-state save with a
+    frozen base. Its parts are cut at the tensors (``_cuts``): the second version sends that
+    tensor, not the fixed 8 MiB parts it straddles (16 MiB)."""
+    local, run, prefix = tmp_path / "ckpt", tmp_path / "run", "cas/tensors"
+    _run(run, local, bucket, prefix, s3_server, "--steps", "1", "--safetensors")
+    _run(run, local, bucket, prefix, s3_server, "--steps", "2", "--safetensors")  # attempt 2: step 2 only
+    path = local / "step_000002" / "model.safetensors"
+    data = path.read_bytes()
+    header = 8 + int.from_bytes(data[:8], "little")
+    start, end = json.loads(data[8:header])["b.weight"]["data_offsets"]
+    tensor = end - start
+    sent, objects = _sent(run, local.name, attempt=2)
+    assert sent <= 1.05 * (tensor + header) + 1, (sent, tensor, header, objects)  # and the marker's byte
+    doc = bucket.manifests(prefix)["step_000002"]
+    f = doc["files"]["model.safetensors"]
+    assert sum(p["size"] for p in f["parts"]) == f["size"] == len(data) and bucket.file(f) == data
+    assert bucket.whole(doc) == [] and _objects(bucket, prefix).keys() == _named(bucket, prefix)
+
+    # the restore onto a node that has nothing: brought back from its parts, byte for byte
+    for d in local.glob("step_*"):
+        for g in d.iterdir():
+            g.unlink()
+        d.rmdir()
+    _run(run, local, bucket, prefix, s3_server, "--steps", "2", "--safetensors", restore=True)
+    restore = [e for e in events(run / "events.jsonl", "restore") if e["attempt"] == 3][0]
+    assert restore["checkpoint"] == "step_000002" and restore["bytes"] == len(data) + 1, restore  # and the marker
+    assert path.read_bytes() == data
