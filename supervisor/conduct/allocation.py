@@ -23,6 +23,7 @@ import anyio
 
 from supervisor import logs, nodeset
 from supervisor.conduct.agent import Agent
+from supervisor.conduct.leader import LeaderRole
 from supervisor.config import Config
 from supervisor.errors import ConfigError
 from supervisor.journal import EVENTS_FILE, Journal, node_dir, read_journal
@@ -44,14 +45,15 @@ async def supervise(cfg: Config, plan: Plan | None = None, early: list[int] | No
         for warning in plan.warnings:
             log.warning("%s", warning)
         await anyio.to_thread.run_sync(_nodefile, plan)
-        agent = Agent(plan, early=early, replacing=replacing)
+        agent = Agent(plan, LeaderRole(plan, early=early, replacing=replacing))
         status = await agent.run()
-        if not agent.replace:
+        leader = agent.role
+        if not leader.replace:
             return status
         early = _hold()  # a TERM between two attempts is the next one's, never lost
         ended = time.monotonic()
-        lost += agent.replace
-        await _wind_down(agent)
+        lost += leader.replace
+        await _wind_down(leader)
         before = plan
         try:
             plan = await anyio.to_thread.run_sync(partial(make_plan, cfg, lost=lost))
@@ -60,14 +62,14 @@ async def supervise(cfg: Config, plan: Plan | None = None, early: list[int] | No
             return status
         log.info("attempt %d on %s (%s lost; %.1fs between the attempts)", plan.attempt, ", ".join(plan.job.nodes),
                  ", ".join(lost), time.monotonic() - ended)
-        replacing = partial(_journal_replaced, agent, before, plan, ended, time.monotonic())
+        replacing = partial(_journal_replaced, leader, before, plan, ended, time.monotonic())
 
 
 def _not_a_replacement(journal: Journal) -> None:
     """The first attempt of an allocation replaces nothing."""
 
 
-def _journal_replaced(old: Agent, before: Plan, now: Plan, ended: float, planned: float, journal: Journal) -> None:
+def _journal_replaced(old: LeaderRole, before: Plan, now: Plan, ended: float, planned: float, journal: Journal) -> None:
     """``node-replaced``, at the new attempt's spawn: the dead node(s), the spare(s) taken, the
     new node list, the launcher's command as it now runs, and the seconds of each phase since
     the first evidence of the death (the watch's or the training's exit): the stop (the last
@@ -101,7 +103,7 @@ def _hold() -> list[int]:
     return held
 
 
-async def _wind_down(agent: Agent) -> None:
+async def _wind_down(agent: LeaderRole) -> None:
     """The last attempt's node agents end before the next one's start (each node's agent holds
     its node index's lock): their launch ends (Slurm ends the step with the dead node), or each
     survivor's agent journals its ``node-end`` after the leader's ``end`` (PBS: the moms' tasks

@@ -1,5 +1,5 @@
 """Node K's agent in-process: the same ``make_plan`` as the leader's, from the same Config,
-with ``node_rank=K``; ``NodeAgent(plan).run()`` against a leader whose journal a test writes
+with ``node_rank=K``; ``Agent(plan, NodeRole(plan)).run()`` against a leader whose journal a test writes
 (no leader process, no scheduler). The plan's errors come before anything is made; the agent
 answers the leader's last flush, ends with the leader's ``end`` and says so in its journal."""
 
@@ -15,7 +15,8 @@ import pytest
 
 from supervisor import cli, sync
 from supervisor.conduct.fleet import agent_argv
-from supervisor.conduct.node_agent import NodeAgent
+from supervisor.conduct.agent import Agent
+from supervisor.conduct.node import NodeRole
 from supervisor.sched import node_rank
 from supervisor.config import agent_view, build_config, pair_view
 from supervisor.errors import ConfigError
@@ -105,7 +106,7 @@ def test_a_request_said_on_the_line_is_answered_on_it_and_once(tmp_path: Path, m
             status: list[int] = []
 
             async def agent() -> None:
-                status.append(await NodeAgent(plan).run())
+                status.append(await Agent(plan, NodeRole(plan)).run())
 
             tg.start_soon(agent)
             await wait_for_async(lambda: line.whole, what="node 1 on the line")
@@ -144,7 +145,7 @@ def test_the_node_agent_answers_the_leader_and_ends_with_its_end(tmp_path: Path,
             status: list[int] = []
 
             async def agent() -> None:
-                status.append(await NodeAgent(plan).run())
+                status.append(await Agent(plan, NodeRole(plan)).run())
 
             tg.start_soon(agent)
             await wait_for_async(lambda: "node-start" in kinds(), what="node-start")

@@ -1,13 +1,13 @@
-"""``supervise node-agent``: one per node of a multi-node job, mirroring that node's part.
+"""Node K's role (``supervise node-agent``): one per node of a multi-node job, mirroring that node's part.
 
 When every node writes its shards of a checkpoint to its own local disk, the main
 ``supervise`` (the leader, node 0) can only see node 0's. The leader starts one node agent
 on every other node (conduct/fleet.py; or the job script does: ``mpiexec --ppn 1 …``). Node
-K's agent is the same conductor with a node role: ``make_plan(cfg, env, node_rank=K)`` builds
-its plan from the same configuration (the per-node checkpoint pairs, the ``Mirror`` with
-``node_rank=K``), and ``NodeAgent(plan).run()`` runs it: it stages node K's part of each
-complete checkpoint on persistent storage and writes its manifest; the leader publishes once
-every part is there (docs/sync.md).
+K's agent is the same conductor (``agent.Agent``) with this role: ``make_plan(cfg, env,
+node_rank=K)`` builds its plan from the same configuration (the per-node checkpoint pairs, the
+``Mirror`` with ``node_rank=K``), and ``Agent(plan, NodeRole(plan)).run()`` runs it: it stages
+node K's part of each complete checkpoint on persistent storage and writes its manifest; the
+leader publishes once every part is there (docs/sync.md).
 
 The agent journals into ``<run-dir>/nodes/node-K/events.jsonl`` (and ``supervise.log``
 beside it), never into the leader's ``events.jsonl``. It runs until the leader's ``end`` is in
@@ -26,11 +26,10 @@ import logging
 import os
 import signal
 import socket
-import time
-from dataclasses import dataclass, field
+from contextlib import contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Iterator, Mapping
 
 import anyio
 from anyio.abc import TaskGroup
@@ -39,13 +38,15 @@ from supervisor import logs, proctree
 from supervisor.bell import LINKED_LOOK_S, Bell
 from supervisor.conduct import wire
 from supervisor.conduct.choice import READY_TIMEOUT_S, Choice, offer_path, read_choice, say, write_offer
-from supervisor.conduct.guard import guarded
 from supervisor.conduct.link import NodeLine
+from supervisor.conduct.role import Conductor
 from supervisor.conduct.wire import LINK, LOCK_FILE
 from supervisor.errors import ConfigError
 from supervisor.jobprocs import JobProcesses, signal_ranks
-from supervisor.journal import EVENTS_FILE, Journal, JournalTail
+from supervisor.journal import EVENTS_FILE, Emit, Journal, JournalTail
 from supervisor.plan import Plan, node_start_fields
+from supervisor.policy import State
+from supervisor.ports import SamplerPort
 
 log = logging.getLogger("supervise")
 
@@ -53,16 +54,23 @@ FINAL_FLUSH_S = 60.0
 CHOICE_POLL_S = 0.1  # while the leader chooses what every node restores
 LEADER_POLL_S = 0.2  # the leader's journal: its last flush's request waits on our answer
 TRAINING_POLL_S = 1.0  # how often the agent looks for the job's processes on its node (_follow_training)
+LEADER_ENDED, SIGNALLED, ERROR = "leader-ended", "signal", "error"  # why node K's agent ends (``node-end``)
 
 
-class NodeAgent:
-    """Conducts node K's part of one attempt. ``await NodeAgent(plan).run()`` returns the exit
-    status: 0, or 1 after an error (journaled; the leader decides what it means)."""
+class NodeRole:
+    """Node K's collaborators: its end of the leader's line, the job's processes here, the
+    leader's requests answered. Its stop is asked by the leader's ``end`` or a second stop
+    signal (the first reason asked wins; an error overrides it); the exit status is 0, or 1
+    after an error (journaled; the leader decides what it means)."""
+
+    conductor: Conductor
+    journal: Journal
+    end_kind = "node-end"
 
     def __init__(self, plan: Plan) -> None:
         assert plan.node_rank > 0 and plan.mirror is not None, "a node plan: make_plan(cfg, env, node_rank=K)"
         self.plan, self.cfg, self.rank, self.mirror = plan, plan.cfg, plan.node_rank, plan.mirror
-        self.state = NodeState()
+        self.reason, self.detail = LEADER_ENDED, ""
         self.training = JobProcesses.from_env(plan.env)  # None outside a job: no writer can be seen, quiet time decides
         self.line = NodeLine(plan.run_dir, self.rank, heard=self._heard, linked=self._linked)
         self.journal_said = Bell()  # the leader asked something (on the line, or in its journal), or the line was made or lost
@@ -70,8 +78,12 @@ class NodeAgent:
         self.asked: list[dict[str, Any]] = []  # the leader's requests said on the line, not yet answered
         self.answered: set[str] = set()        # the requests answered (found again in the leader's journal: once)
         self.look = True                       # the leader's journal is worth a look (``journal``, ``link``)
+        self.signals_seen = 0
 
-    async def run(self) -> int:
+    @contextmanager
+    def held(self) -> Iterator[bool]:
+        """The node's journal directory, locked (a second agent for the same node: False), its
+        log file and its journal."""
         where = self.plan.journal_dir
         try:
             where.mkdir(parents=True, exist_ok=True)
@@ -81,47 +93,76 @@ class NodeAgent:
         if lock is None:
             log.info("another node agent for node %d is running (%s): nothing to do", self.rank, where / LOCK_FILE)
             say(wire.DUPLICATE, self.rank)
-            return 0
+            yield False
+            return
         try:
             logs.add_file(where, self.cfg.verbosity)
             for w in self.plan.warnings:
                 log.warning("%s", w)
             with Journal(where, self.plan.attempt) as self.journal:
-                return await self._conduct()
+                yield True
         finally:
             os.close(lock)
 
-    async def _conduct(self) -> int:
-        plan, mirror, journal, state, rank = self.plan, self.mirror, self.journal, self.state, self.rank
-        mirror.attach(journal.emit, writers=self.training)
-        mirror.link(self.line.say)
-        journal.emit("node-start", durable=True, **node_start_fields(
+    def journal_start(self) -> None:
+        plan = self.plan
+        self.mirror.attach(self.journal.emit, writers=self.training)
+        self.mirror.link(self.line.say)
+        self.journal.emit("node-start", durable=True, **node_start_fields(
             plan, self.training.describe() if self.training is not None else None))
-        log.info("node agent %d of %d on %s, journal %s", rank, plan.nodes, socket.gethostname(), plan.journal_dir)
-        t0 = time.monotonic()
-        leader = JournalTail(plan.run_dir / EVENTS_FILE)  # from here: what the leader says while we restore counts
-        try:
-            async with anyio.create_task_group() as tg:
-                await tg.start(self.line.run)
-                await mirror.prepare(previous_start=plan.previous_start, host=socket.gethostname())
-                await tg.start(self._guarded("peers", partial(mirror.serve_peers, plan.run_dir)))  # before any node restores
-                await self._restore()
-                holds = await anyio.to_thread.run_sync(mirror.holds)
-                await tg.start(self._guarded("sync", mirror.run))
-                # the leader that started us (conduct/fleet.py) compares what every node holds, then spawns the training
-                say(wire.READY, rank, json.dumps(holds, separators=(",", ":")))
-                await self._start_parts(tg)
-                tg.start_soon(self._signals)
-                tg.start_soon(self._leader_words, leader)
-                await state.asked.wait()
-                await self._stop()
-                tg.cancel_scope.cancel()
-        except Exception as e:  # noqa: BLE001 - journaled; the leader decides what it means
-            state.fail(f"{type(e).__name__}: {e}")
-            journal.emit("error", error=state.detail)
-        journal.emit("node-end", node=rank, reason=state.reason, detail=state.detail,
-                     seconds=round(time.monotonic() - t0, 3), not_durable=mirror.pending())
-        return 0 if state.reason != "error" else 1
+        log.info("node agent %d of %d on %s, journal %s", self.rank, plan.nodes, socket.gethostname(), plan.journal_dir)
+        self.leader = JournalTail(plan.run_dir / EVENTS_FILE)  # from here: what the leader says while we restore counts
+
+    def listening(self) -> nullcontext[None]:
+        return nullcontext()  # the signals are taken once the node mirrors (``begin``)
+
+    async def start(self, tg: TaskGroup) -> None:
+        """The leader's line, the mirror prepared, the peers served, the restore, the mirror
+        running; then the leader that started us (conduct/fleet.py) is told what this node
+        holds: it compares what every node holds, then spawns the training."""
+        mirror, guarded = self.mirror, self.conductor.guarded
+        await tg.start(self.line.run)
+        await mirror.prepare(previous_start=self.plan.previous_start, host=socket.gethostname())
+        await tg.start(guarded("peers", partial(mirror.serve_peers, self.plan.run_dir)))  # before any node restores
+        self.conductor.set_state(State.RESTORING)
+        await self._restore()
+        holds = await anyio.to_thread.run_sync(mirror.holds)
+        await tg.start(guarded("sync", mirror.run))
+        say(wire.READY, self.rank, json.dumps(holds, separators=(",", ":")))
+
+    def gpu_emit(self) -> Emit:
+        return self.journal.emit
+
+    def sampled(self, gpu: SamplerPort) -> None:
+        """Sampled as the leader samples its own, into this node's directory; not the agent's
+        children: the host sampler records the node (memory), not a process tree."""
+
+    def tree_pids(self) -> set[int]:
+        return set()
+
+    async def begin(self, tg: TaskGroup) -> None:
+        """The training's processes here, followed; the signals; the leader's words."""
+        if self.training is not None:
+            tg.start_soon(self.conductor.guarded("training", partial(self._follow_training, self.training)))
+        tg.start_soon(self._signals)
+        tg.start_soon(self._leader_words, self.leader)
+        self.conductor.set_state(State.RUNNING)
+
+    def end(self, reason: str, detail: str) -> None:
+        """The stop asked: the first reason wins."""
+        if not self.conductor.stop_wanted.is_set():
+            self.reason, self.detail = reason, detail
+            self.conductor.stop_wanted.set()
+
+    def why(self) -> dict[str, Any]:
+        return {"reason": self.reason, "detail": self.detail}
+
+    async def failed(self, cause: BaseException) -> None:
+        self.reason, self.detail = ERROR, f"{type(cause).__name__}: {cause}"
+
+    def outcome(self) -> tuple[dict[str, Any], int]:
+        return {"node": self.rank, "reason": self.reason, "detail": self.detail,
+                "not_durable": self.mirror.pending()}, 0 if self.reason != ERROR else 1
 
     def _heard(self, word: str) -> None:
         """A word on the leader's line: who looks now (``LINK``: the line was made or lost, so
@@ -146,28 +187,6 @@ class NodeAgent:
 
     def _pause(self, fast: float) -> float:
         return LINKED_LOOK_S if self.line.linked else fast
-
-    def _guarded(self, name: str, run: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[None]]:
-        return partial(guarded, name, run, self.journal.emit)
-
-    async def _start_parts(self, tg: TaskGroup) -> None:
-        """This node's GPUs and host, sampled as the leader samples its own, into this node's
-        directory (``nodes/node-K/gpu.csv``, ``host.csv``; their events in its journal); the
-        training's processes here, followed. They are not the agent's children: the host
-        sampler records the node (memory), not a process tree."""
-        cfg, emit = self.cfg, self.journal.emit
-        if cfg.gpu_every > 0:
-            from supervisor.gpu import GpuSampler
-            from supervisor.host import HostSampler
-
-            where = self.plan.journal_dir
-            gpu = GpuSampler(run_dir=where, emit=emit, every=cfg.gpu_every, backend=cfg.gpu_backend, env=self.plan.env,
-                             dmon_log=cfg.dmon_log)
-            host = HostSampler(run_dir=where, emit=emit, every=cfg.gpu_every)
-            await tg.start(self._guarded("gpu", partial(gpu.run, tree_pids=set)))
-            await tg.start(self._guarded("host", partial(host.run, tree_pids=set)))
-        if self.training is not None:
-            tg.start_soon(self._guarded("training", partial(self._follow_training, self.training)))
 
     async def _restore(self) -> None:
         """Started by the leader: offer this node's unpublished whole versions, say so, then
@@ -234,22 +253,23 @@ class NodeAgent:
             await anyio.sleep(TRAINING_POLL_S)
 
     async def _signals(self) -> None:
-        """A first TERM/INT asks for a flush and goes on (the leader may still wait for this
-        node's part); HUP asks for a flush; a second TERM/INT ends the agent."""
-        seen = 0
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as received:
             async for sig in received:
-                seen += 1
-                name = signal.Signals(sig).name
-                if seen == 1 and sig != signal.SIGHUP:
-                    self.journal.emit("signal", signal=name, action="flush",
-                                      why="going on until the leader ends; a second one stops the agent")
-                    self.mirror.request(f"signal:{name}")
-                elif sig == signal.SIGHUP:
-                    self.mirror.request("signal:SIGHUP")
-                else:
-                    self.journal.emit("signal", signal=name, action="stop")
-                    self.state.end("signal", name)
+                await self.deliver(signal.Signals(sig))
+
+    async def deliver(self, sig: signal.Signals, received: float | None = None) -> None:
+        """A first TERM/INT asks for a flush and goes on (the leader may still wait for this
+        node's part); HUP asks for a flush; a second TERM/INT ends the agent."""
+        self.signals_seen += 1
+        if self.signals_seen == 1 and sig != signal.SIGHUP:
+            self.journal.emit("signal", signal=sig.name, action="flush",
+                              why="going on until the leader ends; a second one stops the agent")
+            self.mirror.request(f"signal:{sig.name}")
+        elif sig == signal.SIGHUP:
+            self.mirror.request("signal:SIGHUP")
+        else:
+            self.journal.emit("signal", signal=sig.name, action="stop")
+            self.end(SIGNALLED, sig.name)
 
     async def _leader_words(self, leader: JournalTail) -> None:
         """The leader's requests, said on the line (``asked``) or, off it, found in its journal:
@@ -268,7 +288,7 @@ class NodeAgent:
                     if ev.get("kind") in wire.REQUESTS:
                         await self._request(ev, told=False)
                     elif ev.get("kind") == wire.END:
-                        self.state.end("leader-ended", f"leader attempt {ev.get('attempt')}: {ev.get('reason')}")
+                        self.end(LEADER_ENDED, f"leader attempt {ev.get('attempt')}: {ev.get('reason')}")
                         return
             if not await self.journal_said.wait(self._pause(LEADER_POLL_S)):
                 self.look = True  # the pause ran out: a look anyway
@@ -305,30 +325,12 @@ class NodeAgent:
         to say (the leader reads it in this node's journal)."""
         self.line.say(wire.message(kind, request, fields) or wire.JOURNAL)
 
-    async def _stop(self) -> None:
+    async def stop(self) -> None:
         """The node's stop: one last flush, bounded (``FINAL_FLUSH_S``), so a part that lands
         late still counts for the next attempt."""
         with anyio.move_on_after(FINAL_FLUSH_S):
-            result = await self.mirror.flush(self.state.reason)
+            result = await self.mirror.flush(self.reason)
             self.journal.emit(wire.NODE_FLUSH, ok=result["ok"], seconds=result["seconds"], pairs=result["pairs"])
-
-
-@dataclass
-class NodeState:
-    """Why node K's agent ends, as ``node-end`` says it: the first reason asked wins (the
-    leader's ``end``, a second stop signal); an error overrides it."""
-
-    reason: str = "leader-ended"
-    detail: str = ""
-    asked: anyio.Event = field(default_factory=anyio.Event)
-
-    def end(self, reason: str, detail: str) -> None:
-        if not self.asked.is_set():
-            self.reason, self.detail = reason, detail
-            self.asked.set()
-
-    def fail(self, detail: str) -> None:
-        self.reason, self.detail = "error", detail
 
 
 def _starts(pids: set[int]) -> dict[int, int]:
