@@ -9,7 +9,8 @@ node, the conductor is the same on both: the parts are started with ``tg.start``
 ready, or has failed, before what follows (the leader's training); the run moves through
 named states (``starting → restoring → running → stopping → stopped``), each a ``state``
 event; the first stop asked wins (``stop_wanted``); an error is journaled and the role makes
-the node safe; the end is one event, the role's kind (docs/design.md, docs/journal.md).
+the node safe; the end is one ``end`` event, which the role fills in (node K's carries
+``node``) (docs/design.md, docs/journal.md).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class Agent(Generic[R]):
                     with anyio.CancelScope(shield=True):
                         await role.failed(cause)
             fields, status = role.outcome()
-            role.journal.emit(role.end_kind, **fields, seconds=round(time.monotonic() - self.started, 3))
+            role.journal.emit("end", **fields, seconds=round(time.monotonic() - self.started, 3))
             return status
 
     async def _start_samplers(self, tg: anyio.abc.TaskGroup) -> None:

@@ -106,7 +106,7 @@ def _hold() -> list[int]:
 async def _wind_down(agent: LeaderRole) -> None:
     """The last attempt's node agents end before the next one's start (each node's agent holds
     its node index's lock): their launch ends (Slurm ends the step with the dead node), or each
-    survivor's agent journals its ``node-end`` after the leader's ``end`` (PBS: the moms' tasks
+    survivor's agent journals its ``end`` after the leader's ``end`` (PBS: the moms' tasks
     end one by one); bounded, never a reason to stop."""
     fleet = agent.run_state.agents
     if fleet is None:
@@ -122,7 +122,7 @@ def _all_ended(run_dir: Path, nodes: list[int]) -> bool:
     """Each of these nodes' agents journaled its end after its last start."""
     for k in nodes:
         kinds = [e.get("kind") for e in read_journal(node_dir(run_dir, k) / EVENTS_FILE).events
-                 if e.get("kind") in ("node-start", "node-end")]
-        if not kinds or kinds[-1] != "node-end":
+                 if e.get("kind") in ("node-start", "end")]
+        if not kinds or kinds[-1] != "end":
             return False
     return True

@@ -44,7 +44,6 @@ class LeaderRole:
     the end reads."""
 
     conductor: Conductor
-    end_kind = "end"
 
     def __init__(self, plan: Plan, *, spawn: Spawn = Child.spawn, notifier: NotifierPort | None = None,
                  early: list[int] | None = None, dispositions: Dispositions | None = None,

@@ -54,7 +54,7 @@ FINAL_FLUSH_S = 60.0
 CHOICE_POLL_S = 0.1  # while the leader chooses what every node restores
 LEADER_POLL_S = 0.2  # the leader's journal: its last flush's request waits on our answer
 TRAINING_POLL_S = 1.0  # how often the agent looks for the job's processes on its node (_follow_training)
-LEADER_ENDED, SIGNALLED, ERROR = "leader-ended", "signal", "error"  # why node K's agent ends (``node-end``)
+LEADER_ENDED, SIGNALLED, ERROR = "leader-ended", "signal", "error"  # why node K's agent ends (its ``end``)
 
 
 class NodeRole:
@@ -65,7 +65,6 @@ class NodeRole:
 
     conductor: Conductor
     journal: Journal
-    end_kind = "node-end"
 
     def __init__(self, plan: Plan) -> None:
         assert plan.node_rank > 0 and plan.mirror is not None, "a node plan: make_plan(cfg, env, node_rank=K)"

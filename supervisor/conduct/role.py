@@ -42,7 +42,6 @@ class Role(Protocol):
 
     conductor: Conductor
     journal: Journal
-    end_kind: str  # the end event's kind in this role's journal
 
     def held(self) -> AbstractContextManager[bool]:
         """While the role may conduct (its journal open); False: another conducts here."""
@@ -78,4 +77,4 @@ class Role(Protocol):
         """The conductor failed (journaled already): make the node safe, and say so at the end."""
 
     def outcome(self) -> tuple[dict[str, Any], int]:
-        """The end event's fields (but ``seconds``) and the exit status."""
+        """The ``end`` event's fields (but ``seconds``) and the exit status."""

@@ -159,14 +159,17 @@ def test_the_node_agent_answers_the_leader_and_ends_with_its_end(tmp_path: Path,
     leader.close()
     every = read_journal(node).events
     assert {e["attempt"] for e in every} == {1} and "error" not in {e["kind"] for e in every}
-    events = [e for e in every if e["kind"].startswith("node-")]  # the mirror's own events between them
-    assert [e["kind"] for e in events] == ["node-start", "node-flush", "node-flush", "node-end"], events
+    events = [e for e in every if e["kind"].startswith("node-") or e["kind"] == "end"]  # the mirror's own between them
+    assert [e["kind"] for e in events] == ["node-start", "node-flush", "node-flush", "end"], events
     start, answer, last, end = events
     assert (start["node"], start["nodes"], start["backend"], start["writers"]) == (1, 2, "python", None)
     assert [p["nodes"] for p in start["pairs"]] == [2] and start["settings"]["sync_backend"] == "python"
     assert answer["request"] == "1.1" and answer["ok"] is True and answer["not_durable"] == []
     assert "request" not in last and last["ok"] is True
-    assert (end["reason"], end["detail"], end["not_durable"]) == ("leader-ended", "leader attempt 1: finished", [])
+    assert (end["node"], end["reason"], end["detail"], end["not_durable"]) == (1, "leader-ended", "leader attempt 1: finished", [])
+    states = [(e["from"], e["to"]) for e in every if e["kind"] == "state"]
+    assert states == [("starting", "restoring"), ("restoring", "running"), ("running", "stopping"),
+                      ("stopping", "stopped")], "the leader's named states, in the node's journal"
     said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("supervise-node-agent")]
     assert len(said) == 1 and said[0].startswith("supervise-node-agent ready 1 "), said
     assert json.loads(said[0].split(maxsplit=4)[4]) == {}  # no restore asked: this node holds nothing
