@@ -29,21 +29,20 @@ import socket
 from contextlib import contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 import anyio
 from anyio.abc import TaskGroup
 
 from supervisor import logs, proctree
-from supervisor.bell import LINKED_LOOK_S, Bell
-from supervisor.conduct import wire
-from supervisor.conduct.choice import READY_TIMEOUT_S, Choice, offer_path, read_choice, say, write_offer
-from supervisor.conduct.link import NodeLine
+from supervisor.conduct import routing, wire
+from supervisor.conduct.choice import READY_TIMEOUT_S, offer_path, say, write_offer
+from supervisor.conduct.leader_words import LeaderWords
 from supervisor.conduct.role import Conductor
-from supervisor.conduct.wire import LINK, LOCK_FILE
+from supervisor.conduct.wire import LOCK_FILE
 from supervisor.errors import ConfigError
-from supervisor.jobprocs import JobProcesses, signal_ranks
-from supervisor.journal import EVENTS_FILE, Emit, Journal, JournalTail
+from supervisor.jobprocs import JobProcesses
+from supervisor.journal import Emit, Journal
 from supervisor.plan import Plan, node_start_fields
 from supervisor.policy import State
 from supervisor.ports import SamplerPort
@@ -51,15 +50,13 @@ from supervisor.ports import SamplerPort
 log = logging.getLogger("supervise")
 
 FINAL_FLUSH_S = 60.0
-CHOICE_POLL_S = 0.1  # while the leader chooses what every node restores
-LEADER_POLL_S = 0.2  # the leader's journal: its last flush's request waits on our answer
 TRAINING_POLL_S = 1.0  # how often the agent looks for the job's processes on its node (_follow_training)
 LEADER_ENDED, SIGNALLED, ERROR = "leader-ended", "signal", "error"  # why node K's agent ends (its ``end``)
 
 
 class NodeRole:
-    """Node K's collaborators: its end of the leader's line, the job's processes here, the
-    leader's requests answered. Its stop is asked by the leader's ``end`` or a second stop
+    """Node K's collaborators: its end of the leader's conversation (``leader_words.LeaderWords``:
+    the line, the choice, the leader's requests answered), the job's processes here. Its stop is asked by the leader's ``end`` or a second stop
     signal (the first reason asked wins; an error overrides it); the exit status is 0, or 1
     after an error (journaled; the leader decides what it means)."""
 
@@ -71,12 +68,8 @@ class NodeRole:
         self.plan, self.cfg, self.rank, self.mirror = plan, plan.cfg, plan.node_rank, plan.mirror
         self.reason, self.detail = LEADER_ENDED, ""
         self.training = JobProcesses.from_env(plan.env)  # None outside a job: no writer can be seen, quiet time decides
-        self.line = NodeLine(plan.run_dir, self.rank, heard=self._heard, linked=self._linked)
-        self.journal_said = Bell()  # the leader asked something (on the line, or in its journal), or the line was made or lost
-        self.choice_said = Bell()   # the leader wrote its choice
-        self.asked: list[dict[str, Any]] = []  # the leader's requests said on the line, not yet answered
-        self.answered: set[str] = set()        # the requests answered (found again in the leader's journal: once)
-        self.look = True                       # the leader's journal is worth a look (``journal``, ``link``)
+        self.words = LeaderWords(plan.run_dir, self.rank, self.mirror, self.training,
+                                 ended=lambda detail: self.end(LEADER_ENDED, detail))
         self.signals_seen = 0
 
     @contextmanager
@@ -106,11 +99,12 @@ class NodeRole:
     def journal_start(self) -> None:
         plan = self.plan
         self.mirror.attach(self.journal.emit, writers=self.training)
-        self.mirror.link(self.line.say)
+        self.words.journal = self.journal
+        self.mirror.link(self.words.line.say)
         self.journal.emit("node-start", durable=True, **node_start_fields(
             plan, self.training.describe() if self.training is not None else None))
         log.info("node agent %d of %d on %s, journal %s", self.rank, plan.nodes, socket.gethostname(), plan.journal_dir)
-        self.leader = JournalTail(plan.run_dir / EVENTS_FILE)  # from here: what the leader says while we restore counts
+        self.words.from_here()  # what the leader says while we restore counts
 
     def listening(self) -> nullcontext[None]:
         return nullcontext()  # the signals are taken once the node mirrors (``begin``)
@@ -120,7 +114,7 @@ class NodeRole:
         running; then the leader that started us (conduct/fleet.py) is told what this node
         holds: it compares what every node holds, then spawns the training."""
         mirror, guarded = self.mirror, self.conductor.guarded
-        await tg.start(self.line.run)
+        await tg.start(self.words.line.run)
         await mirror.prepare(previous_start=self.plan.previous_start, host=socket.gethostname())
         await tg.start(guarded("peers", partial(mirror.serve_peers, self.plan.run_dir)))  # before any node restores
         self.conductor.set_state(State.RESTORING)
@@ -144,7 +138,7 @@ class NodeRole:
         if self.training is not None:
             tg.start_soon(self.conductor.guarded("training", partial(self._follow_training, self.training)))
         tg.start_soon(self._signals)
-        tg.start_soon(self._leader_words, self.leader)
+        tg.start_soon(self.words.run)
         self.conductor.set_state(State.RUNNING)
 
     def end(self, reason: str, detail: str) -> None:
@@ -163,30 +157,6 @@ class NodeRole:
         return {"node": self.rank, "reason": self.reason, "detail": self.detail,
                 "not_durable": self.mirror.pending()}, 0 if self.reason != ERROR else 1
 
-    def _heard(self, word: str) -> None:
-        """A word on the leader's line: who looks now (``LINK``: the line was made or lost, so
-        everyone looks, as a word may have been said while it was not there)."""
-        asked = wire.read_message(word, wire.REQUESTS)
-        if asked is not None:  # a request said on the line: answered without a look at the leader's journal
-            self.asked.append(asked)
-            self.journal_said.ring()
-            return
-        if word in (wire.JOURNAL, LINK):
-            self.look = True
-            self.journal_said.ring()
-        if word in (wire.CHOICE, LINK):
-            self.choice_said.ring()
-        if word != wire.JOURNAL and word != wire.CHOICE:
-            self.mirror.heard(word)
-
-    def _linked(self, on: bool) -> None:
-        self.mirror.link(on=on)
-        self.journal.emit("node-link", node=self.rank, linked=on)
-        log.info("node %d: the leader's line %s", self.rank, "is made" if on else "is lost: looking at shared storage instead")
-
-    def _pause(self, fast: float) -> float:
-        return LINKED_LOOK_S if self.line.linked else fast
-
     async def _restore(self) -> None:
         """Started by the leader: offer this node's unpublished whole versions, say so, then
         restore exactly the leader's choice (every node the same version) and say what it holds,
@@ -201,7 +171,7 @@ class NodeRole:
         await anyio.to_thread.run_sync(write_offer, offer_path(self.plan.run_dir, self.rank), path, offered)
         say(wire.OFFERED, self.rank)
         done = 0  # the round of the last choice restored here
-        while (said := await self._choice(Path(path), after=done)) is not None:
+        while (said := await self.words.choice(Path(path), after=done)) is not None:
             if said.round > done:
                 await self.mirror.restore(said.choice)
                 done = said.round
@@ -213,17 +183,6 @@ class NodeRole:
             log.warning("no choice from the leader in %.0fs (%s): restoring the newest published version",
                         2 * READY_TIMEOUT_S, path)
             await self.mirror.restore()
-
-    async def _choice(self, path: Path, after: int) -> Choice | None:
-        """The leader's next word on the choice: a new one (a round after ``after``), or that it
-        stands; None when none came in ``2 × READY_TIMEOUT_S``."""
-        with anyio.move_on_after(2 * READY_TIMEOUT_S):
-            while True:
-                said = await anyio.to_thread.run_sync(read_choice, path)
-                if said is not None and (said.round > after or said.final):
-                    return said
-                await self.choice_said.wait(self._pause(CHOICE_POLL_S))
-        return None
 
     async def _follow_training(self, training: JobProcesses) -> None:
         """The job's processes on this node, looked for every ``TRAINING_POLL_S``: once found and
@@ -253,8 +212,7 @@ class NodeRole:
 
     async def _signals(self) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as received:
-            async for sig in received:
-                await self.deliver(signal.Signals(sig))
+            await routing.intake(self.deliver, received)
 
     async def deliver(self, sig: signal.Signals, received: float | None = None) -> None:
         """A first TERM/INT asks for a flush and goes on (the leader may still wait for this
@@ -269,60 +227,6 @@ class NodeRole:
         else:
             self.journal.emit("signal", signal=sig.name, action="stop")
             self.end(SIGNALLED, sig.name)
-
-    async def _leader_words(self, leader: JournalTail) -> None:
-        """The leader's requests, said on the line (``asked``) or, off it, found in its journal:
-        its last flush asks for ours (``nodes-flush``, answered ``node-flush`` with its
-        ``request`` in this node's journal and on the line); its ``nodes-signal`` (PBS) is sent
-        to this node's ranks (``node-signal``). Its journal is read when the leader says
-        ``journal``, when the line is made or lost, and rarely else while the line holds (every
-        ``LEADER_POLL_S`` off it): its ``end`` ends us."""
-        while True:
-            told, self.asked = self.asked, []
-            for ev in told:
-                await self._request(ev, told=True)
-            if self.look:
-                self.look = False
-                for ev in await anyio.to_thread.run_sync(leader.appended):
-                    if ev.get("kind") in wire.REQUESTS:
-                        await self._request(ev, told=False)
-                    elif ev.get("kind") == wire.END:
-                        self.end(LEADER_ENDED, f"leader attempt {ev.get('attempt')}: {ev.get('reason')}")
-                        return
-            if not await self.journal_said.wait(self._pause(LEADER_POLL_S)):
-                self.look = True  # the pause ran out: a look anyway
-
-    async def _request(self, ev: Mapping[str, Any], *, told: bool) -> None:
-        """One of the leader's requests, answered once (said on the line, then found in its
-        journal too: the same ``request``). A ``nodes-signal`` in the journal is for the nodes
-        it names; said on the line, it was said to this node."""
-        request = str(ev.get("request"))
-        if request in self.answered:
-            return
-        if ev.get("kind") == wire.NODES_FLUSH:
-            self.answered.add(request)
-            await self._answer(ev)
-        elif ev.get("kind") == wire.NODES_SIGNAL and (told or self.rank in (ev.get("nodes") or [])):
-            self.answered.add(request)
-            done = await anyio.to_thread.run_sync(signal_ranks, self.training, str(ev.get("signal")))
-            self.journal.emit(wire.NODE_SIGNAL, request=ev.get("request"), signal=ev.get("signal"), node=self.rank,
-                              durable=True, **done)
-            self._reply(wire.NODE_SIGNAL, request, {"signal": ev.get("signal"), **done})
-            log.info("node %d: the leader's %s sent to %s", self.rank, ev.get("signal"), done["pids"] or "nobody")
-
-    async def _answer(self, ev: Mapping[str, Any]) -> None:
-        if ev.get("exited"):
-            self.mirror.training_exited()  # every rank is gone: nothing here waits for quiescence
-        result = await self.mirror.flush(wire.FOR_LEADER)
-        not_durable = [f"node {self.rank}: {line}" for line in self.mirror.pending()]
-        self.journal.emit(wire.NODE_FLUSH, request=ev.get("request"), ok=result["ok"], seconds=result["seconds"],
-                          pairs=result["pairs"], not_durable=not_durable, durable=True)
-        self._reply(wire.NODE_FLUSH, str(ev.get("request")), {"ok": result["ok"], "not_durable": not_durable})
-
-    def _reply(self, kind: str, request: str, fields: dict[str, Any]) -> None:
-        """An answer, journaled already, said on the line; only ``journal`` when it is too long
-        to say (the leader reads it in this node's journal)."""
-        self.line.say(wire.message(kind, request, fields) or wire.JOURNAL)
 
     async def stop(self) -> None:
         """The node's stop: one last flush, bounded (``FINAL_FLUSH_S``), so a part that lands
