@@ -50,6 +50,8 @@ class Agent(Generic[R]):
         with role.held() as held:
             if not held:
                 return 0
+            for warning in self.plan.warnings:
+                log.warning("%s", warning)
             role.journal_start()
             with role.listening():
                 try:

@@ -42,8 +42,6 @@ async def supervise(cfg: Config, plan: Plan | None = None, early: list[int] | No
     logs.add_file(plan.run_dir, cfg.verbosity)
     replacing: Callable[[Journal], None] = _not_a_replacement
     while True:
-        for warning in plan.warnings:
-            log.warning("%s", warning)
         await anyio.to_thread.run_sync(_nodefile, plan)
         agent = Agent(plan, LeaderRole(plan, early=early, replacing=replacing))
         status = await agent.run()

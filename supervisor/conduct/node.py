@@ -89,8 +89,6 @@ class NodeRole:
             return
         try:
             logs.add_file(where, self.cfg.verbosity)
-            for w in self.plan.warnings:
-                log.warning("%s", w)
             with Journal(where, self.plan.attempt) as self.journal:
                 yield True
         finally:
