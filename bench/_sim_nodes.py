@@ -2,7 +2,7 @@
 
 ``srun`` (a stub first on the leader's PATH) execs ``_sim_nodes.py srun ARGS``: the leader's one
 ``srun --overlap --nodes=N … python -m supervisor node-agent --run-dir RUN … --leader-config
-JSON``. For every node K in 1 … N-1 it does what a real agent (conduct/node_agent.py) says and
+JSON``. For every node K in 1 … N-1 it does what a real agent (conduct/node.py) says and
 writes, in that order, without a Python process per node:
 
 - connects to the leader's line (``RUN/nodes/link.json``: ``hello TOKEN K``, ``ok``) and keeps

@@ -200,7 +200,7 @@ def single_node_pairs(cfg: Config, job_nodes: int) -> list[str]:
 def node_evidence(cfg: Config, env: Mapping[str, str]) -> list[tuple[str, str]]:
     """With per-node pairs: what tells each node that its part of a checkpoint is complete.
     Node 0 is the leader's (its child tree); the others' agents find the job's processes by
-    what the scheduler puts in every process's environment, as ``node_agent`` does with the
+    what the scheduler puts in every process's environment, as a node agent (``conduct/node.py``) does with the
     environment srun (or the job script's launcher) hands it, this one's."""
     from supervisor.jobprocs import JobProcesses
     from supervisor.sched import JOB_VARIABLES

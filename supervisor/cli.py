@@ -359,11 +359,12 @@ def _node_agent(ns: argparse.Namespace, command: list[str]) -> int:
             return leaders_node()
         import anyio
 
-        from supervisor.conduct.node_agent import NodeAgent
+        from supervisor.conduct.agent import Agent
+        from supervisor.conduct.node import NodeRole
         from supervisor.plan import make_plan
 
         plan = make_plan(cfg, os.environ, node_rank=rank)  # the leader's own make_plan: ConfigError, exit 2, nothing made
-        return anyio.run(NodeAgent(plan).run)
+        return anyio.run(Agent(plan, NodeRole(plan)).run)
     finally:
         logs.close()
 

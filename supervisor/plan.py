@@ -8,7 +8,7 @@ started. ``supervise check`` prints the same plan (``describe``); the conductor
 
 One Config, one ``make_plan``, on every node of a multi-node job: ``node_rank=K`` (K > 0)
 builds node K's plan from the same configuration the leader runs by, for its node agent
-(``conduct/node_agent.NodeAgent``): the per-node checkpoint pairs only, its journal under
+(``conduct/agent.Agent`` with ``conduct/node.NodeRole``): the per-node checkpoint pairs only, its journal under
 ``RUN/nodes/node-K/`` and its attempt there, and the leader's previous ``start`` (which node
 this host was then).
 """

@@ -1,7 +1,7 @@
 """The conductor's ports: what the conductor and the stop sequence use of each part.
 
 As httpx's ``AsyncBaseTransport`` is what a ``Client`` needs of a transport, each Protocol
-here is what ``agent.py``, ``node_agent.py``, ``stopping.py``, ``routing.py`` and ``watches.py``
+here is what ``agent.py``, ``leader.py``, ``node.py``, ``stopping.py``, ``routing.py`` and ``watches.py``
 call on a part, and nothing more. The real parts (``child.Child``, ``sync.Mirror``, ``notify.Notifier``,
 ``gpu.GpuSampler``) satisfy them structurally; so do the in-process test fakes
 (tests/core/test_conductor.py), which mypy checks against them (scripts/lint.sh), so a fake
@@ -67,7 +67,7 @@ class PublishedPort(Protocol):
 
 class MirrorPort(Protocol):
     """The sync part (``sync.Mirror``): restore, mirror, and what the stop asks of it; a node
-    agent (``node_agent.NodeAgent``) also offers its versions before the leader chooses, and
+    agent (``conduct/node.NodeRole``) also offers its versions before the leader chooses, and
     follows the training's processes on its node."""
 
     @property

@@ -1,250 +1,104 @@
-"""The conductor: one task group, the parts, the child, and the one stop sequence.
+"""The conductor, one class on every node: one task group, the parts, the one stop, the end.
 
-It runs a ``plan.Plan`` (built and validated before anything starts) and decides nothing
-alone: ``policy`` decides, ``stopping.StopSequence`` acts out the stop and returns what it
-found, ``routing`` routes each delivered signal, the watches (``watches.py``) learn the
-job's clock; the parts (mirror, notifier, samplers, watches) are started with ``tg.start``
-so each is ready, or has failed, before the training is spawned. What they share is one
-``state.RunState``. The run moves through named states (``starting → restoring → running
-→ stopping → stopped``); every transition and every stop step is a journal event
-(docs/design.md, docs/journal.md).
+It runs a ``plan.Plan`` (built and validated before anything starts, the leader's or node
+K's: ``make_plan(…, node_rank=K)``) through a role (``role.Role``): the leader's
+(``leader.LeaderRole``: the training, the signal routing, the stop sequence) or node K's
+(``node.NodeRole``: its end of the leader's line, the training's processes here, the stop the
+leader's ``end`` asks for). As torch elastic's ``SimpleElasticAgent`` is one class on every
+node, the conductor is the same on both: the parts are started with ``tg.start`` so each is
+ready, or has failed, before what follows (the leader's training); the run moves through
+named states (``starting → restoring → running → stopping → stopped``), each a ``state``
+event; the first stop asked wins (``stop_wanted``); an error is journaled and the role makes
+the node safe; the end is one ``end`` event, which the role fills in (node K's carries
+``node``) (docs/design.md, docs/journal.md).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import time
 from functools import partial
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Generic, TypeVar
 
 import anyio
-from anyio.abc import TaskGroup
 
-from supervisor import childenv, policy, suspects
-from supervisor.conduct import fleet, relay, routing, watches
-from supervisor._units import format_duration
-from supervisor.child import Child, SpawnError
-from supervisor.conduct.dispositions import Dispositions, ProcessDispositions
+from supervisor.conduct.guard import guarded
+from supervisor.conduct.role import Role
 from supervisor.errors import root_cause
-from supervisor.journal import Journal
-from supervisor.plan import Plan, job_label, start_fields
-from supervisor.conduct.guard import cancel_when, guarded, reap_orphans
-from supervisor.policy import STOP_SIGNALS, Reason, State, Trigger
-from supervisor.ports import ChildPort, NotifierPort
-from supervisor.conduct.state import RunState, StopResult
-from supervisor.conduct.stopping import StopSequence, emergency_stop
+from supervisor.plan import Plan
+from supervisor.policy import State
 
 log = logging.getLogger("supervise")
-Spawn = Callable[[tuple[str, ...], dict[str, str]], Awaitable[ChildPort]]  # Child.spawn: the command, its environment
+R = TypeVar("R", bound=Role)
 
 
-class Agent:
-    """Conducts one attempt of one run. ``await Agent(plan).run()`` returns the exit status.
+class Agent(Generic[R]):
+    """Conducts one attempt, the leader's or node K's. ``await Agent(plan, role).run()``
+    returns the exit status; ``role`` is ``leader.LeaderRole(plan, …)`` or ``node.NodeRole(plan)``."""
 
-    ``run_state`` is what it shares with the stop sequence and the watches; the stop
-    sequence's ``StopResult`` (even a partial one, after an error) is what the end reads."""
-
-    def __init__(self, plan: Plan, *, spawn: Spawn = Child.spawn, notifier: NotifierPort | None = None,
-                 early: list[int] | None = None, dispositions: Dispositions | None = None,
-                 replacing: Callable[[Journal], None] = lambda _journal: None) -> None:
-        """``spawn``, ``notifier`` and ``dispositions`` are seams for the in-process tests
-        (tests/core/test_conductor.py): the real ones change the whole process. ``replacing``
-        journals, at the spawn, the replacement this attempt is (``conduct/allocation.py``)."""
-        self.plan, self.cfg, self._replacing = plan, plan.cfg, replacing
-        self._spawner, self._early = spawn, early if early is not None else []
-        journal = Journal(plan.run_dir, plan.attempt)
-        for url in self.cfg.notify:  # before `start`, whose argv may hold them
-            journal.add_secret(url)
-        self.run_state = RunState(plan, journal, dispositions or ProcessDispositions(), mirror=plan.mirror,
-                                  notifier=notifier)
-        self.journal, self.state = journal, State.STARTING
-        self._stop: StopSequence | None = None
-        self._stop_wanted = anyio.Event()
-        self._started_wall, self._started = time.time(), time.monotonic()
-
-    # ------------------------------------------------------------------ the run
+    def __init__(self, plan: Plan, role: R) -> None:
+        self.plan, self.cfg, self.role = plan, plan.cfg, role
+        role.conductor = self
+        self.state = State.STARTING
+        self.stop_wanted = anyio.Event()
+        self.started = time.monotonic()
 
     async def run(self) -> int:
-        """Start, supervise until something ends the run, stop safely, return the status."""
-        run = self.run_state
-        self._journal_start()
-        # The receiver outlives the task group: while its parts wind down (a worker thread
-        # may sit in a slow NVML call), a TERM must still find a handler, not the default.
-        caught = policy.caught_signals(self.cfg.warn_signal, self.plan.checkpoint_signal)
-        run.dispositions.quiet_stray(caught)  # every other catchable signal is ignored, not left to kill us
-        with anyio.open_signal_receiver(*caught) as signals:
-            try:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(routing.intake, self.deliver, signals)
-                    while self._early:  # what came before we listened, in order, before anything starts
-                        await self.deliver(signal.Signals(self._early.pop(0)))
-                    await self._start_parts(tg)
-                    if run.trigger is None:
-                        await self._spawn(tg)
-                    await self._stop_wanted.wait()
-                    assert run.trigger is not None
-                    self._set_state(State.STOPPING, reason=run.trigger.reason.value, detail=run.trigger.detail)
-                    self._stop = StopSequence(run)
-                    await self._stop()
-                    self._set_state(State.STOPPED)
-                    run.dispositions.ignore_stop()
-                    tg.cancel_scope.cancel()
-            except Exception as e:  # noqa: BLE001 - docs/design.md, invariant 4: never leave the child unsupervised
-                cause = root_cause(e)
-                log.error("supervisor error: %s: %s", type(cause).__name__, cause, exc_info=cause)
-                self.journal.emit("error", error=f"{type(cause).__name__}: {cause}")
-                with anyio.CancelScope(shield=True):
-                    await emergency_stop(run)
-                run.trigger = run.trigger or Trigger(Reason.ERROR, f"{type(cause).__name__}: {cause}", at=time.monotonic())
-        run.dispositions.ignore_stop()  # the receiver's exit restored the defaults
-        run.dispositions.quiet_stray(STOP_SIGNALS)  # nor may a HUP or ALRM cut `end`
-        return self._finish()
+        """Start, conduct until a stop is asked, stop safely, end; the exit status."""
+        role = self.role
+        with role.held() as held:
+            if not held:
+                return 0
+            for warning in self.plan.warnings:
+                log.warning("%s", warning)
+            role.journal_start()
+            with role.listening():
+                try:
+                    async with anyio.create_task_group() as tg:
+                        await role.start(tg)
+                        await self._start_samplers(tg)
+                        await role.begin(tg)
+                        await self.stop_wanted.wait()
+                        self.set_state(State.STOPPING, **role.why())
+                        await role.stop()
+                        self.set_state(State.STOPPED)
+                        tg.cancel_scope.cancel()
+                except Exception as e:  # noqa: BLE001 - docs/design.md, invariant 4: never leave the child unsupervised
+                    cause = root_cause(e)
+                    log.error("supervisor error: %s: %s", type(cause).__name__, cause, exc_info=cause)
+                    role.journal.emit("error", error=f"{type(cause).__name__}: {cause}")
+                    with anyio.CancelScope(shield=True):
+                        await role.failed(cause)
+            fields, status = role.outcome()
+            role.journal.emit("end", **fields, seconds=round(time.monotonic() - self.started, 3))
+            return status
 
-    async def _start_parts(self, tg: TaskGroup) -> None:
-        """Start every part with ``tg.start``: each is ready (or its start-up error is out)
-        before the training is spawned; afterwards none of them can take the run down."""
-        cfg, run = self.cfg, self.run_state
-        if cfg.notify and run.notifier is None:
-            from supervisor.notify import Notifier
-
-            run.notifier = Notifier(self.plan.notify_urls, fmt=cfg.notify_format, timeout=cfg.notify_timeout,
-                                    emit=self.journal.emit, job_label=job_label(self.plan), add_secret=self.journal.add_secret)
-        if run.notifier is not None:
-            await tg.start(self._guarded("notify", run.notifier.run))
-            run.notifier.post("start", attempt=self.plan.attempt, command=" ".join(cfg.command), host=os.uname().nodename)
-        if cfg.gpu_every > 0:
-            from supervisor.gpu import GpuSampler
-            from supervisor.host import HostSampler
-
-            run.gpu = gpu = GpuSampler(run_dir=self.plan.run_dir, emit=run.faults.through(self.journal.emit),
-                                       every=cfg.gpu_every, backend=cfg.gpu_backend, env=self.plan.env, dmon_log=cfg.dmon_log)
-            host = HostSampler(run_dir=self.plan.run_dir, emit=self.journal.emit, every=cfg.gpu_every)
-            await tg.start(self._guarded("gpu", partial(gpu.run, tree_pids=run.tree_pids)))
-            await tg.start(self._guarded("host", partial(host.run, tree_pids=run.tree_pids)))
-        tg.start_soon(self._guarded("deadline", partial(watches.deadline_watch, run, started_wall=self._started_wall,
-                                                        stopping=self._stop_wanted, request_stop=self._request_stop)))
-        if self.plan.job.sched.is_batch:  # a batch job: its TERM has a KILL after it
-            tg.start_soon(self._guarded("kill-wait", partial(watches.learn_kill_wait, run)))
-        if cfg.hang_after != 0.0:  # on by default: the learned bound alone (docs/slurm.md, "Hangs")
-            tg.start_soon(self._guarded("hang", partial(watches.progress_watch, run, started=self._started,
-                                                        request_stop=self._request_stop)))
-        if run.mirror is not None:
-            run.mirror.attach(relay.relaying(self.journal.emit, run.notifier), writers=run.tree_pids)
-            self.journal.emit("sync-start", backend=run.mirror.backend_name,
-                              pairs=[{"name": p.name, "kind": p.kind, "from": str(p.src), "to": p.where, "nodes": p.nodes,
-                                      "profile": p.profile} for p in cfg.sync])
-            with anyio.CancelScope() as restore_scope:
-                tg.start_soon(cancel_when, self._stop_wanted, restore_scope)
-                run.agents = agents = await fleet.start(self.plan, tg, self._guarded, self.journal.emit)  # multi-node
-                self._set_state(State.RESTORING)
-                run.restored_from, differ = await fleet.restore_everywhere(agents, run.mirror, self.journal.emit)
-                if differ is not None:  # nodes that would resume from different versions: never started
-                    log.error("%s: not starting the training", differ)
-                    self._request_stop(Trigger(Reason.ERROR, differ, at=time.monotonic()))
-            await tg.start(self._guarded("sync", run.mirror.run))
-
-    def _guarded(self, name: str, run: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[None]]:
-        return partial(guarded, name, run, self.journal.emit)
-
-    # ------------------------------------------------------------------ the child
-
-    async def _spawn(self, tg: TaskGroup) -> None:
-        run = self.run_state
-        env = {**self.plan.env, **self.plan.launcher.child_env(self.cfg.grace),
-               **childenv.for_child(run_dir=self.plan.run_dir, attempt=self.plan.attempt, request=self.plan.request_path,
-                                    checkpoint_signal=self.plan.checkpoint_signal.name, restored_from=run.restored_from)}
-        try:
-            self.plan.request_path.unlink()
-        except FileNotFoundError:
-            pass
-        try:
-            run.child = child = await self._spawner(self.plan.command, env)
-        except SpawnError as e:
-            log.error("%s", e)
-            self.journal.emit("spawn-failed", error=str(e), exit_status=e.exit_status)
-            run.exit_status = e.exit_status
-            self._request_stop(Trigger(Reason.SPAWN_FAILED, str(e), at=time.monotonic()))
+    async def _start_samplers(self, tg: anyio.abc.TaskGroup) -> None:
+        """This node's GPUs and host, sampled into its journal directory (the run directory, or
+        ``nodes/node-K/``): ``gpu.csv``, ``host.csv``, their events in its journal."""
+        cfg = self.cfg
+        if cfg.gpu_every <= 0:
             return
-        self.journal.emit("spawn", pid=child.pid, pgid=child.pgid, argv=list(self.plan.command),
-                          launcher=self.plan.launcher.name, restart=run.restarts)
-        log.info("started %s (pid %d, launcher %s)", " ".join(self.plan.command), child.pid, self.plan.launcher.name)
-        self._set_state(State.RUNNING)
-        tg.start_soon(self._watch_child, tg, child)
-        if run.restarts == 0:
-            tg.start_soon(reap_orphans, lambda: self.run_state.child, self.journal.emit)
-            self._replacing(self.journal)
-            if run.agents is not None:  # a node that dies is noticed while the training runs (issue 41)
-                tg.start_soon(self._guarded("node-watch", partial(fleet.watch_nodes, run, self._request_stop)))
+        from supervisor.gpu import GpuSampler
+        from supervisor.host import HostSampler
 
-    async def _watch_child(self, tg: TaskGroup, child: ChildPort) -> None:
-        run, cfg = self.run_state, self.cfg
-        status = await child.wait()
-        self.journal.emit("child-exit", pid=child.pid, exit_status=status, returncode=child.returncode)
-        log.info("training exited with status %d", status)
-        if run.trigger is not None or child is not run.child:
-            return
-        if policy.restart_in_place(status, restarts=run.restarts, max_restarts=cfg.max_restarts, faults=run.faults.reasons):
-            self._set_state(State.RESTARTING)
-            await child.stop(run.stop_signal(), policy.restart_grace(cfg.grace))
-            delay = cfg.restart_backoff * 2**run.restarts
-            run.restarts += 1
-            self.journal.emit("restart", number=run.restarts, of=cfg.max_restarts, exit_status=status, backoff_s=delay)
-            log.warning("training failed with status %d: restart %d of %d in %s", status, run.restarts,
-                        cfg.max_restarts, format_duration(delay))
-            since = time.monotonic()
-            with anyio.move_on_after(delay):
-                await self._stop_wanted.wait()
-            if run.trigger is None and await run.faults.gate(run.gpu, since, 2 * cfg.gpu_every):
-                await self._spawn(tg)
-            if run.trigger is not None or run.child is not child:
-                return
-        reason = Reason.CHILD_EXIT if status == 0 else Reason.CHILD_FAILED
-        self._request_stop(Trigger(reason, f"exit status {status}", at=time.monotonic()))
+        where, role = self.plan.journal_dir, self.role
+        gpu = GpuSampler(run_dir=where, emit=role.gpu_emit(), every=cfg.gpu_every, backend=cfg.gpu_backend,
+                         env=self.plan.env, dmon_log=cfg.dmon_log)
+        role.sampled(gpu)
+        host = HostSampler(run_dir=where, emit=role.journal.emit, every=cfg.gpu_every)
+        await tg.start(self.guarded("gpu", partial(gpu.run, tree_pids=role.tree_pids)))
+        await tg.start(self.guarded("host", partial(host.run, tree_pids=role.tree_pids)))
 
-    # ------------------------------------------------------------------ signals
+    def guarded(self, name: str, run: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[None]]:
+        """A part run so that it cannot take the conductor down (``guard.guarded``)."""
+        return partial(guarded, name, run, self.role.journal.emit)
+
+    def set_state(self, new: State, **fields: Any) -> None:
+        old, self.state = self.state, new
+        self.role.journal.emit("state", **{"from": old.value, "to": new.value}, **fields)
 
     async def deliver(self, sig: signal.Signals, received: float | None = None) -> None:
-        """Route one delivered signal (routing.deliver); each delivery is passed on at most once."""
-        await routing.deliver(self.run_state, sig, time.monotonic() if received is None else received, self._request_stop)
-
-    def _request_stop(self, trigger: Trigger) -> None:
-        if self.run_state.trigger is None:
-            self.run_state.trigger = trigger
-            self._stop_wanted.set()
-
-    # ------------------------------------------------------------------ the record
-
-    @property
-    def replace(self) -> tuple[str, ...]:
-        """The dead nodes the next attempt replaces with spares (``conduct/allocation.py``); () when none."""
-        return self._stop.result.replace if self._stop else ()
-
-    def _set_state(self, new: State, **fields: Any) -> None:
-        old, self.state = self.state, new
-        self.journal.emit("state", **{"from": old.value, "to": new.value}, **fields)
-
-    def _journal_start(self) -> None:
-        self.journal.emit("start", durable=True, **start_fields(self.plan))
-        suspects.at_start(self.cfg.suspect_nodes, self.cfg.suspect_nodes_ttl, self.plan.job.sched.node_name(self.plan.env),
-                          self.journal.emit)
-        log.info("run directory %s, attempt %d", self.plan.run_dir, self.plan.attempt)
-
-    def _finish(self) -> int:
-        run = self.run_state
-        result = self._stop.result if self._stop else StopResult(run.trigger or policy.NO_TRIGGER, run.exit_status)
-        pending = run.pending()
-        status = result.status(self.cfg.stopped_status, not_durable=policy.owed(pending),
-                               not_durable_status=self.cfg.not_durable_status)
-        duration = round(time.monotonic() - self._started, 3)
-        self.journal.emit("end", reason=result.trigger.reason.value, detail=result.trigger.detail, exit_status=status,
-                          launcher_status=result.exit_status, stopped_cleanly=result.stopped_cleanly,
-                          seconds=duration, restarts=run.restarts, not_durable=pending,
-                          **({"replace": list(result.replace)} if result.replace else {}))
-        if pending:
-            log.warning("not yet on persistent storage: %s", ", ".join(pending))
-        log.info("done: %s, exit status %d after %s", result.trigger.reason.value, status, format_duration(duration))
-        self.journal.close()
-        return status
-
+        """One delivered signal, as the role takes it (the leader's: ``routing.deliver``)."""
+        await self.role.deliver(sig, received)

@@ -23,6 +23,7 @@ import anyio
 
 from supervisor import logs, nodeset
 from supervisor.conduct.agent import Agent
+from supervisor.conduct.leader import LeaderRole
 from supervisor.config import Config
 from supervisor.errors import ConfigError
 from supervisor.journal import EVENTS_FILE, Journal, node_dir, read_journal
@@ -41,17 +42,16 @@ async def supervise(cfg: Config, plan: Plan | None = None, early: list[int] | No
     logs.add_file(plan.run_dir, cfg.verbosity)
     replacing: Callable[[Journal], None] = _not_a_replacement
     while True:
-        for warning in plan.warnings:
-            log.warning("%s", warning)
         await anyio.to_thread.run_sync(_nodefile, plan)
-        agent = Agent(plan, early=early, replacing=replacing)
+        agent = Agent(plan, LeaderRole(plan, early=early, replacing=replacing))
         status = await agent.run()
-        if not agent.replace:
+        leader = agent.role
+        if not leader.replace:
             return status
         early = _hold()  # a TERM between two attempts is the next one's, never lost
         ended = time.monotonic()
-        lost += agent.replace
-        await _wind_down(agent)
+        lost += leader.replace
+        await _wind_down(leader)
         before = plan
         try:
             plan = await anyio.to_thread.run_sync(partial(make_plan, cfg, lost=lost))
@@ -60,14 +60,14 @@ async def supervise(cfg: Config, plan: Plan | None = None, early: list[int] | No
             return status
         log.info("attempt %d on %s (%s lost; %.1fs between the attempts)", plan.attempt, ", ".join(plan.job.nodes),
                  ", ".join(lost), time.monotonic() - ended)
-        replacing = partial(_journal_replaced, agent, before, plan, ended, time.monotonic())
+        replacing = partial(_journal_replaced, leader, before, plan, ended, time.monotonic())
 
 
 def _not_a_replacement(journal: Journal) -> None:
     """The first attempt of an allocation replaces nothing."""
 
 
-def _journal_replaced(old: Agent, before: Plan, now: Plan, ended: float, planned: float, journal: Journal) -> None:
+def _journal_replaced(old: LeaderRole, before: Plan, now: Plan, ended: float, planned: float, journal: Journal) -> None:
     """``node-replaced``, at the new attempt's spawn: the dead node(s), the spare(s) taken, the
     new node list, the launcher's command as it now runs, and the seconds of each phase since
     the first evidence of the death (the watch's or the training's exit): the stop (the last
@@ -101,10 +101,10 @@ def _hold() -> list[int]:
     return held
 
 
-async def _wind_down(agent: Agent) -> None:
+async def _wind_down(agent: LeaderRole) -> None:
     """The last attempt's node agents end before the next one's start (each node's agent holds
     its node index's lock): their launch ends (Slurm ends the step with the dead node), or each
-    survivor's agent journals its ``node-end`` after the leader's ``end`` (PBS: the moms' tasks
+    survivor's agent journals its ``end`` after the leader's ``end`` (PBS: the moms' tasks
     end one by one); bounded, never a reason to stop."""
     fleet = agent.run_state.agents
     if fleet is None:
@@ -120,7 +120,7 @@ def _all_ended(run_dir: Path, nodes: list[int]) -> bool:
     """Each of these nodes' agents journaled its end after its last start."""
     for k in nodes:
         kinds = [e.get("kind") for e in read_journal(node_dir(run_dir, k) / EVENTS_FILE).events
-                 if e.get("kind") in ("node-start", "node-end")]
-        if not kinds or kinds[-1] != "node-end":
+                 if e.get("kind") in ("node-start", "end")]
+        if not kinds or kinds[-1] != "end":
             return False
     return True

@@ -1,6 +1,6 @@
 """The leader↔node conversation, whole: every word, line, file and request/answer pair the
 leader (node 0, ``conduct/fleet.py``, ``conduct/link.py``) and its node agents
-(``conduct/node_agent.py``) say to each other, named once (issue 46; docs/multinode.md, "The
+(``conduct/node.py``) say to each other, named once (issue 46; docs/multinode.md, "The
 conversation, whole", is checked against ``TABLE``).
 
 It runs over six channels, each the one that fits what it carries:

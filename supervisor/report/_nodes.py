@@ -9,7 +9,7 @@ files, each agent's ``node-start`` events (``host``) split its node's. The rows 
 hostname, with the roles each host had (``start.nodes``: attempt → node rank → host).
 
 What a row says went wrong, from the journals: the node died (``node-lost``), its agent was
-not ready (``node-agents.missing``), its agent left no ``node-end`` (killed with its node when
+not ready (``node-agents.missing``), its agent left no ``end`` (killed with its node when
 it is lost, else stopped or hung),
 its copies failed (``sync-failed``), its local disk could not hold another checkpoint
 (``local-disk-full``), its GPUs had a hardware fault (``gpu-xid``,
@@ -135,7 +135,7 @@ def _attempts(nums: list[int]) -> str:
 
 
 def _no_end(r: NodeRow | None, attempt: int) -> str:
-    """Why an agent's attempt has no ``node-end``, as far as the journals tell: its node died
+    """Why an agent's attempt has no ``end``, as far as the journals tell: its node died
     (``node-lost``), or it stayed up (it served a later attempt: the agent was stopped or
     hung), or nothing says which. A surviving node is never called killed (issue 30)."""
     if r is not None and r.lost:
@@ -168,6 +168,7 @@ def node_events(run_dir: Path, kinds: frozenset[str]) -> list[dict[str, Any]]:
 # down (conduct/fleet.py, ``Fleet.flush``): said of any node, whether it held a part or not.
 _PART_MAY_BE_MISSING = re.compile(r"^node (\d+)\b[^:]*: .*its newest part may be missing$")
 # What in a node's own journal says it held a part of a checkpoint on its local disk.
+AGENT_ENDS = frozenset({"end", "node-end"})  # a node agent's last line (``node-end``: journals before issue 46)
 _HELD = frozenset({"part", "part-withdrawn", "local-disk-full", "torn", "sync-deferred", "part-set-aside"})
 
 
@@ -293,7 +294,7 @@ def node_rows(run_dir: Path, events: list[dict[str, Any]], *, samples: bool = Tr
             if start is None:
                 continue
             host = str(start.get("host"))
-            if not any(e.get("kind") == "node-end" for e in aevs):
+            if not any(e.get("kind") in AGENT_ENDS for e in aevs):
                 say(host, 1, f"its agent (node {rank}) left no end in attempt {attempt} ({_no_end(rows.get(host), attempt)})")
         for e in evs:
             sampled(e, windows)

@@ -16,6 +16,7 @@ import pytest
 
 from supervisor import policy
 from supervisor.conduct.agent import Agent
+from supervisor.conduct.leader import LeaderRole
 from supervisor.config import build_config
 from supervisor.journal import read_journal
 from supervisor.plan import make_plan
@@ -308,11 +309,11 @@ def make_agent(tmp_path: Path, *, env: dict[str, str] | None = None, flags: dict
         children.append(FakeChild(plan.mirror, **(child_kw or {})))
         return children[-1]
 
-    agent = Agent(plan, spawn=spawn, notifier=notifier, dispositions=FakeDispositions())
+    agent = Agent(plan, LeaderRole(plan, spawn=spawn, notifier=notifier, dispositions=FakeDispositions()))
     return agent, children, notifier
 
 
-async def run_with(agent: Agent, children: list, action) -> int:
+async def run_with(agent: Agent[LeaderRole], children: list, action) -> int:
     """Run the agent; once the child is up, ``action(agent, child)``."""
     result: list[int] = []
     async with anyio.create_task_group() as tg:
@@ -326,11 +327,11 @@ async def run_with(agent: Agent, children: list, action) -> int:
     return result[0]
 
 
-def events(agent: Agent, kind: str) -> list[dict]:
+def events(agent: Agent[LeaderRole], kind: str) -> list[dict]:
     return [e for e in read_journal(agent.plan.run_dir).events if e["kind"] == kind]
 
 
-def steps(agent: Agent) -> dict[str, dict]:
+def steps(agent: Agent[LeaderRole]) -> dict[str, dict]:
     return {e["step"]: e for e in events(agent, "stop-step")}
 
 
@@ -344,7 +345,7 @@ async def test_preemption_takes_the_requested_checkpoint_then_stops_and_tells(tm
     assert child.stops[0]["signal"] == "SIGTERM"
     assert events(agent, "end")[0]["reason"] == "preempted"
     assert notifier.posted == ["start", "preempted"]
-    mirror = agent.run_state.mirror
+    mirror = agent.role.run_state.mirror
     assert mirror.calls.index("prepared") < mirror.calls.index("flush:stop")
     assert mirror.calls.index("training-exited") < mirror.calls.index("flush:final")
 
@@ -355,7 +356,7 @@ async def test_signal_dispositions_change_only_through_the_port_it_was_given(tmp
     agent, children, _ = make_agent(tmp_path)
     await run_with(agent, children, lambda a, c: a.deliver(signal.SIGTERM))
     assert {s: signal.getsignal(s) for s in before} == before
-    calls = agent.run_state.dispositions.calls
+    calls = agent.role.run_state.dispositions.calls
     assert calls[0] == "quiet-stray" and calls[-2:] == ["ignore-stop", "quiet-stray"], calls
 
 
@@ -370,7 +371,7 @@ async def test_a_stop_signal_that_came_before_the_agent_listened_starts_nothing(
         spawned.append(command)
         raise AssertionError("spawned after a stop")
 
-    agent = Agent(plan, spawn=spawn, early=[signal.SIGTERM], dispositions=FakeDispositions())
+    agent = Agent(plan, LeaderRole(plan, spawn=spawn, early=[signal.SIGTERM], dispositions=FakeDispositions()))
     with anyio.fail_after(10):
         assert await agent.run() == 143
     assert not spawned and events(agent, "end")[0]["reason"] in ("preempted", "cancelled")
@@ -379,11 +380,11 @@ async def test_a_stop_signal_that_came_before_the_agent_listened_starts_nothing(
 async def test_the_stop_sequence_runs_on_a_run_state_alone_and_returns_its_result(tmp_path):
     """No conductor: a RunState with a running child, a trigger, and the sequence's answer."""
     agent, _, _ = make_agent(tmp_path)
-    run = agent.run_state
+    run = agent.role.run_state
     run.mirror.tg = None
     async with anyio.create_task_group() as tg:
         await tg.start(run.mirror.run)
-        run.mirror.attach(agent.journal.emit)
+        run.mirror.attach(agent.role.journal.emit)
         run.child = FakeChild(run.mirror)
         run.trigger = Trigger(Reason.PREEMPTED, "received SIGTERM", signal.SIGTERM, time.monotonic())
         result = await StopSequence(run)()
@@ -414,7 +415,7 @@ async def test_after_slurms_term_to_every_process_no_checkpoint_signal_and_no_se
     env = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "n1", "SLURM_NNODES": "1"}
     agent, children, _ = make_agent(tmp_path, env=env)
 
-    async def scancel(a: Agent, c: FakeChild) -> None:
+    async def scancel(a: Agent[LeaderRole], c: FakeChild) -> None:
         await a.deliver(signal.SIGCONT)
         await a.deliver(signal.SIGTERM)
         await anyio.sleep(0.05)
@@ -432,7 +433,7 @@ async def test_after_slurms_term_to_every_process_no_checkpoint_signal_and_no_se
 async def test_the_end_is_told(tmp_path, status, notice, reason):
     agent, children, notifier = make_agent(tmp_path)
 
-    async def exit_(a: Agent, c: FakeChild) -> None:
+    async def exit_(a: Agent[LeaderRole], c: FakeChild) -> None:
         c.exit(status)
 
     assert await run_with(agent, children, exit_) == status
@@ -512,12 +513,12 @@ async def test_an_early_warning_signal_waits_for_end_minus_lead_then_stops_and_c
     """#SBATCH --signal=B:USR1@60 on a 2-minute job: Slurm may send it at second 0."""
     agent, children, _ = make_agent(tmp_path, flags={"time_limit": "3s", "warn_before": "1s"})
 
-    async def early_usr1(a: Agent, c: FakeChild) -> None:
-        while a.run_state.end is None:
+    async def early_usr1(a: Agent[LeaderRole], c: FakeChild) -> None:
+        while a.role.run_state.end is None:
             await anyio.sleep(0.01)
         await a.deliver(signal.SIGUSR1)
         await anyio.sleep(0.3)
-        assert a.run_state.trigger is None  # deferred, not a checkpoint-and-go-on either
+        assert a.role.run_state.trigger is None  # deferred, not a checkpoint-and-go-on either
         assert not any(s[0] == "SIGUSR1" for s in c.sent)
 
     t0 = time.monotonic()
@@ -531,11 +532,11 @@ async def test_an_early_warning_signal_waits_for_end_minus_lead_then_stops_and_c
 async def test_a_checkpoint_signal_far_from_the_end_is_a_checkpoint_request(tmp_path):
     agent, children, _ = make_agent(tmp_path, flags={"time_limit": "3h"})
 
-    async def usr1(a: Agent, c: FakeChild) -> None:
-        while a.run_state.end is None:
+    async def usr1(a: Agent[LeaderRole], c: FakeChild) -> None:
+        while a.role.run_state.end is None:
             await anyio.sleep(0.01)
         await a.deliver(signal.SIGUSR1)
-        assert a.run_state.trigger is None
+        assert a.role.run_state.trigger is None
         await a.deliver(signal.SIGINT)
 
     await run_with(agent, children, usr1)
@@ -565,15 +566,15 @@ def test_a_save_that_came_when_the_next_periodic_one_was_due_did_not_answer():
 async def test_a_training_that_only_saves_periodically_is_journaled_as_not_answering(tmp_path):
     agent, children, _ = make_agent(tmp_path, flags={"checkpoint_timeout": "5s"}, child_kw={"answers": False})
 
-    async def periodic(a: Agent, c: FakeChild) -> None:
-        while a.run_state.mirror.tg is None:
+    async def periodic(a: Agent[LeaderRole], c: FakeChild) -> None:
+        while a.role.run_state.mirror.tg is None:
             await anyio.sleep(0.01)
         for pause in (0.5, 0.5, 0.1):
-            a.run_state.mirror.save_later(0.0)
+            a.role.run_state.mirror.save_later(0.0)
             await anyio.sleep(pause)
         await a.deliver(signal.SIGTERM)
         await anyio.sleep(0.4)
-        a.run_state.mirror.save_later(0.0)   # the next periodic save, due 0.5 s after the last
+        a.role.run_state.mirror.save_later(0.0)   # the next periodic save, due 0.5 s after the last
 
     await run_with(agent, children, periodic)
     cp = steps(agent)["checkpoint"]
@@ -583,11 +584,11 @@ async def test_a_training_that_only_saves_periodically_is_journaled_as_not_answe
 async def test_an_answered_stop_is_journaled_as_answered(tmp_path):
     agent, children, _ = make_agent(tmp_path)
 
-    async def periodic_then_term(a: Agent, c: FakeChild) -> None:
-        while a.run_state.mirror.tg is None:
+    async def periodic_then_term(a: Agent[LeaderRole], c: FakeChild) -> None:
+        while a.role.run_state.mirror.tg is None:
             await anyio.sleep(0.01)
         for pause in (0.5, 0.5, 0.25):
-            a.run_state.mirror.save_later(0.0)
+            a.role.run_state.mirror.save_later(0.0)
             await anyio.sleep(pause)
         await a.deliver(signal.SIGTERM)
 
@@ -637,8 +638,8 @@ async def test_after_a_gpu_fault_a_crash_is_not_restarted_in_place_but_requeued(
     agent, children, _ = make_agent(tmp_path, env=SLURM, flags={"max_restarts": "3", "requeue": "true",
                                                                 "restart_backoff": "0.01s"})
 
-    async def xid_then_crash(a: Agent, c: FakeChild) -> None:
-        a.run_state.faults.through(a.journal.emit)("gpu-xid", durable=True, device=0, uuid="GPU-0", xid=79)
+    async def xid_then_crash(a: Agent[LeaderRole], c: FakeChild) -> None:
+        a.role.run_state.faults.through(a.role.journal.emit)("gpu-xid", durable=True, device=0, uuid="GPU-0", xid=79)
         c.exit(1)
 
     await run_with(agent, children, xid_then_crash)
@@ -651,8 +652,8 @@ async def test_after_a_gpu_fault_a_crash_is_not_restarted_in_place_but_requeued(
 async def test_without_a_fault_a_crash_is_restarted_in_place(tmp_path):
     agent, children, _ = make_agent(tmp_path, flags={"max_restarts": "1", "restart_backoff": "0.01s"})
 
-    async def crash_twice(a: Agent, c: FakeChild) -> None:
-        a.run_state.faults.through(a.journal.emit)("gpu-xid", durable=True, device=0, uuid="GPU-0", xid=13)  # an application XID
+    async def crash_twice(a: Agent[LeaderRole], c: FakeChild) -> None:
+        a.role.run_state.faults.through(a.role.journal.emit)("gpu-xid", durable=True, device=0, uuid="GPU-0", xid=13)  # an application XID
         c.exit(1)
         with anyio.fail_after(5):
             while len(children) < 2:
@@ -694,12 +695,12 @@ if TYPE_CHECKING:
 async def test_the_health_gate_checks_that_the_crashed_trainings_gpu_memory_is_free(tmp_path, held_mib, restarted):
     agent, children, _ = make_agent(tmp_path, env=SLURM, flags={"max_restarts": "1", "requeue": "true",
                                                                 "restart_backoff": "0.01s"})
-    agent.run_state.gpu = HeldGpu(held_mib * 2**20)   # gpu_every is 0 in these tests: the part is not started
+    agent.role.run_state.gpu = HeldGpu(held_mib * 2**20)   # gpu_every is 0 in these tests: the part is not started
 
-    async def crash(a: Agent, c: FakeChild) -> None:
+    async def crash(a: Agent[LeaderRole], c: FakeChild) -> None:
         c.exit(1)
         with anyio.fail_after(5):
-            while len(children) < 2 and a.run_state.trigger is None:
+            while len(children) < 2 and a.role.run_state.trigger is None:
                 await anyio.sleep(0.01)
         if len(children) == 2:
             children[1].exit(0)

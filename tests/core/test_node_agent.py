@@ -1,5 +1,5 @@
 """Node K's agent in-process: the same ``make_plan`` as the leader's, from the same Config,
-with ``node_rank=K``; ``NodeAgent(plan).run()`` against a leader whose journal a test writes
+with ``node_rank=K``; ``Agent(plan, NodeRole(plan)).run()`` against a leader whose journal a test writes
 (no leader process, no scheduler). The plan's errors come before anything is made; the agent
 answers the leader's last flush, ends with the leader's ``end`` and says so in its journal."""
 
@@ -15,7 +15,8 @@ import pytest
 
 from supervisor import cli, sync
 from supervisor.conduct.fleet import agent_argv
-from supervisor.conduct.node_agent import NodeAgent
+from supervisor.conduct.agent import Agent
+from supervisor.conduct.node import NodeRole
 from supervisor.sched import node_rank
 from supervisor.config import agent_view, build_config, pair_view
 from supervisor.errors import ConfigError
@@ -105,7 +106,7 @@ def test_a_request_said_on_the_line_is_answered_on_it_and_once(tmp_path: Path, m
             status: list[int] = []
 
             async def agent() -> None:
-                status.append(await NodeAgent(plan).run())
+                status.append(await Agent(plan, NodeRole(plan)).run())
 
             tg.start_soon(agent)
             await wait_for_async(lambda: line.whole, what="node 1 on the line")
@@ -144,7 +145,7 @@ def test_the_node_agent_answers_the_leader_and_ends_with_its_end(tmp_path: Path,
             status: list[int] = []
 
             async def agent() -> None:
-                status.append(await NodeAgent(plan).run())
+                status.append(await Agent(plan, NodeRole(plan)).run())
 
             tg.start_soon(agent)
             await wait_for_async(lambda: "node-start" in kinds(), what="node-start")
@@ -158,14 +159,17 @@ def test_the_node_agent_answers_the_leader_and_ends_with_its_end(tmp_path: Path,
     leader.close()
     every = read_journal(node).events
     assert {e["attempt"] for e in every} == {1} and "error" not in {e["kind"] for e in every}
-    events = [e for e in every if e["kind"].startswith("node-")]  # the mirror's own events between them
-    assert [e["kind"] for e in events] == ["node-start", "node-flush", "node-flush", "node-end"], events
+    events = [e for e in every if e["kind"].startswith("node-") or e["kind"] == "end"]  # the mirror's own between them
+    assert [e["kind"] for e in events] == ["node-start", "node-flush", "node-flush", "end"], events
     start, answer, last, end = events
     assert (start["node"], start["nodes"], start["backend"], start["writers"]) == (1, 2, "python", None)
     assert [p["nodes"] for p in start["pairs"]] == [2] and start["settings"]["sync_backend"] == "python"
     assert answer["request"] == "1.1" and answer["ok"] is True and answer["not_durable"] == []
     assert "request" not in last and last["ok"] is True
-    assert (end["reason"], end["detail"], end["not_durable"]) == ("leader-ended", "leader attempt 1: finished", [])
+    assert (end["node"], end["reason"], end["detail"], end["not_durable"]) == (1, "leader-ended", "leader attempt 1: finished", [])
+    states = [(e["from"], e["to"]) for e in every if e["kind"] == "state"]
+    assert states == [("starting", "restoring"), ("restoring", "running"), ("running", "stopping"),
+                      ("stopping", "stopped")], "the leader's named states, in the node's journal"
     said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("supervise-node-agent")]
     assert len(said) == 1 and said[0].startswith("supervise-node-agent ready 1 "), said
     assert json.loads(said[0].split(maxsplit=4)[4]) == {}  # no restore asked: this node holds nothing

@@ -167,5 +167,5 @@ def test_a_flags_only_leader_starts_its_agents_with_every_setting(tmp_path: Path
         f.write(json.dumps({"kind": "end", "attempt": 1, "reason": "finished"}) + "\n")
     out, err = agent.communicate(timeout=90)
     assert agent.returncode == 0, err
-    ends = [e for e in read_journal(journal).events if e["kind"] == "node-end"]
+    ends = [e for e in read_journal(journal).events if e["kind"] == "end"]
     assert wait_for(lambda: ends) and ends[0]["reason"] == "leader-ended"

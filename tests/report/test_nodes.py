@@ -3,7 +3,7 @@
 The run directory is planted in the documented shape of a 3-attempt, 2-node job (the bar
 test's story, tests/multinode/test_bar.py, which checks the same rows on a real cluster):
 attempt 1 on n1+n2, attempt 2 on n2+n3 (n1 left out), n3 dies in attempt 2 (its agent
-leaves no ``node-end``; attempt 3 journals ``node-lost``), attempt 3 on n1+n2. The leader's
+leaves no ``end``; attempt 3 journals ``node-lost``), attempt 3 on n1+n2. The leader's
 ``gpu.csv``/``host.csv`` hold node 0's samples, ``nodes/node-1/`` node 1's, which is n2, then
 n3, then n2 again: every row must land on the host that held the rank at its time. The
 report runs as the real CLI (``python -m supervisor report``).
@@ -65,7 +65,7 @@ def plant(run: Path, lost: dict | None = None) -> None:
             continue  # n3 dies: neither its agent nor the leader's attempt journals an end
         leader.append(ev(end, a, "end", reason="child-exit" if a == 3 else "preempted", exit_status=0,
                          seconds=end - t, not_durable=[]))
-        agent.append(ev(end, a, "node-end", node=1, reason="leader-ended", seconds=end - t - 1))
+        agent.append(ev(end, a, "end", node=1, reason="leader-ended", seconds=end - t - 1))
     (run / "events.jsonl").write_text("".join(leader))
     (node1 / "events.jsonl").write_text("".join(agent))
     samples(run, [(t + 5, nodes[0]) for _, nodes, t, _ in ATTEMPTS])
@@ -181,14 +181,14 @@ def test_the_report_says_plainly_when_the_nodes_held_different_versions(tmp_path
 
 
 def test_a_node_whose_agent_left_no_end_but_stayed_up_is_never_called_killed(tmp_path: Path) -> None:
-    """Issue 30, 6: "killed with its node?" was said of every agent that left no ``node-end``,
+    """Issue 30, 6: "killed with its node?" was said of every agent that left no ``end``,
     a node that stayed up too. n2's agent of attempt 1 ends without its line (stopped, hung),
     and n2 serves attempts 2 and 3: not killed. n3, which Slurm calls down, was."""
     run = tmp_path / "run"
     plant(run)
     agent = run / "nodes" / "node-1" / "events.jsonl"
     lines = [ln for ln in agent.read_text().splitlines(keepends=True)
-             if not ('"node-end"' in ln and '"attempt": 1,' in ln)]
+             if not ('"kind": "end"' in ln and '"attempt": 1,' in ln)]
     agent.write_text("".join(lines))
     text = report(str(run)).stdout
     section = text.split("\nNodes", 1)[1].split("\n\n", 1)[0]

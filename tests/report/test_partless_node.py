@@ -64,7 +64,7 @@ def plant(run: Path, line: str, node1_extra: list[str] = ()) -> None:
         ev(2.0, "node-training", node=1, state="running", processes=1),
         ev(2.1, "sync", pair="ckpt", trigger="start", files=0, bytes=0, seconds=0.01, published=[], backend="rsync"),
         *node1_extra,
-    ]  # no node-end: the node died with its agent
+    ]  # no end: the node died with its agent
     (run / "events.jsonl").write_text("".join(leader))
     (node1 / "events.jsonl").write_text("".join(node))
 

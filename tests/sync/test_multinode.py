@@ -154,7 +154,7 @@ def test_published_only_after_both_parts_land(tmp_path, backend, reaper):
     # the leader released the parts it published; node 1 tidied its own part directories
     assert not (job.persist / PARTS_DIR / "step_001").exists()
     assert not (job.persist / PARTS_DIR / "step_002").exists()
-    (node_end,) = events(job.node_journal, "node-end")
+    (node_end,) = events(job.node_journal, "end")
     assert node_end["reason"] == "leader-ended" and node_end["node"] == 1
     assert json.loads(job.leader_journal.read_text().splitlines()[-1])["kind"] == "end"
 
@@ -207,7 +207,7 @@ def test_restarted_node_agent_completes_the_checkpoint(tmp_path, backend, reaper
     assert job.node is not None
     job.node.communicate(timeout=90)
     assert len(read_journal(job.node_journal).attempts) == 2  # the restarted agent is attempt 2
-    (node_end,) = events(job.node_journal, "node-end")
+    (node_end,) = events(job.node_journal, "end")
     assert node_end["reason"] == "leader-ended" and node_end["not_durable"] == []
 
 
