@@ -70,6 +70,19 @@ def ezpz() -> Path:
     return VENV
 
 
+
+def _job_dir(pbs: PbsCluster, name: str, *more: str) -> tuple[Path, str]:
+    """The job's directory, with mpirun's rsh agent in it, and mpirun's MCA options: TCP on
+    eth0, the environment every rank needs (and ``more``) exported."""
+    work = pbs.workdir(name)
+    (work / "tmrsh").write_text(TMRSH)
+    (work / "tmrsh").chmod(0o755)
+    pbs.own(work / "tmrsh")
+    exported = " ".join(f"-x {v}" for v in ("PYTHONPATH", "NGPU_PER_HOST", "WANDB_MODE", "SUPERVISE_CHECKPOINT_REQUEST",
+                                             "SUPERVISE_RUN_DIR", *more))
+    return work, (f"--mca plm_rsh_agent {work}/tmrsh --mca btl tcp,self --mca btl_tcp_if_include eth0 "
+                  f"--mca oob_tcp_if_include eth0 {exported}")
+
 def test_ezpz_launch_under_supervise_runs_ranks_on_both_nodes_and_a_qdel_leaves_a_durable_checkpoint(
         pbs: PbsCluster, ezpz: Path) -> None:
     pbs.qmgr("set queue workq kill_delay = 45")  # the SIGKILL after qdel's TERM: past our 30 s grace
@@ -77,14 +90,8 @@ def test_ezpz_launch_under_supervise_runs_ranks_on_both_nodes_and_a_qdel_leaves_
     # deadline before the qdel when the two torch ranks are slow to start. The 30 s grace: from the
     # TERM to ezpz launch's exit took 4.8-5.2 s here (ezpz launch alone outlives mpirun by ~2 s) and
     # over 10 s in CI beside the other tests; the promise is a clean stop, not a fast ezpz.
-    work = pbs.workdir("ezpz")
-    (work / "tmrsh").write_text(TMRSH)
-    (work / "tmrsh").chmod(0o755)
-    pbs.own(work / "tmrsh")
+    work, mca = _job_dir(pbs, "ezpz")
     py = ezpz / "bin" / "python"
-    mca = (f"--mca plm_rsh_agent {work}/tmrsh --mca btl tcp,self --mca btl_tcp_if_include eth0 "
-           "--mca oob_tcp_if_include eth0 -x PYTHONPATH -x NGPU_PER_HOST -x WANDB_MODE "
-           "-x SUPERVISE_CHECKPOINT_REQUEST -x SUPERVISE_RUN_DIR")
     jobid = pbs.qsub(work, script=f"""#!/bin/bash
 #PBS -l select=2:ncpus=1
 #PBS -l place=scatter
@@ -182,15 +189,9 @@ def test_ezpz_into_a_bucket_rerun_onto_other_nodes_resumes_from_the_bucket_as_if
     server, bucket, env = on_cluster(pbs, tmp_path, "ezpz")
     replay: subprocess.Popen[str] | None = None
     try:
-        work = pbs.workdir("ezpzs3")
+        work, mca = _job_dir(pbs, "ezpzs3", "SUPERVISE_RESTORED_FROM")
         local = pbs.local / work.name  # node-local on every node (ROOT/nodes/nK/local)
-        (work / "tmrsh").write_text(TMRSH)
-        (work / "tmrsh").chmod(0o755)
-        pbs.own(work / "tmrsh")
         py = ezpz / "bin" / "python"
-        mca = (f"--mca plm_rsh_agent {work}/tmrsh --mca btl tcp,self --mca btl_tcp_if_include eth0 "
-               "--mca oob_tcp_if_include eth0 -x PYTHONPATH -x NGPU_PER_HOST -x WANDB_MODE "
-               "-x SUPERVISE_CHECKPOINT_REQUEST -x SUPERVISE_RUN_DIR -x SUPERVISE_RESTORED_FROM")
         url = bucket.url("ezpz/ckpt")
         store_env = " ".join(f"{k}={v}" for k, v in env.items())
         # PBS discards a rerun job's first .o file: each run's output is appended to train.log
