@@ -175,19 +175,26 @@ def test_a_supervise_killed_mid_upload_leaves_nothing_the_next_attempt_does_not_
     assert collected and collected[0]["objects"] == len(left), (collected, left)  # attempt 1's, before any upload
 
 
-def test_a_bucket_in_the_layout_before_still_restores_verified(bucket: Bucket, s3_server: S3Server, tmp_path: Path) -> None:
-    """Issue 34's layout: each version's files under its own keys (``<checkpoint>/<path>``, a
-    9 MiB file as one object), named by the same manifest format: restored and verified."""
-    local, run, prefix = tmp_path / "ckpt", tmp_path / "run", "cas/before"
-    files = {"base.bin": b"b" * (9 * MiB), "adapter.bin": b"a" * MiB, ".metadata": b"1"}
-    doc = {"v": 1, "checkpoint": "step_000001", "is_dir": True, "bytes": sum(len(d) for d in files.values()),
-           "why": "marker .metadata", "done_at": None, "step": 1, "restorable": True, "markers": [".metadata"],
+def _put_before(bucket: Bucket, prefix: str, name: str, files: dict[str, bytes]) -> dict:
+    """A version as issue 34's layout wrote it: each file under its own key
+    (``<checkpoint>/<path>``, a 9 MiB file as one object), named by the same manifest format."""
+    doc = {"v": 1, "checkpoint": name, "is_dir": True, "bytes": sum(len(d) for d in files.values()),
+           "why": "marker .metadata", "done_at": None, "step": int(name.split("_")[-1]) if name.startswith("step_") else None,
+           "restorable": True, "markers": [".metadata"],
            "newest_ns": 1_700_000_000_000_000_000, "profile": None, "nodes": 1, "published_at": 1_700_000_000.0,
-           "files": {rel: {"key": f"{prefix}/step_000001/{rel}", "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+           "files": {rel: {"key": f"{prefix}/{name}/{rel}", "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
                            "mtime_ns": 1_700_000_000_000_000_000} for rel, data in files.items()}}
     for rel, data in files.items():
-        bucket.put(f"{prefix}/step_000001/{rel}", data)
-    bucket.put(f"{prefix}/.supervise/manifests/step_000001.json", json.dumps(doc).encode())
+        bucket.put(f"{prefix}/{name}/{rel}", data)
+    bucket.put(f"{prefix}/.supervise/manifests/{name}.json", json.dumps(doc).encode())
+    return doc
+
+
+def test_a_bucket_in_the_layout_before_still_restores_verified(bucket: Bucket, s3_server: S3Server, tmp_path: Path) -> None:
+    """Issue 34's layout: restored and verified."""
+    local, run, prefix = tmp_path / "ckpt", tmp_path / "run", "cas/before"
+    files = {"base.bin": b"b" * (9 * MiB), "adapter.bin": b"a" * MiB, ".metadata": b"1"}
+    doc = _put_before(bucket, prefix, "step_000001", files)
     r = _run(run, local, bucket, prefix, s3_server, "--steps", "1", restore=True)
     assert "resumed 1" in r.stdout, r.stdout
     restore = [e for e in events(run / "events.jsonl", "restore") if e["attempt"] == 1][0]
@@ -195,6 +202,29 @@ def test_a_bucket_in_the_layout_before_still_restores_verified(bucket: Bucket, s
     for rel, data in files.items():
         assert (local / "step_000001" / rel).read_bytes() == data, rel
     assert bucket.keys(f"{prefix}/.supervise/objects/") == {}  # nothing sent again: the restored version is the published one
+
+
+def test_a_version_in_the_layout_before_replaced_leaves_none_of_its_keys_and_another_keeps_all(
+        bucket: Bucket, s3_server: S3Server, tmp_path: Path) -> None:
+    """A run whose first attempt published before issue 45 (``snapshot`` under its own keys:
+    written here in that layout over what attempt 1 published, as the supervise before wrote
+    it) and a version of another run beside it (``step_000009``). Attempt 2 rewrites
+    ``snapshot``: the new version's manifest names objects by content, and the keys only the
+    replaced version named are deleted; ``step_000009``, which nothing replaced, keeps every
+    key (docs/sync.md, "Object stores")."""
+    local, run, prefix = tmp_path / "ckpt", tmp_path / "run", "cas/replaced"
+    _run(run, local, bucket, prefix, s3_server, "--steps", "1", "--snapshot", "--base", str(MiB))
+    files = {rel: (local / "snapshot" / rel).read_bytes() for rel in ("base.bin", "adapter.bin", "config.json",
+                                                                      "rank_0.bin", "rank_1.bin", ".metadata")}
+    before = _put_before(bucket, prefix, "snapshot", files)
+    other = _put_before(bucket, prefix, "step_000009", {"base.bin": b"k" * MiB, ".metadata": b"9"})
+    _run(run, local, bucket, prefix, s3_server, "--steps", "2", "--snapshot", "--base", str(MiB))
+    docs = bucket.manifests(prefix)
+    assert docs["snapshot"]["files"]["adapter.bin"]["sha256"] == docs["step_000002"]["files"]["adapter.bin"]["sha256"]
+    assert bucket.whole(docs["snapshot"]) == [] and docs["step_000009"] == other and bucket.whole(other) == []
+    left = bucket.keys(f"{prefix}/")
+    assert not {f["key"] for f in before["files"].values()} & left.keys(), sorted(left)  # the replaced version's own keys
+    assert {f["key"] for f in other["files"].values()} <= left.keys(), sorted(left)
 
 
 def test_one_changed_tensor_of_a_safetensors_file_sends_about_that_tensor_and_restores_byte_for_byte(
