@@ -257,3 +257,36 @@ def test_one_changed_tensor_of_a_safetensors_file_sends_about_that_tensor_and_re
     restore = [e for e in events(run / "events.jsonl", "restore") if e["attempt"] == 3][0]
     assert restore["checkpoint"] == "step_000002" and restore["bytes"] == len(data) + 1, restore  # and the marker
     assert path.read_bytes() == data
+
+
+def test_an_object_an_upload_of_this_process_holds_is_never_deleted_and_one_deleted_first_is_sent_again(
+        bucket: Bucket, s3_server: S3Server) -> None:
+    """The guard between this process's uploads and its deletions, against the real server
+    (the race it closes has no reliable timing end to end): an object an upload found and
+    pinned survives a collection that would delete it, until unpinned; an object deleted
+    after the upload's listing and before its pin is not taken as held (it is sent again)."""
+    import anyio
+
+    from supervisor.sync._manifest import space
+    from supervisor.sync._store import Store, StoreSpec
+    from supervisor.sync._storepub import collect, present
+
+    prefix, owner = "cas/pins", "/runs/pins"
+    store = Store(StoreSpec.parse(bucket.url(prefix)), s3_server.env)
+    pinned, dropped = (store.key(f"{space(owner)}{c * 64}") for c in "ab")
+    for key in (pinned, dropped):
+        bucket.put(key, b"x" * 1000)  # objects no manifest names: what a collection deletes
+
+    async def main() -> None:
+        pins: list[str] = []
+        have = await present(store, owner, pins)  # the upload lists both
+        have.pin(pinned)
+        assert have.holds(pinned, 1000)
+        assert await collect(store, owner) == [dropped]  # the collection spares the pinned one
+        have.pin(dropped)
+        assert not have.holds(dropped, 1000)  # deleted since the listing: not held, sent again
+        store.unpin(pins)
+        assert await collect(store, owner) == [pinned]  # unpinned, its manifest written (here: none)
+
+    anyio.run(main)
+    assert _objects(bucket, prefix) == {}
